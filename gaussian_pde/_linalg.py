@@ -1,0 +1,60 @@
+"""Small batched linear-algebra kernels used by the moment equations.
+
+All functions act on the last two axes and broadcast over leading axes, so the same
+code serves one trajectory and a stack of thousands.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sqrt_and_pinv"]
+
+
+def T(X):
+    """Transpose of the last two axes."""
+    return np.swapaxes(X, -1, -2)
+
+
+def sym(X):
+    r"""Symmetric part :math:`(X + X^T)/2`."""
+    return 0.5 * (X + T(X))
+
+
+def solve(A, B):
+    r""":math:`A^{-1} B` for stacks of square ``A`` (never forms the inverse)."""
+    return np.linalg.solve(A, B)
+
+
+def psd_sqrt(S):
+    r"""Principal square root :math:`S^{1/2}` of a symmetric PSD matrix (stack).
+
+    Eigenvalues below zero (rounding) are clipped to zero, so singular ``S`` is fine.
+    """
+    w, U = np.linalg.eigh(sym(S))
+    w = np.sqrt(np.clip(w, 0.0, None))
+    return (U * w[..., None, :]) @ T(U)
+
+
+def sinkhorn_phi(G):
+    r"""The matrix function :math:`\varphi(G) = 2\,(I + (I + 4G)^{1/2})^{-1}`.
+
+    ``G`` is symmetric positive semi-definite. This is the function that solves the
+    Gaussian Schroedinger system (see ``derivations/sinkhorn.py``): for whitened
+    marginals and kernel :math:`e^{v^T B u}` the cross-covariance is
+    :math:`\operatorname{Cov}(v, u) = B\,\varphi(B^T B)`. It needs no inverse of ``G``
+    (:math:`\varphi(0) = 1`), so singular kernels are handled.
+    """
+    w, U = np.linalg.eigh(sym(G))
+    w = np.clip(w, 0.0, None)
+    f = 2.0 / (1.0 + np.sqrt(1.0 + 4.0 * w))
+    return (U * f[..., None, :]) @ T(U)
+
+
+def sqrt_and_pinv(S, rtol=1e-12):
+    """Square root and Moore-Penrose pseudo-inverse of a symmetric PSD matrix (stack)."""
+    w, U = np.linalg.eigh(sym(S))
+    w = np.clip(w, 0.0, None)
+    cut = rtol * np.max(w, axis=-1, keepdims=True)
+    inv = np.where(w > cut, 1.0 / np.where(w > cut, w, 1.0), 0.0)
+    return (U * np.sqrt(w)[..., None, :]) @ T(U), (U * inv[..., None, :]) @ T(U)

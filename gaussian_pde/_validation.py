@@ -1,0 +1,152 @@
+"""Input validation shared by the whole package.
+
+Every public function checks its arguments here, so that bad input fails early with a
+``ValueError`` or ``TypeError`` that names the argument and says what was expected,
+instead of failing deep inside NumPy (STYLE.md, point 5).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "validate_array",
+    "validate_matrix",
+    "validate_vector",
+    "validate_covariance",
+    "validate_positive",
+    "validate_t_span",
+    "validate_tolerance",
+    "validate_int",
+]
+
+
+def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
+    """Convert ``value`` to a float array and check its number of dimensions.
+
+    Parameters
+    ----------
+    value : array_like
+        The user input.
+    name : str
+        Argument name used in error messages.
+    ndim : int or tuple of int, optional
+        Allowed numbers of dimensions.
+    finite : bool
+        Reject NaN and infinite entries.
+    """
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"`{name}` must be an array of numbers, got {type(value).__name__}.")
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"`{name}` must be an array of real numbers ({exc}).") from None
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if arr.ndim not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise ValueError(f"`{name}` must have {want} dimension(s), got shape {arr.shape}.")
+    if finite and not np.all(np.isfinite(arr)):
+        raise ValueError(f"`{name}` must contain only finite values (found NaN or inf).")
+    return arr
+
+
+def validate_matrix(value, name, *, shape=None):
+    """A finite 2-D float array, optionally of a given shape (``None`` entries are free)."""
+    arr = validate_array(value, name, ndim=2)
+    if shape is not None:
+        for got, want in zip(arr.shape, shape):
+            if want is not None and got != want:
+                raise ValueError(
+                    f"`{name}` must have shape {tuple('*' if s is None else s for s in shape)}, "
+                    f"got {arr.shape}."
+                )
+    if arr.size == 0:
+        raise ValueError(f"`{name}` must not be empty, got shape {arr.shape}.")
+    return arr
+
+
+def validate_vector(value, name, *, size=None):
+    """A finite 1-D float array of a given length."""
+    arr = validate_array(value, name, ndim=1)
+    if size is not None and arr.shape[0] != size:
+        raise ValueError(f"`{name}` must have length {size}, got shape {arr.shape}.")
+    return arr
+
+
+def validate_covariance(value, name="cov", *, d=None, batch=False, psd_tol=1e-10):
+    """A symmetric positive semi-definite matrix (or a stack of them when ``batch``).
+
+    Symmetry is checked to a relative ``1e-10`` of the largest entry and then enforced
+    exactly; positive semi-definiteness to ``-psd_tol`` times the largest eigenvalue.
+    """
+    arr = validate_array(value, name, ndim=None)
+    if batch:
+        if arr.ndim < 2:
+            raise ValueError(f"`{name}` must have shape (..., d, d), got {arr.shape}.")
+    elif arr.ndim != 2:
+        raise ValueError(f"`{name}` must be a (d, d) matrix, got shape {arr.shape}.")
+    if arr.shape[-1] != arr.shape[-2] or arr.shape[-1] == 0:
+        raise ValueError(f"`{name}` must be square, got shape {arr.shape}.")
+    if d is not None and arr.shape[-1] != d:
+        raise ValueError(
+            f"`{name}` must be {d} x {d} to match the attention's dimension d = {d}, "
+            f"got shape {arr.shape}."
+        )
+    scale = np.max(np.abs(arr), axis=(-2, -1), keepdims=True)
+    asym = np.abs(arr - np.swapaxes(arr, -1, -2))
+    if np.any(asym > 1e-10 * np.maximum(scale, 1e-300)):
+        raise ValueError(f"`{name}` must be symmetric.")
+    arr = 0.5 * (arr + np.swapaxes(arr, -1, -2))
+    eig = np.linalg.eigvalsh(arr)
+    top = np.maximum(eig[..., -1:], 0.0)
+    if np.any(eig[..., 0:1] < -psd_tol * np.maximum(top, 1.0)):
+        raise ValueError(
+            f"`{name}` must be positive semi-definite (smallest eigenvalue {eig.min():.3g})."
+        )
+    return arr
+
+
+def validate_positive(value, name, *, allow_zero=False):
+    """A finite real scalar that is positive (or non-negative)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number, got {type(value).__name__}.")
+    value = float(value)
+    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"`{name}` must be a finite {kind} number, got {value!r}.")
+    return value
+
+
+def validate_tolerance(value, name, *, upper=1.0):
+    """A tolerance in (0, upper)."""
+    value = validate_positive(value, name)
+    if value >= upper:
+        raise ValueError(f"`{name}` must be smaller than {upper}, got {value!r}.")
+    return value
+
+
+def validate_int(value, name, *, minimum=None):
+    """An integer (not bool) no smaller than ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer, got {type(value).__name__}.")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{name}` must be at least {minimum}, got {value}.")
+    return value
+
+
+def validate_t_span(t_span):
+    """A pair ``(t0, t1)`` of finite numbers with ``t1 > t0``."""
+    try:
+        t0, t1 = t_span
+    except (TypeError, ValueError):
+        raise ValueError(f"`t_span` must be a pair (t0, t1), got {t_span!r}.") from None
+    for name, t in (("t_span[0]", t0), ("t_span[1]", t1)):
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not np.isfinite(t):
+            raise ValueError(f"`{name}` must be a finite real number, got {t!r}.")
+    if not t1 > t0:
+        raise ValueError(f"`t_span` must be increasing (t0 < t1), got {t_span!r}.")
+    return float(t0), float(t1)
