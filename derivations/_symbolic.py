@@ -94,8 +94,12 @@ def decompose_quadratic_score(score):
     quadratic in ``y`` (the third derivative does not vanish) or the linear part is
     not affine in ``x``.
     """
-    grad = gradient(score, y)
-    H = symmetric(-jacobian(grad, y), Sigma)
+    try:
+        grad = gradient(score, y)
+        H = symmetric(-jacobian(grad, y), Sigma)
+    except (AttributeError, NotImplementedError, TypeError, ValueError) as exc:
+        raise ValueError("the score is not quadratic in y (SymPy's matrix calculus could not "
+                         f"reduce its second derivative: {exc})") from None
     if y in H.free_symbols:
         raise ValueError("the score is not quadratic in y (its Hessian in y depends on y)")
     lin = sp.expand(grad.subs(y, zero_vec)).doit()
@@ -456,3 +460,25 @@ def print_field(field):
     print("  tilted mean =", field.tilted_mean)
     print("  M =", field.M)
     print("  b =", field.b)
+
+
+def derive_module(score, name, title):
+    r"""Source of a generated module for a user-given score quadratic in ``y``.
+
+    This is how a new Gaussian-preserving attention type is added in an afternoon: write
+    the score with the symbols of this module (``x`` query, ``y`` key, ``Q``, ``K``,
+    ``scale``), e.g. ::
+
+        score = scale * (Q * x).T * (K * y) - scale / 2 * (K * y).T * (K * y)
+        text = derive_module(score, "tempered", "Tempered attention")
+
+    and write ``text`` to ``gaussian_pde/_generated/<name>.py``; the module has the same
+    five functions as the built-in types (``field_matrix``, ``field_offset``,
+    ``moment_rhs``, ``cov_rhs``, ``factor_rhs``), so a ``SingleHeadAttention`` subclass
+    with ``_generated`` set to it works with ``solve`` at once.
+    """
+    field = quadratic_score_field(score)
+    doc = (f"{title}: Gaussian moment equations derived from the score "
+           f"{score} (derivations._symbolic.derive_module).\n")
+    return render_module(f"_symbolic.py (derive_module, {name})", doc,
+                         affine_functions(field, title))

@@ -29,10 +29,13 @@ def solve(A, B):
 def psd_sqrt(S):
     r"""Principal square root :math:`S^{1/2}` of a symmetric PSD matrix (stack).
 
-    Eigenvalues below zero (rounding) are clipped to zero, so singular ``S`` is fine.
+    Eigenvalues below ``d * eps`` times the largest (rounding noise, which the square root
+    would amplify to ``sqrt(eps)``) are set to zero, so a singular ``S`` gives a factor
+    with an exact null space and the flow keeps its rank.
     """
     w, U = np.linalg.eigh(sym(S))
-    w = np.sqrt(np.clip(w, 0.0, None))
+    cut = S.shape[-1] * np.finfo(float).eps * np.max(np.abs(w), axis=-1, keepdims=True)
+    w = np.sqrt(np.where(w > cut, w, 0.0))
     return (U * w[..., None, :]) @ T(U)
 
 

@@ -350,14 +350,15 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
     while True:
         evs = make_events(limit)
-        seg_eval = None if t_eval is None else t_eval[(t_eval >= t_start) & (t_eval <= t1)]
-        if seg_eval is not None and ts and seg_eval.size and seg_eval[0] == ts[-1][-1]:
-            seg_eval = seg_eval[1:]
+        # a restarted segment stores only times strictly after the restart time
+        seg_eval = None if t_eval is None else t_eval[
+            (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 res = solve_ivp(system, (t_start, t1), y_start, method=method,
-                                t_eval=seg_eval, rtol=rtol, atol=atol, events=evs,
+                                t_eval=None if seg_eval is not None and seg_eval.size == 0
+                                else seg_eval, rtol=rtol, atol=atol, events=evs,
                                 max_step=max_step, first_step=first_step)
         except _TooManyEvaluations as exc:
             status = Status.FAILED
@@ -366,8 +367,11 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
                        "try method='Radau' or a larger max_nfev)")
             t_final, y_final = t_start, y_start
             break
-        ts.append(res.t)
-        ys.append(res.y.T)
+        keep = slice(None) if seg_eval is None or seg_eval.size else slice(0, 0)
+        res.t = np.asarray(res.t, dtype=float).reshape(-1)
+        res.y = np.asarray(res.y, dtype=float).reshape(y0.size, -1)
+        ts.append(res.t[keep])
+        ys.append(res.y.T[keep])
         for ev, te in zip(evs, res.t_events):
             t_events.setdefault(ev.__name__, []).extend(te.tolist())
         if res.status == -1:

@@ -1,0 +1,91 @@
+"""The symbolic derivations: quadratic-score field, Sinkhorn system, multi-head, user scores."""
+
+import numpy as np
+import pytest
+import sympy as sp
+
+from derivations import _symbolic as S
+from derivations import l2, multihead, sinkhorn, softmax
+
+
+def test_softmax_field_is_derived():
+    field = softmax.derive()
+    assert field.parts.H in (0, sp.ZeroMatrix(S.d, S.d))
+    assert sp.expand(field.parts.A - S.scale * S.K.T * S.Q).doit() in (0, sp.ZeroMatrix(S.d, S.d))
+    # M = V Sigma A, b = V alpha (MATH.md section 3)
+    assert sp.expand(field.M - S.scale * S.V * S.Sigma * S.K.T * S.Q).doit() in \
+        (0, sp.ZeroMatrix(S.d, S.d))
+    assert field.b == S.V * S.alpha
+
+
+def test_l2_decomposition():
+    parts = l2.derive().parts
+    assert sp.expand(parts.H - 2 * S.scale * S.K.T * S.K).doit() in (0, sp.ZeroMatrix(S.d, S.d))
+    assert sp.expand(parts.A - 2 * S.scale * S.K.T * S.Q).doit() in (0, sp.ZeroMatrix(S.d, S.d))
+
+
+def test_not_quadratic_score_is_rejected():
+    cubic = S.scale * ((S.K * S.y).T * (S.K * S.y)) * ((S.Q * S.x).T * (S.K * S.y))
+    with pytest.raises(ValueError, match="quadratic"):
+        S.decompose_quadratic_score(cubic)
+
+
+def test_sinkhorn_scalar_system_solved_from_scratch():
+    sol = sinkhorn.solve_scalar_schroedinger()
+    assert sol["difference"] == 0
+    # the admissible root gives a positive-definite coupling: u > |a|
+    a, s = sp.Rational(3, 2), sp.Rational(1, 3)
+    u = sol["u"].subs({sp.Symbol("a", real=True): a, sp.Symbol("sigma", positive=True): s})
+    assert u > abs(a)
+
+
+def test_sinkhorn_phi_identity():
+    assert sinkhorn.check_phi_identity() == 0
+
+
+def test_sinkhorn_matrix_fixed_point_random_singular():
+    """Closed form satisfies the Schroedinger fixed point, singular A and Sigma included."""
+    assert sinkhorn.check_matrix_fixed_point(seed=1, trials=40) < 1e-9
+
+
+def test_multihead_linearity():
+    assert multihead.check_linearity()
+
+
+def test_user_defined_quadratic_score(tmp_path, rng):
+    """Documented example: a new attention type from a SymPy score (README, 'Adding a type').
+
+    The score c<Qx, Ky> - c/2 |Ky|^2 is quadratic in y; the derived field must equal the
+    velocity computed by Gauss-Hermite quadrature of the attention integral.
+    """
+    score = S.scale * (S.Q * S.x).T * (S.K * S.y) \
+        - S.scale / 2 * (S.K * S.y).T * (S.K * S.y)
+    source = S.derive_module(score, "tempered", "Tempered attention")
+    path = tmp_path / "tempered.py"
+    path.write_text(source)
+    namespace = {}
+    exec(compile(source.replace("from .._linalg", "from gaussian_pde._linalg"), str(path),
+                 "exec"), namespace)
+    d, k = 2, 2
+    Q, K, V = rng.standard_normal((k, d)), rng.standard_normal((k, d)), rng.standard_normal((d, d))
+    c = 0.6
+    alpha = rng.standard_normal(d)
+    G = rng.standard_normal((d, d))
+    Sigma = G @ G.T / 2
+    M = namespace["field_matrix"](Q, K, V, c, Sigma)
+    b = namespace["field_offset"](Q, K, V, c, alpha, Sigma)
+    from gaussian_pde._quadrature import gauss_hermite_gaussian
+    ys, w = gauss_hermite_gaussian(alpha, Sigma, 60)
+    for x in rng.standard_normal((4, d)):
+        s = c * (ys @ K.T) @ (Q @ x) - c / 2 * np.sum((ys @ K.T) ** 2, axis=1)
+        p = w * np.exp(s - s.max())
+        field = V @ (p @ ys / p.sum())
+        np.testing.assert_allclose(b + M @ x, field, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mod", [softmax, l2])
+@pytest.mark.parametrize("check", ["direct integration, d = 1", "direct integration, d = 2"])
+def test_direct_symbolic_integration(mod, check):
+    """Independent check: SymPy integrates the attention-weighted Gaussian directly."""
+    assert mod.CHECKS[check]()

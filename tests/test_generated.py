@@ -1,0 +1,95 @@
+"""Generated code: no drift from the derivations, and agreement with lambdify."""
+
+import difflib
+import pathlib
+
+import numpy as np
+import pytest
+import sympy as sp
+
+from derivations import _symbolic as S
+from derivations import generate, l2, softmax
+from gaussian_pde._generated import l2 as gen_l2
+from gaussian_pde._generated import softmax as gen_softmax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_generated_code_is_up_to_date(tmp_path):
+    """Regenerate into a temporary folder; any difference with the committed files fails."""
+    generate.generate(tmp_path, tmp_path / "equations.md")
+    committed = {p.name: p for p in (ROOT / "gaussian_pde" / "_generated").glob("*.py")}
+    fresh = {p.name: p for p in tmp_path.glob("*.py")}
+    assert set(committed) == set(fresh)
+    fresh["equations.md"] = tmp_path / "equations.md"
+    committed["equations.md"] = ROOT / "derivations" / "equations.md"
+    for name in fresh:
+        old = committed[name].read_text().splitlines(keepends=True)
+        new = fresh[name].read_text().splitlines(keepends=True)
+        diff = "".join(difflib.unified_diff(old, new, f"committed/{name}", f"fresh/{name}"))
+        assert not diff, ("generated code is stale; run `python derivations/generate.py`\n"
+                          + diff)
+
+
+def test_generated_files_carry_header():
+    for path in (ROOT / "gaussian_pde" / "_generated").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        text = path.read_text()
+        assert "GENERATED FILE - DO NOT EDIT" in text
+        assert "derivations/generate.py" in text
+
+
+def _lambdified(expr, args, d, k):
+    dims = {S.d: d, S.k: k}
+    concrete = [a.subs(dims) if isinstance(a, sp.MatrixSymbol) else a for a in args]
+    return sp.lambdify(concrete, expr.subs(dims), "numpy")
+
+
+@pytest.mark.parametrize("mod, gen", [(softmax, gen_softmax), (l2, gen_l2)])
+@pytest.mark.parametrize("d, k", [(1, 1), (3, 2), (4, 4)])
+def test_generated_matches_lambdify(mod, gen, d, k, rng):
+    """Generated (batched, solve-based) code equals lambdify of the SymPy expressions."""
+    field = mod.derive()
+    mean_rhs, cov_rhs, factor_rhs = S.moment_equations(field.M, field.b)
+    w = (S.Q, S.K, S.V, S.scale)
+    f_M = _lambdified(field.M, [*w, S.Sigma], d, k)
+    f_b = _lambdified(field.b, [*w, S.alpha, S.Sigma], d, k)
+    f_mean = _lambdified(mean_rhs, [*w, S.alpha, S.Sigma], d, k)
+    f_cov = _lambdified(cov_rhs, [*w, S.alpha, S.Sigma], d, k)
+    f_L = _lambdified(factor_rhs, [*w, S.L], d, k)
+    for _ in range(5):
+        Q, K = rng.standard_normal((k, d)), rng.standard_normal((k, d))
+        V = rng.standard_normal((d, d))
+        c = float(rng.uniform(0.2, 2.0))
+        L = rng.standard_normal((d, d))
+        Sig = L @ L.T
+        a = rng.standard_normal(d)
+        np.testing.assert_allclose(gen.field_matrix(Q, K, V, c, Sig), f_M(Q, K, V, c, Sig),
+                                   rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(gen.field_offset(Q, K, V, c, a, Sig),
+                                   f_b(Q, K, V, c, a[:, None], Sig)[:, 0], rtol=1e-10, atol=1e-12)
+        dm, dS = gen.moment_rhs(Q, K, V, c, a, Sig)
+        np.testing.assert_allclose(dm, f_mean(Q, K, V, c, a[:, None], Sig)[:, 0],
+                                   rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(dS, f_cov(Q, K, V, c, a[:, None], Sig), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(gen.cov_rhs(Q, K, V, c, Sig), dS, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(gen.factor_rhs(Q, K, V, c, L), f_L(Q, K, V, c, L),
+                                   rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("gen", [gen_softmax, gen_l2])
+def test_generated_broadcasts_over_batches(gen, rng):
+    """A stack of states gives the same as a loop over states."""
+    d, k, B = 3, 2, 7
+    Q, K, V = rng.standard_normal((k, d)), rng.standard_normal((k, d)), rng.standard_normal((d, d))
+    Ls = rng.standard_normal((B, d, d))
+    Sig = Ls @ np.swapaxes(Ls, -1, -2)
+    a = rng.standard_normal((B, d))
+    dm, dS = gen.moment_rhs(Q, K, V, 0.7, a, Sig)
+    for i in range(B):
+        dm_i, dS_i = gen.moment_rhs(Q, K, V, 0.7, a[i], Sig[i])
+        np.testing.assert_allclose(dm[i], dm_i, rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(dS[i], dS_i, rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(gen.factor_rhs(Q, K, V, 0.7, Ls)[i],
+                                   gen.factor_rhs(Q, K, V, 0.7, Ls[i]), rtol=1e-13, atol=1e-14)
