@@ -42,7 +42,7 @@ V = sp.MatrixSymbol("V", d, d)
 alpha = sp.MatrixSymbol("alpha", d, 1)
 Sigma = sp.MatrixSymbol("Sigma", d, d)
 L = sp.MatrixSymbol("L", d, d)
-I = sp.Identity(d)
+I = sp.Identity(d)  # noqa: E741 (the identity matrix)
 zero_vec = sp.ZeroMatrix(d, 1)
 
 

@@ -1,4 +1,4 @@
-"""gaussian_pde: Gaussian solutions of the Transformer PDE.
+r"""gaussian_pde: Gaussian solutions of the Transformer PDE.
 
 The continuous-depth, many-token limit of a deep Transformer is a Vlasov equation,
 :math:`\\partial_t\\mu + \\nabla\\cdot(\\mu\\,\\Gamma[\\mu]) = 0`, whose velocity is the

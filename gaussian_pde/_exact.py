@@ -177,7 +177,7 @@ def scalar_solution(attention, mean0, var0, t):
             else:
                 while F(lo) > rhs:
                     lo /= 2.0
-            out[i] = brentq(lambda s: F(s) - rhs, lo, hi, xtol=1e-300, rtol=1e-15, maxiter=500)
+            out[i] = brentq(lambda s, r=rhs: F(s) - r, lo, hi, xtol=1e-300, rtol=1e-15, maxiter=500)
         return m0 * np.exp(v * t), out
     raise ValueError(f"no scalar closed form for {attention!r}.")
 

@@ -13,7 +13,7 @@ __all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sqrt_and_pinv"]
 
 def T(X):
     """Transpose of the last two axes."""
-    return np.swapaxes(X, -1, -2)
+    return X.swapaxes(-1, -2)
 
 
 def sym(X):

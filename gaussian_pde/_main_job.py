@@ -1,4 +1,4 @@
-"""The main job: integrate a built-in 2-D example for each attention type.
+r"""The main job: integrate a built-in 2-D example for each attention type.
 
 Writes into the output folder (default ``./gaussian_pde_output``):
 

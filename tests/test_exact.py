@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from gaussian_pde._exact import blowup_time, exact_covariance, scalar_solution
-
 from _helpers import random_spd
+from gaussian_pde._exact import blowup_time, exact_covariance, scalar_solution
 
 
 def _softmax_identity(rng, d, k):
