@@ -35,9 +35,9 @@ from ._moments import validate_attention
 from ._validation import (
     validate_array,
     validate_covariance,
+    validate_int,
     validate_positive,
     validate_t_span,
-    validate_int,
     validate_tolerance,
     validate_vector,
 )
