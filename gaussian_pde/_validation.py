@@ -20,6 +20,8 @@ __all__ = [
     "validate_t_span",
     "validate_tolerance",
     "validate_int",
+    "validate_particles",
+    "validate_positions",
 ]
 
 
@@ -34,6 +36,8 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
         Argument name used in error messages.
     ndim : int or tuple of int, optional
         Allowed numbers of dimensions.
+    dtype : data-type
+        Target dtype (float by default).
     finite : bool
         Reject NaN and infinite entries.
     """
@@ -150,3 +154,115 @@ def validate_t_span(t_span):
     if not t1 > t0:
         raise ValueError(f"`t_span` must be increasing (t0 < t1), got {t_span!r}.")
     return float(t0), float(t1)
+
+
+def validate_particles(value, name="x0", *, d=None, min_count=2):
+    """Token positions: a finite ``(n, d)`` float array with ``n >= min_count``."""
+    arr = validate_array(value, name, ndim=2)
+    if d is not None and arr.shape[1] != d:
+        raise ValueError(f"`{name}` must have shape (n, {d}) to match the attention's "
+                         f"dimension d = {d}, got shape {arr.shape}.")
+    if arr.shape[0] < min_count:
+        raise ValueError(f"`{name}` must hold at least {min_count} tokens (rows), "
+                         f"got shape {arr.shape}.")
+    return arr
+
+
+def validate_positions(value, n, name="positions"):
+    """Sequence positions: a finite 1-D array of length ``n`` with entries in ``[0, 1]``."""
+    arr = validate_array(value, name, ndim=1)
+    if arr.shape[0] != n:
+        raise ValueError(f"`{name}` must have one entry per token (length {n}), "
+                         f"got length {arr.shape[0]}.")
+    if np.any((arr < 0) | (arr > 1)):
+        raise ValueError(f"`{name}` must lie in [0, 1], got values in "
+                         f"[{arr.min():.6g}, {arr.max():.6g}].")
+    return arr
+
+
+def validate_threshold(value, name, *, upper=None, allow_zero=True):
+    """A finite real threshold in ``[0, upper)`` (or ``(0, upper)`` without ``allow_zero``).
+
+    ``upper=None`` means no upper bound.
+    """
+    value = validate_positive(value, name, allow_zero=allow_zero)
+    if upper is not None and value >= upper:
+        low = "0 <=" if allow_zero else "0 <"
+        raise ValueError(f"`{name}` must satisfy {low} {name} < {upper}, got {value!r}.")
+    return value
+
+
+def validate_nonempty(value, name):
+    """A sized collection (array, list, ...) that is not empty; returned unchanged."""
+    try:
+        n = len(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be a sequence or array, got {type(value).__name__}.") from None
+    if n == 0:
+        raise ValueError(f"`{name}` must not be empty.")
+    return value
+
+
+def validate_square_2x2(value, name, *, batch=True, finite=False):
+    """Covariances of a 2-D Gaussian: an array of shape (..., 2, 2) (or (2, 2)).
+
+    NaN entries are allowed unless ``finite`` (they mark samples after a trajectory stopped).
+    """
+    arr = validate_array(value, name, ndim=None, finite=finite)
+    if arr.ndim < 2 or arr.shape[-2:] != (2, 2) or (not batch and arr.ndim != 2):
+        want = "(..., 2, 2)" if batch else "(2, 2)"
+        raise ValueError(f"`{name}` must hold 2 x 2 covariances, shape {want}, got {arr.shape}.")
+    if arr.size == 0:
+        raise ValueError(f"`{name}` must not be empty, got shape {arr.shape}.")
+    return arr
+
+
+# --- helpers of the Gaussian closure, blocks and depth modules (issue 5) ---
+
+#: range of Gauss-Hermite nodes per dimension accepted by the closure
+QUADRATURE_RANGE = (2, 40)
+#: largest tensor-rule size the closure builds (nodes = n_per_dim ** d)
+QUADRATURE_MAX_NODES = 250_000
+
+
+def validate_quadrature(value, name="n_per_dim", *, d=None):
+    """Gauss-Hermite nodes per dimension: an int in :data:`QUADRATURE_RANGE`.
+
+    With ``d`` given, the tensor rule (``value ** d`` nodes) must stay below
+    :data:`QUADRATURE_MAX_NODES`. The rule is exact for polynomials of degree
+    ``2 * value - 1`` in each coordinate; the closure covariance needs degree 2, hence the
+    minimum of 2.
+    """
+    value = validate_int(value, name)
+    lo, hi = QUADRATURE_RANGE
+    if not lo <= value <= hi:
+        raise ValueError(f"`{name}` must be between {lo} and {hi} Gauss-Hermite nodes per "
+                         f"dimension (exact to degree {2 * lo - 1}..{2 * hi - 1}), got {value}.")
+    if d is not None and value ** d > QUADRATURE_MAX_NODES:
+        raise ValueError(f"`{name}` = {value} in d = {d} needs {value ** d} nodes, more than "
+                         f"{QUADRATURE_MAX_NODES}; lower `{name}`.")
+    return value
+
+
+def validate_step(value, name="h"):
+    """A layer step ``h > 0`` (finite)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number, got {type(value).__name__}.")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a finite positive step, got {value!r}.")
+    return float(value)
+
+
+def validate_same_dimension(items, name):
+    """Objects with a ``d`` attribute that all share it; returns ``d``.
+
+    ``items`` is a non-empty sequence; the message names the first mismatching entry.
+    """
+    validate_nonempty(items, name)
+    d0 = items[0].d
+    for i, item in enumerate(items):
+        if item.d != d0:
+            raise ValueError(f"`{name}[{i}]` has token dimension d = {item.d}, but "
+                             f"`{name}[0]` has d = {d0}: the components of a block must act "
+                             "on the same token dimension.")
+    return d0

@@ -133,3 +133,25 @@ def test_sinkhorn_against_particles():
     # n^{-1/2} scaling: 4x more tokens must shrink the error by about 2 (allow 1.4)
     assert errs[2000] < errs[500] / 1.4
     assert errs[2000] / scale < 3.0 / np.sqrt(2000)
+
+
+def test_sinkhorn_rank_deficient_covariance(rng):
+    """Singular Sigma (a line) and singular A: Sinkhorn scaling on the degenerate Gaussian."""
+    d = 2
+    head = _random_head(gp.Sinkhorn, rng, d, 1, weight=0.6)
+    mean = rng.standard_normal(d)
+    u = np.array([0.6, 0.8])
+    cov = 0.9 * np.outer(u, u)
+    z, w = np.polynomial.hermite_e.hermegauss(80)
+    w = w / w.sum()
+    pts = mean + np.sqrt(0.9) * z[:, None] * u
+    v_disc, err = _sinkhorn_conditional_means(pts, w, head.A, head.V)
+    assert err < 1e-12
+    inner = np.abs(z) < 1.5
+    np.testing.assert_allclose(v_disc[inner], head.velocity(mean, cov, pts[inner]), rtol=0,
+                               atol=1e-7)
+    # the factor form needs no inverse: L' stays in the range of L
+    L = np.sqrt(0.9) * np.outer(u, u)
+    dL = head.factor_rhs(L)
+    assert np.abs(np.array([-u[1], u[0]]) @ L).max() < 1e-15
+    np.testing.assert_allclose(dL @ np.array([-u[1], u[0]]), 0.0, atol=1e-15)
