@@ -1,6 +1,11 @@
-r"""The main job: integrate a built-in 2-D example for each attention type.
+r"""The main job: ``gaussian-pde`` with no arguments writes the reproduction report.
 
-Writes into the output folder (default ``./gaussian_pde_output``):
+``run`` produces :func:`gaussian_pde._reproduce.reproduce`'s report (the 2-D regimes for
+every attention type, eigenvalue flows and the rank histograms with both protocols) into
+``--out`` (default ``./gaussian_pde_output``); its main figure is
+``regimes_softmax.png``. ``--examples`` instead runs the original built-in examples below.
+
+The built-in examples (``--examples``) write:
 
 * ``trajectories.npz``: times, means and covariances per attention type;
 * ``covariance_trajectories.png``: eigenvalues of the covariance over time and the
@@ -44,10 +49,27 @@ def default_examples():
 
 
 def add_arguments(parser):
+    """Options of the main job."""
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a small, fast report")
+    parser.add_argument("--paper-tol", type=float, default=1e-3,
+                        help="the paper protocol's stopping tolerance (default: %(default)s)")
+    parser.add_argument("--examples", action="store_true",
+                        help="run the built-in 2-D examples instead of the reproduction")
 
 
 def run(args):
+    """Write the reproduction report (or, with ``--examples``, the built-in examples)."""
+    if not getattr(args, "examples", False):
+        from ._cli_reproduce import run as run_reproduce
+
+        return run_reproduce(args)
+    return run_examples(args)
+
+
+def run_examples(args):
+    """The built-in 2-D examples: trajectories, a figure and a short report."""
     out = ensure_output_dir(args.out, "--out")
     results = {}
     for name, (att, m0, c0, horizon) in default_examples().items():

@@ -1,0 +1,49 @@
+"""Per-trajectory cost: solve_batch on 1000 trajectories vs separate gp.solve calls.
+
+Run: ``python benchmarks/bench_batch.py [--n 1000] [--single 50]``. The separate calls are
+timed on a subset (``--single``) in the same process and extrapolated to ``--n``.
+Problem: 2-D softmax, V = I, random Q, K in R^{1x2} and unit-trace Sigma_0, t in [0, 5]
+(about half blow up, half converge), default tolerances (DOP853, rtol 1e-10), 51 output
+times. Target (issue 4): speed-up >= 20.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+import gaussian_pde as gp
+from gaussian_pde._batch import solve_batch
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--single", type=int, default=50)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    rng = np.random.default_rng(a.seed)
+    atts, covs = [], []
+    for _ in range(a.n):
+        Q, K, G = rng.standard_normal((1, 2)), rng.standard_normal((1, 2)), rng.standard_normal((2, 2))
+        atts.append(gp.Softmax(Q, K, np.eye(2)))
+        covs.append(G @ G.T / np.trace(G @ G.T))
+    covs = np.array(covs)
+    t_eval = np.linspace(0, 5, 51)
+    t0 = time.perf_counter()
+    bs = solve_batch(atts, covs, (0, 5), t_eval=t_eval)
+    t_batch = time.perf_counter() - t0
+    idx = rng.choice(a.n, size=min(a.single, a.n), replace=False)
+    t0 = time.perf_counter()
+    for i in idx:
+        gp.solve(atts[i], None, covs[i], (0, 5), t_eval=t_eval)
+    t_single = (time.perf_counter() - t0) / idx.size
+    st, cnt = np.unique(bs.status.astype(str), return_counts=True)
+    print(f"statuses: {dict(zip(st, cnt))}")
+    print(f"batch of {a.n}: {t_batch:.3f} s = {1e3 * t_batch / a.n:.3f} ms/trajectory")
+    print(f"separate gp.solve ({idx.size} timed): {1e3 * t_single:.3f} ms/trajectory")
+    print(f"speed-up per trajectory: {t_single * a.n / t_batch:.1f}x (target >= 20)")
+
+
+if __name__ == "__main__":
+    main()
