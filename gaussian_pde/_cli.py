@@ -17,6 +17,8 @@ SUBCOMMANDS = {
     "run": ("gaussian_pde._main_job", "integrate the built-in 2-D examples (the default)"),
     "compare": ("gaussian_pde._cli_compare", "moment ODEs against particle Monte Carlo"),
     "reproduce": ("gaussian_pde._cli_reproduce", "reproduce the paper's Gaussian figures"),
+    "sweep": ("gaussian_pde._cli_sweep", "resumable parameter sweeps (local or Dask cluster)"),
+    "stabilizers": ("gaussian_pde._cli_stabilizers", "residual / normalisation stabiliser study"),
 }
 
 
