@@ -25,6 +25,7 @@ import abc
 
 import numpy as np
 
+from ._particle_kernels import make_options
 from ._validation import validate_matrix, validate_positive
 
 __all__ = ["Attention", "SingleHeadAttention"]
@@ -66,6 +67,60 @@ class Attention(abc.ABC):
     def velocity(self, mean, cov, x):
         r"""The affine field :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x) = b + Mx` at tokens ``x`` (..., d)."""
         return self.field_offset(mean, cov) + x @ self.field_matrix(cov).T
+
+    #: whether tokens carry sequence positions (masked attention)
+    uses_positions: bool = False
+
+    def particle_velocity(self, x, *, positions=None, chunk_size=None, dtype=np.float64,
+                          state=None, want_ess=False, sinkhorn_tol=None,
+                          sinkhorn_max_iter=1000, warn=True):
+        r"""Velocities :math:`\Gamma[\mu_n](x_i)` of the particle system (MATH.md section 1).
+
+        The attention is computed in tiles of at most ``chunk_size`` query rows (see
+        :mod:`gaussian_pde._particle_kernels`), so no ``n x n`` array is formed when
+        ``n > chunk_size``.
+
+        Parameters
+        ----------
+        x : array_like, shape (n, d)
+            Token positions :math:`x_1, \dots, x_n` (the empirical measure :math:`\mu_n`).
+        positions : array_like, shape (n,), optional
+            Sequence positions in ``[0, 1]`` (masked attention only; default
+            :math:`(i + 1/2)/n`, the array order).
+        chunk_size : int, optional
+            Query rows per tile (default 512); at least 1.
+        dtype : numpy.float64 or numpy.float32
+            Precision of the tiles (float32 is about twice as fast; its accuracy is
+            stated in the README).
+        state : dict, optional
+            Mutable store for warm starts (Sinkhorn potentials) between calls.
+        want_ess : bool
+            Also compute the effective sample size of every query's attention weights.
+        sinkhorn_tol, sinkhorn_max_iter : float, int
+            Sinkhorn only: tolerance on the column marginal error (default ``1e-8``, or
+            ``1e-4`` in float32) and iteration cap.
+        warn : bool
+            Sinkhorn only: warn when the cap is reached above tolerance.
+
+        Returns
+        -------
+        v : ndarray, shape (n, d)
+            Velocities.
+        diag : ParticleDiagnostics
+            Effective sample sizes, Sinkhorn marginal error and iterations.
+        """
+        from ._validation import validate_particles
+
+        x = validate_particles(x, "x", d=self.d)
+        opts = make_options(x.shape[0], positions=positions, chunk_size=chunk_size,
+                            dtype=dtype, state=state, want_ess=want_ess,
+                            sinkhorn_tol=sinkhorn_tol, sinkhorn_max_iter=sinkhorn_max_iter,
+                            warn=warn)
+        return self._particle_velocity(x, opts)
+
+    def _particle_velocity(self, x, opts):
+        """Unchecked particle velocity; every attention module implements this hook."""
+        raise NotImplementedError(f"{type(self).__name__} has no particle velocity.")
 
     def __setattr__(self, key, value):
         if getattr(self, "_frozen", False):
@@ -128,6 +183,10 @@ class SingleHeadAttention(Attention):
 
     def factor_rhs(self, L):
         return self._generated.factor_rhs(*self._weights(), L)
+
+    def _projections(self, x):
+        """Queries :math:`Qx_i` and keys :math:`Kx_i` of the tokens, shape (n, k) each."""
+        return x @ self.Q.T, x @ self.K.T
 
     @property
     def k(self) -> int:

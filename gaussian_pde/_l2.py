@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ._attention import SingleHeadAttention
 from ._generated import l2 as _gen
+from ._particle_kernels import ParticleDiagnostics, l2_features, normalized_average
 
 __all__ = ["L2"]
 
@@ -38,3 +39,11 @@ class L2(SingleHeadAttention):
 
     name = "l2"
     _generated = _gen
+
+    def _particle_velocity(self, x, opts):
+        r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{-c|Qx_i - Kx_j|^2}`."""
+        qx, kx = self._projections(x)
+        a, b = l2_features(qx, kx, self.scale)
+        avg, ess = normalized_average(a, b, x, chunk_size=opts.chunk_size, dtype=opts.dtype,
+                                      want_ess=opts.want_ess)
+        return avg @ self.V.T, ParticleDiagnostics(ess=ess)

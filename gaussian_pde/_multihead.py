@@ -11,6 +11,7 @@ and the moment equations are the sums of the heads' equations
 from __future__ import annotations
 
 from ._attention import Attention
+from ._particle_kernels import ParticleDiagnostics
 
 __all__ = ["MultiHead"]
 
@@ -75,6 +76,16 @@ class MultiHead(Attention):
 
     def factor_rhs(self, L):
         return sum(h.factor_rhs(L) for h in self.heads)
+
+    def _particle_velocity(self, x, opts):
+        r"""Sum of the heads' particle velocities; diagnostics of the worst head."""
+        v = 0.0
+        parts = []
+        for i, h in enumerate(self.heads):
+            vh, dh = h._particle_velocity(x, opts.for_head(i))
+            v = v + vh
+            parts.append(dh)
+        return v, ParticleDiagnostics.combine(parts)
 
     def __repr__(self):
         return f"MultiHead([{', '.join(repr(h) for h in self.heads)}])"

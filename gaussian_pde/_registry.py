@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from ._attention import Attention
 from ._l2 import L2
+from ._masked import Masked
 from ._multihead import MultiHead
+from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
 
@@ -20,6 +22,8 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "l2": L2,
     "sinkhorn": Sinkhorn,
     "multihead": MultiHead,
+    "sigmoid": Sigmoid,
+    "masked": Masked,
 }
 
 

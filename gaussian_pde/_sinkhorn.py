@@ -15,8 +15,11 @@ valid for singular ``A`` and singular :math:`\Sigma` (nothing is inverted).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._attention import SingleHeadAttention
 from ._generated import sinkhorn as _gen
+from ._particle_kernels import sinkhorn_average
 
 __all__ = ["Sinkhorn"]
 
@@ -36,3 +39,23 @@ class Sinkhorn(SingleHeadAttention):
 
     name = "sinkhorn"
     _generated = _gen
+
+    def _particle_velocity(self, x, opts):
+        r"""Particle velocity :math:`V\sum_j n\pi_{ij}x_j` with :math:`\pi` the Sinkhorn plan.
+
+        The plan is the doubly stochastic scaling of :math:`e^{c\langle Qx_i, Kx_j\rangle}`
+        (log domain, uniform marginals, :func:`~gaussian_pde._particle_kernels.sinkhorn_average`);
+        its potentials are kept in ``opts.state`` and warm-start the next call.
+        """
+        n = x.shape[0]
+        qx, kx = self._projections(x)
+        state = opts.state if opts.state is not None else {}
+        f, g = state.get("f"), state.get("g")
+        if f is None or f.shape != (n,) or not (np.all(np.isfinite(f)) and np.all(np.isfinite(g))):
+            f = g = None
+        avg, diag, f, g = sinkhorn_average(
+            self.scale * qx, kx, x, f=f, g=g, tol=opts.sinkhorn_tol,
+            max_iter=opts.sinkhorn_max_iter, chunk_size=opts.chunk_size, dtype=opts.dtype,
+            want_ess=opts.want_ess, warn=opts.warn)
+        state["f"], state["g"] = f, g
+        return avg @ self.V.T, diag

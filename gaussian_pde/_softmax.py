@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ._attention import SingleHeadAttention
 from ._generated import softmax as _gen
+from ._particle_kernels import ParticleDiagnostics, normalized_average, softmax_features
 
 __all__ = ["Softmax"]
 
@@ -45,3 +46,11 @@ class Softmax(SingleHeadAttention):
 
     name = "softmax"
     _generated = _gen
+
+    def _particle_velocity(self, x, opts):
+        r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{c\langle Qx_i, Kx_j\rangle}`."""
+        qx, kx = self._projections(x)
+        a, b = softmax_features(self.scale * qx, kx)
+        avg, ess = normalized_average(a, b, x, chunk_size=opts.chunk_size, dtype=opts.dtype,
+                                      want_ess=opts.want_ess)
+        return avg @ self.V.T, ParticleDiagnostics(ess=ess)

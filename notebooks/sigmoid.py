@@ -1,0 +1,66 @@
+# %% [markdown]
+# # Sigmoid attention: particles only (no exact Gaussian closure)
+#
+# $\Gamma[\mu](x) = V\int\sigma(s(x,y) + b)\,y\,d\mu(y)$ is not normalised, so Gaussians
+# are not preserved (MATH.md section 3) and `gaussian_pde.solve` rejects it. This notebook
+# follows the covariance of the particles (eigenvalues and $\Sigma/\mathrm{tr}\,\Sigma$),
+# with error bars over seeds, and measures how far the cloud drifts from Gaussian.
+# Set `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run.
+
+# %%
+import os
+import pathlib
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import gaussian_pde as gp
+from gaussian_pde._compare import compare
+from gaussian_pde._compare_plots import plot_diagnostics, plot_moments
+from gaussian_pde._sigmoid import Sigmoid
+
+QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
+OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
+OUT.mkdir(parents=True, exist_ok=True)
+N = [100, 400, 1600] if QUICK else [500, 2000, 8000]
+SEEDS = range(3 if QUICK else 5)
+
+# %%
+Q = np.array([[1.0, 0.5]])
+att = Sigmoid(Q, np.array([[-0.8, 0.2]]), np.array([[1.0, 0.3], [-0.2, 0.7]]), bias=-0.5)
+mean0 = np.array([0.5, -0.3])
+cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
+T_END = 1.0
+t_eval = np.linspace(0.0, T_END, 3 if QUICK else 11)
+try:
+    gp.solve(att, mean0, cov0, (0, 1))
+except TypeError as exc:
+    print("solve rejects sigmoid attention:", exc)
+
+# %%
+report = compare(att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="rk4",
+                 dt=T_END / (4 if QUICK else 40))
+for name, fig in [("moments", plot_moments(report)), ("diagnostics", plot_diagnostics(report))]:
+    fig.savefig(OUT / f"sigmoid_{name}.png", dpi=90)
+    plt.close(fig)
+
+# %% [markdown]
+# ## Checks
+#
+# * the covariance of the particles converges in $n$: the seed-averaged covariance at
+#   the two largest $n$ agree within 5 standard errors (from the seed spread);
+# * the seed spread of the covariance shrinks with $n$ (expected like $n^{-1/2}$, a factor
+#   4 over the range; asserted: at least a factor 2, as three seeds estimate a spread only
+#   to about 50 %);
+# * the sliced $W_2$ distance to the fitted Gaussian is finite and reported at every time.
+
+# %%
+cov = report.cov[:, :, -1]  # (N, S, d, d) at the final time
+m, s = cov.mean(axis=1), cov.std(axis=1, ddof=1) / np.sqrt(cov.shape[1])
+assert np.all(np.abs(m[-1] - m[-2]) < 5 * np.sqrt(s[-1] ** 2 + s[-2] ** 2) + 1e-12)
+spread = np.sqrt(np.sum(cov.std(axis=1, ddof=1) ** 2, axis=(-2, -1)))
+slope = np.polyfit(np.log(report.n), np.log(spread), 1)[0]
+print("slope of the seed spread against n:", round(slope, 3))
+assert spread[-1] < spread[0] / 2, spread
+assert np.all(np.isfinite(report.sliced_w2))
+print("all checks passed")
