@@ -1,0 +1,36 @@
+# %% [markdown]
+# # Closure error against particles
+#
+# Sigmoid attention, masked attention with position-dependent means, a LayerNorm pre-norm
+# block and a softmax + ReLU-MLP block (`gaussian_pde._closure_error`), d = 2, t in [0, 1].
+# `w2`: Bures-Wasserstein distance between closure and particle moments; `floor`: its value
+# at t = 0 (Monte Carlo); `excess`: growth above the floor; `non_gaussianity`: sliced W2 of
+# whitened particles to N(0, I). Quick mode: `GAUSSIAN_PDE_NOTEBOOK_QUICK=1`.
+
+# %%
+import os
+
+import numpy as np
+
+from gaussian_pde._closure_error import CLOSURE_CASES, measure_closure_error
+
+QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
+kw = dict(n=300, seeds=(0,), n_times=4, n_per_dim=6) if QUICK else dict(n=2000, seeds=(0, 1, 2))
+strengths = (1.0,) if QUICK else (1.0, 2.5)
+res = {(name, s): measure_closure_error(name, strength=s, **kw)
+       for name in CLOSURE_CASES for s in strengths}
+for (name, s), r in res.items():
+    print(f"{name:10s} strength {s}: max w2 {r['w2'].max():.4f}, floor {r['floor'].mean():.4f}, "
+          f"max excess {r['excess'].max():.4f}, non-Gaussianity at t=1 {r['non_gaussianity'][:, -1].mean():.3f}")
+
+# %% [markdown]
+# Regimes (full run, n = 1500-2000, see the report of issue 5): the sigmoid closure is
+# within Monte Carlo error (excess < 0.01); LayerNorm and the ReLU MLP block drift away
+# at ~0.08-0.13 by t = 1 as the particles become non-Gaussian; masked attention with
+# position-dependent means has the largest closure error (excess ~ 0.13 per block), the
+# blocks' mixture being far from Gaussian.
+
+# %%
+for r in res.values():
+    assert np.all(np.isfinite(r["w2"]))
+    assert r["w2"].max() < 1.0
