@@ -165,8 +165,8 @@ def _validate_t_eval(t_eval, t0, t1):
 def _validate_method(method):
     if isinstance(method, str):
         if method not in METHODS:
-            raise ValueError(f"`method` must be one of {sorted(METHODS)} or an OdeSolver "
-                             f"subclass, got {method!r}.")
+            raise ValueError(f"`method` must be one of {sorted(METHODS)}, 'rosenbrock' or an "
+                             f"OdeSolver subclass, got {method!r}.")
         return method
     if isinstance(method, type) and issubclass(method, OdeSolver):
         return method
@@ -245,7 +245,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        Any :func:`scipy.integrate.solve_ivp` method; default ``"DOP853"``.
+        Any :func:`scipy.integrate.solve_ivp` method; default ``"DOP853"``. Or
+        ``"rosenbrock"``: the L-stable linearly implicit RODAS4 of
+        :func:`gaussian_pde._batch.solve_batch` (one trajectory), for stiff runs to a
+        steady state; covariance only (``mean0=None``), without user ``events`` or
+        ``first_step``; ``t`` holds ``t_eval`` (up to the stop) or, without it, the
+        initial and final times; right-hand-side counts include the Jacobian's.
     rtol, atol : float
         Tolerances, in solver units, on the entries of the mean and of ``L``.
     blowup_threshold : float
@@ -280,6 +285,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     (<Status.BLOWUP: 'blowup'>, 1.0)
     """
     validate_attention(attention)
+    if isinstance(method, str) and method == "rosenbrock":
+        return _solve_rosenbrock(attention, mean0, cov0, t_span, t_eval=t_eval, rtol=rtol,
+                                 atol=atol, blowup_threshold=blowup_threshold,
+                                 steady_tol=steady_tol, steady_atol=steady_atol,
+                                 rank_tol=rank_tol, events=events, max_step=max_step,
+                                 first_step=first_step, max_nfev=max_nfev)
     d = attention.d
     with_mean = mean0 is not None
     mean0 = validate_vector(mean0, "mean0", size=d) if with_mean else None
@@ -423,3 +434,41 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         t_blowup=t_blowup, t_final=float(t_final),
         mean_final=None if mean_f is None else mean_f.copy(), cov_final=L_f @ L_f.T,
         t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev)
+
+
+def _solve_rosenbrock(attention, mean0, cov0, t_span, *, t_eval, rtol, atol, blowup_threshold,
+                      steady_tol, steady_atol, rank_tol, events, max_step, first_step,
+                      max_nfev):
+    """``solve(..., method="rosenbrock")``: one trajectory of the batched RODAS4."""
+    from ._batch import solve_batch
+
+    if mean0 is not None:
+        raise ValueError("`method='rosenbrock'` integrates the covariance only: pass "
+                         "`mean0=None` (the covariance equation does not involve the mean), "
+                         "or use a SciPy method such as 'Radau' for the mean.")
+    if callable(events) or tuple(events):
+        raise ValueError("`events` are not supported with `method='rosenbrock'`; use a SciPy "
+                         "method such as 'Radau' for user events.")
+    if first_step is not None:
+        raise ValueError("`first_step` is not supported with `method='rosenbrock'`.")
+    cov0 = validate_covariance(cov0, "cov0", d=attention.d)
+    if steady_tol is not None:
+        steady_tol = validate_positive(steady_tol, "steady_tol")
+    # solve's steady event is on only with steady_tol; solve_batch's also with steady_atol
+    steady_atol = 0.0 if steady_tol is None else steady_atol
+    bs = solve_batch(attention, cov0[None], t_span, t_eval=t_eval, rtol=rtol, atol=atol,
+                     blowup_threshold=blowup_threshold, steady_tol=steady_tol,
+                     steady_atol=steady_atol, rank_tol=rank_tol, max_step=max_step,
+                     max_nfev=max_nfev, method="rosenbrock")
+    sol = bs.trajectory(0)
+    t_events = {}
+    if sol.status == Status.BLOWUP:
+        t_events["blowup"] = np.array([sol.t_final])
+    elif sol.status in (Status.STEADY, Status.RANK_COLLAPSE):
+        t_events[str(sol.status)] = np.array([sol.t_final])
+    if t_eval is None:   # the initial and the final state
+        t0 = float(validate_t_span(t_span)[0])
+        cov = np.stack([cov0, sol.cov_final])
+        sol = dataclasses.replace(sol, t=np.array([t0, sol.t_final]), cov=cov,
+                                  factor=psd_sqrt(cov))
+    return dataclasses.replace(sol, t_events=t_events)

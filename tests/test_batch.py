@@ -99,3 +99,160 @@ def test_batch_bad_input(rng):
         solve_batch("softmax", [np.eye(2)], (0, 1))
     with pytest.raises(ValueError, match="`t_span`"):
         solve_batch(att, [np.eye(2)], (1, 0))
+
+
+# ----------------------------------------------------------------------------------------
+# method="rosenbrock" (RODAS4) and method="auto" (per-trajectory switch)
+# ----------------------------------------------------------------------------------------
+# References are DOP853 runs at rtol 1e-12 (non-stiff: its states agree with gp.solve to
+# ~1e-13, see above). RODAS4 is order 4: at rtol 1e-10 it stays within ~1e-9 relative of
+# them on these problems; the pinned 1e-7 leaves two orders of margin.
+
+def _paper_settings(rng, n, d):
+    """The paper's stiff rank-histogram setting: K = -Q, V = G^T G, Sigma_0 = G G^T."""
+    Qs = rng.standard_normal((n, d // 2, d))
+    Gs = rng.standard_normal((n, d, d))
+    w = {"kind": "softmax", "Q": Qs, "K": -Qs, "V": np.swapaxes(Gs, 1, 2) @ Gs,
+         "scale": np.full(n, 1 / np.sqrt(d))}
+    return w, Gs @ np.swapaxes(Gs, 1, 2)
+
+
+def test_rosenbrock_matches_dop853_nonstiff(rng):
+    atts, covs = _mixed(rng, 8, 2)
+    t_eval = np.linspace(0, 2, 9)
+    ref = solve_batch(atts, covs, (0.0, 2.0), t_eval=t_eval, rtol=1e-12, atol=1e-14,
+                      method="DOP853")
+    ros = solve_batch(atts, covs, (0.0, 2.0), t_eval=t_eval, rtol=1e-10, atol=1e-14,
+                      method="rosenbrock")
+    assert list(ros.status) == list(ref.status)
+    assert ros.implicit.all() and not ref.implicit.any()
+    scale = np.nanmax(np.abs(ref.cov), axis=(1, 2, 3))[:, None, None, None]
+    np.testing.assert_allclose(ros.cov / scale, ref.cov / scale, rtol=0, atol=1e-7)
+    fin = ref.status != "blowup"
+    np.testing.assert_allclose(ros.cov_final[fin], ref.cov_final[fin], rtol=1e-7, atol=1e-12)
+    blow = ~fin
+    np.testing.assert_allclose(ros.t_blowup[blow], ref.t_blowup[blow], rtol=1e-7)
+
+
+def _stiff_settings(seeds, d=5):
+    """Paper settings (d = 5) that turn stiff after t ~ 1e3 (checked: DOP853's steps grow
+    like 0.004 t there); drawn one seed each so that the cases do not depend on order."""
+    Qs, Vs, covs = [], [], []
+    for seed in seeds:
+        r = np.random.default_rng(seed)
+        Q, G = r.standard_normal((d // 2, d)), r.standard_normal((d, d))
+        Qs.append(Q)
+        Vs.append(G.T @ G)
+        covs.append(G @ G.T)
+    Qs = np.array(Qs)
+    return ({"kind": "softmax", "Q": Qs, "K": -Qs, "V": np.array(Vs),
+             "scale": np.full(len(seeds), 1 / np.sqrt(d))}, np.array(covs))
+
+
+def test_rosenbrock_matches_dop853_stiff():
+    w, covs = _stiff_settings([0, 3])
+    T = 1e5
+    t_eval = np.geomspace(1e-2, T, 8)
+    kw = dict(t_eval=t_eval, atol=1e-14, max_nfev=None)
+    ref = solve_batch(w, covs, (0.0, T), rtol=1e-12, method="DOP853", **kw)
+    dop = solve_batch(w, covs, (0.0, T), rtol=1e-8, method="DOP853", **kw)
+    scale = np.abs(ref.cov).max(axis=(1, 2, 3))[:, None, None, None]
+    for method in ("auto", "rosenbrock"):
+        sol = solve_batch(w, covs, (0.0, T), rtol=1e-8, method=method, **kw)
+        assert (sol.status == "finished").all() and sol.implicit.all()
+        np.testing.assert_allclose(sol.cov / scale, ref.cov / scale, rtol=0, atol=1e-7)
+        if method == "auto":
+            # stiff: RODAS4's steps are limited by accuracy, DOP853's by stability (seen:
+            # 309 and 433 steps against 1016 and 776; the gain grows with the horizon and
+            # with looser tolerances)
+            assert np.all(sol.nsteps < 0.75 * dop.nsteps), (sol.nsteps, dop.nsteps)
+
+
+def test_auto_mixes_methods_within_a_batch(rng):
+    # two stiff paper settings (switch to RODAS4) and three non-stiff blow-ups (stay DOP853)
+    w, covs = _stiff_settings([0, 3])
+    atts = [gp.Softmax(Q, K, V, scale=1 / np.sqrt(5)) for Q, K, V in
+            zip(w["Q"], w["K"], w["V"])] + [gp.Softmax(np.eye(5), np.eye(5), np.eye(5))] * 3
+    covs = np.concatenate([covs, [random_spd(rng, 5) for _ in range(3)]])
+    t_eval = np.geomspace(1e-3, 1e5, 17)
+    kw = dict(t_eval=t_eval, rtol=1e-8, atol=1e-14, max_nfev=None)
+    sol = solve_batch(atts, covs, (0.0, 1e5), method="auto", **kw)
+    ref = solve_batch(atts, covs, (0.0, 1e5), method="DOP853", **kw)
+    assert list(sol.implicit) == [True] * 2 + [False] * 3
+    assert list(sol.status) == list(ref.status) == ["finished"] * 2 + ["blowup"] * 3
+    # the blow-ups took exactly the DOP853 steps
+    np.testing.assert_array_equal(sol.nsteps[2:], ref.nsteps[2:])
+    np.testing.assert_allclose(sol.t_blowup[2:], ref.t_blowup[2:], rtol=1e-12)
+    ok = np.isfinite(ref.cov)
+    assert np.array_equal(ok, np.isfinite(sol.cov))
+    scale = np.nanmax(np.abs(ref.cov), axis=(1, 2, 3))[:, None, None, None]
+    np.testing.assert_allclose((sol.cov / scale)[ok], (ref.cov / scale)[ok], rtol=0,
+                               atol=1e-6)
+
+
+def test_rosenbrock_exact_blowup_times(rng):
+    from gaussian_pde._exact import blowup_time
+
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
+    covs = np.array([random_spd(rng, 2) for _ in range(5)])
+    bs = solve_batch(att, covs, (0.0, 100.0), method="rosenbrock", rtol=1e-8)
+    assert (bs.status == "blowup").all()
+    exact = [blowup_time(att, c) for c in covs]
+    np.testing.assert_allclose(bs.t_blowup, exact, rtol=1e-6)
+
+
+def test_rosenbrock_events_match_single(rng):
+    q = np.array([[1.0, 0.3]])
+    att = gp.Softmax(q, -q, np.eye(2))
+    covs = np.array([random_spd(rng, 2) for _ in range(4)])
+    for kw in ({"steady_tol": 1e-3}, {"rank_tol": 1e-2}):
+        bs = solve_batch(att, covs, (0.0, 1e6), method="rosenbrock", rtol=1e-9, **kw)
+        for i in range(4):
+            s = gp.solve(att, None, covs[i], (0.0, 1e6), **kw)
+            assert bs.status[i] == s.status
+            assert bs.t_final[i] == pytest.approx(s.t_final, rel=1e-6)
+
+
+def test_rosenbrock_keeps_psd_and_rank(rng):
+    # rank-2 initial covariances in d = 4, stiff paper setting, long horizon
+    w, _ = _paper_settings(rng, 3, 4)
+    F = rng.standard_normal((3, 4, 2))
+    covs = F @ np.swapaxes(F, 1, 2)
+    t_eval = np.geomspace(1e-2, 1e6, 17)
+    sol = solve_batch(w, covs, (0.0, 1e6), t_eval=t_eval, method="rosenbrock", rtol=1e-8)
+    assert (sol.status == "finished").all()
+    np.testing.assert_array_equal(sol.cov, np.swapaxes(sol.cov, -1, -2))   # L L^T
+    lam = np.linalg.eigvalsh(sol.cov)
+    top = lam[..., -1:]
+    assert np.all(lam >= -1e-12 * top)
+    # the rank never exceeds the initial rank 2: two eigenvalues stay at rounding level
+    assert np.all(lam[..., :2] <= 1e-12 * top)
+
+
+def test_rosenbrock_jacobian_complex_step_equals_central(rng):
+    from gaussian_pde._batch import _build_field, _RosenbrockStepper
+
+    Qs, Vs = rng.standard_normal((3, 1, 3)), rng.standard_normal((3, 3, 3))
+    atts = [cls(Q, -Q, V) for Q, V in zip(Qs, Vs) for cls in (gp.Softmax, gp.L2)]
+    field, d = _build_field(atts, len(atts))
+    idx = np.arange(len(atts))
+    field.set_active(idx)
+    y = rng.standard_normal((len(atts), 9))
+    f = field(y.reshape(-1, 3, 3)).reshape(-1, 9)
+    st = _RosenbrockStepper(field, d, 1e-12, 1e-10, np.zeros(len(atts), dtype=int))
+    assert st.holomorphic
+    J_cs = st.jacobian(idx, y, f)
+    st.holomorphic = False
+    J_cd = st.jacobian(idx, y, f)
+    np.testing.assert_allclose(J_cd, J_cs, rtol=0, atol=1e-8 * np.abs(J_cs).max())
+    # a column by hand: forward difference with a small step
+    e = np.zeros(9)
+    e[4] = 1e-7
+    col = (field((y + e).reshape(-1, 3, 3)).reshape(-1, 9) - f) / 1e-7
+    np.testing.assert_allclose(J_cs[:, :, 4], col, rtol=0, atol=1e-5 * np.abs(col).max())
+
+
+def test_bad_method(rng):
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+    with pytest.raises(ValueError, match="`method`"):
+        solve_batch(att, [np.eye(2)], (0, 1), method="Radau")
