@@ -37,7 +37,7 @@ def default_positions(n):
 def _no_closure(self, *args, **kwargs):
     raise TypeError(f"`attention` ({self.name}) does not preserve Gaussians for "
                     "position-dependent data: it has no exact moment equations; "
-                    "simulate particles instead.")
+                    "use gaussian_pde.solve_masked_closure or simulate particles.")
 
 
 class Masked(SingleHeadAttention):

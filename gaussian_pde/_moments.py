@@ -23,7 +23,7 @@ def validate_attention(attention, *, gaussian=True):
                         f"got {type(attention).__name__}.")
     if gaussian and not attention.gaussian_preserving:
         raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians; "
-                        "use the Gaussian closure instead.")
+                        "use the Gaussian closure (gaussian_pde.solve_closure) instead.")
     return attention
 
 

@@ -26,7 +26,8 @@ __all__ = ["Sigmoid"]
 
 def _no_closure(self, *args, **kwargs):
     raise TypeError(f"`attention` ({self.name}) does not preserve Gaussians: it has no exact "
-                    "moment equations; simulate particles instead.")
+                    "moment equations; use the Gaussian closure (gaussian_pde.solve_closure) "
+                    "or simulate particles.")
 
 
 class Sigmoid(SingleHeadAttention):
