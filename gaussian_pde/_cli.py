@@ -14,7 +14,7 @@ import sys
 
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS = {
-    "run": ("gaussian_pde._main_job", "integrate the built-in 2-D examples (the default)"),
+    "run": ("gaussian_pde._main_job", "the main job (the default): the reproduction report"),
     "compare": ("gaussian_pde._cli_compare", "moment ODEs against particle Monte Carlo"),
     "reproduce": ("gaussian_pde._cli_reproduce", "reproduce the paper's Gaussian figures"),
     "sweep": ("gaussian_pde._cli_sweep", "resumable parameter sweeps (local or Dask cluster)"),

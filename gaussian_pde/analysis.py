@@ -226,7 +226,7 @@ def _finite_time_signature(t, tr):
 
 def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blowup=None,
                         message="", rtol=1e-4, atol=0.0, settle_tol=1e-2, decay_slope=0.5,
-                        zero_tol=1e-3, growth_ratio=1e8):
+                        zero_tol=0.1, growth_ratio=1e8):
     r"""Classify the outcome of a finished covariance trajectory.
 
     The final state :math:`\Sigma_f` at :math:`t_f` and its rate :math:`\Sigma'_f` are
@@ -250,7 +250,10 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
        (:math:`t_f\,\operatorname{tr}'/\operatorname{tr} \ge 1`).
     4. ``ZERO``: :math:`\operatorname{tr}\Sigma_f \le` ``zero_tol``
        :math:`\operatorname{tr}\Sigma_0` and every eigenvalue decays,
-       :math:`\gamma_i \le -`\ ``decay_slope``.
+       :math:`\gamma_i \le -`\ ``decay_slope``: a power law :math:`t^{\gamma_i}` with
+       :math:`\gamma_i < 0` in every direction tends to zero. (Algebraic decay is slow:
+       for :math:`K = -Q` the trace typically falls only like :math:`1/t`, so requiring a
+       tiny trace would leave these cases undecided at any practical horizon.)
     5. ``RANK`` ``r``: the eigenvalues above :math:`\max(\texttt{atol},
        \texttt{rtol}\,\lambda_{\max})` are settled, :math:`|\gamma_i| \le`
        ``settle_tol`` (their remaining change, :math:`\approx |\gamma_i|\lambda_i` for

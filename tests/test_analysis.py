@@ -142,3 +142,24 @@ def test_bures_wasserstein(rng):
         an.bures_wasserstein(0 * m, B, m, A), rel=1e-8)
     with pytest.raises(ValueError, match="`cov2`"):
         an.bures_wasserstein(m, A, m, np.eye(2))
+
+
+def test_classifier_zero_from_slow_algebraic_decay(rng):
+    """Sigma(t) = (Sigma_0^-1 + t S)^-1 with S > 0 (softmax, K = -Q, V = I, exact, MATH.md
+    section 4) seen only up to t = 30: the trace has fallen by about one decade and every
+    eigenvalue decays like 1/t, so the limit is zero; a rank-1 limit (S singular) is not."""
+    Q = rng.standard_normal((2, 2))
+    att = gp.Softmax(Q, -Q, np.eye(2))
+    cov0 = np.eye(2)
+    t = np.geomspace(1e-3, 30.0, 60)
+    covs = gp.exact_covariance(att, cov0, t)
+    S = -(att.A + att.A.T)
+    assert np.trace(covs[-1]) > 1e-3 * np.trace(cov0)  # the old 1e-3 rule would not decide
+    assert np.trace(covs[-1]) <= 0.1 * np.trace(cov0)
+    oc = an.classify_trajectory(t, covs, attention=att)
+    assert oc.outcome == an.Outcome.ZERO, oc.message
+    q = Q[:1]
+    att1 = gp.Softmax(q, -q, np.eye(2))
+    oc1 = an.classify_trajectory(t, gp.exact_covariance(att1, cov0, t), attention=att1)
+    assert oc1.outcome != an.Outcome.ZERO
+    assert np.all(np.linalg.eigvalsh(S) > 0)
