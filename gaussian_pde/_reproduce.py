@@ -292,6 +292,7 @@ def _figures(out, regimes, hists, ds):
         fig.suptitle(f"{name}: Gaussian covariance trajectories from a grid of unit-trace "
                      r"$\Sigma_0$ (red dots)", fontsize=11)
         fig.tight_layout()
+        fig.subplots_adjust(wspace=0.4)  # room for the 3-D panels' z labels
         paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
         plt.close(fig)
 

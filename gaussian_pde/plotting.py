@@ -117,7 +117,7 @@ def plot_cone_trajectories(covs, ax=None, *, limit_direction=None, color="tab:bl
     ax.scatter([], [], color=END_COLOR, s=8, label="end")
     ax.set_xlabel(r"$a-b$")
     ax.set_ylabel(r"$2c$")
-    ax.set_zlabel(r"$a+b=\mathrm{tr}\,\Sigma$")
+    ax.set_zlabel(r"$a+b$")
     ax.legend(fontsize=7, loc="upper left")
     if title:
         ax.set_title(title, fontsize=9)
