@@ -43,7 +43,7 @@ from ._validation import (
 )
 
 __all__ = ["MaskedClosureSolution", "masked_field", "masked_closure_rhs",
-           "solve_masked_closure", "block_positions"]
+           "solve_masked_closure", "block_positions", "validate_blocks", "mixture_moments"]
 
 
 def block_positions(n, n_blocks):
@@ -53,6 +53,30 @@ def block_positions(n, n_blocks):
     if n % n_blocks:
         raise ValueError(f"`n` = {n} must be a multiple of `n_blocks` = {n_blocks}.")
     return np.repeat((np.arange(n_blocks) + 0.5) / n_blocks, n // n_blocks)
+
+
+def validate_blocks(means0, covs0, d, mean_name="means0", cov_name="covs0"):
+    """Block means ``(B, d)`` and covariances ``(B, d, d)`` (a ``(d, d)`` one is shared)."""
+    means0 = validate_array(means0, mean_name, ndim=2)
+    if means0.shape[1] != d or means0.shape[0] < 1:
+        raise ValueError(f"`{mean_name}` must have shape (B, {d}) with B >= 1, got "
+                         f"{means0.shape}.")
+    B = means0.shape[0]
+    covs0 = validate_array(covs0, cov_name, ndim=(2, 3))
+    if covs0.ndim == 2:
+        covs0 = np.broadcast_to(covs0, (B, d, d))
+    if covs0.shape != (B, d, d):
+        raise ValueError(f"`{cov_name}` must have shape ({B}, {d}, {d}) (one per block of "
+                         f"`{mean_name}`) or ({d}, {d}), got {covs0.shape}.")
+    return means0, validate_covariance(covs0, cov_name, batch=True)
+
+
+def mixture_moments(means, covs):
+    """Mean and covariance of the uniform mixture of the blocks (last axes ``(B, d)``)."""
+    m = means.mean(axis=-2)
+    dev = means - m[..., None, :]
+    c = covs.mean(axis=-3) + np.einsum("...bi,...bj->...ij", dev, dev) / means.shape[-2]
+    return m, c
 
 
 def masked_field(attention, means, covs, b, x):
@@ -132,17 +156,8 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
     if not isinstance(attention, Masked):
         raise TypeError(f"`attention` must be a Masked attention, got {type(attention).__name__}.")
     d = attention.d
-    means0 = validate_array(means0, "means0", ndim=2)
-    if means0.shape[1] != d:
-        raise ValueError(f"`means0` must have shape (B, {d}), got {means0.shape}.")
+    means0, covs0 = validate_blocks(means0, covs0, d)
     B = means0.shape[0]
-    covs0 = validate_array(covs0, "covs0", ndim=(2, 3))
-    if covs0.ndim == 2:
-        covs0 = np.broadcast_to(covs0, (B, d, d))
-    if covs0.shape != (B, d, d):
-        raise ValueError(f"`covs0` must have shape ({B}, {d}, {d}) (one per block of "
-                         f"`means0`) or ({d}, {d}), got {covs0.shape}.")
-    covs0 = validate_covariance(covs0, "covs0", batch=True)
     t0, t1 = validate_t_span(t_span)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
     rtol = validate_tolerance(rtol, "rtol")
@@ -173,8 +188,6 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
     means = Y[:, :nm].reshape(-1, B, d)
     Ls = Y[:, nm:].reshape(-1, B, d, d)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
-    mix_m = means.mean(axis=1)
-    dev = means - mix_m[:, None]
-    mix_c = covs.mean(axis=1) + np.einsum("tbi,tbj->tij", dev, dev) / B
+    mix_m, mix_c = mixture_moments(means, covs)
     return MaskedClosureSolution(t=res.t, means=means, covs=covs, mixture_mean=mix_m,
                                  mixture_cov=mix_c, status=status, message=message)
