@@ -490,6 +490,59 @@ def _batched_inv(W):
         return out
 
 
+def _head_jacobian(kind, Q, K, V, s, L):
+    r"""Jacobian of one softmax or L2 head's ``L' = M(\Sigma) L`` at stacked ``L``.
+
+    Both fields have :math:`dM[d\Sigma] = A\,d\Sigma\,C`: softmax
+    :math:`M = sV\Sigma K^TQ`, :math:`A = sV`, :math:`C = K^TQ`; L2
+    :math:`M = 2sVX^{-1}\Sigma K^TQ`, :math:`X = 2s\Sigma K^TK + I`,
+    :math:`A = 2sVX^{-1}`, :math:`C = K^TQ - 2sK^TKX^{-1}\Sigma K^TQ`. With
+    :math:`d\Sigma = EL^T + LE^T` and :math:`B = CL`,
+    :math:`dF[E] = ME + AEL^TB + ALE^TB`, so for :math:`E = e_ae_b^T`
+    :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`.
+    """
+    r, d = L.shape[0], L.shape[-1]
+    Lt = np.swapaxes(L, -1, -2)
+    Kt = np.swapaxes(K, -1, -2)
+    KtQ = Kt @ Q
+    S = L @ Lt
+    if kind == "softmax":
+        A = np.broadcast_to(s * V, (r, d, d))
+        C = KtQ
+        M = A @ S @ KtQ
+    else:
+        X = (2 * s) * (S @ (Kt @ K)) + np.eye(d)
+        Xi = np.linalg.inv(X)
+        P = Xi @ (S @ KtQ)
+        A = (2 * s) * (V @ Xi)
+        M = (2 * s) * (V @ P)
+        C = KtQ - (2 * s) * ((Kt @ K) @ P)
+    B = C @ L
+    J = np.empty((r, d, d, d, d))
+    J[...] = np.einsum("ria,rbj->rijab", A, Lt @ B)
+    J += np.einsum("rib,raj->rijab", A @ L, B)
+    J += np.einsum("ria,jb->rijab", M, np.eye(d))
+    return J.reshape(r, d * d, d * d)
+
+
+def _analytic_jacobian(field, idx, L):
+    """Jacobian of the field at rows ``idx`` (all heads softmax or L2), ``(r, n, n)``."""
+    r, d = L.shape[0], L.shape[-1]
+    out = None
+    for rows, params in field._plan(idx):
+        Lr = L if rows is None else L[rows]
+        Jg = None
+        for gen, Q, K, V, s in params:
+            term = _head_jacobian(gen.__name__.rsplit(".", 1)[-1], Q, K, V, s, Lr)
+            Jg = term if Jg is None else Jg + term
+        if rows is None:
+            return Jg
+        if out is None:
+            out = np.empty((r, d * d, d * d))
+        out[rows] = Jg
+    return out
+
+
 class _RosenbrockStepper:
     """Linearly implicit RODAS4 steps with a finite-difference Jacobian per trajectory."""
 
@@ -503,8 +556,11 @@ class _RosenbrockStepper:
         self.fresh = None      # J is the Jacobian at the row's current state
         self.n_active = None
         self.njev = 0
-        self.holomorphic = all(gen.__name__.rsplit(".", 1)[-1] in _HOLOMORPHIC
-                               for _, heads in field.groups for gen, *_ in heads)
+        kinds = {gen.__name__.rsplit(".", 1)[-1] for _, heads in field.groups
+                 for gen, *_ in heads}
+        #: how ``jacobian`` differentiates: "analytic" (softmax and L2 heads only),
+        #: "complex" (complex step) or "central" (central differences)
+        self.jac_mode = "analytic" if kinds <= set(_HOLOMORPHIC) else "central"
 
     def compact(self, keep):
         if self.J is not None:
@@ -531,9 +587,12 @@ class _RosenbrockStepper:
         workload.
         """
         r, n, d = y.shape[0], self.n, self.d
+        if self.jac_mode == "analytic":
+            self.nfev[idx] += 1
+            return _analytic_jacobian(self.field, idx, y.reshape(r, d, d))
         j = np.arange(n)
         scale = np.max(np.abs(y), axis=1, keepdims=True) + 1e-150
-        if self.holomorphic:
+        if self.jac_mode == "complex":
             delta = 1e-30 * scale
             Y = np.repeat(y[:, None, :].astype(complex), n, axis=1)   # row j: y + i delta e_j
             Y[:, j, j] += 1j * delta

@@ -229,20 +229,27 @@ def test_rosenbrock_keeps_psd_and_rank(rng):
     assert np.all(lam[..., :2] <= 1e-12 * top)
 
 
-def test_rosenbrock_jacobian_complex_step_equals_central(rng):
+def test_rosenbrock_jacobian_analytic_complex_step_central_agree(rng):
     from gaussian_pde._batch import _build_field, _RosenbrockStepper
 
     Qs, Vs = rng.standard_normal((3, 1, 3)), rng.standard_normal((3, 3, 3))
     atts = [cls(Q, -Q, V) for Q, V in zip(Qs, Vs) for cls in (gp.Softmax, gp.L2)]
+    # general K and a multi-head mix (several structure groups in one field)
+    K2, Q2 = rng.standard_normal((2, 2, 3))
+    atts += [gp.Softmax(Q2, K2, Vs[0]), gp.L2(Q2, K2, Vs[1], scale=0.3),
+             gp.MultiHead([gp.Softmax(Q2[:1], K2[:1], Vs[2]), gp.L2(Q2[1:], K2[1:], Vs[0])])]
     field, d = _build_field(atts, len(atts))
     idx = np.arange(len(atts))
     field.set_active(idx)
     y = rng.standard_normal((len(atts), 9))
     f = field(y.reshape(-1, 3, 3)).reshape(-1, 9)
     st = _RosenbrockStepper(field, d, 1e-12, 1e-10, np.zeros(len(atts), dtype=int))
-    assert st.holomorphic
+    assert st.jac_mode == "analytic"
+    J_an = st.jacobian(idx, y, f)
+    st.jac_mode = "complex"
     J_cs = st.jacobian(idx, y, f)
-    st.holomorphic = False
+    np.testing.assert_allclose(J_an, J_cs, rtol=0, atol=1e-12 * np.abs(J_cs).max())
+    st.jac_mode = "central"
     J_cd = st.jacobian(idx, y, f)
     np.testing.assert_allclose(J_cd, J_cs, rtol=0, atol=1e-8 * np.abs(J_cs).max())
     # a column by hand: forward difference with a small step
