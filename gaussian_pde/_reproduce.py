@@ -27,11 +27,20 @@ The two protocols for the histograms (settings: :math:`Q \in \mathbb R^{\lfloor 
     L-stable Rosenbrock method RODAS4 where a trajectory turns stiff) and classifying with
     :func:`gaussian_pde.analysis.classify_trajectory` (undecided trajectories are
     reported as such, never guessed).
+
+Speed: per ``d`` one :func:`~gaussian_pde._batch.solve_batch` call per protocol holds all
+four panels (their slow tails share iterations), and the full run splits over two
+processes (:func:`_compute`: a forked child integrates the histograms of d = 5 and 3 while
+the parent does the regimes and d = 4; every random draw is made before the split, so
+the results equal the serial ones bit for bit). ``--quick`` runs serially.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
+import os
 import pathlib
 import time
 
@@ -149,10 +158,18 @@ def _regime_attentions(regime, rng):
     return {k: (v, None) for k, v in out.items()}
 
 
-def _run_regimes(rng, grid, n_eval):
+def _run_regimes(rng, grid, n_eval, drawn=None):
+    """The 2-D regimes.
+
+    ``drawn``: the regimes' attentions, ``{regime: _regime_attentions(regime, rng)}`` in
+    the order of REGIMES (drawn here from ``rng`` when not given; a subset of the
+    regimes runs only those).
+    """
     results = {}
-    for regime in REGIMES:
-        atts = _regime_attentions(regime, rng)
+    if drawn is None:
+        drawn = {regime: _regime_attentions(regime, rng) for regime in REGIMES}
+    for regime in [r for r in REGIMES if r in drawn]:
+        atts = drawn[regime]
         T = _HORIZON[regime]
         t_eval = np.concatenate([[0.0], np.geomspace(1e-3, T, n_eval)])
         seq = [atts[name][0] for name in TYPES for _ in range(len(grid))]
@@ -202,61 +219,81 @@ def _exact_limit_softmax_identity(Q, cov0, scale):
     return R @ null @ null.T @ R
 
 
+_PANELS = (("softmax", "I"), ("softmax", "GtG"), ("l2", "I"), ("l2", "GtG"))
+
+
 def _run_histograms(rng, ds, n_settings, paper_tol):
     out = {}
     for d in ds:
-        Qs, Gs = _hist_settings(rng, d, n_settings)
-        cov0s = Gs @ np.swapaxes(Gs, -1, -2)
-        scale = 1.0 / np.sqrt(d)
-        VI = np.broadcast_to(np.eye(d), Gs.shape)
-        VG = np.swapaxes(Gs, -1, -2) @ Gs
-        for kind, cls in (("softmax", Softmax), ("l2", L2)):
-            # one batch for both value matrices: rows [0, n) V = I, [n, 2n) V = G^T G
-            w = {"kind": kind, "Q": np.concatenate([Qs, Qs]), "K": -np.concatenate([Qs, Qs]),
-                 "V": np.concatenate([VI, VG]), "scale": np.full(2 * n_settings, scale)}
-            c2 = np.concatenate([cov0s, cov0s])
-            paper_all = solve_batch(w, c2, (0.0, _HIST_HORIZON), rtol=_PAPER_RTOL, atol=1e-12,
-                                    steady_atol=paper_tol, max_nfev=_MAX_NFEV)
-            need = slice(n_settings, None) if kind == "softmax" else slice(None)
-            w_acc = {k: (v[need] if isinstance(v, np.ndarray) else v) for k, v in w.items()}
-            acc_all = solve_batch(w_acc, c2[need], (0.0, _HIST_HORIZON), rtol=_ACCURATE_RTOL,
-                                  atol=1e-14, max_nfev=_MAX_NFEV)
-            off = 0 if kind != "softmax" else n_settings
-            for vi, (vname, Vs) in enumerate((("I", VI), ("GtG", VG))):
-                rows = np.arange(vi * n_settings, (vi + 1) * n_settings)
-                atts = [cls(Q, -Q, V, scale=scale) for Q, V in zip(Qs, Vs)]
-                paper_rank = np.array([
-                    limit_rank(paper_all.cov_final[b], rtol=0.0, atol=PAPER_THRESHOLD)
-                    if paper_all.status[b] == "steady" else -1 for b in rows])
-                exact_limit = None
-                if kind == "softmax" and vname == "I":
-                    lims = np.array([_exact_limit_softmax_identity(Q, c, scale)
-                                     for Q, c in zip(Qs, cov0s)])
-                    true_rank = np.array([limit_rank(x, rtol=1e-8) for x in lims])
-                    exact_limit = lims
-                    outcome = ["rank (exact solution)"] * n_settings
-                    limits = lims
-                else:
-                    true_rank, outcome, limits = [], [], []
-                    for i, b in enumerate(rows - off):
-                        oc = classify_trajectory(
-                            np.array([0.0, acc_all.t_final[b]]),
-                            np.array([cov0s[i], acc_all.cov_final[b]]), attention=atts[i],
-                            status=acc_all.status[b], message=acc_all.message[b],
-                            rtol=ACCURATE_RTOL)
-                        outcome.append(str(oc.outcome))
-                        true_rank.append(oc.rank if oc.outcome in ("rank", "zero") else -1)
-                        limits.append(oc.limit if oc.limit is not None
-                                      else np.full((d, d), np.nan))
-                    true_rank, limits = np.array(true_rank), np.array(limits)
-                lim_thr = np.array([limit_rank(x, rtol=0.0, atol=PAPER_THRESHOLD)
-                                    if np.isfinite(x).all() else -1 for x in limits])
-                # lower bound of the limit from the conserved N^T Sigma^-1 N (K = -Q):
-                bound = d - np.array([np.linalg.matrix_rank(Q) for Q in Qs])
-                out[(kind, vname, d)] = dict(
-                    paper=paper_rank, accurate=true_rank, limit_paper_threshold=lim_thr,
-                    outcome=outcome, bound=bound, t_paper=paper_all.t_final[rows],
-                    exact=exact_limit is not None)
+        out.update(_histograms_d(*_hist_settings(rng, d, n_settings), paper_tol))
+    return out
+
+
+def _histograms_many(settings, paper_tol):
+    """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs), ...]``."""
+    out = {}
+    for Qs, Gs in settings:
+        out.update(_histograms_d(Qs, Gs, paper_tol))
+    return out
+
+
+def _histograms_d(Qs, Gs, paper_tol):
+    """The four rank-histogram panels of one ``d`` for settings ``Qs``, ``Gs``."""
+    out = {}
+    panels = _PANELS
+    n_settings, d = Qs.shape[0], Qs.shape[-1]
+    cov0s = Gs @ np.swapaxes(Gs, -1, -2)
+    scale = 1.0 / np.sqrt(d)
+    Vs = {"I": np.broadcast_to(np.eye(d), Gs.shape), "GtG": np.swapaxes(Gs, -1, -2) @ Gs}
+    cls = {"softmax": Softmax, "l2": L2}
+    atts = {(kind, vname): [cls[kind](Q, -Q, V, scale=scale) for Q, V in zip(Qs, Vs[vname])]
+            for kind, vname in panels}
+    # one batch per protocol for all the panels of this d (rows: panel by panel), so
+    # the slow tails of the panels share their iterations
+    paper_all = solve_batch([a for p in panels for a in atts[p]],
+                            np.concatenate([cov0s] * len(panels)), (0.0, _HIST_HORIZON),
+                            rtol=_PAPER_RTOL, atol=1e-12, steady_atol=paper_tol,
+                            max_nfev=_MAX_NFEV)
+    acc_panels = [p for p in panels if p != ("softmax", "I")]   # softmax V = I: exact
+    acc_all = solve_batch([a for p in acc_panels for a in atts[p]],
+                          np.concatenate([cov0s] * len(acc_panels)), (0.0, _HIST_HORIZON),
+                          rtol=_ACCURATE_RTOL, atol=1e-14, max_nfev=_MAX_NFEV)
+    for kind, vname in panels:
+        pi = panels.index((kind, vname))
+        rows = np.arange(pi * n_settings, (pi + 1) * n_settings)
+        paper_rank = np.array([
+            limit_rank(paper_all.cov_final[b], rtol=0.0, atol=PAPER_THRESHOLD)
+            if paper_all.status[b] == "steady" else -1 for b in rows])
+        exact_limit = None
+        if kind == "softmax" and vname == "I":
+            lims = np.array([_exact_limit_softmax_identity(Q, c, scale)
+                             for Q, c in zip(Qs, cov0s)])
+            true_rank = np.array([limit_rank(x, rtol=1e-8) for x in lims])
+            exact_limit = lims
+            outcome = ["rank (exact solution)"] * n_settings
+            limits = lims
+        else:
+            ai = acc_panels.index((kind, vname))
+            true_rank, outcome, limits = [], [], []
+            for i, b in enumerate(range(ai * n_settings, (ai + 1) * n_settings)):
+                oc = classify_trajectory(
+                    np.array([0.0, acc_all.t_final[b]]),
+                    np.array([cov0s[i], acc_all.cov_final[b]]),
+                    attention=atts[(kind, vname)][i], status=acc_all.status[b],
+                    message=acc_all.message[b], rtol=ACCURATE_RTOL)
+                outcome.append(str(oc.outcome))
+                true_rank.append(oc.rank if oc.outcome in ("rank", "zero") else -1)
+                limits.append(oc.limit if oc.limit is not None
+                              else np.full((d, d), np.nan))
+            true_rank, limits = np.array(true_rank), np.array(limits)
+        lim_thr = np.array([limit_rank(x, rtol=0.0, atol=PAPER_THRESHOLD)
+                            if np.isfinite(x).all() else -1 for x in limits])
+        # lower bound of the limit from the conserved N^T Sigma^-1 N (K = -Q):
+        bound = d - np.array([np.linalg.matrix_rank(Q) for Q in Qs])
+        out[(kind, vname, d)] = dict(
+            paper=paper_rank, accurate=true_rank, limit_paper_threshold=lim_thr,
+            outcome=outcome, bound=bound, t_paper=paper_all.t_final[rows],
+            exact=exact_limit is not None)
     return out
 
 
@@ -417,6 +454,49 @@ def _report(cfg, regimes, hists, ds, paths, timing):
     return "\n".join(L), summary
 
 
+def _cpu_time():
+    """CPU seconds of this process and of its finished child processes."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel):
+    """The regimes and the histograms; on two cores when ``parallel`` (and fork exists).
+
+    The work splits into independent solves: one child process integrates the
+    histograms of the largest and the smallest ``d`` while this process does the regimes
+    and the other ``d`` (about equal halves). Every random draw is made beforehand, so the
+    results are those of the serial computation, bit for bit.
+    """
+    ds = sorted(settings)
+    child_ds = [ds[-1], ds[0]] if len(ds) > 1 else []
+    pool = None
+    if parallel and child_ds and (os.cpu_count() or 1) >= 2:
+        try:
+            ctx = multiprocessing.get_context("fork")
+        except ValueError:   # no fork on this platform: serial
+            ctx = None
+        if ctx is not None:
+            pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+    if pool is None:
+        child_ds = []
+    try:
+        future = (pool.submit(_histograms_many, [settings[d] for d in child_ds], paper_tol)
+                  if pool is not None else None)
+        regimes = _run_regimes(rng, grid, n_eval, drawn)
+        hists = _histograms_many([settings[d] for d in ds if d not in child_ds], paper_tol)
+        if future is not None:
+            try:
+                hists.update(future.result())
+            except concurrent.futures.process.BrokenProcessPool:   # the child died: here
+                hists.update(_histograms_many([settings[d] for d in child_ds], paper_tol))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return regimes, {k: hists[k] for d in ds for k in
+                     [(kind, vname, d) for kind, vname in _PANELS]}
+
+
 def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3):
     """Run the reproduction into folder ``out``; returns a summary dict.
 
@@ -439,10 +519,13 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3):
     n_eval = 30 if quick else 80
     n_settings = 10 if quick else 100
     ds = (3, 4, 5)
-    w0, c0 = time.perf_counter(), time.process_time()
-    regimes = _run_regimes(rng, grid, n_eval)
-    hists = _run_histograms(rng, ds, n_settings, paper_tol)
-    compute_s, cpu_s = time.perf_counter() - w0, time.process_time() - c0
+    w0, c0 = time.perf_counter(), _cpu_time()
+    # every random draw first, in the order of the serial computation
+    drawn = {regime: _regime_attentions(regime, rng) for regime in REGIMES}
+    settings = {d: _hist_settings(rng, d, n_settings) for d in ds}
+    regimes, hists = _compute(rng, grid, n_eval, drawn, settings, paper_tol,
+                              parallel=not quick)
+    compute_s, cpu_s = time.perf_counter() - w0, _cpu_time() - c0
     paths = _figures(out, regimes, hists, ds)
     wall_s = time.perf_counter() - w0
     cfg = dict(seed=seed, quick=quick, paper_tol=paper_tol, n_settings=n_settings,
