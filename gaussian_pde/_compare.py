@@ -39,7 +39,7 @@ from ._particles import (
 from ._solve import solve
 from ._validation import validate_array, validate_covariance, validate_int, validate_vector
 
-__all__ = ["CompareReport", "compare", "fit_slope"]
+__all__ = ["CompareReport", "compare", "fit_slope", "mean_field_check_failures"]
 
 #: error metrics with an ODE reference, in the order of the table
 ERROR_METRICS = ("mean_error", "cov_error", "bw", "bw_relative")
@@ -332,3 +332,35 @@ def _slope(ns, err):
     per_seed = per_seed[np.isfinite(per_seed)]
     sem = float(np.std(per_seed, ddof=1) / np.sqrt(per_seed.size)) if per_seed.size > 1 else np.nan
     return slope, sem
+
+
+def mean_field_check_failures(report):
+    r"""The agreement checks of the validation notebooks; returns the failed ones (empty: pass).
+
+    For a Gaussian-preserving type compared over several ``n``:
+
+    * the fitted slope of every error (mean, covariance, relative Bures-Wasserstein)
+      against :math:`n` is :math:`-1/2` within three seed-to-seed standard errors of the
+      slope plus 0.1;
+    * at the largest :math:`n` the covariance error stays within 5 standard errors of a
+      sample covariance, :math:`\sqrt{2/n}` relative (times :math:`\sqrt 2`), at every time;
+    * the particles stay near-Gaussian: the sliced :math:`W_2` distance to the fitted
+      Gaussian at the largest ``n`` stays within twice its value at :math:`t = 0` (the
+      Monte Carlo floor of a Gaussian sample).
+    """
+    failures = []
+    for metric in ("mean_error", "cov_error", "bw_relative"):
+        tol = 3 * report.slope_sem[metric] + 0.1
+        if not abs(report.slopes[metric] + 0.5) < tol:
+            failures.append(f"slope of {metric} = {report.slopes[metric]:.3g}, expected "
+                            f"-0.5 +- {tol:.3g}")
+    n_max = np.max(report.n)
+    bound = 5 * np.sqrt(2 / n_max) * np.sqrt(2)
+    if not np.nanmax(report.cov_error[-1]) < bound:
+        failures.append(f"covariance error at n = {n_max}: {np.nanmax(report.cov_error[-1]):.3g}"
+                        f" >= {bound:.3g}")
+    sw = report.summary("sliced_w2")[0]
+    if not np.all(sw[-1] < 2 * sw[-1, 0]):
+        failures.append(f"sliced W2 to the fitted Gaussian grew: {sw[-1]}")
+    return failures
+

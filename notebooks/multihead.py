@@ -17,8 +17,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde._compare import compare
-from gaussian_pde._compare_plots import plot_diagnostics, plot_errors, plot_moments, plot_scaling
+from gaussian_pde._compare import compare, mean_field_check_failures
+from gaussian_pde._compare_plots import all_figures
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
@@ -49,9 +49,8 @@ report = compare(att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="rk4"
                  dt=T_END / (4 if QUICK else 40))
 print("slopes of error against n:", {k: round(v, 3) for k, v in report.slopes.items()})
 print("seed-to-seed standard errors:", {k: round(v, 3) for k, v in report.slope_sem.items()})
-for name, fig in [("moments", plot_moments(report)), ("errors", plot_errors(report)),
-                  ("scaling", plot_scaling(report)), ("diagnostics", plot_diagnostics(report))]:
-    fig.savefig(OUT / f"multihead_{name}.png", dpi=90)
+for fig_name, fig in all_figures(report).items():
+    fig.savefig(OUT / f"multihead_{fig_name}.png", dpi=90)
     plt.close(fig)
 
 # %% [markdown]
@@ -65,10 +64,6 @@ for name, fig in [("moments", plot_moments(report)), ("errors", plot_errors(repo
 #   stays within twice its value at $t = 0$ (the Monte Carlo floor of a Gaussian sample).
 
 # %%
-for metric in ("mean_error", "cov_error", "bw_relative"):
-    tol = 3 * report.slope_sem[metric] + 0.1
-    assert abs(report.slopes[metric] + 0.5) < tol, (metric, report.slopes, report.slope_sem)
-assert np.nanmax(report.cov_error[-1]) < 5 * np.sqrt(2 / N[-1]) * np.sqrt(2), report.cov_error[-1]
-sw = report.summary("sliced_w2")[0]
-assert np.all(sw[-1] < 2 * sw[-1, 0]), sw[-1]
+failures = mean_field_check_failures(report)
+assert not failures, failures
 print("all checks passed")
