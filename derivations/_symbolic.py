@@ -233,6 +233,108 @@ class NumpyMatrixPrinter:
         return NumPyPrinter({"fully_qualified_modules": False}).doprint(e)
 
 
+class KernelPrinter:
+    r"""Print a matrix expression in one state matrix as a fast unbatched kernel.
+
+    Every subexpression that does not involve the state (a product of weights such as
+    :math:`K^TQ`, a scaled value matrix :math:`cV`, the identity) is *hoisted*: computed
+    once, when the kernel is built, and bound to a name ``_w0, _w1, ...``. What is left
+    is printed for 2-D arrays with ``_dot`` (``np.dot``), ``.T`` and ``_solve2``
+    (``np.linalg.solve``); products associate from the right, so a chain ending in the
+    state costs ``d x d`` products only.
+    """
+
+    def __init__(self, state):
+        self.state = state
+        self.hoisted = []       # (name, code) in order of first use
+        self._names = {}
+        self._batched = NumpyMatrixPrinter()
+
+    def _hoist(self, e):
+        if e not in self._names:
+            name = f"_w{len(self.hoisted)}"
+            self._names[e] = name
+            self.hoisted.append((name, self._batched(e)))
+        return self._names[e]
+
+    def _free(self, e):
+        return self.state not in e.atoms(sp.MatrixSymbol)
+
+    def __call__(self, e):
+        if not isinstance(e, MatrixExpr):
+            return self._hoist(e) if not isinstance(e, sp.Number) else self._batched(e)
+        if self._free(e):
+            return self._hoist(e)
+        if isinstance(e, sp.MatrixSymbol):
+            return e.name
+        if isinstance(e, sp.Transpose):
+            return f"{self(e.arg)}.T"
+        if isinstance(e, sp.MatAdd):
+            return "(" + " + ".join(self(a) for a in e.args) + ")"
+        if isinstance(e, (sp.Inverse, sp.MatPow)):
+            base = e.arg if isinstance(e, sp.Inverse) else e.args[0]
+            if isinstance(e, sp.MatPow) and e.args[1] != -1:
+                raise NotImplementedError(f"cannot print power {e}")
+            return f"_inv2({self(base)})"
+        if isinstance(e, sp.MatMul):
+            coeff, mats = e.as_coeff_matrices()
+            runs, free = [], []
+            for m in mats:           # maximal runs of state-free factors become one weight
+                if self._free(m):
+                    free.append(m)
+                    continue
+                if free:
+                    runs.append(sp.MatMul(*free).doit() if len(free) > 1 else free[0])
+                    free = []
+                runs.append(m)
+            if free:
+                runs.append(sp.MatMul(*free).doit() if len(free) > 1 else free[0])
+            if coeff != 1:          # fold the scalar into the first state-free factor
+                for i, m in enumerate(runs):
+                    if self._free(m):
+                        runs[i] = coeff * m
+                        break
+                else:
+                    return f"({self(coeff)} * {self._product(runs)})"
+            return self._product(runs)
+        raise NotImplementedError(f"cannot print {type(e).__name__}: {e}")
+
+    def _product(self, mats):
+        if len(mats) == 1:
+            return self(mats[0])
+        head, rest = mats[0], self._product(mats[1:])
+        inv = head.arg if isinstance(head, sp.Inverse) else (
+            head.args[0] if isinstance(head, sp.MatPow) and head.args[1] == -1 else None)
+        if inv is not None and not self._free(inv):
+            return f"_solve2({self(inv)}, {rest})"
+        return f"_dot({self(head)}, {rest})"
+
+
+@dataclasses.dataclass
+class Kernel:
+    """A generated kernel factory: weights in, a fast ``kernel(state)`` closure out."""
+
+    name: str
+    args: tuple
+    doc: str
+    hoisted: list    # list of (target, code string), computed once from the weights
+    state: str
+    body: list       # list of (target, code string), per evaluation
+    returns: str
+
+
+def factor_kernel(expr, title, state=None):
+    r""":class:`Kernel` ``factor_kernel`` of the factor form ``L' = expr(L)``."""
+    printer = KernelPrinter(state if state is not None else L)
+    ret = printer(expr)
+    doc = (f"{title}: fast kernel of :math:`L' = {latex_matrix(expr)}` for one unbatched "
+           "``L``.\n\nWeight-only products are computed once here; the returned "
+           "``kernel(L)`` maps a\n``(d, d)`` factor to ``L'``. Same numbers as "
+           "``factor_rhs`` up to rounding\n(the order of the products differs).\n"
+           f"{STATE_DOC}")
+    return Kernel("factor_kernel", SIGNATURE, doc, printer.hoisted, "L", [], ret)
+
+
 @dataclasses.dataclass
 class Function:
     """A generated function: name, arguments, docstring, assignments and return values."""
@@ -271,18 +373,37 @@ __all__ = [{names}]
 
 
 def render_module(script, doc, functions):
-    """Render a generated module (a string) from a list of :class:`Function`."""
+    """Render a generated module (a string) from :class:`Function` and :class:`Kernel` items."""
     out = [HEADER.format(script=script), f'"""{doc}"""\n', "\n",
            PRELUDE.format(names=", ".join(f'"{f.name}"' for f in functions))]
     for f in functions:
         out.append("\n\n")
         out.append(f"def {f.name}({', '.join(f.args)}):\n")
         out.append('    r"""' + f.doc.strip().replace("\n", "\n    ") + '\n    """\n')
+        if isinstance(f, Kernel):
+            out.append(_render_kernel(f))
+            continue
         for target, code in f.body:
             out.append(f"    {target} = {code}\n")
         rets = ", ".join(f.returns)
         out.append(f"    return {rets}\n")
     return "".join(out).replace("\n    \n", "\n\n")
+
+
+def _render_kernel(f):
+    lines = []
+    codes = [c for _, c in f.hoisted]
+    if _uses_eye(*codes):
+        lines.append("    _eye = np.eye(V.shape[-1])\n")
+    lines += [f"    {t} = {c}\n" for t, c in f.hoisted]
+    text = " ".join([c for _, c in f.body] + [f.returns])
+    lines += [f"    {name} = {fn}\n" for name, fn in (
+        ("_dot", "np.dot"), ("_solve2", "np.linalg.solve"), ("_inv2", "np.linalg.inv"))
+        if name in text]
+    lines += ["\n", f"    def kernel({f.state}):\n"]
+    lines += [f"        {t} = {c}\n" for t, c in f.body]
+    lines += [f"        return {f.returns}\n", "\n", "    return kernel\n"]
+    return "".join(lines)
 
 
 def latex_matrix(expr):
@@ -316,7 +437,7 @@ def _eye_line(ref):
 
 
 def affine_functions(field, title):
-    """The five generated functions for an affine field whose ``M`` and ``b`` are known.
+    """The generated functions for an affine field whose ``M`` and ``b`` are known.
 
     ``field_matrix``, ``field_offset``, ``moment_rhs``, ``cov_rhs`` (covariance only) and
     ``factor_rhs`` (:math:`L' = M(LL^T) L`). Every function broadcasts over leading axes of
@@ -367,6 +488,7 @@ def affine_functions(field, title):
             ":math:`\\Sigma = LL^T`;\nit keeps :math:`\\Sigma` symmetric PSD and its rank.\n"
             f"{common}L : ndarray, shape (..., d, d)\n    Factor of the covariance.\n",
             with_eye([("M", M_of_L)], "L"), ("M @ L",)),
+        factor_kernel(field.M.xreplace({Sigma: L * L.T}) * L, title),
     ]
     return funcs
 

@@ -180,6 +180,14 @@ def functions():
             r"Sinkhorn attention, factor form: :math:`L' = V L B\varphi(B^TB)`, :math:`B = L^TAL`."
             "\n" + doc + "L : ndarray, shape (..., d, d)\n    Factor of the covariance.\n",
             _sinkhorn_body(True), ("V @ L @ B @ Phi",)),
+        S.Kernel(
+            "factor_kernel", S.SIGNATURE,
+            r"Sinkhorn attention: fast kernel of :math:`L' = V L B\varphi(B^TB)`, "
+            ":math:`B = L^TAL`,\nfor one unbatched ``L`` (weights multiplied once here).\n"
+            + doc,
+            [("_w0", "scale * (_T(K) @ Q)")], "L",
+            [("B", "_dot(L.T, _dot(_w0, L))"), ("Phi", "_sinkhorn_phi(_dot(B.T, B))")],
+            "_dot(V, _dot(L, _dot(B, Phi)))"),
     ]
 
 

@@ -64,6 +64,15 @@ class Attention(abc.ABC):
     def factor_rhs(self, L):
         r"""Unchecked :math:`L'` of the factor form :math:`\Sigma = LL^T` (keeps rank and PSD)."""
 
+    def factor_kernel(self):
+        r"""A fast closure ``kernel(L) -> L'`` for one unbatched ``(d, d)`` factor.
+
+        Same numbers as :meth:`factor_rhs` up to rounding; used by :func:`solve`, where
+        the right-hand side is called thousands of times on one small matrix. The default
+        calls :meth:`factor_rhs`; generated types hoist the weight-only products.
+        """
+        return self.factor_rhs
+
     def velocity(self, mean, cov, x):
         r"""The affine field :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x) = b + Mx` at tokens ``x`` (..., d)."""
         return self.field_offset(mean, cov) + x @ self.field_matrix(cov).T
@@ -183,6 +192,10 @@ class SingleHeadAttention(Attention):
 
     def factor_rhs(self, L):
         return self._generated.factor_rhs(*self._weights(), L)
+
+    def factor_kernel(self):
+        make = getattr(self._generated, "factor_kernel", None)
+        return self.factor_rhs if make is None else make(*self._weights())
 
     def _projections(self, x):
         """Queries :math:`Qx_i` and keys :math:`Kx_i` of the tokens, shape (n, k) each."""

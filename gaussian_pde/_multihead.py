@@ -77,6 +77,19 @@ class MultiHead(Attention):
     def factor_rhs(self, L):
         return sum(h.factor_rhs(L) for h in self.heads)
 
+    def factor_kernel(self):
+        kernels = [h.factor_kernel() for h in self.heads]
+        if len(kernels) == 1:
+            return kernels[0]
+
+        def kernel(L):
+            out = kernels[0](L)
+            for ker in kernels[1:]:
+                out = out + ker(L)
+            return out
+
+        return kernel
+
     def _particle_velocity(self, x, opts):
         r"""Sum of the heads' particle velocities; diagnostics of the worst head."""
         v = 0.0

@@ -93,3 +93,33 @@ def test_generated_broadcasts_over_batches(gen, rng):
         np.testing.assert_allclose(dS[i], dS_i, rtol=1e-13, atol=1e-14)
         np.testing.assert_allclose(gen.factor_rhs(Q, K, V, 0.7, Ls)[i],
                                    gen.factor_rhs(Q, K, V, 0.7, Ls[i]), rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("d, k, rank", [(1, 1, 1), (3, 2, 3), (4, 4, 2), (5, 2, 5)])
+def test_factor_kernels_equal_factor_rhs(d, k, rank, rng):
+    """The fast kernels (weight products hoisted) give factor_rhs's numbers for every type,
+    including singular A (k < d) and rank-deficient factors."""
+    import gaussian_pde as gp
+
+    for _ in range(3):
+        heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
+                     rng.standard_normal((d, d)), scale=float(rng.uniform(0.2, 2.0)))
+                 for cls in (gp.Softmax, gp.L2, gp.Sinkhorn)]
+        L = np.zeros((d, d))
+        L[:, :rank] = rng.standard_normal((d, rank))
+        for att in heads + [gp.MultiHead(heads)]:
+            want = att.factor_rhs(L)
+            got = att.factor_kernel()(L)
+            assert got.shape == (d, d)
+            np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12 * np.abs(want).max())
+
+
+def test_kernel_printer_hoists_weight_products():
+    """Only products that involve the state are left in the kernel body."""
+    e = S.scale * S.V * S.L * S.L.T * S.K.T * S.Q * S.L
+    printer = S.KernelPrinter(S.L)
+    body = printer(e)
+    hoisted = dict(printer.hoisted)
+    assert len(hoisted) == 2 and "Q" not in body and "V" not in body
+    assert body.count("_dot(") == 4            # four d x d products per evaluation
+    assert any("scale" in c for c in hoisted.values())

@@ -17,7 +17,7 @@ from .._linalg import psd_sqrt as _psd_sqrt
 from .._linalg import sinkhorn_phi as _sinkhorn_phi
 from .._linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_kernel"]
 
 
 def field_matrix(Q, K, V, scale, Sigma):
@@ -131,3 +131,27 @@ def factor_rhs(Q, K, V, scale, L):
     B = _T(L) @ A @ L
     Phi = _sinkhorn_phi(_T(B) @ B)
     return V @ L @ B @ Phi
+
+
+def factor_kernel(Q, K, V, scale):
+    r"""Sinkhorn attention: fast kernel of :math:`L' = V L B\varphi(B^TB)`, :math:`B = L^TAL`,
+    for one unbatched ``L`` (weights multiplied once here).
+
+    Parameters
+    ----------
+    Q, K : ndarray, shape (k, d)
+        Query and key matrices.
+    V : ndarray, shape (d, d)
+        Value matrix.
+    scale : float
+        Score scale.
+    """
+    _w0 = scale * (_T(K) @ Q)
+    _dot = np.dot
+
+    def kernel(L):
+        B = _dot(L.T, _dot(_w0, L))
+        Phi = _sinkhorn_phi(_dot(B.T, B))
+        return _dot(V, _dot(L, _dot(B, Phi)))
+
+    return kernel

@@ -17,7 +17,7 @@ from .._linalg import psd_sqrt as _psd_sqrt
 from .._linalg import sinkhorn_phi as _sinkhorn_phi
 from .._linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_kernel"]
 
 
 def field_matrix(Q, K, V, scale, Sigma):
@@ -119,3 +119,29 @@ def factor_rhs(Q, K, V, scale, L):
     """
     M = (scale * (V @ (L @ _T(L)) @ _T(K) @ Q))
     return M @ L
+
+
+def factor_kernel(Q, K, V, scale):
+    r"""Softmax attention: fast kernel of :math:`L' = c V L L^{T} K^{T} Q L` for one unbatched ``L``.
+
+    Weight-only products are computed once here; the returned ``kernel(L)`` maps a
+    ``(d, d)`` factor to ``L'``. Same numbers as ``factor_rhs`` up to rounding
+    (the order of the products differs).
+
+    Parameters
+    ----------
+    Q, K : ndarray, shape (k, d)
+        Query and key matrices.
+    V : ndarray, shape (d, d)
+        Value matrix.
+    scale : float
+        Score scale.
+    """
+    _w0 = (_T(K) @ Q)
+    _w1 = (scale * V)
+    _dot = np.dot
+
+    def kernel(L):
+        return _dot(_w1, _dot(L, _dot(L.T, _dot(_w0, L))))
+
+    return kernel
