@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import warnings
 
 import numpy as np
-from scipy.integrate import OdeSolver, solve_ivp
+from scipy.integrate import OdeSolver
 from scipy.integrate._ivp.ivp import METHODS
 
 from ._linalg import psd_sqrt
 from ._moments import validate_attention
+from ._stepper import COMPILED, integrate, integrate_compiled
 from ._validation import (
     validate_array,
     validate_covariance,
@@ -120,6 +122,17 @@ class _System:
         self.with_mean = with_mean
         self.nfev = 0
         self.max_nfev = max_nfev
+        self.kernel = attention.factor_kernel()
+        #: the right-hand side handed to the solver
+        self.fun = self.__call__
+        if not with_mean:   # the hot path: one small matrix kernel per evaluation
+            d, kernel = self.d, self.kernel
+
+            def fun(t, y):
+                self.nfev += 1
+                return kernel(y.reshape(d, d)).ravel()
+
+            self.fun = fun
 
     def unpack(self, y):
         d = self.d
@@ -133,7 +146,7 @@ class _System:
     def __call__(self, t, y):
         self.nfev += 1
         mean, L = self.unpack(y)
-        dL = self.att.factor_rhs(L)
+        dL = self.kernel(L)
         if mean is None:
             return dL.ravel()
         cov = L @ L.T
@@ -143,10 +156,38 @@ class _System:
     def cov_and_rate(self, y):
         """Covariance and its time derivative at a packed state."""
         _, L = self.unpack(y)
-        dL = self.att.factor_rhs(L)
+        dL = self.kernel(L)
         cov = L @ L.T
         dcov = dL @ L.T
         return cov, dcov + dcov.T
+
+
+def _factor_jacobian(attention):
+    """Exact Jacobian ``jac(t, y)`` of the covariance-only factor form, or ``None``.
+
+    Available when every head is softmax or L2 (see ``gaussian_pde._batch``); the implicit
+    methods (``Radau``, ``BDF``, ``LSODA``) then need no finite differences.
+    """
+    from ._batch import _head_jacobian
+    from ._multihead import MultiHead
+
+    heads = attention.heads if isinstance(attention, MultiHead) else (attention,)
+    parts = []
+    for head in heads:
+        kind = getattr(getattr(head, "_generated", None), "__name__", "").rsplit(".", 1)[-1]
+        if kind not in ("softmax", "l2"):
+            return None
+        parts.append((kind, head.Q, head.K, head.V, head.scale))
+    d = attention.d
+
+    def jac(t, y):
+        L = y.reshape(1, d, d)
+        out = _head_jacobian(*parts[0], L)[0]
+        for part in parts[1:]:
+            out = out + _head_jacobian(*part, L)[0]
+        return out
+
+    return jac
 
 
 def _validate_t_eval(t_eval, t0, t1):
@@ -319,29 +360,22 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         max_nfev = validate_int(max_nfev, "max_nfev", minimum=1)
     system = _System(attention, with_mean, max_nfev)
     y0 = system.pack(mean0, psd_sqrt(cov0))
+    solver_cls = METHODS[method] if isinstance(method, str) else method
+    compiled = isinstance(method, str) and method in COMPILED
+    jac = None if with_mean else _factor_jacobian(attention)
+    budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
     tr0 = max(float(np.trace(cov0)), np.finfo(float).tiny)
 
     def make_events(limit):
         evs = []
 
-        def blowup(t, y):
-            _, L = system.unpack(y)
-            return np.log(max(np.sum(L * L), 1e-300)) - np.log(limit * tr0)
+        log_limit, off = math.log(limit * tr0), d if with_mean else 0
+
+        def blowup(t, y):   # log tr(Sigma) - log(limit tr(Sigma_0)), tr(Sigma) = |L|_F^2
+            L = y[off:]
+            return math.log(max(float(L @ L), 1e-300)) - log_limit
 
         evs.append(_event(blowup, True, 1.0, "blowup"))
-        if max_nfev is not None:
-            # evaluated after every step: stops a stiff crawl and keeps the output so far
-            latest = [-np.inf]
-
-            def evaluation_budget(t, y):
-                # +1 while evaluations remain; once spent, -1 at the newest step end and
-                # +1 before it, so that the root finder lands on that step's end
-                latest[0] = max(latest[0], t)
-                if system.nfev <= max_nfev or t < latest[0]:
-                    return 1.0
-                return -1.0
-
-            evs.append(_event(evaluation_budget, True, -1.0, "max_nfev"))
         if steady_tol is not None:
             def steady(t, y):
                 cov, dcov = system.cov_and_rate(y)
@@ -373,28 +407,26 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
             (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            res = solve_ivp(system, (t_start, t1), y_start, method=method,
-                            t_eval=None if seg_eval is not None and seg_eval.size == 0
-                            else seg_eval, rtol=rtol, atol=atol, events=evs,
-                            max_step=max_step, first_step=first_step)
-        keep = slice(None) if seg_eval is None or seg_eval.size else slice(0, 0)
-        res.t = np.asarray(res.t, dtype=float).reshape(-1)
-        res.y = np.asarray(res.y, dtype=float).reshape(y0.size, -1)
+            if compiled:
+                res = integrate_compiled(system.fun, method, t_start, t1, y_start, rtol=rtol,
+                                         atol=atol, max_step=max_step, first_step=first_step,
+                                         t_eval=seg_eval, events=evs, budget=budget)
+            else:
+                res = integrate(system.fun, solver_cls, t_start, t1, y_start, rtol=rtol,
+                                atol=atol, max_step=max_step, first_step=first_step, jac=jac,
+                                t_eval=seg_eval, events=evs, budget=budget)
+        keep = slice(1, None) if t_eval is None and ts else slice(None)  # no repeated restart
         ts.append(res.t[keep])
-        ys.append(res.y.T[keep])
+        ys.append(res.y[keep])
         for ev, te in zip(evs, res.t_events):
             t_events.setdefault(ev.__name__, []).extend(te.tolist())
+        t_final, y_final = res.t_final, res.y_final
         if res.status == -1:
             status, message = Status.FAILED, res.message
-            t_final, y_final = (res.t[-1], res.y[:, -1]) if res.t.size else (t_start, y_start)
             break
         if res.status == 0:
-            t_final, y_final = (res.t[-1], res.y[:, -1]) if res.t.size else (t1, None)
             break
-        fired = [(ev, te[-1], ye[-1]) for ev, te, ye in zip(evs, res.t_events, res.y_events)
-                 if ev.terminal and te.size]
-        ev, t_final, y_final = min(fired, key=lambda item: item[1])
-        name = ev.__name__
+        name = "max_nfev" if res.status == 2 else evs[res.fired].__name__
         if name == "blowup":
             t_star, finite = _blowup_estimate(system, t_final, y_final)
             if finite:
@@ -423,8 +455,6 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
 
     t_all = np.concatenate(ts) if ts else np.empty(0)
     y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
-    if y_final is None:  # finished with t_eval: last state is the last stored one
-        y_final = y_all[-1]
     Ls = y_all[:, -d * d:].reshape(-1, d, d)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
     means = y_all[:, :d] if with_mean else None
