@@ -18,6 +18,10 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
   ``steady_atol``;
 * **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
   above ``rank_tol`` falls below it.
+
+The steps are taken by ``gaussian_pde._stepper``: SciPy's solver classes in a lean loop,
+or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; event semantics are those of
+:func:`scipy.integrate.solve_ivp`.
 """
 
 from __future__ import annotations
@@ -286,9 +290,14 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        Any :func:`scipy.integrate.solve_ivp` method; default ``"DOP853"``. Or
-        ``"rosenbrock"``: the L-stable linearly implicit RODAS4 of
-        :func:`gaussian_pde._batch.solve_batch` (one trajectory), for stiff runs to a
+        Any :func:`scipy.integrate.solve_ivp` method; default ``"DOP853"``. The strings
+        ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
+        :class:`scipy.integrate.ode`, see ``gaussian_pde._stepper``), several times
+        faster on these small systems; pass the class (``scipy.integrate.DOP853``) to
+        step in Python. ``"LSODA"``, ``"Radau"`` and ``"BDF"`` get the exact Jacobian
+        for softmax and L2 heads in covariance-only mode. Or ``"rosenbrock"``: the
+        L-stable linearly implicit RODAS4 of :func:`gaussian_pde._batch.solve_batch`
+        (one trajectory), for stiff runs to a
         steady state; covariance only (``mean0=None``), without user ``events`` or
         ``first_step``; ``t`` holds ``t_eval`` (up to the stop) or, without it, the
         initial and final times; right-hand-side counts include the Jacobian's.
