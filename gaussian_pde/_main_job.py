@@ -1,16 +1,18 @@
-r"""The main job: ``gaussian-pde`` with no arguments writes the reproduction report.
+r"""The main job: ``gaussian-pde`` with no arguments.
 
-``run`` produces :func:`gaussian_pde._reproduce.reproduce`'s report (the 2-D regimes for
-every attention type, eigenvalue flows and the rank histograms with both protocols) into
-``--out`` (default ``./gaussian_pde_output``); its main figure is
-``regimes_softmax.png``. ``--examples`` instead runs the original built-in examples below.
+``run`` writes, into ``--out`` (default ``./gaussian_pde_output``):
 
-The built-in examples (``--examples``) write:
+* :func:`gaussian_pde._reproduce.reproduce`'s report (the 2-D regimes for every attention
+  type, eigenvalue flows and the rank histograms with both protocols), whose main figure
+  is ``regimes_softmax.png``;
+* the built-in 2-D examples, one trajectory per attention type:
 
-* ``trajectories.npz``: times, means and covariances per attention type;
-* ``covariance_trajectories.png``: eigenvalues of the covariance over time and the
-  normalised covariance :math:`\\Sigma/\\operatorname{tr}\\Sigma` in the unit disk;
-* ``report.md``: a short report (status, blow-up times, final spectra).
+  - ``trajectories.npz``: times, means and covariances per attention type;
+  - ``covariance_trajectories.png``: eigenvalues of the covariance over time and the
+    normalised covariance :math:`\Sigma/\operatorname{tr}\Sigma` in the unit disk;
+  - a section of ``report.md`` (status, blow-up times, final spectra).
+
+``--examples`` runs the built-in examples alone (with a report of their own).
 """
 
 from __future__ import annotations
@@ -60,16 +62,22 @@ def add_arguments(parser):
 
 
 def run(args):
-    """Write the reproduction report (or, with ``--examples``, the built-in examples)."""
-    if not getattr(args, "examples", False):
-        from ._cli_reproduce import run as run_reproduce
+    """Write the reproduction report and the built-in examples (``--examples``: these alone)."""
+    if getattr(args, "examples", False):
+        return run_examples(args)
+    from ._cli_reproduce import run as run_reproduce
 
-        return run_reproduce(args)
-    return run_examples(args)
+    code = run_reproduce(args)
+    if code:
+        return code
+    return run_examples(args, append=True)
 
 
-def run_examples(args):
-    """The built-in 2-D examples: trajectories, a figure and a short report."""
+def run_examples(args, append=False):
+    """The built-in 2-D examples: trajectories, a figure and a short report.
+
+    With ``append`` the report becomes a section at the end of an existing ``report.md``.
+    """
     out = ensure_output_dir(args.out, "--out")
     results = {}
     for name, (att, m0, c0, horizon) in default_examples().items():
@@ -82,8 +90,14 @@ def run_examples(args):
         arrays[f"{name}_cov"] = sol.cov
     write_npz(out / "trajectories.npz", **arrays)
     fig_path = _figure(results, out / "covariance_trajectories.png")
-    write_text(out / "report.md", _report(results, fig_path.name))
-    print(f"gaussian-pde: wrote {out / 'report.md'}, {fig_path} and {out / 'trajectories.npz'}")
+    report = out / "report.md"
+    if append and report.exists():
+        text = report.read_text().rstrip("\n") + "\n\n" + _report(results, fig_path.name, "##")
+    else:
+        text = _report(results, fig_path.name, "#")
+    write_text(report, text)
+    print(f"gaussian-pde: wrote the built-in examples: {fig_path}, {out / 'trajectories.npz'} "
+          f"and their report in {report}")
     return 0
 
 
@@ -123,9 +137,11 @@ def _figure(results, path):
     return pathlib.Path(path)
 
 
-def _report(results, fig_name):
-    lines = ["# gaussian-pde: built-in 2-D examples", "",
-             "Moment ODEs integrated with `gaussian_pde.solve` (DOP853, factor form).", "",
+def _report(results, fig_name, heading):
+    lines = [f"{heading} Built-in 2-D examples", "",
+             "One trajectory per attention type: the moment ODEs integrated with "
+             "`gaussian_pde.solve` (DOP853, factor form); data in `trajectories.npz` "
+             "(`<type>_t`, `<type>_mean`, `<type>_cov`).", "",
              "| attention | status | t_final | blow-up time | final eigenvalues of Sigma |",
              "|---|---|---|---|---|"]
     for name, sol in results.items():
