@@ -595,8 +595,8 @@ def derive_module(score, name, title):
         text = derive_module(score, "tempered", "Tempered attention")
 
     and write ``text`` to ``gaussian_pde/_generated/<name>.py``; the module has the same
-    five functions as the built-in types (``field_matrix``, ``field_offset``,
-    ``moment_rhs``, ``cov_rhs``, ``factor_rhs``), so a ``SingleHeadAttention`` subclass
+    functions as the built-in types (``field_matrix``, ``field_offset``, ``moment_rhs``,
+    ``cov_rhs``, ``factor_rhs`` and the fast ``factor_kernel``), so a ``SingleHeadAttention`` subclass
     with ``_generated`` set to it works with ``solve`` at once.
     """
     field = quadratic_score_field(score)

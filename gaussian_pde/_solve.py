@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 import warnings
 
 import numpy as np
@@ -194,6 +195,25 @@ def _factor_jacobian(attention):
     return jac
 
 
+def _validate_steps(max_step, first_step, t_span):
+    """Checked ``max_step`` (positive, ``inf`` allowed) and ``first_step`` (None or in span).
+
+    The Fortran codes would take a NaN or negative step without complaint.
+    """
+    if isinstance(max_step, bool) or not isinstance(max_step, numbers.Real):
+        raise TypeError(f"`max_step` must be a real number, got {type(max_step).__name__}.")
+    max_step = float(max_step)
+    if not max_step > 0:     # also rejects NaN
+        raise ValueError(f"`max_step` must be positive (np.inf for no limit), got {max_step!r}.")
+    if first_step is not None:
+        first_step = validate_positive(first_step, "first_step")
+        t0, t1 = validate_t_span(t_span)
+        if first_step > t1 - t0:
+            raise ValueError(f"`first_step` must not exceed the length of `t_span`, "
+                             f"{t1 - t0!r}; got {first_step!r}.")
+    return max_step, first_step
+
+
 def _validate_t_eval(t_eval, t0, t1):
     if t_eval is None:
         return None
@@ -335,6 +355,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     (<Status.BLOWUP: 'blowup'>, 1.0)
     """
     validate_attention(attention)
+    max_step, first_step = _validate_steps(max_step, first_step, t_span)
     if isinstance(method, str) and method == "rosenbrock":
         return _solve_rosenbrock(attention, mean0, cov0, t_span, t_eval=t_eval, rtol=rtol,
                                  atol=atol, blowup_threshold=blowup_threshold,

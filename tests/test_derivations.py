@@ -81,6 +81,11 @@ def test_user_defined_quadratic_score(tmp_path, rng):
         p = w * np.exp(s - s.max())
         field = V @ (p @ ys / p.sum())
         np.testing.assert_allclose(b + M @ x, field, rtol=1e-9, atol=1e-10)
+    # the fast kernel of the user's type (an inverse involving the state: a solve)
+    L = np.linalg.cholesky(Sigma)
+    kernel = namespace["factor_kernel"](Q, K, V, c)
+    np.testing.assert_allclose(kernel(L), namespace["factor_rhs"](Q, K, V, c, L), rtol=1e-12)
+    np.testing.assert_allclose(kernel(L), M @ L, rtol=1e-12)
 
 
 @pytest.mark.slow

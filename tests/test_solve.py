@@ -198,6 +198,14 @@ def test_bad_moments(att, mean, cov, match):
     (dict(rank_tol=1.5), ValueError, "`rank_tol`"),
     (dict(events=[3]), TypeError, "events"),
     (dict(max_nfev=0), ValueError, "`max_nfev`"),
+    (dict(first_step=-1.0), ValueError, "`first_step`"),
+    (dict(first_step=float("nan")), ValueError, "`first_step`"),
+    (dict(first_step=10.0), ValueError, "`first_step` must not exceed"),
+    (dict(first_step="a"), TypeError, "`first_step`"),
+    (dict(max_step=0.0), ValueError, "`max_step`"),
+    (dict(max_step=float("nan")), ValueError, "`max_step`"),
+    (dict(max_step=-1.0, method="LSODA"), ValueError, "`max_step`"),
+    (dict(max_step="a", method="rosenbrock"), TypeError, "`max_step`"),
 ])
 def test_bad_solver_options(att, kwargs, exc, match):
     args = dict(t_span=(0, 1))
