@@ -334,18 +334,16 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
                                            blowup_threshold=rel)
                 exact.append(_blocks_equal(mean, cov))
                 new = (sol.means[-1], sol.covs[-1])
-                sol_t_blowup = None
             else:
                 sol = solve_closure(F, mean, cov, (0.0, stack.h), t_eval=[0.0, stack.h],
                                     n_per_dim=n_per_dim, rtol=rtol, atol=atol,
                                     blowup_threshold=rel)
                 exact.append(F.affine(mean, cov) is not None)
                 new = (sol.mean_final, sol.cov_final)
-                sol_t_blowup = sol.t_blowup
             if sol.status != Status.FINISHED:
                 status, message = sol.status, f"layer {i + 1}: {sol.message}"
-                if sol_t_blowup is not None:
-                    t_blowup = i * stack.h + sol_t_blowup
+                if sol.t_blowup is not None:
+                    t_blowup = i * stack.h + sol.t_blowup
                 break
             state = new
         else:

@@ -107,7 +107,7 @@ def masked_closure_rhs(attention, means, factors, n_per_dim=DEFAULT_N_PER_DIM):
 
 @dataclasses.dataclass(frozen=True)
 class MaskedClosureSolution:
-    """Result of :func:`solve_masked_closure`.
+    r"""Result of :func:`solve_masked_closure`.
 
     Attributes
     ----------
@@ -118,6 +118,10 @@ class MaskedClosureSolution:
         Moments of the whole sequence (the uniform mixture of the blocks).
     status : Status
     message : str
+    t_blowup : float or None
+        On a blow-up, the time extrapolated from :math:`u = 1/\sum_b \operatorname{tr}
+        \Sigma_b`, which vanishes linearly at a Riccati singularity:
+        :math:`t^* \approx t - u/u'`.
     """
 
     t: np.ndarray
@@ -127,6 +131,7 @@ class MaskedClosureSolution:
     mixture_cov: np.ndarray
     status: Status
     message: str
+    t_blowup: float | None = None
 
 
 def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
@@ -179,15 +184,22 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
         warnings.simplefilter("ignore", RuntimeWarning)
         res = solve_ivp(rhs, (t0, t1), y0, t_eval=t_eval, rtol=rtol, atol=atol,
                         events=[blowup])
-    status, message = Status.FINISHED, "reached the end of t_span"
+    status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
     if res.status == -1:
         status, message = Status.FAILED, res.message
     elif res.status == 1:
-        status, message = Status.BLOWUP, f"blow-up at t = {res.t_events[0][0]:.6g}"
+        te, ye = float(res.t_events[0][0]), res.y_events[0][0]
+        L, dL = ye[nm:], rhs(te, ye)[nm:]
+        tr, dtr = float(L @ L), 2.0 * float(L @ dL)
+        t_blowup = te + tr / dtr if dtr > 0 else None
+        message = f"blow-up: the traces passed the threshold at t = {te:.10g}" + (
+            "" if t_blowup is None else f"; estimated blow-up time t* = {t_blowup:.10g}")
+        status = Status.BLOWUP
     Y = res.y.T
     means = Y[:, :nm].reshape(-1, B, d)
     Ls = Y[:, nm:].reshape(-1, B, d, d)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
     mix_m, mix_c = mixture_moments(means, covs)
     return MaskedClosureSolution(t=res.t, means=means, covs=covs, mixture_mean=mix_m,
-                                 mixture_cov=mix_c, status=status, message=message)
+                                 mixture_cov=mix_c, status=status, message=message,
+                                 t_blowup=t_blowup)

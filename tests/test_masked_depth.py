@@ -116,3 +116,20 @@ def test_bad_input():
         propagate_particles(st, np.zeros((10, 2)), positions=np.full(10, 0.9), n_blocks=2)
     with pytest.raises(ValueError, match="n_blocks"):
         propagate_particles(st, np.zeros((10, 2)), n_blocks=3)  # 10 tokens, 3 blocks
+
+
+def test_continuous_blowup_time_inside_a_layer():
+    """Position-independent masked data is softmax data; with V = I a blow-up inside the
+    second continuous layer must be dated at the exact softmax t* (MATH.md section 4)."""
+    from gaussian_pde._exact import blowup_time
+
+    Q, K = np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]])
+    cov = np.array([[1.0, 0.3], [0.3, 0.6]])
+    t_star = blowup_time(gp.Softmax(Q, K, np.eye(2)), cov)       # 0.5856...
+    st = Stack(Masked(Q, K, np.eye(2)), n_layers=4, h=0.4, mode="continuous")
+    g = propagate_gaussian(st, np.zeros(2), cov, n_blocks=3)
+    assert g.status == "blowup" and "layer 2" in g.message
+    assert g.t_blowup == pytest.approx(t_star, rel=1e-6)
+    soft = propagate_gaussian(Stack(gp.Softmax(Q, K, np.eye(2)), n_layers=4, h=0.4,
+                                    mode="continuous"), np.zeros(2), cov)
+    assert soft.t_blowup == pytest.approx(t_star, rel=1e-6)
