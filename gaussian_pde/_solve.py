@@ -38,7 +38,7 @@ from scipy.integrate._ivp.ivp import METHODS
 
 from ._linalg import psd_sqrt
 from ._moments import validate_attention
-from ._stepper import COMPILED, integrate, integrate_compiled
+from ._stepper import integrate, integrate_compiled, use_compiled
 from ._validation import (
     validate_array,
     validate_covariance,
@@ -313,9 +313,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         Any :func:`scipy.integrate.solve_ivp` method; default ``"DOP853"``. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde._stepper``), several times
-        faster on these small systems; pass the class (``scipy.integrate.DOP853``) to
-        step in Python. ``"LSODA"``, ``"Radau"`` and ``"BDF"`` get the exact Jacobian
-        for softmax and L2 heads in covariance-only mode. Or ``"rosenbrock"``: the
+        faster on these small systems, when ``t_eval`` is None or holds at most two
+        times after ``t_span[0]`` (the Fortran codes land on each output time, where
+        SciPy's Python solver interpolates for free); pass the class
+        (``scipy.integrate.DOP853``) to always step in Python. ``"LSODA"``, ``"Radau"``
+        and ``"BDF"`` get the exact Jacobian for softmax and L2 heads in
+        covariance-only mode. Or ``"rosenbrock"``: the
         L-stable linearly implicit RODAS4 of :func:`gaussian_pde._batch.solve_batch`
         (one trajectory), for stiff runs to a
         steady state; covariance only (``mean0=None``), without user ``events`` or
@@ -391,7 +394,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     system = _System(attention, with_mean, max_nfev)
     y0 = system.pack(mean0, psd_sqrt(cov0))
     solver_cls = METHODS[method] if isinstance(method, str) else method
-    compiled = isinstance(method, str) and method in COMPILED
+    compiled = use_compiled(method, t_eval, t0)
     jac = None if with_mean else _factor_jacobian(attention)
     budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
     tr0 = max(float(np.trace(cov0)), np.finfo(float).tiny)

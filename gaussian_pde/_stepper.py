@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 from scipy.optimize import brentq
 
-__all__ = ["COMPILED", "Segment", "integrate", "integrate_compiled"]
+__all__ = ["COMPILED", "Segment", "integrate", "integrate_compiled", "use_compiled"]
 
 _EPS = np.finfo(float).eps
 
@@ -181,6 +181,17 @@ def _accepts_jac(solver_cls):
 
 #: string methods stepped by Hairer's Fortran codes (``scipy.integrate.ode``)
 COMPILED = {"DOP853": "dop853", "RK45": "dopri5"}
+#: the Fortran codes land on every output time (a restart and a shortened step each: ~30
+#: evaluations); with more output times than this after t0, the Python solver's dense
+#: output is cheaper
+MAX_LANDINGS = 2
+
+
+def use_compiled(method, t_eval, t0):
+    """Whether :func:`integrate_compiled` should take the steps (see ``MAX_LANDINGS``)."""
+    if not (isinstance(method, str) and method in COMPILED):
+        return False
+    return t_eval is None or int(np.sum(np.asarray(t_eval) > t0)) <= MAX_LANDINGS
 
 
 class _Watch:

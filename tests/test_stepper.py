@@ -162,3 +162,21 @@ def test_compiled_solves_in_threads_match_serial():
     for (c1, s1, n1), (c2, s2, n2) in zip(serial, parallel):
         np.testing.assert_array_equal(c1, c2)
         assert s1 == s2 and n1 == n2
+
+
+def test_solve_uses_the_fortran_codes_only_for_few_output_times():
+    """Dense t_eval goes to SciPy's Python DOP853 (same steps as passing the class);
+    t_eval=None or a final time goes to the Fortran code (different step sequence)."""
+    from gaussian_pde._stepper import MAX_LANDINGS, use_compiled
+
+    att = gp.L2(np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]), np.eye(2))
+    cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
+    dense = np.linspace(0, 5, 41)
+    a = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense)
+    b = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense, method=DOP853)
+    assert a.nfev == b.nfev
+    np.testing.assert_array_equal(a.cov, b.cov)
+    assert use_compiled("DOP853", None, 0.0) and use_compiled("RK45", [0.0, 5.0], 0.0)
+    assert use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 1), 0.0)
+    assert not use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 2), 0.0)
+    assert not use_compiled(DOP853, None, 0.0) and not use_compiled("LSODA", None, 0.0)
