@@ -133,14 +133,35 @@ def check_matrix_fixed_point(seed=0, trials=20):
     return worst
 
 
+def check_svd_form(trials=20, seed=0):
+    """Largest relative difference between ``sinkhorn_cross(B)`` and ``B phi(B^T B)``.
+
+    On random well-conditioned and singular ``B`` (where the Gram form is accurate too).
+    """
+    from gaussian_pde._linalg import sinkhorn_cross, sinkhorn_phi
+
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for _ in range(trials):
+        d = int(rng.integers(1, 6))
+        B = rng.standard_normal((d, d))
+        if d > 1 and rng.random() < 0.5:
+            B[:, 0] = 0.0                       # singular
+        ref = B @ sinkhorn_phi(B.T @ B)
+        worst = max(worst, np.abs(sinkhorn_cross(B) - ref).max() / max(np.abs(ref).max(), 1e-300))
+    return worst
+
+
 def _sinkhorn_body(factor):
     """Assignments of the Sinkhorn closed form, either in factor or covariance form."""
+    # B phi(B^T B) is computed from the SVD of B (_linalg.sinkhorn_cross): the Gram
+    # matrix B^T B would square the condition number
     body = [("A", "scale * (_T(K) @ Q)")]
     if factor:
-        body += [("B", "_T(L) @ A @ L"), ("Phi", "_sinkhorn_phi(_T(B) @ B)")]
+        body += [("B", "_T(L) @ A @ L"), ("BPhi", "_sinkhorn_cross(B)")]
     else:
         body += [("R", "_psd_sqrt(Sigma)"), ("B", "R @ A @ R"),
-                 ("Phi", "_sinkhorn_phi(_T(B) @ B)"), ("C", "R @ B @ Phi @ R")]
+                 ("BPhi", "_sinkhorn_cross(B)"), ("C", "R @ BPhi @ R")]
     return body
 
 
@@ -157,7 +178,7 @@ def functions():
             "\ncomputed as :math:`V S B\\varphi(B^TB) S^{+}`.\n" + doc + sig_doc,
             _sinkhorn_body(False)
             + [("Rp", "np.linalg.pinv(R, rcond=1e-12, hermitian=True)"),
-               ("M", "V @ R @ B @ Phi @ Rp")], ("M",)),
+               ("M", "V @ R @ BPhi @ Rp")], ("M",)),
         S.Function(
             "field_offset", S.SIGNATURE + ("alpha", "Sigma"),
             r"Sinkhorn attention: :math:`b = (V - M)\alpha`, so that :math:`\Gamma(\alpha) = V\alpha`."
@@ -179,15 +200,15 @@ def functions():
             "factor_rhs", S.SIGNATURE + ("L",),
             r"Sinkhorn attention, factor form: :math:`L' = V L B\varphi(B^TB)`, :math:`B = L^TAL`."
             "\n" + doc + "L : ndarray, shape (..., d, d)\n    Factor of the covariance.\n",
-            _sinkhorn_body(True), ("V @ L @ B @ Phi",)),
+            _sinkhorn_body(True), ("V @ L @ BPhi",)),
         S.Kernel(
             "factor_kernel", S.SIGNATURE,
             r"Sinkhorn attention: fast kernel of :math:`L' = V L B\varphi(B^TB)`, "
             ":math:`B = L^TAL`,\nfor one unbatched ``L`` (weights multiplied once here).\n"
             + doc,
             [("_w0", "scale * (_T(K) @ Q)")], "L",
-            [("B", "_dot(L.T, _dot(_w0, L))"), ("Phi", "_sinkhorn_phi(_dot(B.T, B))")],
-            "_dot(V, _dot(L, _dot(B, Phi)))"),
+            [("B", "_dot(L.T, _dot(_w0, L))")],
+            "_dot(V, _dot(L, _sinkhorn_cross(B)))"),
     ]
 
 
@@ -196,6 +217,8 @@ CHECKS = {
         lambda: solve_scalar_schroedinger()["difference"] == 0,
     "phi identity g phi^2 + phi - 1 = 0": lambda: check_phi_identity() == 0,
     "matrix fixed point on random (singular) matrices": lambda: check_matrix_fixed_point() < 1e-9,
+    "SVD form of B phi(B^T B) (used by the generated code) equals the Gram form":
+        lambda: check_svd_form() < 1e-12,
 }
 
 

@@ -94,3 +94,24 @@ def test_user_defined_quadratic_score(tmp_path, rng):
 def test_direct_symbolic_integration(mod, check):
     """Independent check: SymPy integrates the attention-weighted Gaussian directly."""
     assert mod.CHECKS[check]()
+
+
+def test_sinkhorn_cross_is_accurate_when_ill_conditioned(rng):
+    """B phi(B^T B) from the SVD of B: exact by construction for B = U diag(s) W^T with
+    singular values over 12 orders of magnitude (the Gram form B^T B would square it)."""
+    from gaussian_pde._linalg import sinkhorn_cross, sinkhorn_phi
+
+    for d in (2, 5):
+        U, _ = np.linalg.qr(rng.standard_normal((d, d)))
+        W, _ = np.linalg.qr(rng.standard_normal((d, d)))
+        s = np.logspace(4, -8, d)
+        B = (U * s) @ W.T
+        exact = (U * (2 * s / (1 + np.sqrt(1 + 4 * s**2)))) @ W.T
+        err = np.abs(sinkhorn_cross(B) - exact).max()
+        assert err < 50 * np.finfo(float).eps * s[0]        # rounding of the SVD of B
+        if d == 5:   # the Gram form it replaced loses about three more digits here
+            assert np.abs(B @ sinkhorn_phi(B.T @ B) - exact).max() > 10 * err
+        # batched, and zero singular values
+        stack = np.stack([B, np.zeros((d, d))])
+        np.testing.assert_allclose(sinkhorn_cross(stack)[0], sinkhorn_cross(B), rtol=1e-14)
+        assert np.all(sinkhorn_cross(stack)[1] == 0)

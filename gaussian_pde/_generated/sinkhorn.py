@@ -14,6 +14,7 @@ import numpy as np
 
 from .._linalg import T as _T
 from .._linalg import psd_sqrt as _psd_sqrt
+from .._linalg import sinkhorn_cross as _sinkhorn_cross
 from .._linalg import sinkhorn_phi as _sinkhorn_phi
 from .._linalg import solve as _solve
 
@@ -38,10 +39,10 @@ def field_matrix(Q, K, V, scale, Sigma):
     A = scale * (_T(K) @ Q)
     R = _psd_sqrt(Sigma)
     B = R @ A @ R
-    Phi = _sinkhorn_phi(_T(B) @ B)
-    C = R @ B @ Phi @ R
+    BPhi = _sinkhorn_cross(B)
+    C = R @ BPhi @ R
     Rp = np.linalg.pinv(R, rcond=1e-12, hermitian=True)
-    M = V @ R @ B @ Phi @ Rp
+    M = V @ R @ BPhi @ Rp
     return M
 
 
@@ -84,8 +85,8 @@ def moment_rhs(Q, K, V, scale, alpha, Sigma):
     A = scale * (_T(K) @ Q)
     R = _psd_sqrt(Sigma)
     B = R @ A @ R
-    Phi = _sinkhorn_phi(_T(B) @ B)
-    C = R @ B @ Phi @ R
+    BPhi = _sinkhorn_cross(B)
+    C = R @ BPhi @ R
     VC = V @ C
     return (V @ alpha[..., None])[..., 0], VC + _T(VC)
 
@@ -107,8 +108,8 @@ def cov_rhs(Q, K, V, scale, Sigma):
     A = scale * (_T(K) @ Q)
     R = _psd_sqrt(Sigma)
     B = R @ A @ R
-    Phi = _sinkhorn_phi(_T(B) @ B)
-    C = R @ B @ Phi @ R
+    BPhi = _sinkhorn_cross(B)
+    C = R @ BPhi @ R
     VC = V @ C
     return VC + _T(VC)
 
@@ -129,8 +130,8 @@ def factor_rhs(Q, K, V, scale, L):
     """
     A = scale * (_T(K) @ Q)
     B = _T(L) @ A @ L
-    Phi = _sinkhorn_phi(_T(B) @ B)
-    return V @ L @ B @ Phi
+    BPhi = _sinkhorn_cross(B)
+    return V @ L @ BPhi
 
 
 def factor_kernel(Q, K, V, scale):
@@ -151,7 +152,6 @@ def factor_kernel(Q, K, V, scale):
 
     def kernel(L):
         B = _dot(L.T, _dot(_w0, L))
-        Phi = _sinkhorn_phi(_dot(B.T, B))
-        return _dot(V, _dot(L, _dot(B, Phi)))
+        return _dot(V, _dot(L, _sinkhorn_cross(B)))
 
     return kernel
