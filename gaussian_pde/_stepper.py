@@ -225,6 +225,15 @@ class _Watch:
         return 0
 
 
+def _merge(seg, ts, ys, t_events, y_events, skip_first):
+    """Append a Python segment's output and events (its first row repeats our last)."""
+    ts.extend(seg.t[1:] if skip_first else seg.t)
+    ys.extend(seg.y[1:] if skip_first else seg.y)
+    for i in range(len(t_events)):
+        t_events[i].extend(seg.t_events[i].tolist())
+        y_events[i].extend(list(seg.y_events[i]))
+
+
 def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None):
     """:func:`integrate` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
@@ -292,22 +301,28 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             seg = integrate(fun, METHODS[method], t_cur, t_hit, y_cur, rtol=rtol, atol=atol,
                             max_step=max_step, events=events, budget=budget,
                             t_eval=None if t_eval is None else targets[k:j][record[k:j]])
-            ts.extend(seg.t[1:] if t_eval is None else seg.t)
-            ys.extend(seg.y[1:] if t_eval is None else seg.y)
-            for i in range(len(events)):
-                t_events[i].extend(seg.t_events[i].tolist())
-                y_events[i].extend(list(seg.y_events[i]))
+            _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
             t_cur, y_cur = seg.t_final, seg.y_final
             if seg.status in (1, 2, -1):
                 status, message, fired = seg.status, seg.message, seg.fired
             k = j
         elif not solver.successful():
             code = solver.get_return_code()
+            if code == -4:
+                # Hairer's stiffness test stopped the Fortran code; SciPy's DOP853 has no
+                # such test and keeps going (within max_nfev), so "DOP853" means the same
+                # on both paths: the Python solver finishes the run
+                seg = integrate(fun, METHODS[method], t_cur, t1, y_cur, rtol=rtol,
+                                atol=atol, max_step=max_step, events=events, budget=budget,
+                                t_eval=None if t_eval is None else targets[k:][record[k:]])
+                _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
+                t_cur, y_cur = seg.t_final, seg.y_final
+                status, message, fired = seg.status, seg.message, seg.fired
+                break
             status = -1
             message = f"{COMPILED[method]}: " + {
                 -1: "input is not consistent", -2: "larger nsteps is needed",
-                -3: "step size becomes too small",
-                -4: "problem is probably stiff"}.get(code, f"failed (code {code})")
+                -3: "step size becomes too small"}.get(code, f"failed (code {code})")
     return Segment(t=np.array(ts, dtype=float), y=np.array(ys, dtype=float).reshape(len(ys), n),
                    status=status, message=message,
                    t_events=[np.array(v, dtype=float) for v in t_events],
