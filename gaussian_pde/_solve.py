@@ -13,7 +13,10 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
   initial value; the blow-up time is extrapolated from
   :math:`u = 1/\operatorname{tr}\Sigma`, which tends to zero linearly at a finite-time
   singularity: :math:`t^* \approx t - u/u'`. Growth that is not finite-time (``u`` not
-  linear, e.g. exponential) is followed further instead of being called a blow-up;
+  linear, e.g. exponential) is followed further instead of being called a blow-up, and
+  an estimate is only reported once a second one, after the trace has grown 1e4 times
+  more, agrees with it (accelerating exponential growth can look locally like a
+  singularity, but its estimates drift);
 * **steady state**: :math:`\|\Sigma'\|_F \le` ``steady_tol`` :math:`\|\Sigma\|_F` +
   ``steady_atol``;
 * **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
@@ -53,6 +56,10 @@ __all__ = ["Status", "MomentSolution", "solve"]
 
 #: the largest trace ratio followed before giving up on a growing solution
 _MAX_GROWTH = 1e200
+#: a blow-up estimate is confirmed after the trace grows this much further, when the new
+#: estimate of t* moves by at most _CONFIRM_TOL times the time that was left to t*
+_CONFIRM_GROWTH = 1e4
+_CONFIRM_TOL = 0.01
 
 
 class Status(str, enum.Enum):
@@ -433,6 +440,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     ts, ys, t_events = [], [], {}
     t_start, y_start, limit = t0, y0, blowup_threshold
     status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
+    suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
     while True:
         evs = make_events(limit)
         # a restarted segment stores only times strictly after the restart time
@@ -462,18 +470,24 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         name = "max_nfev" if res.status == 2 else evs[res.fired].__name__
         if name == "blowup":
             t_star, finite = _blowup_estimate(system, t_final, y_final)
-            if finite:
+            if finite and suspected is not None and (
+                    abs(t_star - suspected[0]) <= _CONFIRM_TOL * (suspected[0] - suspected[1])):
                 status, t_blowup = Status.BLOWUP, float(t_star)
-                message = (f"finite-time blow-up: tr(cov) passed {limit:.3g} x its initial "
-                           f"value at t = {t_final:.10g}; estimated blow-up time "
+                message = (f"finite-time blow-up: tr(cov) passed {limit / _CONFIRM_GROWTH:.3g} "
+                           f"x its initial value at t = {suspected[1]:.10g} and "
+                           f"{limit:.3g} x at t = {t_final:.10g}; estimated blow-up time "
                            f"t* = {t_star:.12g}")
                 break
-            if limit * 1e8 > _MAX_GROWTH:
+            # a first finite-time estimate is confirmed further up: accelerating exponential
+            # growth also looks locally like a singularity, but its estimates drift
+            suspected = (t_star, t_final) if finite else None
+            grow = _CONFIRM_GROWTH if finite else 1e8
+            if limit * grow > _MAX_GROWTH:
                 status = Status.FAILED
                 message = ("the covariance grows without bound but not as a finite-time "
                            f"blow-up; stopped at tr(cov) = {limit:.3g} x initial")
                 break
-            t_start, y_start, limit = t_final, y_final, limit * 1e8
+            t_start, y_start, limit = t_final, y_final, limit * grow
             continue
         if name == "max_nfev":
             status = Status.FAILED

@@ -12,3 +12,25 @@ def random_spd(rng, d, rank=None):
 def relative_error(a, b):
     """Frobenius relative error over the last two axes."""
     return np.linalg.norm(np.asarray(a) - b, axis=(-2, -1)) / np.linalg.norm(b, axis=(-2, -1))
+
+
+def accelerating_sinkhorn_case():
+    """A d = 5 Sinkhorn setting whose trace grows like an accelerating exponential.
+
+    Sinkhorn's field is bounded by ``|V| |L|``, so it cannot blow up in finite time; yet
+    its trace passes 1e8 x its start at t = 16.8 while the growth rate still rises, where a
+    single blow-up estimate says t* = 18.7. Returns ``(attention, cov0)``.
+    """
+    import gaussian_pde as gp
+
+    Q = np.array([[-0.6872, -0.1816, -0.7537, 0.0091, -1.0375],
+                  [0.0231, 0.1946, 1.8339, 1.742, 0.5283]])
+    V = np.array([[0.6026, -0.011, -0.6601, -0.2271, 0.0617],
+                  [0.441, -0.4285, 0.1381, -0.5096, 0.0551],
+                  [-0.5755, -0.1863, -0.6608, -0.4172, -0.6909],
+                  [-0.8603, 0.5697, 0.5495, 0.2371, -0.1373],
+                  [0.6808, -0.1028, 0.2147, 0.5328, 0.1248]])
+    L0 = np.array([[0.8504, 0, 0, 0, 0], [-0.3801, 1.0327, 0, 0, 0],
+                   [0.5041, 0.2783, 0.931, 0, 0], [-0.1653, 0.6607, 0.4812, 0.2635, 0],
+                   [0.3672, 1.0122, -0.3535, -0.9132, 0.3724]])
+    return gp.Sinkhorn(Q, -Q, V), L0 @ L0.T

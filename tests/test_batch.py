@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from _helpers import random_spd
+from _helpers import accelerating_sinkhorn_case, random_spd
 from gaussian_pde._batch import solve_batch
 
 
@@ -263,3 +263,18 @@ def test_bad_method(rng):
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
     with pytest.raises(ValueError, match="`method`"):
         solve_batch(att, [np.eye(2)], (0, 1), method="Radau")
+
+
+@pytest.mark.parametrize("method", ["DOP853", "rosenbrock"])
+def test_batch_confirms_blowups_like_solve(method):
+    """The Sinkhorn case of test_solve.test_accelerating_exponential_growth_is_not_blowup
+    (a first estimate that looks finite) is not a blow-up in a batch either, next to a
+    true one."""
+    soft = gp.Softmax(np.eye(5)[:2], np.eye(5)[:2], np.eye(5), scale=1.0)
+    sink, cov0 = accelerating_sinkhorn_case()
+    atts = [sink, gp.MultiHead([soft])]
+    bs = solve_batch(atts, np.array([cov0, np.eye(5)]), (0, 20.0), method=method,
+                     rtol=1e-8, max_nfev=200_000)
+    assert bs.status[0] == "finished" and np.isnan(bs.t_blowup[0])
+    # softmax, V = I, Sigma_0 = I: t* = 1 / lambda_max(A + A^T) = 1/2
+    assert bs.status[1] == "blowup" and bs.t_blowup[1] == pytest.approx(0.5, rel=1e-6)
