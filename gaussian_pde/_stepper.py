@@ -10,6 +10,12 @@ step, which matters when one step of a small system costs a few microseconds:
 * an evaluation budget (``max_nfev``) is a plain check after each step instead of an
   event function;
 * no per-step bookkeeping beyond what the caller asked for.
+
+:func:`integrate_compiled` lets Hairer's Fortran DOP853 or DOPRI5 take the steps
+(``scipy.integrate.ode``): the stages never return to Python, a callback checks events at
+step ends, and a step with an event sign change is replayed by :func:`integrate`. It
+lands on every output time, so :func:`use_compiled` reserves it for runs with at most
+``MAX_LANDINGS`` output times.
 """
 
 from __future__ import annotations
