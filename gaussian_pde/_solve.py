@@ -14,7 +14,7 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
   :math:`u = 1/\operatorname{tr}\Sigma`, which tends to zero linearly at a finite-time
   singularity: :math:`t^* \approx t - u/u'`. Growth that is not finite-time (``u`` not
   linear, e.g. exponential) is followed further instead of being called a blow-up, and
-  an estimate is only reported once a second one, after the trace has grown 1e4 times
+  an estimate is only reported once a second one, after the trace has grown 100 times
   more, agrees with it (accelerating exponential growth can look locally like a
   singularity, but its estimates drift);
 * **steady state**: :math:`\|\Sigma'\|_F \le` ``steady_tol`` :math:`\|\Sigma\|_F` +
@@ -58,7 +58,7 @@ __all__ = ["Status", "MomentSolution", "solve"]
 _MAX_GROWTH = 1e200
 #: a blow-up estimate is confirmed after the trace grows this much further, when the new
 #: estimate of t* moves by at most _CONFIRM_TOL times the time that was left to t*
-_CONFIRM_GROWTH = 1e4
+_CONFIRM_GROWTH = 100.0
 _CONFIRM_TOL = 0.01
 
 
