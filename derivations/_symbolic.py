@@ -234,53 +234,58 @@ class NumpyMatrixPrinter:
 
 
 class KernelPrinter:
-    r"""Print a matrix expression in one state matrix as a fast unbatched kernel.
+    r"""Print a matrix expression in one state matrix with the weight products hoisted.
 
     Every subexpression that does not involve the state (a product of weights such as
-    :math:`K^TQ`, a scaled value matrix :math:`cV`, the identity) is *hoisted*: computed
-    once, when the kernel is built, and bound to a name ``_w0, _w1, ...``. What is left
-    is printed for 2-D arrays with ``_dot`` (``np.dot``), ``.T`` and ``_solve2``
-    (``np.linalg.solve``); products associate from the right, so a chain ending in the
-    state costs ``d x d`` products only.
+    :math:`K^TQ`, a scaled value matrix :math:`cV`) is *hoisted*: computed once, from the
+    weights, and bound to a name ``_w0, _w1, ...``; the identity stays ``_eye``. What is
+    left is printed either for one 2-D state (``batched=False``: ``_dot`` = ``np.dot``,
+    ``.T``, ``_solve2`` = ``np.linalg.solve``) or for stacks with leading axes
+    (``batched=True``: ``@``, ``_T``, ``_solve``). Products associate from the right, so a
+    chain ending in the state costs ``d x d`` products only. Both modes hoist the same
+    subexpressions in the same order.
     """
 
-    def __init__(self, state):
+    def __init__(self, state, batched=False):
         self.state = state
+        self.batched = batched
         self.hoisted = []       # (name, code) in order of first use
         self._names = {}
-        self._batched = NumpyMatrixPrinter()
+        self._weights = NumpyMatrixPrinter()
 
     def _hoist(self, e):
         if e not in self._names:
             name = f"_w{len(self.hoisted)}"
             self._names[e] = name
-            self.hoisted.append((name, self._batched(e)))
+            self.hoisted.append((name, self._weights(e)))
         return self._names[e]
 
     def _free(self, e):
         return self.state not in e.atoms(sp.MatrixSymbol)
 
     def __call__(self, e):
+        if isinstance(e, sp.Identity):
+            return "_eye"
         if not isinstance(e, MatrixExpr):
-            return self._hoist(e) if not isinstance(e, sp.Number) else self._batched(e)
+            return self._hoist(e) if not isinstance(e, sp.Number) else self._weights(e)
         if self._free(e):
             return self._hoist(e)
         if isinstance(e, sp.MatrixSymbol):
             return e.name
         if isinstance(e, sp.Transpose):
-            return f"{self(e.arg)}.T"
+            return f"_T({self(e.arg)})" if self.batched else f"{self(e.arg)}.T"
         if isinstance(e, sp.MatAdd):
             return "(" + " + ".join(self(a) for a in e.args) + ")"
         if isinstance(e, (sp.Inverse, sp.MatPow)):
             base = e.arg if isinstance(e, sp.Inverse) else e.args[0]
             if isinstance(e, sp.MatPow) and e.args[1] != -1:
                 raise NotImplementedError(f"cannot print power {e}")
-            return f"_inv2({self(base)})"
+            return f"np.linalg.inv({self(base)})" if self.batched else f"_inv2({self(base)})"
         if isinstance(e, sp.MatMul):
             coeff, mats = e.as_coeff_matrices()
             runs, free = [], []
             for m in mats:           # maximal runs of state-free factors become one weight
-                if self._free(m):
+                if self._free(m) and not isinstance(m, sp.Identity):
                     free.append(m)
                     continue
                 if free:
@@ -291,7 +296,7 @@ class KernelPrinter:
                 runs.append(sp.MatMul(*free).doit() if len(free) > 1 else free[0])
             if coeff != 1:          # fold the scalar into the first state-free factor
                 for i, m in enumerate(runs):
-                    if self._free(m):
+                    if self._free(m) and not isinstance(m, sp.Identity):
                         runs[i] = coeff * m
                         break
                 else:
@@ -306,33 +311,41 @@ class KernelPrinter:
         inv = head.arg if isinstance(head, sp.Inverse) else (
             head.args[0] if isinstance(head, sp.MatPow) and head.args[1] == -1 else None)
         if inv is not None and not self._free(inv):
-            return f"_solve2({self(inv)}, {rest})"
-        return f"_dot({self(head)}, {rest})"
+            return f"_solve({self(inv)}, {rest})" if self.batched else \
+                f"_solve2({self(inv)}, {rest})"
+        return f"({self(head)} @ {rest})" if self.batched else f"_dot({self(head)}, {rest})"
 
 
 @dataclasses.dataclass
 class Kernel:
-    """A generated kernel factory: weights in, a fast ``kernel(state)`` closure out."""
+    """Generated hoisted right-hand side: three functions of one expression.
 
-    name: str
-    args: tuple
-    doc: str
-    hoisted: list    # list of (target, code string), computed once from the weights
-    state: str
-    body: list       # list of (target, code string), per evaluation
+    ``factor_weights(Q, K, V, scale)`` computes the hoisted weight products (leading axes
+    broadcast); ``factor_apply(weights, L)`` evaluates ``L'`` for stacks of ``L``;
+    ``factor_kernel(Q, K, V, scale)`` returns a closure ``kernel(L)`` for one 2-D ``L``.
+    """
+
+    title: str
+    latex: str
+    hoisted: list          # (target, code): computed once from the weights
+    body: list             # (target, code) per evaluation, one 2-D state
     returns: str
+    batched_body: list     # the same for stacks
+    batched_returns: str
+    state: str = "L"
+
+    @property
+    def names(self):
+        return ("factor_weights", "factor_apply", "factor_kernel")
 
 
 def factor_kernel(expr, title, state=None):
-    r""":class:`Kernel` ``factor_kernel`` of the factor form ``L' = expr(L)``."""
-    printer = KernelPrinter(state if state is not None else L)
-    ret = printer(expr)
-    doc = (f"{title}: fast kernel of :math:`L' = {latex_matrix(expr)}` for one unbatched "
-           "``L``.\n\nWeight-only products are computed once here; the returned "
-           "``kernel(L)`` maps a\n``(d, d)`` factor to ``L'``. Same numbers as "
-           "``factor_rhs`` up to rounding\n(the order of the products differs).\n"
-           f"{STATE_DOC}")
-    return Kernel("factor_kernel", SIGNATURE, doc, printer.hoisted, "L", [], ret)
+    r""":class:`Kernel` of the factor form ``L' = expr(L)`` (all three functions)."""
+    state = state if state is not None else L
+    flat, stacked = KernelPrinter(state), KernelPrinter(state, batched=True)
+    ret, ret_b = flat(expr), stacked(expr)
+    assert flat.hoisted == stacked.hoisted
+    return Kernel(title, latex_matrix(expr), flat.hoisted, [], ret, [], ret_b, state.name)
 
 
 @dataclasses.dataclass
@@ -375,15 +388,16 @@ __all__ = [{names}]
 
 def render_module(script, doc, functions):
     """Render a generated module (a string) from :class:`Function` and :class:`Kernel` items."""
+    names = [n for f in functions for n in (f.names if isinstance(f, Kernel) else (f.name,))]
     out = [HEADER.format(script=script), f'"""{doc}"""\n', "\n",
-           PRELUDE.format(names=", ".join(f'"{f.name}"' for f in functions))]
+           PRELUDE.format(names=", ".join(f'"{n}"' for n in names))]
     for f in functions:
-        out.append("\n\n")
-        out.append(f"def {f.name}({', '.join(f.args)}):\n")
-        out.append('    r"""' + f.doc.strip().replace("\n", "\n    ") + '\n    """\n')
         if isinstance(f, Kernel):
             out.append(_render_kernel(f))
             continue
+        out.append("\n\n")
+        out.append(f"def {f.name}({', '.join(f.args)}):\n")
+        out.append('    r"""' + f.doc.strip().replace("\n", "\n    ") + '\n    """\n')
         for target, code in f.body:
             out.append(f"    {target} = {code}\n")
         rets = ", ".join(f.returns)
@@ -391,20 +405,46 @@ def render_module(script, doc, functions):
     return "".join(out).replace("\n    \n", "\n\n")
 
 
+def _docstring(text, indent="    "):
+    return indent + 'r"""' + text.strip().replace("\n", "\n" + indent) + "\n" + indent + '"""\n'
+
+
 def _render_kernel(f):
-    lines = []
-    codes = [c for _, c in f.hoisted]
-    if _uses_eye(*codes):
-        lines.append("    _eye = np.eye(V.shape[-1])\n")
-    lines += [f"    {t} = {c}\n" for t, c in f.hoisted]
+    names = [t for t, _ in f.hoisted]
+    unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "_"
+    weights_doc = (f"{f.title}: the weight-only products of :math:`L' = {f.latex}`.\n\n"
+                   "Computed once per set of weights (leading axes broadcast) and passed to\n"
+                   f"``factor_apply``.\n{STATE_DOC}")
+    apply_doc = (f"{f.title}: :math:`L' = {f.latex}` from the products of "
+                 "``factor_weights``.\n\nSame numbers as ``factor_rhs`` up to rounding "
+                 "(the order of the products differs).\n\nParameters\n----------\n"
+                 "weights : tuple of ndarray\n    ``factor_weights(Q, K, V, scale)``.\n"
+                 "L : ndarray, shape (..., d, d)\n    Factor of the covariance.\n")
+    kernel_doc = (f"{f.title}: fast closure ``kernel(L) -> L'`` for one unbatched ``L``.\n\n"
+                  "The weight-only products are computed once here; the closure maps a "
+                  "``(d, d)``\nfactor to ``L'`` with 2-D products only.\n" + STATE_DOC)
+    out = ["\n\ndef factor_weights(Q, K, V, scale):\n", _docstring(weights_doc)]
+    out += [f"    {t} = {c}\n" for t, c in f.hoisted]
+    out.append(f"    return ({unpack})\n" if names else "    return ()\n")
+    out += ["\n\ndef factor_apply(weights, L):\n", _docstring(apply_doc),
+            f"    {unpack} = weights\n"]
+    text_b = " ".join([c for _, c in f.batched_body] + [f.batched_returns])
+    if "_eye" in text_b:
+        out.append(f"    _eye = np.eye({f.state}.shape[-1])\n")
+    out += [f"    {t} = {c}\n" for t, c in f.batched_body]
+    out.append(f"    return {f.batched_returns}\n")
+    out += ["\n\ndef factor_kernel(Q, K, V, scale):\n", _docstring(kernel_doc),
+            f"    {unpack} = factor_weights(Q, K, V, scale)\n"]
     text = " ".join([c for _, c in f.body] + [f.returns])
-    lines += [f"    {name} = {fn}\n" for name, fn in (
+    if "_eye" in text:
+        out.append("    _eye = np.eye(V.shape[-1])\n")
+    out += [f"    {name} = {fn}\n" for name, fn in (
         ("_dot", "np.dot"), ("_solve2", "np.linalg.solve"), ("_inv2", "np.linalg.inv"))
         if name in text]
-    lines += ["\n", f"    def kernel({f.state}):\n"]
-    lines += [f"        {t} = {c}\n" for t, c in f.body]
-    lines += [f"        return {f.returns}\n", "\n", "    return kernel\n"]
-    return "".join(lines)
+    out += ["\n", f"    def kernel({f.state}):\n"]
+    out += [f"        {t} = {c}\n" for t, c in f.body]
+    out += [f"        return {f.returns}\n", "\n", "    return kernel\n"]
+    return "".join(out)
 
 
 def latex_matrix(expr):

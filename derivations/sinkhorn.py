@@ -202,13 +202,10 @@ def functions():
             "\n" + doc + "L : ndarray, shape (..., d, d)\n    Factor of the covariance.\n",
             _sinkhorn_body(True), ("V @ L @ BPhi",)),
         S.Kernel(
-            "factor_kernel", S.SIGNATURE,
-            r"Sinkhorn attention: fast kernel of :math:`L' = V L B\varphi(B^TB)`, "
-            ":math:`B = L^TAL`,\nfor one unbatched ``L`` (weights multiplied once here).\n"
-            + doc,
-            [("_w0", "scale * (_T(K) @ Q)")], "L",
-            [("B", "_dot(L.T, _dot(_w0, L))")],
-            "_dot(V, _dot(L, _sinkhorn_cross(B)))"),
+            "Sinkhorn attention", r"V L B\varphi(B^TB),\ B = L^TAL",
+            [("_w0", "scale * (_T(K) @ Q)"), ("_w1", "V")],
+            [("B", "_dot(L.T, _dot(_w0, L))")], "_dot(_w1, _dot(L, _sinkhorn_cross(B)))",
+            [("B", "_T(L) @ (_w0 @ L)")], "_w1 @ (L @ _sinkhorn_cross(B))"),
     ]
 
 

@@ -92,8 +92,11 @@ class _Field:
     """Stacked weights grouped by structure; evaluates ``L'`` for any subset of rows."""
 
     def __init__(self, groups, n):
-        # groups: list of (global indices or None for all, [(gen, Q, K, V, scale), ...])
-        self.groups = groups
+        # groups: list of (global indices or None for all, [(gen, Q, K, V, scale), ...]);
+        # each head also keeps the generated weight products (factor_weights), computed
+        # once here, so that an evaluation multiplies the state only
+        self.groups = [(idx, [(gen, Q, K, V, s, _weight_products(gen, Q, K, V, s))
+                              for gen, Q, K, V, s in heads]) for idx, heads in groups]
         self.n = n
         self.group_of = np.empty(n, dtype=int)
         self.local = np.empty(n, dtype=int)
@@ -121,8 +124,9 @@ class _Field:
             if rows.size == 0:
                 continue
             loc = self.local[idx[rows]]
-            params = [(gen, take(Q, loc), take(K, loc), take(V, loc), take(s, loc))
-                      for gen, Q, K, V, s in heads]
+            params = [(gen, take(Q, loc), take(K, loc), take(V, loc), take(s, loc),
+                       None if W is None else tuple(take(w, loc) for w in W))
+                      for gen, Q, K, V, s, W in heads]
             plan.append((None if rows.size == idx.size else rows, params))
         return plan
 
@@ -132,8 +136,8 @@ class _Field:
     @staticmethod
     def _eval(params, L):
         out = None
-        for gen, Q, K, V, s in params:
-            term = gen.factor_rhs(Q, K, V, s, L)
+        for gen, Q, K, V, s, W in params:
+            term = gen.factor_rhs(Q, K, V, s, L) if W is None else gen.factor_apply(W, L)
             out = term if out is None else out + term
         return out
 
@@ -159,6 +163,18 @@ class _Field:
         for the finite-difference Jacobian.
         """
         return self(L, self._plan(idx, stacked=True))
+
+
+def _weight_products(gen, Q, K, V, s):
+    """The generated module's hoisted weight products, or None if it has none."""
+    make = getattr(gen, "factor_weights", None)
+    if make is None:
+        return None
+    weights = tuple(make(Q, K, V, s))
+    # stacked inputs (and scale of shape (B, 1, 1)) give stacked products: one per row,
+    # or one for all, which _Field._plan can subset like the weights themselves
+    assert all(np.ndim(w) == 3 for w in weights)
+    return weights
 
 
 def _stack_heads(atts):
@@ -539,7 +555,7 @@ def _analytic_jacobian(field, idx, L):
     for rows, params in field._plan(idx):
         Lr = L if rows is None else L[rows]
         Jg = None
-        for gen, Q, K, V, s in params:
+        for gen, Q, K, V, s, _ in params:
             term = _head_jacobian(gen.__name__.rsplit(".", 1)[-1], Q, K, V, s, Lr)
             Jg = term if Jg is None else Jg + term
         if rows is None:

@@ -10,6 +10,7 @@ import sympy as sp
 from derivations import _symbolic as S
 from derivations import generate, l2, softmax
 from gaussian_pde._generated import l2 as gen_l2
+from gaussian_pde._generated import sinkhorn as gen_sinkhorn
 from gaussian_pde._generated import softmax as gen_softmax
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -123,3 +124,18 @@ def test_kernel_printer_hoists_weight_products():
     assert len(hoisted) == 2 and "Q" not in body and "V" not in body
     assert body.count("_dot(") == 4            # four d x d products per evaluation
     assert any("scale" in c for c in hoisted.values())
+
+
+@pytest.mark.parametrize("gen", [gen_softmax, gen_l2, gen_sinkhorn])
+def test_factor_apply_on_stacks_equals_factor_rhs(gen, rng):
+    """factor_weights/factor_apply (hoisted, batched; what solve_batch evaluates) give
+    factor_rhs's numbers for stacks with one set of weights per row, including k < d and
+    rank-deficient rows."""
+    B, d, k = 6, 4, 2
+    Q, K = rng.standard_normal((B, k, d)), rng.standard_normal((B, k, d))
+    V, s = rng.standard_normal((B, d, d)), rng.uniform(0.2, 2.0, (B, 1, 1))
+    Ls = rng.standard_normal((B, d, d))
+    Ls[::2, :, 1:] = 0.0                           # rank one in every other row
+    got = gen.factor_apply(gen.factor_weights(Q, K, V, s), Ls)
+    want = gen.factor_rhs(Q, K, V, s, Ls)
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12 * np.abs(want).max())

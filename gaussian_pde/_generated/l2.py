@@ -18,7 +18,7 @@ from .._linalg import sinkhorn_cross as _sinkhorn_cross
 from .._linalg import sinkhorn_phi as _sinkhorn_phi
 from .._linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_kernel"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_weights", "factor_apply", "factor_kernel"]
 
 
 def field_matrix(Q, K, V, scale, Sigma):
@@ -127,12 +127,11 @@ def factor_rhs(Q, K, V, scale, L):
     return M @ L
 
 
-def factor_kernel(Q, K, V, scale):
-    r"""L2 attention: fast kernel of :math:`L' = 2 c V \left(2 c L L^{T} K^{T} K + \mathbb{I}\right)^{-1} L L^{T} K^{T} Q L` for one unbatched ``L``.
+def factor_weights(Q, K, V, scale):
+    r"""L2 attention: the weight-only products of :math:`L' = 2 c V \left(2 c L L^{T} K^{T} K + \mathbb{I}\right)^{-1} L L^{T} K^{T} Q L`.
 
-    Weight-only products are computed once here; the returned ``kernel(L)`` maps a
-    ``(d, d)`` factor to ``L'``. Same numbers as ``factor_rhs`` up to rounding
-    (the order of the products differs).
+    Computed once per set of weights (leading axes broadcast) and passed to
+    ``factor_apply``.
 
     Parameters
     ----------
@@ -143,15 +142,50 @@ def factor_kernel(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _eye = np.eye(V.shape[-1])
     _w0 = (_T(K) @ Q)
     _w1 = (2*scale * (_T(K) @ K))
-    _w2 = _eye
-    _w3 = (2*scale * V)
+    _w2 = (2*scale * V)
+    return (_w0, _w1, _w2)
+
+
+def factor_apply(weights, L):
+    r"""L2 attention: :math:`L' = 2 c V \left(2 c L L^{T} K^{T} K + \mathbb{I}\right)^{-1} L L^{T} K^{T} Q L` from the products of ``factor_weights``.
+
+    Same numbers as ``factor_rhs`` up to rounding (the order of the products differs).
+
+    Parameters
+    ----------
+    weights : tuple of ndarray
+        ``factor_weights(Q, K, V, scale)``.
+    L : ndarray, shape (..., d, d)
+        Factor of the covariance.
+    """
+    _w0, _w1, _w2 = weights
+    _eye = np.eye(L.shape[-1])
+    return (_w2 @ _solve(((L @ (_T(L) @ _w1)) + _eye), (L @ (_T(L) @ (_w0 @ L)))))
+
+
+def factor_kernel(Q, K, V, scale):
+    r"""L2 attention: fast closure ``kernel(L) -> L'`` for one unbatched ``L``.
+
+    The weight-only products are computed once here; the closure maps a ``(d, d)``
+    factor to ``L'`` with 2-D products only.
+
+    Parameters
+    ----------
+    Q, K : ndarray, shape (k, d)
+        Query and key matrices.
+    V : ndarray, shape (d, d)
+        Value matrix.
+    scale : float
+        Score scale.
+    """
+    _w0, _w1, _w2 = factor_weights(Q, K, V, scale)
+    _eye = np.eye(V.shape[-1])
     _dot = np.dot
     _solve2 = np.linalg.solve
 
     def kernel(L):
-        return _dot(_w3, _solve2((_dot(L, _dot(L.T, _w1)) + _w2), _dot(L, _dot(L.T, _dot(_w0, L)))))
+        return _dot(_w2, _solve2((_dot(L, _dot(L.T, _w1)) + _eye), _dot(L, _dot(L.T, _dot(_w0, L)))))
 
     return kernel
