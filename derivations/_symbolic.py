@@ -236,14 +236,14 @@ class NumpyMatrixPrinter:
 class KernelPrinter:
     r"""Print a matrix expression in one state matrix with the weight products hoisted.
 
-    Every subexpression that does not involve the state (a product of weights such as
-    :math:`K^TQ`, a scaled value matrix :math:`cV`) is *hoisted*: computed once, from the
-    weights, and bound to a name ``_w0, _w1, ...``; the identity stays ``_eye``. What is
+    Every factor that does not involve the state (a scaled value matrix :math:`cV`, a
+    transposed key matrix, a state-free subexpression inside a sum or an inverse) is
+    *hoisted*: computed once, from the weights, and bound to a name ``_w0, _w1, ...``; the
+    identity stays ``_eye``. What is
     left is printed either for one 2-D state (``batched=False``: ``_dot`` = ``np.dot``,
     ``.T``, ``_solve2`` = ``np.linalg.solve``) or for stacks with leading axes
-    (``batched=True``: ``@``, ``_T``, ``_solve``). Products associate from the right, so a
-    chain ending in the state costs ``d x d`` products only. Both modes hoist the same
-    subexpressions in the same order.
+    (``batched=True``: ``@``, ``_T``, ``_solve``), in ``factor_rhs``'s order of products
+    (see ``_product``). Both modes hoist the same subexpressions in the same order.
     """
 
     def __init__(self, state, batched=False):
@@ -283,37 +283,40 @@ class KernelPrinter:
             return f"np.linalg.inv({self(base)})" if self.batched else f"_inv2({self(base)})"
         if isinstance(e, sp.MatMul):
             coeff, mats = e.as_coeff_matrices()
-            runs, free = [], []
-            for m in mats:           # maximal runs of state-free factors become one weight
-                if self._free(m) and not isinstance(m, sp.Identity):
-                    free.append(m)
-                    continue
-                if free:
-                    runs.append(sp.MatMul(*free).doit() if len(free) > 1 else free[0])
-                    free = []
-                runs.append(m)
-            if free:
-                runs.append(sp.MatMul(*free).doit() if len(free) > 1 else free[0])
+            mats = list(mats)
             if coeff != 1:          # fold the scalar into the first state-free factor
-                for i, m in enumerate(runs):
+                for i, m in enumerate(mats):
                     if self._free(m) and not isinstance(m, sp.Identity):
-                        runs[i] = coeff * m
+                        mats[i] = coeff * m
                         break
                 else:
-                    return f"({self(coeff)} * {self._product(runs)})"
-            return self._product(runs)
+                    return f"({self(coeff)} * {self._product(mats)})"
+            return self._product(mats)
         raise NotImplementedError(f"cannot print {type(e).__name__}: {e}")
 
     def _product(self, mats):
-        if len(mats) == 1:
-            return self(mats[0])
-        head, rest = mats[0], self._product(mats[1:])
-        inv = head.arg if isinstance(head, sp.Inverse) else (
-            head.args[0] if isinstance(head, sp.MatPow) and head.args[1] == -1 else None)
-        if inv is not None and not self._free(inv):
-            return f"_solve({self(inv)}, {rest})" if self.batched else \
-                f"_solve2({self(inv)}, {rest})"
-        return f"({self(head)} @ {rest})" if self.batched else f"_dot({self(head)}, {rest})"
+        """Left to right, as ``factor_rhs``: weights are hoisted one factor at a time.
+
+        Multiplying weights together first (``K^T Q``) changes which products cancel:
+        near a steady state, where ``QL -> 0``, ``(K^T Q) L`` loses what ``((L L^T) K^T) Q``
+        keeps, and the field's rounding noise rose from 1e-18 to 1e-15 (relative to a
+        field of 1e-9), enough to double the work of a stiff solver.
+        """
+        for i, m in enumerate(mats[:-1]):
+            inv = m.arg if isinstance(m, sp.Inverse) else (
+                m.args[0] if isinstance(m, sp.MatPow) and m.args[1] == -1 else None)
+            if inv is not None and not self._free(inv):
+                rest = self._product(mats[i + 1:])
+                solved = (f"_solve({self(inv)}, {rest})" if self.batched
+                          else f"_solve2({self(inv)}, {rest})")
+                return self._chain([self(x) for x in mats[:i]] + [solved])
+        return self._chain([self(m) for m in mats])
+
+    def _chain(self, codes):
+        out = codes[0]
+        for c in codes[1:]:
+            out = f"({out} @ {c})" if self.batched else f"_dot({out}, {c})"
+        return out
 
 
 @dataclasses.dataclass
@@ -333,6 +336,7 @@ class Kernel:
     batched_body: list     # the same for stacks
     batched_returns: str
     state: str = "L"
+    setup: tuple = ()      # (target, code) computed once in factor_kernel's closure
 
     @property
     def names(self):
@@ -438,6 +442,7 @@ def _render_kernel(f):
     text = " ".join([c for _, c in f.body] + [f.returns])
     if "_eye" in text:
         out.append("    _eye = np.eye(V.shape[-1])\n")
+    out += [f"    {t} = {c}\n" for t, c in f.setup]
     out += [f"    {name} = {fn}\n" for name, fn in (
         ("_dot", "np.dot"), ("_solve2", "np.linalg.solve"), ("_inv2", "np.linalg.inv"))
         if name in text]

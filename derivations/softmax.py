@@ -15,6 +15,8 @@ Run ``python derivations/softmax.py`` to print the derivation and its checks.
 
 from __future__ import annotations
 
+import sympy as sp
+
 try:
     from . import _symbolic as S
 except ImportError:  # run as a script
@@ -30,12 +32,43 @@ def derive():
     return S.quadratic_score_field(SCORE)
 
 
+def thin_factor_form():
+    r"""SymPy check: :math:`L' = cV L L^TK^TQL = (cVL)\,(KL)^T(QL)`, and the identity.
+
+    The right-hand side is how the hoisted kernels evaluate it. Near a steady state
+    (``K = -Q``, :math:`QL \to 0`) the field is tiny while ``L`` is O(1); computing the
+    thin factors :math:`KL` and :math:`QL` directly keeps them (and the field) accurate to
+    rounding, where :math:`(K^TQ)L` or :math:`L^TK^T` loses digits to cancellation.
+    With :math:`[K; Q]` stacked once, one product gives both thin factors.
+    """
+    field = derive()
+    L = S.L
+    lhs = field.M.xreplace({S.Sigma: L * L.T}) * L
+    rhs = (S.scale * S.V * L) * (S.K * L).T * (S.Q * L)
+    return sp.simplify((lhs - rhs).doit()) == sp.ZeroMatrix(*lhs.shape)
+
+
 def functions():
-    """Generated-code functions (see :func:`derivations._symbolic.affine_functions`)."""
-    return S.affine_functions(derive(), TITLE)
+    """Generated-code functions (see :func:`derivations._symbolic.affine_functions`).
+
+    The hoisted factor form is written in the thin-factor form of
+    :func:`thin_factor_form` (checked symbolically) instead of the printer's default.
+    """
+    funcs = S.affine_functions(derive(), TITLE)
+    kernel = next(f for f in funcs if isinstance(f, S.Kernel))
+    funcs[funcs.index(kernel)] = S.Kernel(
+        TITLE, kernel.latex,
+        [("_w0", "scale * V"), ("_w1", "np.concatenate([K, Q], axis=-2)")],
+        [("P", "_dot(_w1, L)")],
+        "_dot(_dot(_w0, L), _dot(P[:_k].T, P[_k:]))",
+        [("P", "_w1 @ L"), ("h", "P.shape[-2] // 2")],
+        "(_w0 @ L) @ (_T(P[..., :h, :]) @ P[..., h:, :])",
+        setup=(("_k", "K.shape[-2]"),))
+    return funcs
 
 
-CHECKS = S.integration_checks(SCORE, derive)
+CHECKS = dict(S.integration_checks(SCORE, derive))
+CHECKS["thin-factor form of L' used by the hoisted kernels"] = thin_factor_form
 
 
 if __name__ == "__main__":

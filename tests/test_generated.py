@@ -116,14 +116,40 @@ def test_factor_kernels_equal_factor_rhs(d, k, rank, rng):
 
 
 def test_kernel_printer_hoists_weight_products():
-    """Only products that involve the state are left in the kernel body."""
+    """Weights are hoisted one factor at a time (the scale folded into V); only the state
+    is left in the body, in factor_rhs's left-to-right order of products."""
     e = S.scale * S.V * S.L * S.L.T * S.K.T * S.Q * S.L
-    printer = S.KernelPrinter(S.L)
-    body = printer(e)
-    hoisted = dict(printer.hoisted)
-    assert len(hoisted) == 2 and "Q" not in body and "V" not in body
-    assert body.count("_dot(") == 4            # four d x d products per evaluation
-    assert any("scale" in c for c in hoisted.values())
+    for batched in (False, True):
+        printer = S.KernelPrinter(S.L, batched=batched)
+        body = printer(e)
+        hoisted = dict(printer.hoisted)
+        assert sorted(hoisted.values()) == ["(scale * V)", "Q", "_T(K)"]
+        assert "Q" not in body and "V" not in body and "K" not in body
+        assert body.count("_dot(" if not batched else " @ ") == 5
+
+
+def test_factor_kernels_keep_small_fields_accurate(rng):
+    """Near a steady state (K = -Q, QL -> 0) the field is ~1e-9 while L is O(1): the order
+    of the products decides how much cancels. The kernels must stay as accurate as
+    factor_rhs against an extended-precision reference (multiplying K^T Q first lost
+    three digits here)."""
+    import gaussian_pde as gp
+
+    d = 4
+    Q, G = rng.standard_normal((d // 2, d)), rng.standard_normal((d, d))
+    att = gp.Softmax(Q, -Q, G.T @ G, scale=1 / np.sqrt(d))
+    L = gp.solve(att, None, G @ G.T, (0, 1e6), t_eval=[1e6], method="LSODA",
+                 rtol=1e-10, atol=1e-14).factor[-1]
+    x = np.longdouble
+    ref = (x(att.scale) * att.V.astype(x)) @ (L.astype(x) @ L.T.astype(x)) \
+        @ att.K.T.astype(x) @ att.Q.astype(x) @ L.astype(x)
+    size = float(np.abs(ref).max())
+    assert size < 1e-6 * np.abs(L).max() ** 3            # a small field from O(1) factors
+    err = {name: float(np.abs(f(L) - ref).max()) / size for name, f in (
+        ("factor_rhs", att.factor_rhs), ("factor_kernel", att.factor_kernel()),
+        ("factor_apply", lambda X: gen_softmax.factor_apply(gen_softmax.factor_weights(
+            att.Q, att.K, att.V, att.scale), X)))}
+    assert max(err.values()) < 2e-8, err   # about 2e-9 here; K^T Q first: 1.3e-7
 
 
 @pytest.mark.parametrize("gen", [gen_softmax, gen_l2, gen_sinkhorn])

@@ -142,10 +142,12 @@ def factor_weights(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0 = (_T(K) @ Q)
-    _w1 = (2*scale * (_T(K) @ K))
-    _w2 = (2*scale * V)
-    return (_w0, _w1, _w2)
+    _w0 = _T(K)
+    _w1 = Q
+    _w2 = (2*scale * _T(K))
+    _w3 = K
+    _w4 = (2*scale * V)
+    return (_w0, _w1, _w2, _w3, _w4)
 
 
 def factor_apply(weights, L):
@@ -160,9 +162,9 @@ def factor_apply(weights, L):
     L : ndarray, shape (..., d, d)
         Factor of the covariance.
     """
-    _w0, _w1, _w2 = weights
+    _w0, _w1, _w2, _w3, _w4 = weights
     _eye = np.eye(L.shape[-1])
-    return (_w2 @ _solve(((L @ (_T(L) @ _w1)) + _eye), (L @ (_T(L) @ (_w0 @ L)))))
+    return (_w4 @ _solve(((((L @ _T(L)) @ _w2) @ _w3) + _eye), ((((L @ _T(L)) @ _w0) @ _w1) @ L)))
 
 
 def factor_kernel(Q, K, V, scale):
@@ -180,12 +182,12 @@ def factor_kernel(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0, _w1, _w2 = factor_weights(Q, K, V, scale)
+    _w0, _w1, _w2, _w3, _w4 = factor_weights(Q, K, V, scale)
     _eye = np.eye(V.shape[-1])
     _dot = np.dot
     _solve2 = np.linalg.solve
 
     def kernel(L):
-        return _dot(_w2, _solve2((_dot(L, _dot(L.T, _w1)) + _eye), _dot(L, _dot(L.T, _dot(_w0, L)))))
+        return _dot(_w4, _solve2((_dot(_dot(_dot(L, L.T), _w2), _w3) + _eye), _dot(_dot(_dot(_dot(L, L.T), _w0), _w1), L)))
 
     return kernel

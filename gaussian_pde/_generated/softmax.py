@@ -137,8 +137,8 @@ def factor_weights(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0 = (_T(K) @ Q)
-    _w1 = (scale * V)
+    _w0 = scale * V
+    _w1 = np.concatenate([K, Q], axis=-2)
     return (_w0, _w1)
 
 
@@ -155,7 +155,9 @@ def factor_apply(weights, L):
         Factor of the covariance.
     """
     _w0, _w1 = weights
-    return (_w1 @ (L @ (_T(L) @ (_w0 @ L))))
+    P = _w1 @ L
+    h = P.shape[-2] // 2
+    return (_w0 @ L) @ (_T(P[..., :h, :]) @ P[..., h:, :])
 
 
 def factor_kernel(Q, K, V, scale):
@@ -174,9 +176,11 @@ def factor_kernel(Q, K, V, scale):
         Score scale.
     """
     _w0, _w1 = factor_weights(Q, K, V, scale)
+    _k = K.shape[-2]
     _dot = np.dot
 
     def kernel(L):
-        return _dot(_w1, _dot(L, _dot(L.T, _dot(_w0, L))))
+        P = _dot(_w1, L)
+        return _dot(_dot(_w0, L), _dot(P[:_k].T, P[_k:]))
 
     return kernel
