@@ -106,6 +106,9 @@ class _Field:
             self.local[idx] = np.arange(idx.size)
         self.calls = 0
         self._cache_key = None
+        #: whether :func:`_analytic_jacobian` applies (every head softmax or L2)
+        self.analytic_jacobian = {gen.__name__.rsplit(".", 1)[-1] for _, heads in self.groups
+                                  for gen, *_ in heads} <= set(_HOLOMORPHIC)
 
     def _plan(self, idx, stacked=False):
         """Rows and weights of each group for trajectories ``idx``.
@@ -579,11 +582,9 @@ class _RosenbrockStepper:
         self.fresh = None      # J is the Jacobian at the row's current state
         self.n_active = None
         self.njev = 0
-        kinds = {gen.__name__.rsplit(".", 1)[-1] for _, heads in field.groups
-                 for gen, *_ in heads}
         #: how ``jacobian`` differentiates: "analytic" (softmax and L2 heads only),
         #: "complex" (complex step) or "central" (central differences)
-        self.jac_mode = "analytic" if kinds <= set(_HOLOMORPHIC) else "central"
+        self.jac_mode = "analytic" if field.analytic_jacobian else "central"
 
     def compact(self, keep):
         if self.J is not None:

@@ -41,7 +41,7 @@ from scipy.integrate._ivp.ivp import METHODS
 
 from ._linalg import psd_sqrt
 from ._moments import validate_attention
-from ._stepper import integrate, integrate_compiled, use_compiled
+from ._stepper import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._validation import (
     validate_array,
     validate_covariance,
@@ -177,27 +177,19 @@ class _System:
 def _factor_jacobian(attention):
     """Exact Jacobian ``jac(t, y)`` of the covariance-only factor form, or ``None``.
 
-    Available when every head is softmax or L2 (see ``gaussian_pde._batch``); the implicit
-    methods (``Radau``, ``BDF``, ``LSODA``) then need no finite differences.
+    The one-row field of :func:`gaussian_pde._batch.solve_batch` and its analytic
+    Jacobian, available when every head is softmax or L2; the implicit methods
+    (``Radau``, ``BDF``, ``LSODA``) then need no finite differences.
     """
-    from ._batch import _head_jacobian
-    from ._multihead import MultiHead
+    from ._batch import _analytic_jacobian, _build_field
 
-    heads = attention.heads if isinstance(attention, MultiHead) else (attention,)
-    parts = []
-    for head in heads:
-        kind = getattr(getattr(head, "_generated", None), "__name__", "").rsplit(".", 1)[-1]
-        if kind not in ("softmax", "l2"):
-            return None
-        parts.append((kind, head.Q, head.K, head.V, head.scale))
-    d = attention.d
+    field, d = _build_field(attention, 1)
+    if not field.analytic_jacobian:
+        return None
+    row = np.zeros(1, dtype=int)
 
     def jac(t, y):
-        L = y.reshape(1, d, d)
-        out = _head_jacobian(*parts[0], L)[0]
-        for part in parts[1:]:
-            out = out + _head_jacobian(*part, L)[0]
-        return out
+        return _analytic_jacobian(field, row, y.reshape(1, d, d))[0]
 
     return jac
 
@@ -402,7 +394,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     y0 = system.pack(mean0, psd_sqrt(cov0))
     solver_cls = METHODS[method] if isinstance(method, str) else method
     compiled = use_compiled(method, t_eval, t0)
-    jac = None if with_mean else _factor_jacobian(attention)
+    jac = None if with_mean or not accepts_jac(solver_cls) else _factor_jacobian(attention)
     budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
     tr0 = max(float(np.trace(cov0)), np.finfo(float).tiny)
 

@@ -26,7 +26,8 @@ import warnings
 import numpy as np
 from scipy.optimize import brentq
 
-__all__ = ["COMPILED", "Segment", "integrate", "integrate_compiled", "use_compiled"]
+__all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compiled",
+           "use_compiled"]
 
 _EPS = np.finfo(float).eps
 
@@ -93,7 +94,7 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
     kwargs = dict(rtol=rtol, atol=atol, max_step=max_step)
     if first_step is not None:
         kwargs["first_step"] = first_step
-    if jac is not None and _accepts_jac(solver_cls):
+    if jac is not None and accepts_jac(solver_cls):
         kwargs["jac"] = jac
     solver = solver_cls(fun, t0, y0, t1, **kwargs)
 
@@ -179,7 +180,8 @@ def _root(g, dense, t_old, t, g_lo, g_hi):
     return brentq(lambda s: g(s, dense(s)), t_old, t, xtol=4 * _EPS, rtol=4 * _EPS)
 
 
-def _accepts_jac(solver_cls):
+def accepts_jac(solver_cls):
+    """Whether the SciPy solver class uses a Jacobian (the implicit ones)."""
     from scipy.integrate import BDF, LSODA, Radau
 
     return issubclass(solver_cls, (Radau, BDF, LSODA))
