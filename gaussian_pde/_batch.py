@@ -39,14 +39,7 @@ from ._attention import Attention, SingleHeadAttention
 from ._linalg import psd_sqrt
 from ._multihead import MultiHead
 from ._registry import get_attention
-from ._solve import (
-    _CONFIRM_GROWTH,
-    _CONFIRM_TOL,
-    _MAX_GROWTH,
-    MomentSolution,
-    Status,
-    _validate_t_eval,
-)
+from ._solve import MomentSolution, Status, _blowup_verdict, _validate_t_eval
 from ._validation import (
     validate_array,
     validate_covariance,
@@ -871,8 +864,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     t = np.full(nb, t0)
     limit = np.full(nb, blowup_threshold)
     # a finite-time estimate (t*, t) awaiting confirmation further up, as in solve
-    suspect_star = np.full(nb, np.nan)
-    suspect_at = np.full(nb, np.nan)
+    suspected = [None] * nb
     rejected = np.zeros(nb, dtype=bool)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -1057,28 +1049,14 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
                     tstar = t_new[over] - u / (du * (1.0 - p))
                     for q, r in enumerate(over):
                         g = rows[q]
-                        confirmed = finite[q] and (abs(tstar[q] - suspect_star[g])
-                                                   <= _CONFIRM_TOL * (suspect_star[g]
-                                                                      - suspect_at[g]))
-                        grow = _CONFIRM_GROWTH if finite[q] else 1e8
-                        if confirmed:
-                            status[g] = Status.BLOWUP
-                            t_blowup[g] = tstar[q]
-                            message[g] = (f"finite-time blow-up: tr(cov) passed "
-                                          f"{limit[a[r]] / _CONFIRM_GROWTH:.3g} x its "
-                                          f"initial value at t = {suspect_at[g]:.10g} and "
-                                          f"{limit[a[r]]:.3g} x at t = {t_new[r]:.10g}; "
-                                          f"estimated blow-up time t* = {tstar[q]:.12g}")
-                        elif limit[a[r]] * grow > _MAX_GROWTH:
-                            status[g] = Status.FAILED
-                            message[g] = ("the covariance grows without bound but not as a "
-                                          "finite-time blow-up; stopped at tr(cov) = "
-                                          f"{limit[a[r]]:.3g} x initial")
-                        else:   # follow it further: confirm an estimate, or keep growing
-                            suspect_star[g] = tstar[q] if finite[q] else np.nan
-                            suspect_at[g] = t_new[r] if finite[q] else np.nan
-                            limit[a[r]] *= grow
+                        verdict, detail = _blowup_verdict(tstar[q], finite[q], t_new[r],
+                                                          limit[a[r]], suspected[g])
+                        if verdict is None:   # follow it further
+                            suspected[g], limit[a[r]] = detail
                             continue
+                        status[g], message[g] = verdict, detail
+                        if verdict == Status.BLOWUP:
+                            t_blowup[g] = tstar[q]
                         t_final[g] = t_new[r]
                         L_final[g] = Ln[r]
                         done[a[r]] = True

@@ -462,24 +462,15 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         name = "max_nfev" if res.status == 2 else evs[res.fired].__name__
         if name == "blowup":
             t_star, finite = _blowup_estimate(system, t_final, y_final)
-            if finite and suspected is not None and (
-                    abs(t_star - suspected[0]) <= _CONFIRM_TOL * (suspected[0] - suspected[1])):
-                status, t_blowup = Status.BLOWUP, float(t_star)
-                message = (f"finite-time blow-up: tr(cov) passed {limit / _CONFIRM_GROWTH:.3g} "
-                           f"x its initial value at t = {suspected[1]:.10g} and "
-                           f"{limit:.3g} x at t = {t_final:.10g}; estimated blow-up time "
-                           f"t* = {t_star:.12g}")
+            verdict, detail = _blowup_verdict(t_star, finite, t_final, limit, suspected)
+            if verdict == Status.BLOWUP:
+                status, message, t_blowup = verdict, detail, float(t_star)
                 break
-            # a first finite-time estimate is confirmed further up: accelerating exponential
-            # growth also looks locally like a singularity, but its estimates drift
-            suspected = (t_star, t_final) if finite else None
-            grow = _CONFIRM_GROWTH if finite else 1e8
-            if limit * grow > _MAX_GROWTH:
-                status = Status.FAILED
-                message = ("the covariance grows without bound but not as a finite-time "
-                           f"blow-up; stopped at tr(cov) = {limit:.3g} x initial")
+            if verdict == Status.FAILED:
+                status, message = verdict, detail
                 break
-            t_start, y_start, limit = t_final, y_final, limit * grow
+            suspected, new_limit = detail
+            t_start, y_start, limit = t_final, y_final, new_limit
             continue
         if name == "max_nfev":
             status = Status.FAILED
@@ -503,6 +494,30 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         t_blowup=t_blowup, t_final=float(t_final),
         mean_final=None if mean_f is None else mean_f.copy(), cov_final=L_f @ L_f.T,
         t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev)
+
+
+def _blowup_verdict(t_star, finite, t, limit, suspected):
+    """What a passed blow-up threshold means (shared by :func:`solve` and ``solve_batch``).
+
+    ``(t_star, finite)`` is :func:`_blowup_estimate` at time ``t``, where the trace passed
+    ``limit`` times its start; ``suspected`` is ``(t*, t)`` of an earlier finite estimate
+    awaiting confirmation, or None. A first finite estimate is confirmed
+    ``_CONFIRM_GROWTH`` times further up: accelerating exponential growth also looks
+    locally like a singularity, but its estimates drift. Returns ``(Status.BLOWUP,
+    message)``, ``(Status.FAILED, message)`` or ``(None, (suspected, next_limit))`` to go
+    on.
+    """
+    if finite and suspected is not None and (
+            abs(t_star - suspected[0]) <= _CONFIRM_TOL * (suspected[0] - suspected[1])):
+        return Status.BLOWUP, (f"finite-time blow-up: tr(cov) passed "
+                               f"{limit / _CONFIRM_GROWTH:.3g} x its initial value at "
+                               f"t = {suspected[1]:.10g} and {limit:.3g} x at t = {t:.10g}; "
+                               f"estimated blow-up time t* = {t_star:.12g}")
+    grow = _CONFIRM_GROWTH if finite else 1e8
+    if limit * grow > _MAX_GROWTH:
+        return Status.FAILED, ("the covariance grows without bound but not as a finite-time "
+                               f"blow-up; stopped at tr(cov) = {limit:.3g} x initial")
+    return None, ((t_star, t) if finite else None, limit * grow)
 
 
 def _solve_rosenbrock(attention, mean0, cov0, t_span, *, t_eval, rtol, atol, blowup_threshold,
