@@ -39,12 +39,13 @@ from ._attention import Attention, SingleHeadAttention
 from ._linalg import psd_sqrt
 from ._multihead import MultiHead
 from ._registry import get_attention
-from ._solve import MomentSolution, Status, _blowup_verdict, _validate_t_eval
+from ._solve import MomentSolution, Status, _blowup_verdict
 from ._validation import (
     validate_array,
     validate_covariance,
     validate_int,
     validate_positive,
+    validate_t_eval,
     validate_t_span,
     validate_tolerance,
 )
@@ -822,7 +823,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         raise ValueError(f"`cov0s` must be {fd} x {fd} to match the attention's dimension, "
                          f"got shape {cov0s.shape}.")
     t0, t1 = validate_t_span(t_span)
-    t_eval = _validate_t_eval(t_eval, t0, t1)
+    t_eval = validate_t_eval(t_eval, t0, t1)
     rtol = validate_tolerance(rtol, "rtol")
     atol = validate_positive(atol, "atol")
     blowup_threshold = validate_positive(blowup_threshold, "blowup_threshold")

@@ -50,6 +50,7 @@ from ._validation import (
     validate_positive,
     validate_quadrature,
     validate_same_dimension,
+    validate_t_eval,
     validate_t_span,
     validate_tolerance,
     validate_vector,
@@ -421,17 +422,6 @@ def closure_moment_rhs(field, mean, cov, n_per_dim=DEFAULT_N_PER_DIM):
     return dm, C + C.T
 
 
-def _validate_t_eval(t_eval, t0, t1):
-    if t_eval is None:
-        return None
-    t_eval = np.asarray(t_eval, dtype=float)
-    if t_eval.ndim != 1 or t_eval.size == 0 or np.any(np.diff(t_eval) <= 0):
-        raise ValueError("`t_eval` must be a non-empty strictly increasing 1-D array.")
-    if t_eval[0] < t0 or t_eval[-1] > t1:
-        raise ValueError(f"`t_eval` must lie within `t_span` = ({t0}, {t1}).")
-    return t_eval
-
-
 def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
                   method="RK45", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
                   max_nfev=50_000):
@@ -472,7 +462,7 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     mean0 = validate_vector(mean0, "mean0", size=d)
     cov0 = validate_covariance(cov0, "cov0", d=d)
     t0, t1 = validate_t_span(t_span)
-    t_eval = _validate_t_eval(t_eval, t0, t1)
+    t_eval = validate_t_eval(t_eval, t0, t1)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
     rtol = validate_tolerance(rtol, "rtol")
     atol = validate_positive(atol, "atol")

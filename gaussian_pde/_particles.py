@@ -38,6 +38,7 @@ from ._validation import (
     validate_particles,
     validate_positions,
     validate_positive,
+    validate_t_eval,
     validate_t_span,
     validate_tolerance,
     validate_vector,
@@ -269,21 +270,6 @@ def sliced_wasserstein_to_gaussian(x, n_directions=64, seed=0, rtol=1e-8):
     return float(np.sqrt(np.mean((proj - q[:, None]) ** 2)))
 
 
-def _validate_t_eval(t_eval, t0, t1):
-    if t_eval is None:
-        return np.linspace(t0, t1, 51)
-    from ._validation import validate_array
-
-    t_eval = validate_array(t_eval, "t_eval", ndim=1)
-    if t_eval.size == 0:
-        raise ValueError("`t_eval` must not be empty.")
-    if np.any(np.diff(t_eval) <= 0):
-        raise ValueError("`t_eval` must be strictly increasing.")
-    if t_eval[0] < t0 or t_eval[-1] > t1:
-        raise ValueError(f"`t_eval` must lie within `t_span` = ({t0}, {t1}).")
-    return t_eval
-
-
 def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=None,
                        rtol=1e-6, atol=1e-8, positions=None, chunk_size=None,
                        dtype=np.float64, keep_positions=True, blowup_threshold=1e8,
@@ -350,7 +336,9 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
     x0 = validate_particles(x0, "x0", d=d)
     n = x0.shape[0]
     t0, t1 = validate_t_span(t_span)
-    t_eval = _validate_t_eval(t_eval, t0, t1)
+    t_eval = validate_t_eval(t_eval, t0, t1)
+    if t_eval is None:
+        t_eval = np.linspace(t0, t1, 51)
     if not isinstance(method, str) or method not in (*_ADAPTIVE, "rk4"):
         raise ValueError(f"`method` must be one of {sorted(_ADAPTIVE) + ['rk4']}, "
                          f"got {method!r}.")

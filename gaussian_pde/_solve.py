@@ -43,10 +43,10 @@ from ._linalg import psd_sqrt
 from ._moments import validate_attention
 from ._stepper import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._validation import (
-    validate_array,
     validate_covariance,
     validate_int,
     validate_positive,
+    validate_t_eval,
     validate_t_span,
     validate_tolerance,
     validate_vector,
@@ -213,19 +213,6 @@ def _validate_steps(max_step, first_step, t_span):
     return max_step, first_step
 
 
-def _validate_t_eval(t_eval, t0, t1):
-    if t_eval is None:
-        return None
-    t_eval = validate_array(t_eval, "t_eval", ndim=1)
-    if t_eval.size == 0:
-        raise ValueError("`t_eval` must not be empty.")
-    if np.any(np.diff(t_eval) <= 0):
-        raise ValueError("`t_eval` must be strictly increasing.")
-    if t_eval[0] < t0 or t_eval[-1] > t1:
-        raise ValueError(f"`t_eval` must lie within `t_span` = ({t0}, {t1}).")
-    return t_eval
-
-
 def _validate_method(method):
     if isinstance(method, str):
         if method not in METHODS:
@@ -369,7 +356,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     mean0 = validate_vector(mean0, "mean0", size=d) if with_mean else None
     cov0 = validate_covariance(cov0, "cov0", d=d)
     t0, t1 = validate_t_span(t_span)
-    t_eval = _validate_t_eval(t_eval, t0, t1)
+    t_eval = validate_t_eval(t_eval, t0, t1)
     method = _validate_method(method)
     rtol = validate_tolerance(rtol, "rtol")
     atol = validate_positive(atol, "atol")

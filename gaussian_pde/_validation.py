@@ -15,6 +15,7 @@ __all__ = [
     "validate_array",
     "validate_matrix",
     "validate_vector",
+    "validate_t_eval",
     "validate_covariance",
     "validate_positive",
     "validate_t_span",
@@ -140,6 +141,20 @@ def validate_int(value, name, *, minimum=None):
     if minimum is not None and value < minimum:
         raise ValueError(f"`{name}` must be at least {minimum}, got {value}.")
     return value
+
+
+def validate_t_eval(t_eval, t0, t1):
+    """None, or a non-empty strictly increasing 1-D array of finite times in ``[t0, t1]``."""
+    if t_eval is None:
+        return None
+    t_eval = validate_array(t_eval, "t_eval", ndim=1)
+    if t_eval.size == 0:
+        raise ValueError("`t_eval` must not be empty.")
+    if np.any(np.diff(t_eval) <= 0):
+        raise ValueError("`t_eval` must be strictly increasing.")
+    if t_eval[0] < t0 or t_eval[-1] > t1:
+        raise ValueError(f"`t_eval` must lie within `t_span` = ({t0}, {t1}).")
+    return t_eval
 
 
 def validate_t_span(t_span):
