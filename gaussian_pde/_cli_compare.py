@@ -37,12 +37,9 @@ def compare_examples():
 
     ``mean0`` is callable (position-dependent) for masked attention.
     """
-    Q = np.array([[1.0, 0.5]])
-    K = np.array([[0.8, -0.2]])
-    V = np.array([[1.0, 0.3], [-0.2, 0.7]])
-    q2 = np.array([[0.2, 1.0]])
-    mean0 = np.array([0.5, -0.3])
-    cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
+    from ._main_job import example_data
+
+    Q, K, V, q2, mean0, cov0 = example_data()
 
     def masked_mean(tau):
         return mean0 + np.outer(tau - 0.5, [2.0, -1.0])

@@ -31,14 +31,19 @@ from ._solve import solve
 DEFAULT_OUT = "gaussian_pde_output"
 
 
+def example_data():
+    """``(Q, K, V, q2, mean0, cov0)`` of the built-in 2-D examples.
+
+    Shared by the main job and ``gaussian-pde compare``.
+    """
+    return (np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]),
+            np.array([[1.0, 0.3], [-0.2, 0.7]]), np.array([[0.2, 1.0]]),
+            np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]]))
+
+
 def default_examples():
     """The built-in 2-D examples: name -> (attention, mean0, cov0, horizon)."""
-    Q = np.array([[1.0, 0.5]])
-    K = np.array([[0.8, -0.2]])
-    V = np.array([[1.0, 0.3], [-0.2, 0.7]])
-    q2 = np.array([[0.2, 1.0]])
-    mean0 = np.array([0.5, -0.3])
-    cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
+    Q, K, V, q2, mean0, cov0 = example_data()
     return {
         # A + A^T indefinite, V = I: Riccati blow-up in finite time (exact t* known)
         "softmax": (Softmax(Q, K, np.eye(2)), mean0, cov0, 3.0),
