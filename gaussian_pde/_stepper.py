@@ -301,36 +301,33 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         t_cur, y_cur = watch.t_prev, watch.y_prev
         if watch.spent:
             status, message = 2, "evaluation budget spent"
-        elif watch.hit is not None:
-            t_hit = watch.hit
-            j = k
-            while j < targets.size and targets[j] <= t_hit:
-                j += 1
-            seg = integrate(fun, METHODS[method], t_cur, t_hit, y_cur, rtol=rtol, atol=atol,
-                            max_step=max_step, events=events, budget=budget,
-                            t_eval=None if t_eval is None else targets[k:j][record[k:j]])
-            _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
-            t_cur, y_cur = seg.t_final, seg.y_final
-            if seg.status in (1, 2, -1):
-                status, message, fired = seg.status, seg.message, seg.fired
-            k = j
+        python_to = None   # the Python solver takes over up to this time
+        if watch.hit is not None:
+            python_to = watch.hit
         elif not solver.successful():
             code = solver.get_return_code()
             if code == -4:
                 # Hairer's stiffness test stopped the Fortran code; SciPy's DOP853 has no
                 # such test and keeps going (within max_nfev), so "DOP853" means the same
                 # on both paths: the Python solver finishes the run
-                seg = integrate(fun, METHODS[method], t_cur, t1, y_cur, rtol=rtol,
-                                atol=atol, max_step=max_step, events=events, budget=budget,
-                                t_eval=None if t_eval is None else targets[k:][record[k:]])
-                _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
-                t_cur, y_cur = seg.t_final, seg.y_final
+                python_to = t1
+            else:
+                status = -1
+                message = f"{COMPILED[method]}: " + {
+                    -1: "input is not consistent", -2: "larger nsteps is needed",
+                    -3: "step size becomes too small"}.get(code, f"failed (code {code})")
+        if python_to is not None and status is None:
+            j = k
+            while j < targets.size and targets[j] <= python_to:
+                j += 1
+            seg = integrate(fun, METHODS[method], t_cur, python_to, y_cur, rtol=rtol,
+                            atol=atol, max_step=max_step, events=events, budget=budget,
+                            t_eval=None if t_eval is None else targets[k:j][record[k:j]])
+            _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
+            t_cur, y_cur = seg.t_final, seg.y_final
+            if seg.status in (1, 2, -1):
                 status, message, fired = seg.status, seg.message, seg.fired
-                break
-            status = -1
-            message = f"{COMPILED[method]}: " + {
-                -1: "input is not consistent", -2: "larger nsteps is needed",
-                -3: "step size becomes too small"}.get(code, f"failed (code {code})")
+            k = j
     return Segment(t=np.array(ts, dtype=float), y=np.array(ys, dtype=float).reshape(len(ys), n),
                    status=status, message=message,
                    t_events=[np.array(v, dtype=float) for v in t_events],
