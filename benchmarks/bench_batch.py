@@ -16,7 +16,7 @@ import numpy as np
 from scipy.integrate import DOP853
 
 import gaussian_pde as gp
-from gaussian_pde._batch import solve_batch
+from gaussian_pde.integrate._batch import solve_batch
 
 
 def main():

@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
-from gaussian_pde._particle_kernels import _COLUMN_FACTOR, DEFAULT_CHUNK_SIZE
-from gaussian_pde._particles import sample_gaussian
-from gaussian_pde._softmax import Softmax
+from gaussian_pde.attention._kernels import _COLUMN_FACTOR, DEFAULT_CHUNK_SIZE
+from gaussian_pde.attention._softmax import Softmax
+from gaussian_pde.particles._simulate import sample_gaussian
 
 
 def problem(n, d, seed=0):

@@ -6,8 +6,8 @@ eigenvalues. Both run in this process on the same generated right-hand side, so 
 ratios do not depend on the machine's speed that day.
 
 The paper workload is timed for several methods of ``gp.solve``: ``"DOP853"`` and
-``"RK45"`` (Hairer's Fortran codes step, ``gaussian_pde._stepper``), ``"LSODA"`` (with the
-exact Jacobian) and ``"rosenbrock"`` (the L-stable RODAS4 of ``gaussian_pde._batch``); tables
+``"RK45"`` (Hairer's Fortran codes step, ``gaussian_pde.integrate._loop``), ``"LSODA"`` (with the
+exact Jacobian) and ``"rosenbrock"`` (the L-stable RODAS4 of ``gaussian_pde.integrate._batch``); tables
 give the speed-up of every method per seed, at the work-precision optimum, at a fixed
 tolerance rule, and at the default tolerances.
 
@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde._exact import blowup_time, exact_covariance
+from gaussian_pde.integrate._exact import blowup_time, exact_covariance
 
 
 def euler_psd(att, cov0, h, t_end=None, steady_tol=None, max_steps=10_000_000):
@@ -81,7 +81,7 @@ def short_horizon(d, seed=0):
                 T=T)
 
 
-#: methods timed on the paper workload ("rosenbrock": gp.solve's RODAS4, gaussian_pde._batch)
+#: methods timed on the paper workload ("rosenbrock": gp.solve's RODAS4, gaussian_pde.integrate._batch)
 PAPER_METHODS = ("DOP853", "RK45", "LSODA", "rosenbrock")
 #: the work-precision grid searched for every method
 RTOLS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)

@@ -60,7 +60,7 @@ def main(argv=None):
 
     from distributed import Client
 
-    from gaussian_pde._sweep_run import local_cluster
+    from gaussian_pde.sweep._run import local_cluster
 
     rows = []
     workdir = tempfile.mkdtemp(prefix="bench_sweep_")

@@ -138,7 +138,7 @@ def check_svd_form(trials=20, seed=0):
 
     On random well-conditioned and singular ``B`` (where the Gram form is accurate too).
     """
-    from gaussian_pde._linalg import sinkhorn_cross, sinkhorn_phi
+    from gaussian_pde._common.linalg import sinkhorn_cross, sinkhorn_phi
 
     rng = np.random.default_rng(seed)
     worst = 0.0

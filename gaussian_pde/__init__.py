@@ -9,10 +9,21 @@ and the PDE reduces to ODEs for the mean and covariance, derived with SymPy in
 Importing the package imports neither matplotlib nor dask.
 """
 
-from ._attention import Attention, SingleHeadAttention
-from ._batch import BatchSolution, solve_batch
-from ._blocks import MLP, Affine, LayerNorm, PreNorm, RMSNorm, TraceNorm
-from ._closure import (
+from ._common.gaussian import bures_wasserstein
+from ._version import __version__  # noqa: F401  (the package version)
+from .analysis import Outcome, TrajectoryOutcome, classify_solution, classify_trajectory
+from .attention._base import Attention, SingleHeadAttention
+from .attention._l2 import L2
+from .attention._masked import Masked
+from .attention._moments import moment_rhs
+from .attention._multihead import MultiHead
+from .attention._registry import ATTENTIONS, get_attention, register_attention
+from .attention._sigmoid import Sigmoid
+from .attention._sinkhorn import Sinkhorn
+from .attention._softmax import Softmax
+from .closure._blocks import MLP, Affine, LayerNorm, PreNorm, RMSNorm, TraceNorm
+from .closure._depth import DepthSolution, Stack, propagate_gaussian, propagate_particles
+from .closure._engine import (
     AttentionField,
     Field,
     FieldSum,
@@ -20,16 +31,11 @@ from ._closure import (
     logistic_normal_moments,
     solve_closure,
 )
-from ._compare import CompareReport, compare
-from ._depth import DepthSolution, Stack, propagate_gaussian, propagate_particles
-from ._exact import blowup_time, exact_covariance, scalar_solution
-from ._gaussian import bures_wasserstein
-from ._l2 import L2
-from ._masked import Masked
-from ._masked_closure import block_positions, solve_masked_closure
-from ._moments import moment_rhs
-from ._multihead import MultiHead
-from ._particles import (
+from .closure._masked import block_positions, solve_masked_closure
+from .integrate._batch import BatchSolution, solve_batch
+from .integrate._exact import blowup_time, exact_covariance, scalar_solution
+from .integrate._solve import MomentSolution, Status, solve
+from .particles._simulate import (
     ParticleDegeneracyWarning,
     ParticleDiagnostics,
     ParticleSolution,
@@ -37,14 +43,7 @@ from ._particles import (
     sample_gaussian,
     simulate_particles,
 )
-from ._registry import ATTENTIONS, get_attention, register_attention
-from ._sigmoid import Sigmoid
-from ._sinkhorn import Sinkhorn
-from ._softmax import Softmax
-from ._solve import MomentSolution, Status, solve
-from .analysis import Outcome, TrajectoryOutcome, classify_solution, classify_trajectory
-
-__version__ = "0.1.0"
+from .studies._compare import CompareReport, compare
 
 __all__ = [
     "ATTENTIONS",

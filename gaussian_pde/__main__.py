@@ -1,5 +1,5 @@
 """``python -m gaussian_pde`` is the ``gaussian-pde`` command."""
 
-from ._cli import main
+from .cli._main import main
 
 raise SystemExit(main())

@@ -23,8 +23,8 @@ import enum
 
 import numpy as np
 
-from ._gaussian import bures_wasserstein
-from ._validation import validate_array, validate_positive, validate_threshold
+from ._common.gaussian import bures_wasserstein
+from ._common.validation import validate_array, validate_positive, validate_threshold
 
 __all__ = [
     "Outcome",

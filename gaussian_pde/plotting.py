@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import validate_array, validate_int, validate_square_2x2
+from ._common.validation import validate_array, validate_int, validate_square_2x2
 
 __all__ = [
     "cone_coordinates",

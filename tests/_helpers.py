@@ -1,4 +1,4 @@
-"""Small helpers shared by the tests (import as ``from _helpers import ...``)."""
+"""Small helpers shared by the tests (import as ``from tests._helpers import ...``)."""
 
 import numpy as np
 

@@ -64,7 +64,7 @@ def test_user_defined_quadratic_score(tmp_path, rng):
     path = tmp_path / "tempered.py"
     path.write_text(source)
     namespace = {}
-    exec(compile(source.replace("from .._linalg", "from gaussian_pde._linalg"), str(path),
+    exec(compile(source.replace("from .._common.linalg", "from gaussian_pde._common.linalg"), str(path),
                  "exec"), namespace)
     d, k = 2, 2
     Q, K, V = rng.standard_normal((k, d)), rng.standard_normal((k, d)), rng.standard_normal((d, d))
@@ -74,7 +74,7 @@ def test_user_defined_quadratic_score(tmp_path, rng):
     Sigma = G @ G.T / 2
     M = namespace["field_matrix"](Q, K, V, c, Sigma)
     b = namespace["field_offset"](Q, K, V, c, alpha, Sigma)
-    from gaussian_pde._quadrature import gauss_hermite_gaussian
+    from gaussian_pde.closure._quadrature import gauss_hermite_gaussian
     ys, w = gauss_hermite_gaussian(alpha, Sigma, 60)
     for x in rng.standard_normal((4, d)):
         s = c * (ys @ K.T) @ (Q @ x) - c / 2 * np.sum((ys @ K.T) ** 2, axis=1)
@@ -99,7 +99,7 @@ def test_direct_symbolic_integration(mod, check):
 def test_sinkhorn_cross_is_accurate_when_ill_conditioned(rng):
     """B phi(B^T B) from the SVD of B: exact by construction for B = U diag(s) W^T with
     singular values over 12 orders of magnitude (the Gram form B^T B would square it)."""
-    from gaussian_pde._linalg import sinkhorn_cross, sinkhorn_phi
+    from gaussian_pde._common.linalg import sinkhorn_cross, sinkhorn_phi
 
     for d in (2, 5):
         U, _ = np.linalg.qr(rng.standard_normal((d, d)))

@@ -12,11 +12,11 @@ State layout: mean ``alpha`` of shape (..., d); covariance ``Sigma`` and its fac
 
 import numpy as np
 
-from .._linalg import T as _T
-from .._linalg import psd_sqrt as _psd_sqrt
-from .._linalg import sinkhorn_cross as _sinkhorn_cross
-from .._linalg import sinkhorn_phi as _sinkhorn_phi
-from .._linalg import solve as _solve
+from .._common.linalg import T as _T
+from .._common.linalg import psd_sqrt as _psd_sqrt
+from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
+from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
+from .._common.linalg import solve as _solve
 
 __all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_weights", "factor_apply", "factor_kernel"]
 

@@ -1,0 +1,3 @@
+"""The package version (a leaf module: sweeps compare it across workers)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,54 @@
+r"""Public entry to the Gaussian moment equations.
+
+For a Gaussian-preserving attention type with affine field :math:`b + Mx` against
+:math:`\mathcal N(\alpha, \Sigma)` (MATH.md section 3):
+
+.. math::
+
+    \alpha' = b + M\alpha,\qquad \Sigma' = M\Sigma + \Sigma M^T .
+"""
+
+from __future__ import annotations
+
+from .._common.validation import validate_covariance, validate_vector
+from ._base import Attention
+
+__all__ = ["moment_rhs", "validate_attention"]
+
+
+def validate_attention(attention, *, gaussian=True):
+    """Check that ``attention`` is an attention object (Gaussian-preserving if asked)."""
+    if not isinstance(attention, Attention):
+        raise TypeError("`attention` must be an attention object such as gaussian_pde.Softmax, "
+                        f"got {type(attention).__name__}.")
+    if gaussian and not attention.gaussian_preserving:
+        raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians; "
+                        "use the Gaussian closure (gaussian_pde.solve_closure) instead.")
+    return attention
+
+
+def moment_rhs(attention, mean, cov):
+    r"""Right-hand side of the Gaussian moment ODEs.
+
+    Parameters
+    ----------
+    attention : Attention
+        A Gaussian-preserving attention type (``Softmax``, ``L2``, ``Sinkhorn``,
+        ``MultiHead``).
+    mean : array_like, shape (d,)
+        Mean :math:`\alpha`.
+    cov : array_like, shape (d, d)
+        Symmetric positive semi-definite covariance :math:`\Sigma`.
+
+    Returns
+    -------
+    dmean : ndarray, shape (d,)
+        :math:`\alpha' = b + M\alpha`.
+    dcov : ndarray, shape (d, d)
+        :math:`\Sigma' = M\Sigma + \Sigma M^T` (symmetric).
+    """
+    validate_attention(attention)
+    mean = validate_vector(mean, "mean", size=attention.d)
+    cov = validate_covariance(cov, "cov", d=attention.d)
+    dmean, dcov = attention.moment_rhs(mean, cov)
+    return dmean, 0.5 * (dcov + dcov.T)

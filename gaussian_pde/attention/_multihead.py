@@ -1,0 +1,110 @@
+r"""Multi-head attention: the sum of the heads' velocity fields.
+
+.. math:: \Gamma[\mu](x) = \sum_{h=1}^{H} \Gamma_h[\mu](x)
+
+Each head is any Gaussian-preserving single-head type (softmax, L2, Sinkhorn), so the
+field against a Gaussian is affine with :math:`M = \sum_h M_h`, :math:`b = \sum_h b_h`
+and the moment equations are the sums of the heads' equations
+(``derivations/multihead.py``).
+"""
+
+from __future__ import annotations
+
+from ._base import Attention
+from ._kernels import ParticleDiagnostics
+
+__all__ = ["MultiHead"]
+
+
+class MultiHead(Attention):
+    r"""Sum of attention heads.
+
+    Parameters
+    ----------
+    heads : sequence of Attention
+        Non-empty; all heads must share the token dimension ``d``.
+
+    Examples
+    --------
+    >>> import numpy as np, gaussian_pde as gp
+    >>> Q = np.array([[1.0, 0.0]])
+    >>> mh = gp.MultiHead([gp.Softmax(Q, -Q, np.eye(2)), gp.L2(Q, Q, np.eye(2))])
+    >>> mh.d, len(mh.heads)
+    (2, 2)
+    """
+
+    name = "multihead"
+
+    def __init__(self, heads):
+        if isinstance(heads, Attention):
+            raise TypeError("`heads` must be a sequence of attention heads, not a single head.")
+        try:
+            heads = tuple(heads)
+        except TypeError:
+            raise TypeError(f"`heads` must be a sequence of attention heads, "
+                            f"got {type(heads).__name__}.") from None
+        if not heads:
+            raise ValueError("`heads` must contain at least one head.")
+        for i, h in enumerate(heads):
+            if not isinstance(h, Attention):
+                raise TypeError(f"`heads[{i}]` must be an attention type, got {type(h).__name__}.")
+            if not h.gaussian_preserving:
+                raise TypeError(f"`heads[{i}]` ({h.name}) does not preserve Gaussians; "
+                                "MultiHead sums Gaussian-preserving heads.")
+        dims = {h.d for h in heads}
+        if len(dims) != 1:
+            raise ValueError(f"all `heads` must have the same dimension d, got {sorted(dims)}.")
+        self.heads = heads
+        self._frozen = True
+
+    @property
+    def d(self) -> int:
+        return self.heads[0].d
+
+    def field_matrix(self, cov):
+        return sum(h.field_matrix(cov) for h in self.heads)
+
+    def field_offset(self, mean, cov):
+        return sum(h.field_offset(mean, cov) for h in self.heads)
+
+    def moment_rhs(self, mean, cov):
+        parts = [h.moment_rhs(mean, cov) for h in self.heads]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def cov_rhs(self, cov):
+        return sum(h.cov_rhs(cov) for h in self.heads)
+
+    def factor_rhs(self, L):
+        return sum(h.factor_rhs(L) for h in self.heads)
+
+    def factor_kernel(self):
+        kernels = [h.factor_kernel() for h in self.heads]
+        if len(kernels) == 1:
+            return kernels[0]
+
+        def kernel(L):
+            out = kernels[0](L)
+            for ker in kernels[1:]:
+                out = out + ker(L)
+            return out
+
+        return kernel
+
+    def _particle_velocity(self, x, opts):
+        r"""Sum of the heads' particle velocities; diagnostics of the worst head."""
+        v = 0.0
+        parts = []
+        for i, h in enumerate(self.heads):
+            vh, dh = h._particle_velocity(x, opts.for_head(i))
+            v = v + vh
+            parts.append(dh)
+        return v, ParticleDiagnostics.combine(parts)
+
+    def __repr__(self):
+        return f"MultiHead([{', '.join(repr(h) for h in self.heads)}])"
+
+    def __eq__(self, other):
+        return type(other) is MultiHead and other.heads == self.heads
+
+    def __hash__(self):
+        return hash(("MultiHead",) + self.heads)

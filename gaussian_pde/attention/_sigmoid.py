@@ -1,0 +1,82 @@
+r"""Sigmoid attention (not normalised).
+
+.. math::
+
+    \Gamma[\mu](x) = V \int \sigma\big(s(x,y) + b\big)\, y \, d\mu(y),\qquad
+    s(x, y) = c\,\langle Qx, Ky\rangle,\qquad \sigma(z) = \frac{1}{1 + e^{-z}} .
+
+The weights are not normalised, so the field against a Gaussian is not affine and
+Gaussians are not preserved (MATH.md section 3): there are no exact moment equations, and
+:func:`gaussian_pde.moment_rhs` and :func:`gaussian_pde.solve` reject this type. The
+particle system :math:`\dot x_i = V\frac1n\sum_j \sigma(s(x_i,x_j) + b)\,x_j` is simulated
+by :func:`gaussian_pde.particles._simulate.simulate_particles`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._base import SingleHeadAttention
+from ._kernels import ParticleDiagnostics, sigmoid_average
+
+__all__ = ["Sigmoid"]
+
+
+def _no_closure(self, *args, **kwargs):
+    raise TypeError(f"`attention` ({self.name}) does not preserve Gaussians: it has no exact "
+                    "moment equations; use the Gaussian closure (gaussian_pde.solve_closure) "
+                    "or simulate particles.")
+
+
+class Sigmoid(SingleHeadAttention):
+    r"""Sigmoid self-attention head, weights :math:`\sigma(c\,\langle Qx, Ky\rangle + b)`.
+
+    Parameters
+    ----------
+    Q, K : array_like, shape (k, d)
+        Query and key matrices.
+    V : array_like, shape (d, d)
+        Value matrix.
+    bias : float
+        The bias :math:`b` inside the logistic function (default 0).
+    scale : float, optional
+        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gaussian_pde.attention._sigmoid import Sigmoid
+    >>> att = Sigmoid(np.eye(2), np.eye(2), np.eye(2), bias=-1.0)
+    >>> att.gaussian_preserving, att.bias
+    (False, -1.0)
+    """
+
+    name = "sigmoid"
+    gaussian_preserving = False
+
+    def __init__(self, Q, K, V, bias=0.0, scale=None):
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not np.isfinite(bias):
+            raise TypeError(f"`bias` must be a finite real number, got {bias!r}.")
+        self.bias = float(bias)
+        super().__init__(Q, K, V, scale=scale)
+
+    field_matrix = field_offset = moment_rhs = cov_rhs = factor_rhs = _no_closure
+
+    def _particle_velocity(self, x, opts):
+        r"""Particle velocity :math:`V\frac1n\sum_j \sigma(c\langle Qx_i, Kx_j\rangle + b)\,x_j`."""
+        qx, kx = self._projections(x)
+        avg, ess = sigmoid_average(self.scale * qx, kx, x, self.bias,
+                                   chunk_size=opts.chunk_size, dtype=opts.dtype,
+                                   want_ess=opts.want_ess)
+        return avg @ self.V.T, ParticleDiagnostics(ess=ess)
+
+    def __repr__(self):
+        return f"Sigmoid(d={self.d}, k={self.k}, scale={self.scale:.6g}, bias={self.bias:.6g})"
+
+    def __eq__(self, other):
+        return super().__eq__(other) and other.bias == self.bias
+
+    def __hash__(self):
+        return hash((super().__hash__(), self.bias))

@@ -1,0 +1,146 @@
+"""``gaussian-pde compare``: the moment ODEs against particle Monte Carlo.
+
+Runs :func:`gaussian_pde.studies._compare.compare` on a built-in 2-D example of the chosen attention
+type (or on weights from a JSON file) and writes into the output folder, atomically:
+
+* ``compare_<type>.csv``: one row per ``(n, t)``, mean and standard error over seeds of
+  every metric;
+* ``compare_<type>.json``: settings, fitted slopes of error against ``n``, statuses, and
+  the full arrays;
+* ``compare_<type>_<figure>.png``: errors over time, error against ``n``, moments,
+  diagnostics (effective sample size, non-Gaussianity).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pathlib
+
+import numpy as np
+
+from .._common.io import ensure_output_dir, save_figure, write_json, write_text
+from ..attention._l2 import L2
+from ..attention._masked import Masked
+from ..attention._multihead import MultiHead
+from ..attention._registry import ATTENTIONS, get_attention
+from ..attention._sigmoid import Sigmoid
+from ..attention._sinkhorn import Sinkhorn
+from ..attention._softmax import Softmax
+
+DEFAULT_OUT = "gaussian_pde_output"
+
+
+def compare_examples():
+    """Built-in 2-D examples: name -> (attention, mean0, cov0, t_end).
+
+    ``mean0`` is callable (position-dependent) for masked attention.
+    """
+    from ._main_job import example_data
+
+    Q, K, V, q2, mean0, cov0 = example_data()
+
+    def masked_mean(tau):
+        return mean0 + np.outer(tau - 0.5, [2.0, -1.0])
+
+    return {
+        # blows up at t* = 0.586 (exact, V = I); compare before it
+        "softmax": (Softmax(Q, K, np.eye(2)), mean0, cov0, 0.4),
+        "l2": (L2(Q, -Q, np.eye(2)), mean0, cov0, 1.0),
+        "sinkhorn": (Sinkhorn(Q, -K, V), mean0, cov0, 1.0),
+        "multihead": (MultiHead([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0, cov0, 1.0),
+        "sigmoid": (Sigmoid(Q, -K, V, bias=-0.5), mean0, cov0, 1.0),
+        "masked": (Masked(Q, -Q, np.eye(2)), masked_mean, cov0, 1.0),
+    }
+
+
+def add_arguments(parser):
+    parser.add_argument("--attention", default="softmax", choices=sorted(ATTENTIONS),
+                        help="attention type (default: %(default)s)")
+    parser.add_argument("--n", type=int, nargs="+", default=[500, 2000, 8000],
+                        help="numbers of tokens (default: %(default)s)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..SEEDS-1 (default: 5)")
+    parser.add_argument("--t-end", type=float, default=None,
+                        help="final time (default: per example)")
+    parser.add_argument("--num-times", type=int, default=11, help="output times (default: 11)")
+    parser.add_argument("--method", default="rk4", choices=["rk4", "RK45", "RK23", "DOP853"])
+    parser.add_argument("--dt", type=float, default=None, help="RK4 step (default: t_end/50)")
+    parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--float32", action="store_true", help="attention tiles in float32")
+    parser.add_argument("--weights", default=None,
+                        help="JSON file with Q, K, V (lists), optional scale, bias, mean0, cov0")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+
+
+def _from_weights(path, name):
+    try:
+        spec = json.loads(pathlib.Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"`--weights` cannot be read as JSON: {path} ({exc}).") from None
+    if not isinstance(spec, dict) or not {"Q", "K", "V"} <= set(spec):
+        raise ValueError("`--weights` must be a JSON object with keys Q, K, V.")
+    cls = get_attention(name)
+    if cls is MultiHead:
+        raise ValueError("`--weights` is not supported for multihead; use the Python API.")
+    kwargs = {"scale": spec.get("scale")}
+    if cls is Sigmoid:
+        kwargs["bias"] = float(spec.get("bias", 0.0))
+    att = cls(spec["Q"], spec["K"], spec["V"], **kwargs)
+    d = att.d
+    mean0 = np.asarray(spec.get("mean0", np.zeros(d)), dtype=float)
+    cov0 = np.asarray(spec.get("cov0", np.eye(d)), dtype=float)
+    return att, mean0, cov0, 1.0
+
+
+def _csv(rows):
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def run(args):
+    from ..studies._compare import compare
+
+    out = ensure_output_dir(args.out, "--out")
+    if args.seeds < 1:
+        raise ValueError(f"`--seeds` must be at least 1, got {args.seeds}.")
+    if args.num_times < 2:
+        raise ValueError(f"`--num-times` must be at least 2, got {args.num_times}.")
+    if args.weights is not None:
+        att, mean0, cov0, t_end = _from_weights(args.weights, args.attention)
+    else:
+        att, mean0, cov0, t_end = compare_examples()[args.attention]
+    if args.t_end is not None:
+        t_end = args.t_end
+    if not t_end > 0:
+        raise ValueError(f"`--t-end` must be positive, got {t_end}.")
+    t_eval = np.linspace(0.0, t_end, args.num_times)
+    dt = args.dt if args.dt is not None else t_end / 50
+    report = compare(att, mean0, cov0, n=args.n, seeds=range(args.seeds), t_eval=t_eval,
+                     method=args.method, dt=dt, chunk_size=args.chunk_size,
+                     dtype=np.float32 if args.float32 else np.float64)
+    stem = f"compare_{att.name}"
+    write_text(out / f"{stem}.csv", _csv(report.table()))
+    data = report.to_dict()
+    data["settings"] = {"n": args.n, "seeds": args.seeds, "t_end": t_end,
+                        "num_times": args.num_times, "method": args.method, "dt": dt,
+                        "float32": bool(args.float32), "attention": repr(att)}
+    write_json(out / f"{stem}.json", data)
+    paths = [out / f"{stem}.csv", out / f"{stem}.json"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..studies._compare_plots import all_figures
+
+    for name, fig in all_figures(report).items():
+        paths.append(save_figure(fig, out / f"{stem}_{name}.png", dpi=110))
+        plt.close(fig)
+    slopes = ", ".join(f"{k} {v:.3f}" for k, v in report.slopes.items())
+    print(f"gaussian-pde compare ({att.name}): wrote {', '.join(str(p) for p in paths)}"
+          + (f"; slopes of error against n: {slopes}" if slopes else ""))
+    return 0

@@ -1,0 +1,158 @@
+r"""The main job: ``gaussian-pde`` with no arguments.
+
+``run`` writes, into ``--out`` (default ``./gaussian_pde_output``):
+
+* :func:`gaussian_pde.studies._reproduce.reproduce`'s report (the 2-D regimes for every attention
+  type, eigenvalue flows and the rank histograms with both protocols), whose main figure
+  is ``regimes_softmax.png``;
+* the built-in 2-D examples, one trajectory per attention type:
+
+  - ``trajectories.npz``: times, means and covariances per attention type;
+  - ``covariance_trajectories.png``: eigenvalues of the covariance over time and the
+    normalised covariance :math:`\Sigma/\operatorname{tr}\Sigma` in the unit disk;
+  - a section of ``report.md`` (status, blow-up times, final spectra).
+
+``--examples`` runs the built-in examples alone (with a report of their own).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from .._common.io import ensure_output_dir, save_figure, write_npz, write_text
+from ..attention._l2 import L2
+from ..attention._multihead import MultiHead
+from ..attention._sinkhorn import Sinkhorn
+from ..attention._softmax import Softmax
+from ..integrate._solve import solve
+
+DEFAULT_OUT = "gaussian_pde_output"
+
+
+def example_data():
+    """``(Q, K, V, q2, mean0, cov0)`` of the built-in 2-D examples.
+
+    Shared by the main job and ``gaussian-pde compare``.
+    """
+    return (np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]),
+            np.array([[1.0, 0.3], [-0.2, 0.7]]), np.array([[0.2, 1.0]]),
+            np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]]))
+
+
+def default_examples():
+    """The built-in 2-D examples: name -> (attention, mean0, cov0, horizon)."""
+    Q, K, V, q2, mean0, cov0 = example_data()
+    return {
+        # A + A^T indefinite, V = I: Riccati blow-up in finite time (exact t* known)
+        "softmax": (Softmax(Q, K, np.eye(2)), mean0, cov0, 3.0),
+        # K = -Q, V = I: collapse onto the line orthogonal to Q (rank 1 limit)
+        "l2": (L2(Q, -Q, np.eye(2)), mean0, cov0, 20.0),
+        "sinkhorn": (Sinkhorn(Q, -K, V), mean0, cov0, 20.0),
+        "multihead": (MultiHead([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0, cov0,
+                      20.0),
+    }
+
+
+def add_arguments(parser):
+    """Options of the main job."""
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a small, fast report")
+    parser.add_argument("--paper-tol", type=float, default=1e-3,
+                        help="the paper protocol's stopping tolerance (default: %(default)s)")
+    parser.add_argument("--examples", action="store_true",
+                        help="run the built-in 2-D examples instead of the reproduction")
+
+
+def run(args):
+    """Write the reproduction report and the built-in examples (``--examples``: these alone)."""
+    if getattr(args, "examples", False):
+        return run_examples(args)
+    from ._reproduce import run as run_reproduce
+
+    code = run_reproduce(args)
+    if code:
+        return code
+    return run_examples(args, append=True)
+
+
+def run_examples(args, append=False):
+    """The built-in 2-D examples: trajectories, a figure and a short report.
+
+    With ``append`` the report becomes a section at the end of an existing ``report.md``.
+    """
+    out = ensure_output_dir(args.out, "--out")
+    results = {}
+    for name, (att, m0, c0, horizon) in default_examples().items():
+        t_eval = np.linspace(0.0, horizon, 301)
+        results[name] = solve(att, m0, c0, (0.0, horizon), t_eval=t_eval)
+    arrays = {}
+    for name, sol in results.items():
+        arrays[f"{name}_t"] = sol.t
+        arrays[f"{name}_mean"] = sol.mean
+        arrays[f"{name}_cov"] = sol.cov
+    write_npz(out / "trajectories.npz", **arrays)
+    fig_path = _figure(results, out / "covariance_trajectories.png")
+    report = out / "report.md"
+    if append and report.exists():
+        text = report.read_text().rstrip("\n") + "\n\n" + _report(results, fig_path.name, "##")
+    else:
+        text = _report(results, fig_path.name, "#")
+    write_text(report, text)
+    print(f"gaussian-pde: wrote the built-in examples: {fig_path}, {out / 'trajectories.npz'} "
+          f"and their report in {report}")
+    return 0
+
+
+def _figure(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(results), figsize=(3.6 * len(results), 7), squeeze=False)
+    for j, (name, sol) in enumerate(results.items()):
+        eig = np.linalg.eigvalsh(sol.cov)
+        ax = axes[0, j]
+        ax.semilogy(sol.t, eig[:, 1], label=r"$\lambda_{\max}(\Sigma)$")
+        ax.semilogy(sol.t, eig[:, 0], label=r"$\lambda_{\min}(\Sigma)$")
+        ax.set_title(f"{name}: {sol.status}")
+        ax.set_xlabel("t (depth)")
+        ax.legend(fontsize=8)
+        ax = axes[1, j]
+        tr = np.trace(sol.cov, axis1=1, axis2=2)
+        a, b, c = sol.cov[:, 0, 0] / tr, sol.cov[:, 1, 1] / tr, sol.cov[:, 0, 1] / tr
+        ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="0.6"))
+        sc = ax.scatter(a - b, 2 * c, c=sol.t, s=6, cmap="viridis")
+        ax.plot(a[0] - b[0], 2 * c[0], "o", color="tab:red", label="start")
+        ax.set_aspect("equal")
+        ax.set_xlim(-1.1, 1.1)
+        ax.set_ylim(-1.1, 1.1)
+        ax.set_xlabel(r"$(a-b)/\mathrm{tr}$")
+        ax.set_ylabel(r"$2c/\mathrm{tr}$")
+        ax.legend(fontsize=8, loc="lower right")
+        fig.colorbar(sc, ax=ax, label="t", shrink=0.7)
+    fig.suptitle(r"Covariance $\Sigma(t) = [[a, c], [c, b]]$ of the Gaussian solution; "
+                 r"bottom: $\Sigma/\mathrm{tr}\,\Sigma$ in the unit disk")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=110)
+    plt.close(fig)
+    return pathlib.Path(path)
+
+
+def _report(results, fig_name, heading):
+    lines = [f"{heading} Built-in 2-D examples", "",
+             "One trajectory per attention type: the moment ODEs integrated with "
+             "`gaussian_pde.solve` (DOP853, factor form); data in `trajectories.npz` "
+             "(`<type>_t`, `<type>_mean`, `<type>_cov`).", "",
+             "| attention | status | t_final | blow-up time | final eigenvalues of Sigma |",
+             "|---|---|---|---|---|"]
+    for name, sol in results.items():
+        eig = np.linalg.eigvalsh(sol.cov_final)
+        tb = "-" if sol.t_blowup is None else f"{sol.t_blowup:.8g}"
+        lines.append(f"| {name} | {sol.status} | {sol.t_final:.6g} | {tb} | "
+                     f"{', '.join(f'{e:.4g}' for e in eig)} |")
+    lines += ["", f"![covariance trajectories]({fig_name})", ""]
+    return "\n".join(lines)

@@ -1,0 +1,529 @@
+r"""Gaussian closure of the Transformer PDE where Gaussians are not preserved (MATH.md s. 6).
+
+For a velocity field :math:`\Gamma` (possibly depending on the current Gaussian), project
+the PDE onto Gaussians by matching the first two moments: with
+:math:`X \sim \mathcal N(\alpha, \Sigma)`,
+
+.. math::
+
+    \alpha' = \mathbb E[\Gamma(X)],\qquad
+    \Sigma' = \mathbb E[(X-\alpha)\Gamma(X)^T] + \mathbb E[\Gamma(X)(X-\alpha)^T] .
+
+**Factor form.** Write :math:`X = \alpha + Lz`, :math:`z \sim \mathcal N(0, I)`,
+:math:`\Sigma = LL^T`. Then :math:`\mathbb E[(X-\alpha)\Gamma^T] = L\,\mathbb E[z\Gamma^T]`
+and
+
+.. math:: L' = G := \mathbb E[\Gamma(\alpha + Lz)\,z^T]
+
+gives :math:`LL'^T + L'L^T = \Sigma'`. By Stein's lemma :math:`G = \mathbb E[J_\Gamma(X)]\,L`,
+so for an affine field :math:`b + Mx` this is the exact :math:`L' = ML` of
+:func:`gaussian_pde.solve`; in general the covariance stays symmetric positive
+semi-definite and its rank cannot grow, whatever the integration error.
+
+**Quadrature.** The expectations use the tensor Gauss-Hermite rule of
+:mod:`gaussian_pde.closure._quadrature` with ``n_per_dim`` nodes per dimension (the accuracy knob,
+exact for polynomials of degree ``2 * n_per_dim - 1`` in each coordinate). Components
+with closed forms (affine fields, ReLU/GELU MLPs, sigmoid attention via Stein's lemma in
+the one-dimensional score variable) override the quadrature.
+
+Fields are small objects (:class:`Field`) that add up (``attn + mlp``) into a block; see
+:mod:`gaussian_pde.closure._blocks` for the feed-forward and normalisation components.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import warnings
+
+import numpy as np
+from scipy.integrate import solve_ivp
+from scipy.special import expit, logsumexp, ndtr, ndtri
+
+from .._common.linalg import psd_sqrt
+from .._common.validation import (
+    validate_covariance,
+    validate_int,
+    validate_positive,
+    validate_quadrature,
+    validate_same_dimension,
+    validate_t_eval,
+    validate_t_span,
+    validate_tolerance,
+    validate_vector,
+)
+from ..attention._base import Attention
+from ..integrate._solve import MomentSolution, Status
+from ._quadrature import gauss_hermite_gaussian
+
+__all__ = [
+    "Field",
+    "FieldSum",
+    "AttentionField",
+    "as_field",
+    "closure_terms",
+    "closure_moment_rhs",
+    "solve_closure",
+    "logistic_normal_moments",
+    "standard_nodes",
+    "DEFAULT_N_PER_DIM",
+]
+
+#: default Gauss-Hermite nodes per dimension of the closure
+DEFAULT_N_PER_DIM = 8
+
+
+@functools.lru_cache(maxsize=64)
+def _standard_nodes_cached(d, m):
+    z, w = gauss_hermite_gaussian(np.zeros(d), np.eye(d), m)
+    z.setflags(write=False)
+    w.setflags(write=False)
+    return z, w
+
+
+def standard_nodes(d, n_per_dim):
+    r"""Gauss-Hermite nodes ``(m**d, d)`` and weights of :math:`\mathcal N(0, I_d)` (cached)."""
+    m = validate_quadrature(n_per_dim, "n_per_dim", d=d)
+    return _standard_nodes_cached(int(d), m)
+
+
+# --------------------------------------------------------------------------------------
+# fields
+
+
+class Field(abc.ABC):
+    r"""A velocity field :math:`\Gamma[\mu](x)` evaluated against a Gaussian or particles.
+
+    Subclasses implement
+
+    ``__call__(mean, cov, x)``
+        the mean-field velocity :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x)` at points
+        ``x`` of shape ``(n, d)``;
+    ``particle(x, positions=None)``
+        the particle velocity :math:`\Gamma[\mu_n](x_i)` of the empirical measure of ``x``;
+
+    and may override ``affine(mean, cov)`` (``(b, M)`` when the field is exactly
+    :math:`b + Mx`, else ``None``) and ``closure_terms(mean, L, n_per_dim)`` (closed forms).
+    Fields add: ``f + g`` is the field :math:`\Gamma_f + \Gamma_g`.
+    """
+
+    #: token dimension
+    d: int
+
+    @abc.abstractmethod
+    def __call__(self, mean, cov, x):
+        """Mean-field velocity against N(mean, cov) at points ``x`` (n, d)."""
+
+    @abc.abstractmethod
+    def particle(self, x, positions=None):
+        """Particle velocity of the empirical measure of ``x`` (n, d)."""
+
+    def affine(self, mean, cov):
+        r"""``(b, M)`` if the field against :math:`\mathcal N(\alpha,\Sigma)` is :math:`b + Mx`, else ``None``."""
+        return None
+
+    def closure_terms(self, mean, L, n_per_dim):
+        r""":math:`(\mathbb E[\Gamma(X)],\ G = \mathbb E[\Gamma(\alpha + Lz)z^T])`, unchecked.
+
+        The default uses the affine form when there is one, else the tensor Gauss-Hermite
+        rule in :math:`z`.
+        """
+        cov = L @ L.T
+        aff = self.affine(mean, cov)
+        if aff is not None:
+            b, M = aff
+            return b + M @ mean, M @ L
+        Z, W = standard_nodes(L.shape[1], n_per_dim)
+        X = mean + Z @ L.T
+        Gam = self(mean, cov, X)
+        return W @ Gam, (Gam * W[:, None]).T @ Z
+
+    def __add__(self, other):
+        if not isinstance(other, (Field, Attention)):
+            return NotImplemented
+        return FieldSum([self, other])
+
+    def __radd__(self, other):
+        if not isinstance(other, (Field, Attention)):
+            return NotImplemented
+        return FieldSum([other, self])
+
+
+def as_field(obj, name="field"):
+    """An attention object becomes an :class:`AttentionField`; a :class:`Field` is returned as is."""
+    if isinstance(obj, Field):
+        return obj
+    if isinstance(obj, Attention):
+        return AttentionField(obj)
+    raise TypeError(f"`{name}` must be a gaussian_pde field (attention, feed-forward, PreNorm "
+                    f"or a sum of them), got {type(obj).__name__}.")
+
+
+class FieldSum(Field):
+    r"""The sum :math:`\sum_k \Gamma_k` of fields (a user-assembled block).
+
+    Parameters
+    ----------
+    terms : sequence of Field or Attention
+        Non-empty, all with the same token dimension (checked: the error names the term).
+    """
+
+    def __init__(self, terms):
+        flat = []
+        for i, t in enumerate(terms):
+            t = as_field(t, f"terms[{i}]")
+            flat.extend(t.terms if isinstance(t, FieldSum) else [t])
+        self.d = validate_same_dimension(flat, "terms")
+        self.terms = tuple(flat)
+
+    def __call__(self, mean, cov, x):
+        return sum(t(mean, cov, x) for t in self.terms)
+
+    def particle(self, x, positions=None):
+        return sum(t.particle(x, positions) for t in self.terms)
+
+    def affine(self, mean, cov):
+        parts = [t.affine(mean, cov) for t in self.terms]
+        if any(p is None for p in parts):
+            return None
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def closure_terms(self, mean, L, n_per_dim):
+        parts = [t.closure_terms(mean, L, n_per_dim) for t in self.terms]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def __repr__(self):
+        return " + ".join(repr(t) for t in self.terms)
+
+
+# --------------------------------------------------------------------------------------
+# the logistic function of a Gaussian, with an error bound
+
+
+def logistic_normal_moments(m, s, tol=1e-12):
+    r"""Expectations of the logistic function and its derivative of a Gaussian, with an error bound.
+
+    Trapezoidal rule in :math:`t` for :math:`\int f(m + st)\,\varphi(t)\,dt`, with
+    :math:`f = \sigma` or :math:`\sigma' = \sigma(1-\sigma)`. Both are analytic and bounded by
+    1 in the strip :math:`|\operatorname{Im} w| \le \pi/2` (:math:`|1 + e^{-w}| \ge 1` there),
+    so the integrand is analytic in :math:`|\operatorname{Im} t| < a = \min(\pi/(2 s), 2)`
+    with :math:`\int |f\varphi|(t \pm ia)\,dt \le e^{a^2/2} =: M`. The infinite trapezoidal
+    sum with step :math:`h` then errs by at most :math:`2M/(e^{2\pi a/h} - 1)`
+    (Trefethen and Weideman, SIAM Review 56 (2014), Thm 5.1); truncating it at
+    :math:`|t| \le T` adds at most :math:`h\sum_{|t_k|>T}\varphi(t_k) \le 2\Phi(-(T - h))`.
+    ``h`` and ``T`` are chosen so that the sum of both is below ``tol``.
+
+    Parameters
+    ----------
+    m, s : array_like
+        Means and standard deviations (``s >= 0``), broadcast together.
+    tol : float
+        Absolute error bound to meet, in ``(0, 1e-3]``.
+
+    Returns
+    -------
+    e_sig, e_dsig : ndarray
+        The two expectations.
+    bound : float
+        A rigorous bound on the absolute quadrature error of each (rounding aside).
+    """
+    tol = validate_tolerance(tol, "tol", upper=1e-3 + 1e-18)
+    m, s = np.broadcast_arrays(np.asarray(m, float), np.asarray(s, float))
+    if np.any(s < 0) or not np.all(np.isfinite(s)) or not np.all(np.isfinite(m)):
+        raise ValueError("`s` must be finite and non-negative and `m` finite.")
+    s_max = float(np.max(s, initial=0.0))
+    a = min(np.pi / (2 * s_max), 2.0) if s_max > 0 else 2.0
+    M = np.exp(a * a / 2)
+    h = 2 * np.pi * a / np.log1p(4 * M / tol)
+    T = -ndtri(tol / 4) + h
+    k = np.arange(-np.ceil(T / h), np.ceil(T / h) + 1)
+    t = k * h
+    wt = h * np.exp(-0.5 * t * t) / np.sqrt(2 * np.pi)
+    disc = 2 * M / np.expm1(2 * np.pi * a / h)
+    trunc = 2 * ndtr(-(k[-1] * h - h))
+    z = m[..., None] + s[..., None] * t
+    sig = expit(z)
+    e_sig = sig @ wt
+    e_dsig = (sig * (1 - sig)) @ wt
+    return e_sig, e_dsig, float(disc + trunc)
+
+
+# --------------------------------------------------------------------------------------
+# attention fields
+
+
+class AttentionField(Field):
+    r"""The velocity field of an attention type as a :class:`Field`.
+
+    * Gaussian-preserving types (softmax, L2, Sinkhorn, multi-head): the exact affine field
+      :math:`b + Mx` of the attention's hooks, unless ``n_inner`` is given;
+    * ``n_inner`` (Gaussian-preserving types): the field computed from its definition
+      (MATH.md section 2) with the measure replaced by its ``n_inner``-per-dimension
+      Gauss-Hermite rule (Sinkhorn: weighted log-domain Sinkhorn on the nodes, then the
+      conditional law of ``y`` given any ``x``). A check of the closure engine, not a way to
+      compute: it converges to the affine field as ``n_inner`` grows;
+    * sigmoid: by Stein's lemma in the score :math:`z = y^TAx + b \sim
+      \mathcal N(\alpha^TAx + b,\ x^TA^T\Sigma Ax)`,
+
+      .. math:: \Gamma(x) = V\big(\alpha\,\mathbb E[\sigma(z)] + \Sigma A x\,\mathbb E[\sigma'(z)]\big),
+
+      the one-dimensional expectations by :func:`logistic_normal_moments` (error bound
+      ``logistic_tol``);
+    * masked attention needs positions: use :mod:`gaussian_pde.closure._masked`.
+    """
+
+    def __init__(self, attention, *, n_inner=None, logistic_tol=1e-12):
+        if not isinstance(attention, Attention):
+            raise TypeError(f"`attention` must be an attention object, got "
+                            f"{type(attention).__name__}.")
+        if attention.uses_positions:
+            raise TypeError(f"`attention` ({attention.name}) uses token positions; use "
+                            "gaussian_pde.closure._masked for its block-causal closure.")
+        if n_inner is not None:
+            n_inner = validate_quadrature(n_inner, "n_inner", d=attention.d)
+            if not attention.gaussian_preserving:
+                raise ValueError("`n_inner` applies to Gaussian-preserving attention only.")
+        self.attention = attention
+        self.d = attention.d
+        self.n_inner = n_inner
+        self.logistic_tol = validate_tolerance(logistic_tol, "logistic_tol", upper=1e-3 + 1e-18)
+
+    def __repr__(self):
+        return f"AttentionField({self.attention!r})"
+
+    def affine(self, mean, cov):
+        att = self.attention
+        if att.gaussian_preserving and self.n_inner is None:
+            return att.field_offset(mean, cov), att.field_matrix(cov)
+        return None
+
+    def __call__(self, mean, cov, x):
+        att = self.attention
+        aff = self.affine(mean, cov)
+        if aff is not None:
+            return aff[0] + x @ aff[1].T
+        if att.name == "sigmoid":
+            return self._sigmoid(mean, cov, x)
+        Y, w = gauss_hermite_gaussian(mean, cov, self.n_inner)
+        return _definition_field(att, Y, np.log(w), x)
+
+    def _sigmoid(self, mean, cov, x):
+        att = self.attention
+        A = att.A
+        u = x @ A.T                             # u_i = A x_i
+        m = u @ mean + att.bias
+        s = np.sqrt(np.clip(np.einsum("ij,jk,ik->i", u, cov, u), 0.0, None))
+        e_sig, e_dsig, _ = logistic_normal_moments(m, s, self.logistic_tol)
+        return (e_sig[:, None] * mean + e_dsig[:, None] * (u @ cov)) @ att.V.T
+
+    def particle(self, x, positions=None):
+        return self.attention.particle_velocity(x)[0]
+
+
+def _scores(att, X, Y):
+    """Score matrix ``S[i, j] = s(x_i, y_j)`` of a single head."""
+    if att.name == "l2":
+        qx, ky = X @ att.Q.T, Y @ att.K.T
+        return -att.scale * (np.sum(qx**2, 1)[:, None] - 2 * qx @ ky.T + np.sum(ky**2, 1)[None])
+    return X @ att.A.T @ Y.T
+
+
+def _definition_field(att, Y, logw, X):
+    """Mean-field velocity from the definition, the measure being ``sum_j w_j delta_{y_j}``."""
+    if att.name == "multihead":
+        return sum(_definition_field(h, Y, logw, X) for h in att.heads)
+    if att.name in ("softmax", "l2"):
+        S = _scores(att, X, Y) + logw
+    elif att.name == "sinkhorn":
+        g = _sinkhorn_potential(_scores(att, Y, Y), logw)
+        S = _scores(att, X, Y) + g + logw
+    else:
+        raise TypeError(f"no quadrature definition for attention type {att.name!r}.")
+    P = np.exp(S - logsumexp(S, axis=1, keepdims=True))
+    return (P @ Y) @ att.V.T
+
+
+def _sinkhorn_potential(S, logw, tol=1e-13, max_iter=20_000):
+    r"""Column potential ``g`` of the weighted entropic self-coupling :math:`e^{S_{ij} + f_i + g_j} w_iw_j`."""
+    f = np.zeros(S.shape[0])
+    g = np.zeros(S.shape[1])
+    for _ in range(max_iter):
+        f = -logsumexp(S + g + logw, axis=1)
+        g_new = -logsumexp(S.T + f + logw, axis=1)
+        if np.max(np.abs(g_new - g)) < tol:
+            return g_new
+        g = g_new
+    return g
+
+
+# --------------------------------------------------------------------------------------
+# closure right-hand side and solver
+
+
+def closure_terms(field, mean, L, n_per_dim=DEFAULT_N_PER_DIM):
+    r"""Factor-form closure: :math:`(\alpha', L') = (\mathbb E\Gamma(X), \mathbb E[\Gamma(\alpha+Lz)z^T])`.
+
+    Parameters
+    ----------
+    field : Field or Attention
+        The velocity field.
+    mean : array_like, shape (d,)
+        Mean of the Gaussian.
+    L : array_like, shape (d, r)
+        Factor of the covariance, :math:`\Sigma = LL^T`.
+    n_per_dim : int
+        Gauss-Hermite nodes per dimension, 2..40.
+    """
+    field = as_field(field)
+    mean = validate_vector(mean, "mean", size=field.d)
+    L = np.asarray(L, dtype=float)
+    if L.ndim != 2 or L.shape[0] != field.d:
+        raise ValueError(f"`L` must have shape ({field.d}, r), got {L.shape}.")
+    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=L.shape[1])
+    return field.closure_terms(mean, L, n_per_dim)
+
+
+def closure_moment_rhs(field, mean, cov, n_per_dim=DEFAULT_N_PER_DIM):
+    r"""Gaussian-closure right-hand side :math:`(\alpha', \Sigma')`.
+
+    .. math::
+
+        \alpha' = \mathbb E[\Gamma(X)],\qquad
+        \Sigma' = \mathbb E[(X-\alpha)\Gamma(X)^T] + \mathbb E[\Gamma(X)(X-\alpha)^T],
+        \qquad X\sim\mathcal N(\alpha,\Sigma),
+
+    computed as :math:`\Sigma' = LG^T + GL^T` with :math:`L = \Sigma^{1/2}` (any factor
+    gives the same :math:`\Sigma'`). For an affine field it equals
+    ``attention.moment_rhs(mean, cov)``.
+
+    Parameters
+    ----------
+    field : Field or Attention
+        The velocity field.
+    mean : array_like, shape (d,)
+        Mean of the Gaussian.
+    cov : array_like, shape (d, d)
+        Symmetric PSD.
+    n_per_dim : int
+        Gauss-Hermite nodes per dimension (2..40; exact to degree ``2 n_per_dim - 1``).
+
+    Returns
+    -------
+    dmean : ndarray, shape (d,)
+    dcov : ndarray, shape (d, d), symmetric
+    """
+    field = as_field(field)
+    mean = validate_vector(mean, "mean", size=field.d)
+    cov = validate_covariance(cov, "cov", d=field.d)
+    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=field.d)
+    L = psd_sqrt(cov)
+    dm, G = field.closure_terms(mean, L, n_per_dim)
+    C = L @ G.T
+    return dm, C + C.T
+
+
+def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
+                  method="RK45", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
+                  max_nfev=50_000):
+    r"""Integrate the Gaussian-closure ODEs in factor form.
+
+    .. math:: \alpha' = \mathbb E[\Gamma(X)],\qquad L' = \mathbb E[\Gamma(\alpha + Lz)\,z^T],
+              \qquad \Sigma = LL^T .
+
+    Speaks :func:`gaussian_pde.solve`'s language: ``t_span``, ``t_eval``, ``rtol``,
+    ``atol`` (solver units: entries of the mean and of ``L``), and returns a
+    :class:`gaussian_pde.MomentSolution` with status ``"finished"``, ``"blowup"`` (tr Sigma
+    passed ``blowup_threshold`` times its initial value; ``t_blowup`` is extrapolated from
+    :math:`u = 1/\operatorname{tr}\Sigma`, :math:`t^* \approx t - u/u'`) or ``"failed"``.
+
+    Parameters
+    ----------
+    field : Field or Attention
+        Velocity field (a block, an attention, ...).
+    mean0 : array_like, shape (d,)
+        Initial mean.
+    cov0 : array_like, shape (d, d)
+        Initial covariance (symmetric PSD, any rank).
+    t_span : (float, float)
+        Interval of integration.
+    t_eval : array_like, optional
+        Output times within ``t_span``.
+    n_per_dim : int
+        Gauss-Hermite nodes per dimension (2..40).
+    method : str
+        A :func:`scipy.integrate.solve_ivp` method.
+    rtol, atol, blowup_threshold : float
+        Tolerances and blow-up threshold (see above).
+    max_nfev : int
+        Give up (``"failed"``) after this many right-hand-side evaluations.
+    """
+    field = as_field(field)
+    d = field.d
+    mean0 = validate_vector(mean0, "mean0", size=d)
+    cov0 = validate_covariance(cov0, "cov0", d=d)
+    t0, t1 = validate_t_span(t_span)
+    t_eval = validate_t_eval(t_eval, t0, t1)
+    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
+    rtol = validate_tolerance(rtol, "rtol")
+    atol = validate_positive(atol, "atol")
+    blowup_threshold = validate_positive(blowup_threshold, "blowup_threshold")
+    if blowup_threshold <= 1:
+        raise ValueError(f"`blowup_threshold` must be greater than 1, got {blowup_threshold}.")
+    max_nfev = validate_int(max_nfev, "max_nfev", minimum=1)
+    L0 = psd_sqrt(cov0)
+    tr0 = max(float(np.trace(cov0)), np.finfo(float).tiny)
+    nfev = [0]
+
+    class _Stop(Exception):
+        pass
+
+    def rhs(t, y):
+        nfev[0] += 1
+        if nfev[0] > max_nfev:
+            raise _Stop(t)
+        m, L = y[:d], y[d:].reshape(d, d)
+        dm, G = field.closure_terms(m, L, n_per_dim)
+        return np.concatenate([dm, G.ravel()])
+
+    def blowup(t, y):
+        L = y[d:]
+        return np.log(max(float(L @ L), 1e-300)) - np.log(blowup_threshold * tr0)
+
+    blowup.terminal, blowup.direction = True, 1.0
+    y0 = np.concatenate([mean0, L0.ravel()])
+    status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = solve_ivp(rhs, (t0, t1), y0, method=method, t_eval=t_eval, rtol=rtol,
+                            atol=atol, events=[blowup])
+    except _Stop as exc:
+        raise RuntimeError(f"closure integration exceeded `max_nfev` = {max_nfev} near "
+                           f"t = {float(exc.args[0]):.6g}") from None
+    if res.status == -1:
+        status, message = Status.FAILED, res.message
+    elif res.status == 1 and res.t_events[0].size:
+        te, ye = float(res.t_events[0][0]), res.y_events[0][0]
+        L = ye[d:].reshape(d, d)
+        _, G = field.closure_terms(ye[:d], L, n_per_dim)
+        tr, dtr = float(np.sum(L * L)), 2 * float(np.sum(L * G))
+        t_blowup = te + tr / dtr if dtr > 0 else None
+        status = Status.BLOWUP
+        message = (f"tr(cov) passed {blowup_threshold:.3g} x its initial value at "
+                   f"t = {te:.10g}" + ("" if t_blowup is None else
+                                       f"; estimated blow-up time t* = {t_blowup:.10g}"))
+    Y = res.y.T
+    if Y.shape[0] == 0:
+        Y = y0[None]
+        ts = np.array([t0])
+    else:
+        ts = res.t
+    Ls = Y[:, d:].reshape(-1, d, d)
+    covs = Ls @ np.swapaxes(Ls, -1, -2)
+    yf = res.y_events[0][0] if status == Status.BLOWUP else Y[-1]
+    Lf = yf[d:].reshape(d, d)
+    tf = float(res.t_events[0][0]) if status == Status.BLOWUP else float(ts[-1])
+    return MomentSolution(t=ts, mean=Y[:, :d], cov=covs, factor=Ls, status=status,
+                          message=message, t_blowup=t_blowup, t_final=tf,
+                          mean_final=yf[:d].copy(), cov_final=Lf @ Lf.T,
+                          t_events={"blowup": np.asarray(res.t_events[0])}, nfev=nfev[0])

@@ -1,0 +1,501 @@
+r"""Particle Monte Carlo for the Transformer PDE (MATH.md sections 1 and 8).
+
+The PDE :math:`\partial_t\mu + \nabla\cdot(\mu\,\Gamma[\mu]) = 0` is the mean-field limit
+of the particle system
+
+.. math:: \dot x_i = \Gamma[\mu_n](x_i),\qquad \mu_n = \frac1n\sum_{j=1}^n \delta_{x_j},
+
+with :math:`x_i(0)` drawn i.i.d. from :math:`\mathcal N(\alpha_0, \Sigma_0)`
+(:func:`sample_gaussian`). :func:`simulate_particles` integrates it with an adaptive SciPy
+Runge-Kutta method or fixed-step RK4, using the attention's blocked
+``particle_velocity`` (no ``n x n`` array above the chunk size), and records the
+particles' moments, the effective sample size of the attention weights and, for Sinkhorn,
+the marginal error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import warnings
+
+import numpy as np
+from scipy.integrate import DOP853, RK23, RK45
+from scipy.special import ndtri
+
+from .._common.linalg import psd_sqrt
+from .._common.validation import (
+    validate_covariance,
+    validate_int,
+    validate_particles,
+    validate_positions,
+    validate_positive,
+    validate_t_eval,
+    validate_t_span,
+    validate_tolerance,
+    validate_vector,
+)
+from ..attention._kernels import (
+    ParticleDiagnostics,
+    SinkhornConvergenceWarning,
+    make_options,
+)
+from ..attention._masked import default_positions
+from ..attention._moments import validate_attention
+from ..integrate._solve import Status
+
+__all__ = [
+    "ParticleSolution",
+    "ParticleDegeneracyWarning",
+    "SinkhornConvergenceWarning",
+    "ParticleDiagnostics",
+    "sample_gaussian",
+    "simulate_particles",
+    "excess_kurtosis",
+    "sliced_wasserstein_to_gaussian",
+    "particle_moments",
+]
+
+_ADAPTIVE = {"RK45": RK45, "RK23": RK23, "DOP853": DOP853}
+
+
+class ParticleDegeneracyWarning(UserWarning):
+    r"""The attention weights degenerated: the particles no longer track the mean field.
+
+    Raised when the median effective sample size of the attention weights falls below
+    ``ess_threshold``: each query then averages over only a handful of tokens, the
+    Monte Carlo error of its velocity is of order :math:`1/\sqrt{\mathrm{ESS}}`, not
+    :math:`1/\sqrt n`, and the particle moments leave the Gaussian ODE solution.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class ParticleSolution:
+    r"""Result of :func:`simulate_particles`.
+
+    Attributes
+    ----------
+    t : ndarray, shape (T,)
+        Output times reached (``t_eval`` up to the stopping time).
+    x : ndarray, shape (T, n, d) or None
+        Token positions at ``t``; ``None`` with ``keep_positions=False``.
+    mean : ndarray, shape (T, d)
+        Particle means :math:`\frac1n\sum_i x_i`.
+    cov : ndarray, shape (T, d, d)
+        Particle covariances :math:`\frac1n\sum_i (x_i - \bar x)(x_i - \bar x)^T`
+        (the covariance of the empirical measure).
+    ess : ndarray, shape (T, 2)
+        Minimum and median over queries of the effective sample size
+        :math:`(\sum_j w_{ij})^2/\sum_j w_{ij}^2` of the attention weights.
+    sinkhorn_error : ndarray, shape (T,) or None
+        Sinkhorn column marginal error :math:`\max_j|n\sum_i\pi_{ij} - 1|` at ``t``.
+    kurtosis : ndarray, shape (T,)
+        Largest absolute excess kurtosis along the principal directions
+        (:func:`excess_kurtosis`; 0 for a Gaussian, Monte Carlo error about
+        :math:`\sqrt{24/n}`).
+    status : Status
+        ``"finished"``, ``"blowup"`` (trace of the covariance passed ``blowup_threshold``
+        times its initial value) or ``"failed"`` (non-finite state, solver failure or
+        ``max_steps``), the words of :func:`gaussian_pde.solve`.
+    message : str
+        Human-readable reason.
+    t_final : float
+        Time of the last state (need not be in ``t``).
+    x_final : ndarray, shape (n, d)
+        Last state.
+    positions : ndarray, shape (n,) or None
+        Sequence positions (masked attention).
+    nfev : int
+        Velocity evaluations for the time integration (diagnostic evaluations at the
+        output times not included).
+    sinkhorn_max_error : float or None
+        Largest Sinkhorn marginal error over all evaluations.
+    """
+
+    t: np.ndarray
+    x: np.ndarray | None
+    mean: np.ndarray
+    cov: np.ndarray
+    ess: np.ndarray
+    sinkhorn_error: np.ndarray | None
+    kurtosis: np.ndarray
+    status: Status
+    message: str
+    t_final: float
+    x_final: np.ndarray
+    positions: np.ndarray | None
+    nfev: int
+    sinkhorn_max_error: float | None
+
+    @property
+    def success(self) -> bool:
+        """``False`` only when the integration failed."""
+        return self.status != Status.FAILED
+
+    @property
+    def ess_min(self):
+        """Minimum effective sample size over queries, shape (T,)."""
+        return self.ess[:, 0]
+
+    @property
+    def ess_median(self):
+        """Median effective sample size over queries, shape (T,)."""
+        return self.ess[:, 1]
+
+    @property
+    def n(self) -> int:
+        """Number of tokens."""
+        return self.x_final.shape[0]
+
+
+def _rng(seed):
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
+        return np.random.default_rng(seed)
+    if isinstance(seed, (tuple, list)) and all(isinstance(s, numbers.Integral) for s in seed):
+        return np.random.default_rng(list(seed))
+    raise TypeError(f"`seed` must be an int, a sequence of ints, a numpy Generator or None, "
+                    f"got {type(seed).__name__}.")
+
+
+def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
+    r"""Draw tokens :math:`x_i \sim \mathcal N(\alpha(\tau_i), \Sigma)`, i.i.d.
+
+    Parameters
+    ----------
+    mean : array_like, shape (d,), or callable
+        The mean :math:`\alpha`; or a function ``mean(positions) -> (n, d)`` giving a
+        position-dependent mean :math:`\alpha(\tau)` (for masked attention).
+    cov : array_like, shape (d, d)
+        Covariance, symmetric positive semi-definite (any rank: samples lie in
+        :math:`\alpha + \operatorname{range}\Sigma`).
+    n : int
+        Number of tokens, at least 2.
+    seed : int, sequence of int, numpy.random.Generator or None
+        Seed: the same seed gives the same tokens.
+    positions : array_like, shape (n,), optional
+        Sequence positions in ``[0, 1]`` passed to a callable ``mean``; default
+        :math:`(i + 1/2)/n`, the default of :func:`simulate_particles`.
+
+    Returns
+    -------
+    ndarray, shape (n, d)
+        :math:`x_i = \alpha(\tau_i) + \Sigma^{1/2} z_i`, :math:`z_i \sim \mathcal N(0, I)`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gaussian_pde.particles._simulate import sample_gaussian
+    >>> sample_gaussian(np.zeros(2), np.eye(2), n=1000, seed=0).shape
+    (1000, 2)
+    """
+    n = validate_int(n, "n", minimum=2)
+    cov = validate_covariance(cov, "cov")
+    d = cov.shape[0]
+    if callable(mean):
+        tau = default_positions(n) if positions is None else validate_positions(positions, n)
+        mu = validate_particles(mean(tau), "mean(positions)", d=d, min_count=n)
+        if mu.shape[0] != n:
+            raise ValueError(f"`mean(positions)` must have shape ({n}, {d}), got {mu.shape}.")
+    else:
+        if positions is not None:
+            validate_positions(positions, n)
+        mu = validate_vector(mean, "mean", size=d)
+    z = _rng(seed).standard_normal((n, d))
+    return mu + z @ psd_sqrt(cov)
+
+
+def particle_moments(x):
+    r"""Mean and covariance of the empirical measure, :math:`\frac1n\sum_i` (not ``n - 1``)."""
+    x = np.asarray(x, dtype=float)
+    m = x.mean(axis=-2)
+    xc = x - m[..., None, :]
+    cov = np.swapaxes(xc, -1, -2) @ xc / x.shape[-2]
+    return m, 0.5 * (cov + np.swapaxes(cov, -1, -2))
+
+
+def _principal(x, rtol=1e-8):
+    m, cov = particle_moments(x)
+    w, U = np.linalg.eigh(cov)
+    keep = w > rtol * max(w[-1], 1e-300)
+    return m, w[keep], U[:, keep]
+
+
+def excess_kurtosis(x, rtol=1e-8):
+    r"""Largest absolute excess kurtosis of the tokens along their principal directions.
+
+    With :math:`u_k` the eigenvectors of the particle covariance (eigenvalues
+    :math:`\lambda_k` above ``rtol`` times the largest) and
+    :math:`z_{ik} = u_k^T(x_i - \bar x)/\sqrt{\lambda_k}`,
+
+    .. math:: \kappa = \max_k \Big|\frac1n\sum_i z_{ik}^4 - 3\Big| ,
+
+    zero for a Gaussian up to Monte Carlo error (standard deviation :math:`\sqrt{24/n}`).
+    """
+    m, w, U = _principal(x, rtol)
+    if w.size == 0:
+        return 0.0
+    z = (x - m) @ U / np.sqrt(w)
+    return float(np.max(np.abs(np.mean(z**4, axis=0) - 3.0)))
+
+
+def sliced_wasserstein_to_gaussian(x, n_directions=64, seed=0, rtol=1e-8):
+    r"""Sliced Wasserstein-2 distance of the whitened tokens to the standard Gaussian.
+
+    The tokens are whitened with their own mean and covariance on its range (rank ``r``),
+    :math:`z_i = \Lambda^{-1/2}U^T(x_i - \bar x)`, and projected on ``n_directions``
+    random unit vectors :math:`\theta` of :math:`\mathbb R^r`; in one dimension
+    :math:`W_2` to :math:`\mathcal N(0,1)` is the distance of the sorted projections to the
+    normal quantiles :math:`\Phi^{-1}((i - 1/2)/n)`:
+
+    .. math::
+
+        SW_2 = \Big(\frac{1}{L}\sum_{\ell}\frac1n\sum_{i}
+        \big(\theta_\ell^T z_{(i)} - \Phi^{-1}(\tfrac{i - 1/2}{n})\big)^2\Big)^{1/2}.
+
+    It is scale-free (0 for a Gaussian cloud up to a Monte Carlo floor of order
+    :math:`n^{-1/2}`, the value at ``t = 0``) and sees non-Gaussian shape that the moments
+    miss.
+    """
+    m, w, U = _principal(x, rtol)
+    if w.size == 0:
+        return 0.0
+    z = (x - m) @ U / np.sqrt(w)
+    theta = np.random.default_rng(seed).standard_normal((w.size, n_directions))
+    theta /= np.linalg.norm(theta, axis=0)
+    proj = np.sort(z @ theta, axis=0)
+    n = x.shape[0]
+    q = ndtri((np.arange(n) + 0.5) / n)
+    return float(np.sqrt(np.mean((proj - q[:, None]) ** 2)))
+
+
+def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=None,
+                       rtol=1e-6, atol=1e-8, positions=None, chunk_size=None,
+                       dtype=np.float64, keep_positions=True, blowup_threshold=1e8,
+                       max_steps=10_000, sinkhorn_tol=None, sinkhorn_max_iter=1000,
+                       ess_threshold=10.0, warn=True):
+    r"""Integrate the particle system :math:`\dot x_i = \Gamma[\mu_n](x_i)`.
+
+    Parameters
+    ----------
+    attention : Attention
+        Any attention type (softmax, L2, Sinkhorn, multi-head, sigmoid, masked).
+    x0 : array_like, shape (n, d)
+        Initial tokens (:func:`sample_gaussian`), finite, ``n >= 2``.
+    t_span : (float, float)
+        Interval of integration.
+    t_eval : array_like, optional
+        Output times within ``t_span``, increasing; default 51 equally spaced times.
+    method : {"RK45", "RK23", "DOP853", "rk4"}
+        An adaptive explicit SciPy Runge-Kutta method, or classical fixed-step RK4.
+    dt : float, optional
+        RK4 step (default ``(t1 - t0)/100``); each interval between output times is cut
+        into equal steps no longer than ``dt``. For adaptive methods: the largest step.
+    rtol, atol : float
+        Tolerances of the adaptive methods on the token coordinates.
+    positions : array_like, shape (n,), optional
+        Sequence positions in ``[0, 1]`` (masked attention); default :math:`(i+1/2)/n`.
+    chunk_size : int, optional
+        Query rows per attention tile (default 512), at least 1.
+    dtype : numpy.float64 or numpy.float32
+        Precision of the attention tiles (the state is always float64).
+    keep_positions : bool
+        Store the tokens at every output time (``(T, n, d)`` floats).
+    blowup_threshold : float
+        Stop with status ``"blowup"`` when :math:`\operatorname{tr}\Sigma_n` exceeds this
+        multiple of its initial value.
+    max_steps : int
+        Give up (status ``"failed"``) after this many time steps.
+    sinkhorn_tol, sinkhorn_max_iter : float, int
+        Sinkhorn scaling tolerance on the column marginal error and iteration cap; a
+        :class:`SinkhornConvergenceWarning` reports the achieved error when the cap is hit.
+    ess_threshold : float
+        Warn (:class:`ParticleDegeneracyWarning`) when the median effective sample size
+        of the attention weights falls below this number of tokens.
+    warn : bool
+        Issue the warnings above (``compare`` collects them itself).
+
+    Returns
+    -------
+    ParticleSolution
+        ``t``, ``x``, ``mean``, ``cov``, ``ess``, ``status``, ``message``, ...
+
+    Examples
+    --------
+    >>> import numpy as np, gaussian_pde as gp
+    >>> from gaussian_pde.particles._simulate import sample_gaussian, simulate_particles
+    >>> att = gp.Softmax(np.eye(2), -np.eye(2), np.eye(2))
+    >>> x0 = sample_gaussian(np.zeros(2), np.eye(2), n=200, seed=0)
+    >>> ps = simulate_particles(att, x0, (0, 1), t_eval=[0, 0.5, 1], method="rk4", dt=0.1)
+    >>> ps.status, ps.mean.shape, ps.cov.shape
+    (<Status.FINISHED: 'finished'>, (3, 2), (3, 2, 2))
+    """
+    validate_attention(attention, gaussian=False)
+    d = attention.d
+    x0 = validate_particles(x0, "x0", d=d)
+    n = x0.shape[0]
+    t0, t1 = validate_t_span(t_span)
+    t_eval = validate_t_eval(t_eval, t0, t1)
+    if t_eval is None:
+        t_eval = np.linspace(t0, t1, 51)
+    if not isinstance(method, str) or method not in (*_ADAPTIVE, "rk4"):
+        raise ValueError(f"`method` must be one of {sorted(_ADAPTIVE) + ['rk4']}, "
+                         f"got {method!r}.")
+    if dt is not None:
+        dt = validate_positive(dt, "dt")
+    rtol = validate_tolerance(rtol, "rtol")
+    atol = validate_positive(atol, "atol")
+    blowup_threshold = validate_positive(blowup_threshold, "blowup_threshold")
+    if blowup_threshold <= 1:
+        raise ValueError(f"`blowup_threshold` must be greater than 1, got {blowup_threshold}.")
+    max_steps = validate_int(max_steps, "max_steps", minimum=1)
+    ess_threshold = validate_positive(ess_threshold, "ess_threshold", allow_zero=True)
+    if positions is None and attention.uses_positions:
+        positions = default_positions(n)
+    state = {}
+    opts = make_options(n, positions=positions, chunk_size=chunk_size, dtype=dtype,
+                        state=state, sinkhorn_tol=sinkhorn_tol,
+                        sinkhorn_max_iter=sinkhorn_max_iter, warn=False)
+    diag_opts = dataclasses.replace(opts, want_ess=True)
+
+    counters = {"nfev": 0, "max_err": None, "unconverged": None}
+
+    def note(diag):
+        err = diag.marginal_error
+        if err is not None:
+            counters["max_err"] = err if counters["max_err"] is None else max(
+                counters["max_err"], err)
+            if not diag.converged and counters["unconverged"] is None:
+                counters["unconverged"] = err
+
+    def fun(t, y):
+        counters["nfev"] += 1
+        v, diag = attention._particle_velocity(y.reshape(n, d), opts)
+        note(diag)
+        return v.ravel()
+
+    rec = {"t": [], "x": [], "mean": [], "cov": [], "ess": [], "err": [], "kurt": []}
+
+    def record(t, y):
+        x = y.reshape(n, d)
+        m, c = particle_moments(x)
+        _, diag = attention._particle_velocity(x, diag_opts)
+        note(diag)
+        rec["t"].append(t)
+        rec["mean"].append(m)
+        rec["cov"].append(c)
+        rec["ess"].append((np.min(diag.ess), np.median(diag.ess)))
+        rec["err"].append(np.nan if diag.marginal_error is None else diag.marginal_error)
+        rec["kurt"].append(excess_kurtosis(x))
+        if keep_positions:
+            rec["x"].append(x.copy())
+
+    tr0 = max(float(np.trace(particle_moments(x0)[1])), np.finfo(float).tiny)
+
+    def check(t, y):
+        """Status after reaching ``(t, y)``: None to go on."""
+        if not np.all(np.isfinite(y)):
+            return Status.FAILED, f"non-finite token positions at t = {t:.10g}"
+        tr = float(np.trace(particle_moments(y.reshape(n, d))[1]))
+        if tr > blowup_threshold * tr0:
+            return Status.BLOWUP, (f"blow-up: tr(cov) passed {blowup_threshold:.3g} x its "
+                                   f"initial value at t = {t:.10g}")
+        return None
+
+    y = x0.ravel().copy()
+    t_cur = t0
+    status, message = Status.FINISHED, "reached the end of t_span"
+    idx = 0
+    if t_eval[0] == t0:
+        record(t0, y)
+        idx = 1
+    steps = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SinkhornConvergenceWarning)
+        if method == "rk4":
+            h_max = (t1 - t0) / 100 if dt is None else dt
+            stop = None
+            for te in t_eval[idx:]:
+                m_steps = max(1, int(np.ceil((te - t_cur) / h_max - 1e-9)))
+                h = (te - t_cur) / m_steps
+                for k in range(m_steps):
+                    k1 = fun(t_cur, y)
+                    k2 = fun(t_cur + h / 2, y + h / 2 * k1)
+                    k3 = fun(t_cur + h / 2, y + h / 2 * k2)
+                    k4 = fun(t_cur + h, y + h * k3)
+                    y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+                    t_cur = te if k == m_steps - 1 else t_cur + h
+                    steps += 1
+                    stop = check(t_cur, y)
+                    if stop is None and steps >= max_steps and t_cur < t_eval[-1]:
+                        stop = Status.FAILED, f"gave up after `max_steps` = {max_steps} steps"
+                    if stop is not None:
+                        break
+                if stop is not None:
+                    status, message = stop
+                    if status == Status.BLOWUP and t_cur == te:
+                        record(te, y)
+                    break
+                record(te, y)
+        else:
+            solver = _ADAPTIVE[method](fun, t0, y, t1, rtol=rtol, atol=atol,
+                                       max_step=np.inf if dt is None else dt)
+            while idx < t_eval.size and solver.status == "running":
+                solver.step()
+                steps += 1
+                if solver.status == "failed":
+                    status, message = Status.FAILED, f"solver failed: {solver.status}"
+                    break
+                stop = check(solver.t, solver.y)
+                if stop is not None and stop[0] == Status.FAILED:
+                    status, message = stop
+                    break
+                sol = solver.dense_output()
+                while idx < t_eval.size and t_eval[idx] <= solver.t:
+                    ye = sol(t_eval[idx])
+                    if stop is not None and check(t_eval[idx], ye) is not None:
+                        break
+                    record(t_eval[idx], ye)
+                    idx += 1
+                t_cur, y = solver.t, solver.y
+                if stop is not None:
+                    status, message = stop
+                    break
+                if steps >= max_steps and idx < t_eval.size:
+                    status = Status.FAILED
+                    message = f"gave up after `max_steps` = {max_steps} steps"
+                    break
+            else:
+                t_cur, y = solver.t, solver.y
+
+    ess = np.array(rec["ess"], dtype=float).reshape(-1, 2)
+    is_sinkhorn = counters["max_err"] is not None
+    if warn and counters["unconverged"] is not None:
+        warnings.warn(
+            f"Sinkhorn scaling did not converge within `sinkhorn_max_iter` = "
+            f"{opts.sinkhorn_max_iter} iterations: column marginal error reached "
+            f"{counters['max_err']:.3g} > `sinkhorn_tol` = {opts.sinkhorn_tol:.3g}.",
+            SinkhornConvergenceWarning, stacklevel=2)
+    if warn and ess.size:
+        low = np.flatnonzero(ess[:, 1] < ess_threshold)
+        if low.size:
+            i = low[0]
+            warnings.warn(
+                f"the median effective sample size of the attention weights fell to "
+                f"{ess[i, 1]:.3g} tokens (minimum {ess[i, 0]:.3g}) at t = {rec['t'][i]:.6g}, "
+                f"below `ess_threshold` = {ess_threshold:g}: the particles no longer track "
+                "the mean-field limit.", ParticleDegeneracyWarning, stacklevel=2)
+    T = len(rec["t"])
+    return ParticleSolution(
+        t=np.array(rec["t"], dtype=float),
+        x=np.array(rec["x"]).reshape(T, n, d) if keep_positions else None,
+        mean=np.array(rec["mean"]).reshape(T, d),
+        cov=np.array(rec["cov"]).reshape(T, d, d),
+        ess=ess,
+        sinkhorn_error=np.array(rec["err"]) if is_sinkhorn else None,
+        kurtosis=np.array(rec["kurt"], dtype=float),
+        status=status, message=message, t_final=float(t_cur),
+        x_final=np.asarray(y).reshape(n, d).copy(),
+        positions=None if opts.positions is None else opts.positions.copy(),
+        nfev=counters["nfev"], sinkhorn_max_error=counters["max_err"])

@@ -1,0 +1,366 @@
+r"""Moment ODEs against particle Monte Carlo (MATH.md section 8).
+
+For a Gaussian-preserving attention type the particle system started from
+:math:`x_i \sim \mathcal N(\alpha_0, \Sigma_0)` i.i.d. has moments
+:math:`(\bar x_n(t), \Sigma_n(t))` that converge to the solution :math:`(\alpha(t),
+\Sigma(t))` of the moment ODEs (:func:`gaussian_pde.solve`) with error
+:math:`O(n^{-1/2})`. :func:`compare` measures, per number of tokens ``n``, per seed and per
+time,
+
+* the relative mean error :math:`|\bar x_n - \alpha| / \sqrt{\operatorname{tr}\Sigma}`
+  (relative to the spread: the mean itself may vanish);
+* the relative covariance error :math:`\|\Sigma_n - \Sigma\|_F / \|\Sigma\|_F`;
+* the Bures-Wasserstein distance :math:`W_2(\mathcal N(\bar x_n, \Sigma_n),
+  \mathcal N(\alpha, \Sigma))`, also relative to :math:`\sqrt{\operatorname{tr}\Sigma}`;
+
+and fits the slope of :math:`\log(\text{error})` against :math:`\log n` (about
+:math:`-1/2`). For every type, Gaussian-preserving or not, it measures how far the
+particles are from Gaussian (sliced Wasserstein distance of the whitened tokens to
+:math:`\mathcal N(0, I)` and the excess kurtosis along principal directions) and the
+effective sample size of the attention weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from .._common.gaussian import bures_wasserstein
+from .._common.validation import validate_array, validate_covariance, validate_int, validate_vector
+from ..attention._moments import validate_attention
+from ..integrate._solve import solve
+from ..particles._simulate import (
+    ParticleDegeneracyWarning,
+    SinkhornConvergenceWarning,
+    sample_gaussian,
+    simulate_particles,
+    sliced_wasserstein_to_gaussian,
+)
+
+__all__ = ["CompareReport", "compare", "fit_slope", "mean_field_check_failures"]
+
+#: error metrics with an ODE reference, in the order of the table
+ERROR_METRICS = ("mean_error", "cov_error", "bw", "bw_relative")
+#: metrics defined for every attention type
+SHAPE_METRICS = ("sliced_w2", "kurtosis", "ess_min", "ess_median")
+
+
+def fit_slope(n, err):
+    r"""Least-squares slope of :math:`\log(\text{err})` against :math:`\log n`.
+
+    ``err`` has shape ``(N,)``; non-finite or non-positive entries are left out.
+    Returns NaN with fewer than two usable points.
+    """
+    n = np.asarray(n, dtype=float)
+    err = np.asarray(err, dtype=float)
+    ok = np.isfinite(err) & (err > 0)
+    if ok.sum() < 2:
+        return np.nan
+    return float(np.polyfit(np.log(n[ok]), np.log(err[ok]), 1)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareReport:
+    """Result of :func:`compare`: arrays indexed ``[n, seed, time]``.
+
+    Attributes
+    ----------
+    attention : str
+        Registry name of the attention type.
+    t : ndarray, shape (T,)
+        Output times.
+    n : ndarray, shape (N,)
+        Numbers of tokens.
+    seeds : ndarray, shape (S,)
+        Seeds (run ``(n, seed)`` samples with ``seed=(seed, n)``).
+    ode_mean, ode_cov : ndarray, shape (T, d) and (T, d, d), or None
+        Moment ODE solution (NaN after the ODE stopped); ``None`` for types that do not
+        preserve Gaussians or a position-dependent mean.
+    ode_status : str or None
+        Status of :func:`gaussian_pde.solve`.
+    mean, cov : ndarray, shape (N, S, T, d) and (N, S, T, d, d)
+        Particle moments (NaN after a run stopped).
+    mean_error, cov_error, bw, bw_relative : ndarray, shape (N, S, T) or None
+        Errors against the ODE (see the module docstring); ``None`` without an ODE.
+    sliced_w2, kurtosis : ndarray, shape (N, S, T)
+        Non-Gaussianity of the particles (Gaussian floor: the value at ``t = 0``).
+    ess_min, ess_median : ndarray, shape (N, S, T)
+        Effective sample size of the attention weights, minimum and median over queries.
+    sinkhorn_error : ndarray, shape (N, S, T) or None
+        Sinkhorn column marginal error.
+    status : ndarray of str, shape (N, S)
+        Status of every particle run.
+    slopes : dict
+        Fitted slope of each error metric (time-averaged RMS over seeds) against ``n``.
+    slope_sem : dict
+        Standard error of each slope from the spread of per-seed slopes.
+    """
+
+    attention: str
+    t: np.ndarray
+    n: np.ndarray
+    seeds: np.ndarray
+    ode_mean: np.ndarray | None
+    ode_cov: np.ndarray | None
+    ode_status: str | None
+    mean: np.ndarray
+    cov: np.ndarray
+    mean_error: np.ndarray | None
+    cov_error: np.ndarray | None
+    bw: np.ndarray | None
+    bw_relative: np.ndarray | None
+    sliced_w2: np.ndarray
+    kurtosis: np.ndarray
+    ess_min: np.ndarray
+    ess_median: np.ndarray
+    sinkhorn_error: np.ndarray | None
+    status: np.ndarray
+    slopes: dict
+    slope_sem: dict
+
+    @property
+    def metrics(self):
+        """Names of the ``(N, S, T)`` metrics present in this report."""
+        names = [m for m in ERROR_METRICS if getattr(self, m) is not None]
+        names += list(SHAPE_METRICS)
+        if self.sinkhorn_error is not None:
+            names.append("sinkhorn_error")
+        return names
+
+    def summary(self, metric):
+        """Mean and standard error over seeds of ``metric``, each of shape ``(N, T)``."""
+        a = getattr(self, metric)
+        if a is None:
+            raise ValueError(f"`metric` {metric!r} is not available for {self.attention}.")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            count = np.sum(np.isfinite(a), axis=1)
+            mean = np.nanmean(a, axis=1)
+            sd = np.nanstd(a, axis=1, ddof=1) if a.shape[1] > 1 else np.zeros_like(mean)
+            sem = np.where(count > 1, sd / np.sqrt(np.maximum(count, 1)), np.nan)
+        return mean, sem
+
+    def table(self):
+        """One row per ``(n, t)``: mean and standard error over seeds of every metric."""
+        stats = {m: self.summary(m) for m in self.metrics}
+        rows = []
+        for i, n in enumerate(self.n):
+            for k, t in enumerate(self.t):
+                row = {"attention": self.attention, "n": int(n), "t": float(t)}
+                for m, (mean, sem) in stats.items():
+                    row[m] = float(mean[i, k])
+                    row[m + "_sem"] = float(sem[i, k])
+                rows.append(row)
+        return rows
+
+    def to_dict(self):
+        """Everything as plain lists and numbers, JSON-ready (NaN becomes ``None``)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _plain(v):
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return float(v) if np.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def _nan(shape):
+    return np.full(shape, np.nan)
+
+
+def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=None, *,
+            positions=None, method="RK45", dt=None, rtol=1e-6, atol=1e-8, chunk_size=None,
+            dtype=np.float64, sinkhorn_tol=None, sinkhorn_max_iter=1000, ode_rtol=1e-10,
+            ode_atol=1e-12, n_directions=64, ess_threshold=10.0, blowup_threshold=1e8):
+    r"""Compare particle Monte Carlo with the Gaussian moment ODEs.
+
+    Parameters
+    ----------
+    attention : Attention
+        Any attention type. Errors against the ODE need a Gaussian-preserving type and a
+        constant mean; otherwise only the particle statistics are reported.
+    mean0 : array_like, shape (d,), or callable
+        Initial mean, or ``mean0(positions) -> (n, d)`` for a position-dependent mean
+        (masked attention; see :func:`sample_gaussian`).
+    cov0 : array_like, shape (d, d)
+        Initial covariance.
+    n : sequence of int
+        Numbers of tokens (each at least 2).
+    seeds : sequence of int
+        Seeds; run ``(n, seed)`` draws its tokens with ``seed=(seed, n)``.
+    t_eval : array_like, shape (T,)
+        Output times (``t_eval[0]`` is the start); default ``linspace(0, 1, 11)``.
+    positions : array_like or None
+        Sequence positions for every ``n`` are :math:`(i + 1/2)/n` (``None``); give a
+        callable ``positions(n) -> (n,)`` for others.
+    method, dt, rtol, atol, chunk_size, dtype, sinkhorn_tol, sinkhorn_max_iter, blowup_threshold
+        Passed to :func:`simulate_particles`.
+    ode_rtol, ode_atol : float
+        Tolerances of :func:`gaussian_pde.solve`.
+    n_directions : int
+        Directions of the sliced Wasserstein distance.
+    ess_threshold : float
+        One :class:`ParticleDegeneracyWarning` if any run's median effective sample
+        size falls below it.
+
+    Returns
+    -------
+    CompareReport
+    """
+    validate_attention(attention, gaussian=False)
+    d = attention.d
+    cov0 = validate_covariance(cov0, "cov0", d=d)
+    if not callable(mean0):
+        mean0 = validate_vector(mean0, "mean0", size=d)
+    ns = np.array([validate_int(v, "n", minimum=2) for v in np.atleast_1d(n).tolist()],
+                  dtype=int)
+    seeds = np.array([validate_int(s, "seeds") for s in seeds], dtype=int)
+    if seeds.size == 0 or ns.size == 0:
+        raise ValueError("`n` and `seeds` must not be empty.")
+    t_eval = np.linspace(0.0, 1.0, 11) if t_eval is None else validate_array(t_eval, "t_eval",
+                                                                              ndim=1)
+    if t_eval.size < 1 or np.any(np.diff(t_eval) <= 0):
+        raise ValueError("`t_eval` must be a non-empty, strictly increasing array.")
+    t_span = (float(t_eval[0]), float(max(t_eval[-1], t_eval[0] + 1e-12)))
+    if positions is not None and not callable(positions):
+        raise TypeError("`positions` must be None or a callable positions(n) -> (n,).")
+    n_directions = validate_int(n_directions, "n_directions", minimum=1)
+
+    with_ode = attention.gaussian_preserving and not callable(mean0)
+    T, N, S = t_eval.size, ns.size, seeds.size
+    ode_mean = ode_cov = ode_status = None
+    if with_ode:
+        sol = solve(attention, mean0, cov0, t_span, t_eval=t_eval, rtol=ode_rtol,
+                    atol=ode_atol)
+        ode_mean, ode_cov = _nan((T, d)), _nan((T, d, d))
+        k = sol.t.size
+        ode_mean[:k], ode_cov[:k] = sol.mean, sol.cov
+        ode_status = str(sol.status)
+
+    mean, cov = _nan((N, S, T, d)), _nan((N, S, T, d, d))
+    sw, kurt, ess_min, ess_med = (_nan((N, S, T)) for _ in range(4))
+    sk_err = _nan((N, S, T)) if _has_sinkhorn(attention) else None
+    status = np.empty((N, S), dtype=object)
+    low_ess, unconverged = [], []
+    for i, nn in enumerate(ns):
+        tau = None if positions is None else positions(int(nn))
+        for j, seed in enumerate(seeds):
+            x0 = sample_gaussian(mean0, cov0, int(nn), seed=(int(seed), int(nn)), positions=tau)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ps = simulate_particles(
+                    attention, x0, t_span, t_eval=t_eval, method=method, dt=dt, rtol=rtol,
+                    atol=atol, positions=tau, chunk_size=chunk_size, dtype=dtype,
+                    keep_positions=True, blowup_threshold=blowup_threshold,
+                    sinkhorn_tol=sinkhorn_tol, sinkhorn_max_iter=sinkhorn_max_iter,
+                    ess_threshold=ess_threshold, warn=True)
+            for w in caught:
+                if issubclass(w.category, ParticleDegeneracyWarning):
+                    low_ess.append((int(nn), int(seed), str(w.message)))
+                elif issubclass(w.category, SinkhornConvergenceWarning):
+                    unconverged.append(str(w.message))
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            k = ps.t.size
+            status[i, j] = str(ps.status)
+            mean[i, j, :k], cov[i, j, :k] = ps.mean, ps.cov
+            ess_min[i, j, :k], ess_med[i, j, :k] = ps.ess_min, ps.ess_median
+            kurt[i, j, :k] = ps.kurtosis
+            for m in range(k):
+                sw[i, j, m] = sliced_wasserstein_to_gaussian(ps.x[m], n_directions, seed=m)
+            if sk_err is not None:
+                sk_err[i, j, :k] = ps.sinkhorn_error
+    if low_ess:
+        nn, seed, msg = low_ess[0]
+        warnings.warn(f"{len(low_ess)} of {N * S} particle runs lost track of the mean-field "
+                      f"limit; first (n = {nn}, seed = {seed}): {msg}",
+                      ParticleDegeneracyWarning, stacklevel=2)
+    if unconverged:
+        warnings.warn(f"{len(unconverged)} runs: {unconverged[0]}", SinkhornConvergenceWarning,
+                      stacklevel=2)
+
+    errs = {m: None for m in ERROR_METRICS}
+    slopes, slope_sem = {}, {}
+    if with_ode:
+        scale = np.sqrt(np.trace(ode_cov, axis1=-2, axis2=-1))  # (T,)
+        errs["mean_error"] = np.linalg.norm(mean - ode_mean, axis=-1) / scale
+        errs["cov_error"] = (np.linalg.norm(cov - ode_cov, axis=(-2, -1))
+                             / np.linalg.norm(ode_cov, axis=(-2, -1)))
+        bw = _nan((N, S, T))
+        ok = np.isfinite(mean).all(-1) & np.isfinite(ode_mean).all(-1)
+        bw[ok] = np.atleast_1d(bures_wasserstein(
+            mean[ok], cov[ok], np.broadcast_to(ode_mean, mean.shape)[ok],
+            np.broadcast_to(ode_cov, cov.shape)[ok]))
+        errs["bw"] = bw
+        errs["bw_relative"] = bw / scale
+        for m in ERROR_METRICS:
+            slopes[m], slope_sem[m] = _slope(ns, errs[m])
+    return CompareReport(
+        attention=attention.name, t=t_eval, n=ns, seeds=seeds, ode_mean=ode_mean,
+        ode_cov=ode_cov, ode_status=ode_status, mean=mean, cov=cov, **errs, sliced_w2=sw,
+        kurtosis=kurt, ess_min=ess_min, ess_median=ess_med, sinkhorn_error=sk_err,
+        status=status.astype(str), slopes=slopes, slope_sem=slope_sem)
+
+
+def _has_sinkhorn(attention):
+    heads = getattr(attention, "heads", (attention,))
+    return any(h.name == "sinkhorn" for h in heads)
+
+
+def _slope(ns, err):
+    """Slope of the seed-RMS of the time-averaged error against ``n``, and its standard error.
+
+    Only times where every run has a value enter the time average (so all ``n`` are
+    compared over the same interval).
+    """
+    common = np.all(np.isfinite(err), axis=(0, 1))
+    if not common.any():
+        return np.nan, np.nan
+    per_run = np.sqrt(np.mean(err[:, :, common] ** 2, axis=-1))  # (N, S) time RMS
+    slope = fit_slope(ns, np.sqrt(np.mean(per_run**2, axis=1)))
+    per_seed = np.array([fit_slope(ns, per_run[:, j]) for j in range(per_run.shape[1])])
+    per_seed = per_seed[np.isfinite(per_seed)]
+    sem = float(np.std(per_seed, ddof=1) / np.sqrt(per_seed.size)) if per_seed.size > 1 else np.nan
+    return slope, sem
+
+
+def mean_field_check_failures(report):
+    r"""The agreement checks of the validation notebooks; returns the failed ones (empty: pass).
+
+    For a Gaussian-preserving type compared over several ``n``:
+
+    * the fitted slope of every error (mean, covariance, relative Bures-Wasserstein)
+      against :math:`n` is :math:`-1/2` within three seed-to-seed standard errors of the
+      slope plus 0.1;
+    * at the largest :math:`n` the covariance error stays within 5 standard errors of a
+      sample covariance, :math:`\sqrt{2/n}` relative (times :math:`\sqrt 2`), at every time;
+    * the particles stay near-Gaussian: the sliced :math:`W_2` distance to the fitted
+      Gaussian at the largest ``n`` stays within twice its value at :math:`t = 0` (the
+      Monte Carlo floor of a Gaussian sample).
+    """
+    failures = []
+    for metric in ("mean_error", "cov_error", "bw_relative"):
+        tol = 3 * report.slope_sem[metric] + 0.1
+        if not abs(report.slopes[metric] + 0.5) < tol:
+            failures.append(f"slope of {metric} = {report.slopes[metric]:.3g}, expected "
+                            f"-0.5 +- {tol:.3g}")
+    n_max = np.max(report.n)
+    bound = 5 * np.sqrt(2 / n_max) * np.sqrt(2)
+    if not np.nanmax(report.cov_error[-1]) < bound:
+        failures.append(f"covariance error at n = {n_max}: {np.nanmax(report.cov_error[-1]):.3g}"
+                        f" >= {bound:.3g}")
+    sw = report.summary("sliced_w2")[0]
+    if not np.all(sw[-1] < 2 * sw[-1, 0]):
+        failures.append(f"sliced W2 to the fitted Gaussian grew: {sw[-1]}")
+    return failures
+

@@ -1,0 +1,219 @@
+r"""The work of one sweep task: draw the settings of a batch, integrate, summarise.
+
+Everything a task computes goes through :func:`compute_batch`. With the DOP853 method the
+whole batch is integrated at once by :func:`gaussian_pde.integrate._batch.solve_batch` (one
+vectorised right-hand side, per-trajectory steps and events, the same steps as
+:func:`gaussian_pde.solve` up to rounding); other SciPy methods fall back to
+:func:`gaussian_pde.solve` per setting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention._multihead import MultiHead
+from ..attention._registry import get_attention
+from ..integrate._batch import solve_batch
+from ..integrate._solve import Status, solve
+
+__all__ = ["STATUSES", "OUTCOMES", "draw_setting", "compute_batch", "classify_outcome",
+           "limit_rank", "result_layout", "time_grid"]
+
+#: stored status codes: index into this tuple (``"error"``: the setting raised)
+STATUSES = tuple(s.value for s in Status) + ("error",)
+#: stored outcome codes: index into this tuple
+OUTCOMES = ("blowup", "vanish", "rank_drop", "full_rank", "failed")
+
+#: trace ratio tr(Sigma)/tr(Sigma_0) below which the covariance counts as vanished
+_VANISH = 1e-8
+
+
+def _entries(rng, shape, distribution, std):
+    if distribution == "normal":
+        return std * rng.standard_normal(shape)
+    half_width = std * np.sqrt(3.0)
+    return rng.uniform(-half_width, half_width, shape)
+
+
+def _head(rng, cls, d, w):
+    k = w.rank(d)
+    Q = _entries(rng, (k, d), w.distribution, w.std)
+    if w.key == "minus_query":
+        K = -Q
+    elif w.key == "query":
+        K = Q.copy()
+    else:
+        K = _entries(rng, (k, d), w.distribution, w.std)
+    if w.value == "identity":
+        V = np.eye(d)
+    else:
+        G = _entries(rng, (d, d), w.distribution, w.std)
+        V = {"gram": G.T @ G, "gram_t": G @ G.T, "random": G}[w.value]
+    return cls(Q, K, V, scale=w.score_scale or None)
+
+
+def draw_setting(spec, attention, d, draw):
+    r"""The attention and initial covariance of one setting of a sweep.
+
+    The random stream is ``SeedSequence(spec.seed, spawn_key=(d, draw))``: it depends on
+    the base seed, the dimension and the draw index only, so a setting recomputes alone
+    and the same draw is shared by every attention type. :math:`\Sigma_0` is drawn
+    first, then the heads (one, or ``weights.heads`` for ``multihead``).
+
+    Returns
+    -------
+    attention : Attention
+    cov0 : ndarray, shape (d, d)
+    """
+    seq = np.random.SeedSequence(spec.seed, spawn_key=(int(d), int(draw)))
+    rng = np.random.default_rng(seq)
+    ini = spec.initial
+    if ini.cov == "identity":
+        cov0 = ini.std**2 * np.eye(d)
+    else:
+        r = d if ini.rank == "full" else min(ini.rank, d)
+        G = _entries(rng, (d, r), ini.distribution, ini.std)
+        cov0 = G @ G.T
+    w = spec.weights
+    if attention == "multihead":
+        cls = get_attention(w.head_type)
+        att = MultiHead([_head(rng, cls, d, w) for _ in range(w.heads)])
+    else:
+        att = _head(rng, get_attention(attention), d, w)
+    return att, cov0
+
+
+def limit_rank(cov, threshold):
+    r"""Number of eigenvalues of :math:`\Sigma/\operatorname{tr}\Sigma` above ``threshold``."""
+    tr = np.trace(cov)
+    if not np.isfinite(tr) or tr <= 0:
+        return 0
+    return int(np.sum(np.linalg.eigvalsh(cov / tr) > threshold))
+
+
+def classify_outcome(status, rank, initial_rank, trace_ratio):
+    r"""Outcome class of one setting (a code into :data:`OUTCOMES`).
+
+    A simple rule, kept in this one function so that a finer classifier (the outcome
+    classifier of ``gaussian_pde.analysis``) can replace it:
+
+    * ``"failed"``: the integration failed or raised;
+    * ``"blowup"``: finite-time blow-up;
+    * ``"vanish"``: :math:`\operatorname{tr}\Sigma/\operatorname{tr}\Sigma_0 < 10^{-8}`;
+    * ``"rank_drop"``: the limit rank is below the rank of :math:`\Sigma_0`;
+    * ``"full_rank"``: otherwise.
+    """
+    if status in ("failed", "error"):
+        return OUTCOMES.index("failed")
+    if status == "blowup":
+        return OUTCOMES.index("blowup")
+    if not trace_ratio >= _VANISH:
+        return OUTCOMES.index("vanish")
+    if rank < initial_rank:
+        return OUTCOMES.index("rank_drop")
+    return OUTCOMES.index("full_rank")
+
+
+def result_layout(spec, d):
+    """Name -> (per-setting shape, dtype, fill value) of the arrays a task returns."""
+    rec = spec.record
+    out = {"status": ((), "i1", -1), "t_final": ((), "f8", np.nan),
+           "nfev": ((), "i8", -1)}
+    if rec.outcome:
+        out["outcome"] = ((), "i1", -1)
+    if rec.limit_rank:
+        out["limit_rank"] = ((), "i2", -1)
+    if rec.blowup_time:
+        out["t_blowup"] = ((), "f8", np.nan)
+    if rec.final_state:
+        out["final_cov"] = ((d, d), "f8", np.nan)
+    if rec.eigenvalues:
+        out["eigenvalues"] = ((rec.grid, d), "f8", np.nan)
+    return out
+
+
+def time_grid(spec):
+    """The coarse grid of the recorded eigenvalue trajectories."""
+    return np.linspace(0.0, spec.solver.horizon, spec.record.grid)
+
+
+def _summarise(spec, cov0, grid, status, t_final, nfev, cov, t_blowup, covs_on_grid):
+    """The recorded quantities of one integrated setting."""
+    d = cov0.shape[0]
+    out = {"status": STATUSES.index(status), "t_final": t_final, "nfev": nfev}
+    rank = limit_rank(cov, spec.record.rank_threshold)
+    out["limit_rank"] = rank
+    out["t_blowup"] = t_blowup
+    out["final_cov"] = cov
+    eig = np.full((grid.size, d), np.nan)
+    ok = np.isfinite(covs_on_grid[:, 0, 0])
+    if ok.any():
+        eig[ok] = np.linalg.eigvalsh(covs_on_grid[ok])
+    out["eigenvalues"] = eig
+    rank0 = limit_rank(cov0, spec.record.rank_threshold)
+    ratio = np.trace(cov) / max(np.trace(cov0), np.finfo(float).tiny)
+    out["outcome"] = classify_outcome(status, rank, rank0, ratio)
+    return out
+
+
+def _solve_one(spec, attention, d, draw, grid):
+    att, cov0 = draw_setting(spec, attention, d, draw)
+    sv = spec.solver
+    try:
+        sol = solve(att, None, cov0, (0.0, sv.horizon), t_eval=grid, method=sv.method,
+                    rtol=sv.rtol, atol=sv.atol, blowup_threshold=sv.blowup_threshold,
+                    steady_tol=sv.steady_tol or None, max_nfev=sv.max_nfev)
+    except (ArithmeticError, ValueError, np.linalg.LinAlgError):
+        return {"status": STATUSES.index("error"), "outcome": OUTCOMES.index("failed")}
+    on_grid = np.full((grid.size, d, d), np.nan)
+    on_grid[:sol.t.size] = sol.cov[:grid.size]
+    return _summarise(spec, cov0, grid, str(sol.status), sol.t_final, sol.nfev, sol.cov_final,
+                      np.nan if sol.t_blowup is None else sol.t_blowup, on_grid)
+
+
+def _solve_many(spec, attention, d, draws, grid):
+    """All settings of a task in one :func:`solve_batch` call."""
+    sv = spec.solver
+    settings = [draw_setting(spec, attention, d, draw) for draw in draws]
+    atts = [a for a, _ in settings]
+    cov0s = np.array([c for _, c in settings])
+    sol = solve_batch(atts, cov0s, (0.0, sv.horizon), t_eval=grid, rtol=sv.rtol, atol=sv.atol,
+                      blowup_threshold=sv.blowup_threshold, steady_tol=sv.steady_tol or None,
+                      max_nfev=sv.max_nfev)
+    return [_summarise(spec, cov0s[i], grid, str(sol.status[i]), sol.t_final[i],
+                       int(sol.nfev[i]), sol.cov_final[i], sol.t_blowup[i], sol.cov[i])
+            for i in range(len(draws))]
+
+
+def compute_batch(spec, task_index):
+    """Compute one task of a sweep: a dict of arrays, one row per setting.
+
+    Parameters
+    ----------
+    spec : SweepSpec
+        The sweep.
+    task_index : int
+        In ``range(spec.n_tasks)``; the task covers draws ``lo:hi`` of block
+        ``(attention, d)`` given by ``spec.task(task_index)``.
+
+    Returns
+    -------
+    dict of ndarray
+        The arrays of :func:`result_layout`, each of shape ``(hi - lo, ...)``. Pure: the
+        same ``(spec, task_index)`` gives the same numbers in any process.
+    """
+    attention, d, lo, hi = spec.task(task_index)
+    layout = result_layout(spec, d)
+    arrays = {name: np.full((hi - lo,) + shape, fill, dtype=dtype)
+              for name, (shape, dtype, fill) in layout.items()}
+    grid = time_grid(spec)
+    draws = range(lo, hi)
+    if spec.solver.method == "DOP853":
+        rows = _solve_many(spec, attention, d, draws, grid)
+    else:
+        rows = [_solve_one(spec, attention, d, draw, grid) for draw in draws]
+    for row, values in enumerate(rows):
+        for name, value in values.items():
+            if name in arrays:
+                arrays[name][row] = value
+    return arrays

@@ -1,0 +1,275 @@
+"""Running a sweep: in-process, on a local Dask cluster, or on an existing one.
+
+The driver (this process) owns the results folder: it submits the missing tasks, writes
+each result as it arrives, and never holds more than one task's arrays at a time. Workers
+only compute (:func:`gaussian_pde.sweep.compute_batch`), so they need gaussian_pde
+installed but no access to the results folder. Dask is imported here, lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import uuid
+import warnings
+
+from ._compute import compute_batch
+from ._spec import SweepSpec
+from ._store import SweepStore
+
+__all__ = ["run_sweep", "SweepReport", "SchedulerUnreachableError"]
+
+#: test hook: seconds each task sleeps before computing (to interrupt sweeps mid-way)
+_DELAY_ENV = "GAUSSIAN_PDE_SWEEP_TASK_DELAY"
+
+
+class SchedulerUnreachableError(ConnectionError):
+    """No Dask scheduler answered at the given address within the timeout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepReport:
+    """What :func:`run_sweep` did.
+
+    Attributes
+    ----------
+    path : str
+        The results folder.
+    n_tasks : int
+        Tasks in the sweep.
+    n_skipped : int
+        Tasks already stored when the run started (resumed).
+    n_computed : int
+        Tasks computed and stored by this run.
+    n_settings_computed : int
+        Settings in those tasks.
+    seconds : float
+        Wall time of the computation (after the cluster was up).
+    scheduler : str
+        ``"inprocess"``, ``"local"`` (a LocalCluster started here) or the address used.
+    n_workers : int
+        Workers used (1 in-process).
+    """
+
+    path: str
+    n_tasks: int
+    n_skipped: int
+    n_computed: int
+    n_settings_computed: int
+    seconds: float
+    scheduler: str
+    n_workers: int
+
+    @property
+    def settings_per_second(self):
+        """Throughput of this run."""
+        return self.n_settings_computed / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _run_task(spec_dict, index, version):
+    """Worker-side entry: recompute the spec and run one task (plain data in, arrays out)."""
+    from .._version import __version__
+
+    if version != __version__:
+        raise RuntimeError(f"worker runs gaussian_pde {__version__}, the driver "
+                           f"{version}; install the same version on every worker.")
+    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
+    if delay:
+        time.sleep(delay)
+    start = time.perf_counter()
+    arrays = compute_batch(SweepSpec.from_dict(spec_dict), index)
+    return arrays, {"seconds": time.perf_counter() - start, "pid": os.getpid()}
+
+
+class _Progress:
+    """A one-line progress bar on stderr: tasks done, tasks/s and settings/s."""
+
+    def __init__(self, total, per_task, enabled, stream=None):
+        self.total, self.per_task, self.enabled = total, per_task, enabled and total > 0
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.done, self.settings, self.start, self.last = 0, 0, time.perf_counter(), 0.0
+
+    def update(self, settings, force=False):
+        self.done += 1
+        self.settings += settings
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if not (force or self.done == self.total or now - self.last >= (0.2 if self.tty
+                                                                          else 5.0)):
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        width = 30
+        fill = int(width * self.done / self.total)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        line = (f"sweep [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} tasks "
+                f"{rate:.2f} tasks/s {self.settings / elapsed:.1f} settings/s "
+                f"eta {eta:.0f}s")
+        end = "\n" if (not self.tty or self.done == self.total) else ""
+        self.stream.write(("\r" if self.tty else "") + line + end)
+        self.stream.flush()
+
+
+def _default_workers():
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def local_cluster(n_workers):
+    """A LocalCluster of ``n_workers`` single-threaded processes, listening on 127.0.0.1 only.
+
+    No dashboard; the scheduler's small HTTP endpoint takes a free port on 127.0.0.1
+    (not the shared default 8787).
+    """
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                        host="127.0.0.1", dashboard_address=None,
+                        scheduler_kwargs={"dashboard": False,
+                                          "dashboard_address": "127.0.0.1:0"})
+
+
+def _connect(scheduler, workers, connect_timeout):
+    """``(client, cluster or None, label, owned)`` for the ``scheduler`` argument."""
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise ImportError("sweeps on Dask need dask.distributed: "
+                          "pip install 'gaussian_pde[sweep]' (or use scheduler='inprocess')"
+                          ) from None
+    if isinstance(scheduler, Client):
+        return scheduler, None, str(scheduler.scheduler.address), False
+    if scheduler in (None, "local"):
+        n = workers or _default_workers()
+        cluster = local_cluster(n)
+        try:
+            client = Client(cluster, timeout=connect_timeout)
+        except BaseException:
+            cluster.close()
+            raise
+        return client, cluster, "local", True
+    if not isinstance(scheduler, str):
+        raise TypeError(f"`scheduler` must be None, 'local', 'inprocess', an address "
+                        f"'tcp://HOST:PORT' or a distributed.Client, got {scheduler!r}.")
+    if "://" not in scheduler:
+        raise ValueError(f"`scheduler` must be 'local', 'inprocess' or an address such as "
+                         f"tcp://HOST:PORT, got {scheduler!r}.")
+    try:
+        client = Client(scheduler, timeout=connect_timeout)
+    except (OSError, TimeoutError) as exc:
+        raise SchedulerUnreachableError(
+            f"no Dask scheduler answered at {scheduler} within {connect_timeout:g} s ({exc}). "
+            "Check that the scheduler is running and the address and port are right, or "
+            "run locally (omit --scheduler) or in-process (--inprocess).") from None
+    return client, None, scheduler, True
+
+
+def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
+              connect_timeout=10.0):
+    """Run (or resume) a sweep and store every task's results in ``out``.
+
+    Parameters
+    ----------
+    spec : SweepSpec, dict or path-like
+        The specification (a path is read as TOML).
+    out : path-like
+        Results folder. Created if missing; if it holds the same specification, only the
+        missing tasks are computed (resume); a different specification is refused.
+    scheduler : None, "local", "inprocess", str or distributed.Client
+        ``None``/``"local"``: a LocalCluster on 127.0.0.1 with ``workers`` single-threaded
+        worker processes (default: one per available core). ``"inprocess"``: no Dask, tasks
+        run one after another in this process. ``"tcp://HOST:PORT"``: an existing
+        scheduler (e.g. one started by dask-jobqueue or dask-kubernetes). A ``Client`` is
+        used as is (and not closed).
+    workers : int, optional
+        Worker processes of the local cluster (only with ``None``/``"local"``).
+    progress : bool
+        Show a progress bar (tasks done, tasks/s, settings/s) on stderr.
+    connect_timeout : float
+        Seconds to wait for a scheduler before :class:`SchedulerUnreachableError`.
+
+    Returns
+    -------
+    SweepReport
+    """
+    if isinstance(spec, dict):
+        spec = SweepSpec.from_dict(spec)
+    elif not isinstance(spec, SweepSpec):
+        spec = SweepSpec.from_toml(spec)
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`workers` must be a positive integer, got {workers!r}.")
+        if scheduler not in (None, "local"):
+            raise ValueError("`workers` applies only to the local cluster (scheduler=None).")
+    if not (isinstance(connect_timeout, (int, float)) and connect_timeout > 0):
+        raise ValueError(f"`connect_timeout` must be a positive number, got "
+                         f"{connect_timeout!r}.")
+    store = SweepStore(out, spec)
+    missing = store.missing_tasks()
+    skipped = spec.n_tasks - len(missing)
+    run_id = uuid.uuid4().hex[:12]
+    bar = _Progress(len(missing), spec.batch_size, progress)
+    n_settings = 0
+
+    def settings_in(index):
+        _, _, lo, hi = spec.task(index)
+        return hi - lo
+
+    if scheduler == "inprocess":
+        start = time.perf_counter()
+        for index in missing:
+            t0 = time.perf_counter()
+            arrays = compute_batch(spec, index)
+            store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
+                                             "seconds": time.perf_counter() - t0})
+            n_settings += settings_in(index)
+            bar.update(settings_in(index))
+        return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings,
+                           time.perf_counter() - start, "inprocess", 1)
+
+    if not missing:  # nothing to do: do not start a cluster
+        return SweepReport(str(out), spec.n_tasks, skipped, 0, 0, 0.0,
+                           "local" if scheduler is None else str(scheduler), 0)
+    client, cluster, label, owned = _connect(scheduler, workers, connect_timeout)
+    futures, pending = [], {}
+    try:
+        from distributed import as_completed
+
+        from .._version import __version__
+
+        n_workers = len(client.nthreads())
+        if not n_workers:
+            warnings.warn(f"the Dask scheduler at {label} has no workers yet; the sweep "
+                          "waits for workers to join (e.g. queued dask-jobqueue jobs).",
+                          stacklevel=2)
+        spec_dict = spec.to_dict()
+        tag = spec.fingerprint[:12]
+        start = time.perf_counter()
+        futures = [client.submit(_run_task, spec_dict, index, __version__,
+                                 key=f"gaussian-pde-sweep-{tag}-{index}-{run_id}", pure=False)
+                   for index in missing]
+        pending = {f.key: index for f, index in zip(futures, missing)}
+        for future in as_completed(futures):
+            index = pending.pop(future.key)
+            arrays, info = future.result()
+            future.release()
+            store.write_task(index, arrays, dict(info, run=run_id))
+            n_settings += settings_in(index)
+            bar.update(settings_in(index))
+        seconds = time.perf_counter() - start
+    finally:
+        if futures:
+            client.cancel([f for f in futures if f.key in pending])
+        if owned:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+    return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings, seconds,
+                       label, n_workers)

@@ -1,0 +1,182 @@
+"""The step loops of gp.solve against scipy.integrate.solve_ivp and against each other.
+
+``_stepper.integrate`` drives SciPy's own solver classes, so it must take the same steps
+as ``solve_ivp`` and find the same events; ``integrate_compiled`` (Hairer's Fortran codes)
+must agree to the tolerance, including events it hands to a Python replay.
+"""
+
+import numpy as np
+import pytest
+from scipy.integrate import DOP853, LSODA, RK45, solve_ivp
+
+import gaussian_pde as gp
+from gaussian_pde.integrate._loop import integrate, integrate_compiled
+
+
+def oscillator(t, y):
+    return np.array([y[1], -y[0] - 0.1 * y[1]])
+
+
+def crossing(t, y):
+    return y[0]
+
+
+def peak(t, y):
+    return y[1]
+
+
+crossing.terminal, crossing.direction = False, 0.0
+peak.terminal, peak.direction = True, 1.0
+Y0 = np.array([1.0, 0.0])
+
+
+@pytest.mark.parametrize("cls", [DOP853, RK45, LSODA])
+def test_loop_takes_solve_ivps_steps(cls):
+    ref = solve_ivp(oscillator, (0, 20), Y0, method=cls, rtol=1e-8, atol=1e-10)
+    seg = integrate(oscillator, cls, 0.0, 20.0, Y0, rtol=1e-8, atol=1e-10)
+    assert seg.status == 0
+    np.testing.assert_array_equal(seg.t, ref.t)
+    np.testing.assert_array_equal(seg.y, ref.y.T)
+
+
+@pytest.mark.parametrize("cls", [DOP853, RK45, LSODA])
+def test_loop_events_and_t_eval_match_solve_ivp(cls):
+    t_eval = np.linspace(0, 20, 41)
+    late = lambda t, y: y[0] - 0.5 * np.exp(-0.05 * t)  # noqa: E731
+    late.terminal, late.direction = True, 1.0
+    evs = [crossing, late]
+    ref = solve_ivp(oscillator, (0, 20), Y0, method=cls, rtol=1e-9, atol=1e-11,
+                    t_eval=t_eval, events=evs)
+    seg = integrate(oscillator, cls, 0.0, 20.0, Y0, rtol=1e-9, atol=1e-11, t_eval=t_eval,
+                    events=evs)
+    assert ref.status == seg.status == 1 and seg.fired == 1
+    np.testing.assert_array_equal(seg.t, ref.t)
+    np.testing.assert_allclose(seg.y, ref.y.T, rtol=0, atol=1e-14)
+    for mine, theirs in zip(seg.t_events, ref.t_events):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-13)
+    # zero crossings near pi/2 and 3 pi/2 (shifted by the damping) before `late` stops it
+    assert seg.t_events[0].size == 2 and seg.t_events[0][0] == pytest.approx(1.62, abs=0.01)
+
+
+@pytest.mark.parametrize("method", ["DOP853", "RK45"])
+@pytest.mark.parametrize("use_t_eval", [True, False])
+def test_compiled_agrees_with_python_stepping(method, use_t_eval):
+    t_eval = np.linspace(0, 20, 41) if use_t_eval else None
+    kw = dict(rtol=1e-10, atol=1e-12, t_eval=t_eval, events=[crossing, peak])
+    py = integrate(oscillator, {"DOP853": DOP853, "RK45": RK45}[method], 0.0, 20.0, Y0, **kw)
+    fo = integrate_compiled(oscillator, method, 0.0, 20.0, Y0, **kw)
+    assert fo.status == py.status == 1 and fo.fired == py.fired == 1
+    # peak (terminal, y[1] increasing through 0) first fires at the trough, t ~ pi
+    assert fo.t_final == pytest.approx(py.t_final, rel=1e-9)
+    assert fo.t_final == pytest.approx(np.pi, rel=0.01)
+    np.testing.assert_allclose(fo.t_events[0], py.t_events[0], rtol=1e-9)
+    np.testing.assert_allclose(fo.y_final, py.y_final, rtol=1e-8, atol=1e-10)
+    if use_t_eval:
+        np.testing.assert_array_equal(fo.t, t_eval[t_eval <= fo.t_final])
+        np.testing.assert_allclose(fo.y, py.y, rtol=1e-8, atol=1e-10)
+    else:   # every step end, strictly increasing, ending at the event
+        assert fo.t[0] == 0.0 and np.all(np.diff(fo.t) > 0) and fo.t[-1] == fo.t_final
+
+
+def test_compiled_integrates_past_the_last_output_time():
+    """Output stops at t_eval[-1] but the run (and its events) goes on to t1."""
+    fo = integrate_compiled(oscillator, "DOP853", 0.0, 20.0, Y0, rtol=1e-10, atol=1e-12,
+                            t_eval=np.array([0.0, 0.5]), events=[peak])
+    assert fo.status == 1 and fo.t_final == pytest.approx(np.pi, rel=0.01)
+    np.testing.assert_array_equal(fo.t, [0.0, 0.5])
+
+
+def test_compiled_budget_and_failure():
+    calls = []
+
+    def counted(t, y):
+        calls.append(t)
+        return oscillator(t, y)
+
+    fo = integrate_compiled(counted, "DOP853", 0.0, 1e4, Y0, rtol=1e-10, atol=1e-12,
+                            budget=lambda: len(calls) <= 200)
+    assert fo.status == 2 and 0 < fo.t_final < 1e4 and fo.t[-1] == fo.t_final
+    assert len(calls) < 200 + 2 * 13      # stopped at the end of the step that spent it
+
+    def explode(t, y):
+        return y * y
+    fo = integrate_compiled(explode, "DOP853", 0.0, 2.0, np.array([1.0]), rtol=1e-10,
+                            atol=1e-12)
+    # y = 1/(1 - t): the last accepted step ends at the singularity, up to rounding
+    assert fo.status == -1 and "dop853" in fo.message and fo.t_final < 1.0 + 1e-9
+
+
+def test_solve_methods_agree_on_the_paper_workload():
+    """Compiled DOP853, Python DOP853 (a class), LSODA with the exact Jacobian, Radau and
+    the Rosenbrock path agree on a d = 5 run with V = G^T G to 1e-8."""
+    rng = np.random.default_rng(4)
+    d = 5
+    Q, G = rng.standard_normal((2, d)), rng.standard_normal((d, d))
+    att = gp.Softmax(Q, -Q, G.T @ G, scale=1 / np.sqrt(d))
+    cov0, T = G @ G.T, 50.0
+    ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-13, atol=1e-16,
+                   method=DOP853).cov[-1]
+    for method in ("DOP853", "RK45", "LSODA", "Radau", "rosenbrock"):
+        sol = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-11, atol=1e-13,
+                       method=method)
+        assert sol.status == "finished", method
+        err = np.linalg.norm(sol.cov[-1] - ref) / np.linalg.norm(ref)
+        assert err < 1e-8, (method, err)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "l2", "multihead"])
+def test_exact_jacobian_matches_finite_differences(kind, rng):
+    from gaussian_pde.integrate._solve import _factor_jacobian
+
+    d, k = 3, 2
+    heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
+                 rng.standard_normal((d, d))) for cls in (gp.Softmax, gp.L2)]
+    att = {"softmax": heads[0], "l2": heads[1], "multihead": gp.MultiHead(heads)}[kind]
+    jac = _factor_jacobian(att)
+    y = rng.standard_normal(d * d)
+    f = lambda v: att.factor_rhs(v.reshape(d, d)).ravel()  # noqa: E731
+    h = 1e-6
+    fd = np.column_stack([(f(y + h * e) - f(y - h * e)) / (2 * h) for e in np.eye(d * d)])
+    np.testing.assert_allclose(jac(0.0, y), fd, rtol=1e-6, atol=1e-7)
+    assert _factor_jacobian(gp.Sinkhorn(heads[0].Q, heads[0].K, heads[0].V)) is None
+
+
+def test_compiled_solves_in_threads_match_serial():
+    """The Fortran path gives bit-identical results when solves run in parallel threads
+    (Dask workers may be threaded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(16):
+        Q, G = rng.standard_normal((2, 3)), rng.standard_normal((3, 3))
+        cases.append((gp.Softmax(Q, -Q, G.T @ G / 3), G @ G.T / 3))
+
+    def run(case):
+        sol = gp.solve(case[0], None, case[1], (0, 30), t_eval=np.linspace(0, 30, 7))
+        return sol.cov, str(sol.status), sol.nfev
+
+    serial = [run(c) for c in cases]
+    with ThreadPoolExecutor(4) as pool:
+        parallel = list(pool.map(run, cases))
+    for (c1, s1, n1), (c2, s2, n2) in zip(serial, parallel):
+        np.testing.assert_array_equal(c1, c2)
+        assert s1 == s2 and n1 == n2
+
+
+def test_solve_uses_the_fortran_codes_only_for_few_output_times():
+    """Dense t_eval goes to SciPy's Python DOP853 (same steps as passing the class);
+    t_eval=None or a final time goes to the Fortran code (different step sequence)."""
+    from gaussian_pde.integrate._loop import MAX_LANDINGS, use_compiled
+
+    att = gp.L2(np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]), np.eye(2))
+    cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
+    dense = np.linspace(0, 5, 41)
+    a = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense)
+    b = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense, method=DOP853)
+    assert a.nfev == b.nfev
+    np.testing.assert_array_equal(a.cov, b.cov)
+    assert use_compiled("DOP853", None, 0.0) and use_compiled("RK45", [0.0, 5.0], 0.0)
+    assert use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 1), 0.0)
+    assert not use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 2), 0.0)
+    assert not use_compiled(DOP853, None, 0.0) and not use_compiled("LSODA", None, 0.0)

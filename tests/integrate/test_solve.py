@@ -1,0 +1,242 @@
+"""gp.solve: invariants along trajectories, events, statuses, modes and bad input."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gaussian_pde as gp
+from tests._helpers import accelerating_sinkhorn_case, random_spd
+
+TYPES = [gp.Softmax, gp.L2, gp.Sinkhorn, "multihead"]
+
+
+def make_attention(kind, rng, d, k, v_kind="random"):
+    def head(cls):
+        V = {"random": rng.standard_normal((d, d)) / np.sqrt(d), "identity": np.eye(d)}[v_kind]
+        return cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)), V)
+    if kind == "multihead":
+        return gp.MultiHead([head(gp.Softmax), head(gp.L2), head(gp.Sinkhorn)])
+    return head(kind)
+
+
+def check_invariants(sol, cov0):
+    """Symmetric and PSD at every stored time; the null space of Sigma_0 is kept exactly.
+
+    The flow is L(t) = F(t) L_0 with F invertible, so L(t) annihilates the null space of
+    L_0 (to rounding) and is injective on its row space; genuine collapse makes the
+    other singular values small but never zero.
+    """
+    w0, U0 = np.linalg.eigh(cov0)
+    null = U0[:, w0 <= cov0.shape[0] * np.finfo(float).eps * w0.max()]
+    rank0 = cov0.shape[0] - null.shape[1]
+    for cov, L in zip(sol.cov, sol.factor):
+        assert np.allclose(cov, cov.T, rtol=1e-14, atol=0)
+        w = np.linalg.eigvalsh(cov)
+        assert w[0] >= -1e-12 * max(w[-1], 1e-300)
+        assert np.linalg.norm(L @ null) <= 1e-12 * np.linalg.norm(L)
+        s = np.linalg.svd(L, compute_uv=False)
+        assert np.all(s[:rank0] > 0)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(TYPES), d=st.integers(1, 4), data=st.data(),
+       seed=st.integers(0, 2**32 - 1))
+def test_invariants_along_trajectories(kind, d, data, seed):
+    rng = np.random.default_rng(seed)
+    k = data.draw(st.integers(1, d), label="k")
+    rank = data.draw(st.integers(1, d), label="rank")
+    att = make_attention(kind, rng, d, k)
+    cov0 = random_spd(rng, d, rank) / d
+    sol = gp.solve(att, rng.standard_normal(d), cov0, (0, 2.0),
+                   t_eval=np.linspace(0, 2.0, 21), max_nfev=20_000)
+    assert sol.status in ("finished", "blowup", "failed")
+    check_invariants(sol, cov0)
+
+
+def test_covariance_only_mode_equals_full_mode(rng):
+    d = 3
+    att = make_attention(gp.L2, rng, d, 2)
+    cov0 = random_spd(rng, d)
+    t = np.linspace(0, 1, 6)
+    full = gp.solve(att, rng.standard_normal(d), cov0, (0, 1), t_eval=t)
+    cov_only = gp.solve(att, None, cov0, (0, 1), t_eval=t)
+    assert cov_only.mean is None and cov_only.mean_final is None
+    np.testing.assert_allclose(cov_only.cov, full.cov, rtol=1e-8, atol=1e-12)
+
+
+def test_mean_follows_moment_rhs(rng):
+    """Finite difference of the solution equals moment_rhs (consistency of the two paths)."""
+    d = 3
+    att = make_attention(gp.Softmax, rng, d, 2)
+    mean0, cov0 = rng.standard_normal(d), random_spd(rng, d) / 4
+    h = 1e-5
+    sol = gp.solve(att, mean0, cov0, (0, 2 * h), t_eval=[0, h, 2 * h], rtol=1e-12, atol=1e-14)
+    dm, dc = gp.moment_rhs(att, sol.mean[1], sol.cov[1])
+    np.testing.assert_allclose((sol.mean[2] - sol.mean[0]) / (2 * h), dm, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose((sol.cov[2] - sol.cov[0]) / (2 * h), dc, rtol=1e-6, atol=1e-8)
+
+
+def test_steady_state_event():
+    """K = -Q, V = I: the covariance converges to a rank-1 limit and the run stops there."""
+    att = gp.Softmax(np.array([[1.0, 0.0]]), np.array([[-1.0, 0.0]]), np.eye(2))
+    sol = gp.solve(att, None, np.eye(2), (0, 1e9), steady_tol=1e-6)
+    assert sol.status == "steady"
+    assert sol.t_final < 1e9
+    # relative rate below the tolerance at the stop: |Sigma'| <= tol |Sigma|
+    _, dcov = gp.moment_rhs(att, np.zeros(2), sol.cov_final)
+    assert np.linalg.norm(dcov) <= 1.0001e-6 * np.linalg.norm(sol.cov_final)
+
+
+def test_rank_collapse_event():
+    att = gp.Softmax(np.array([[1.0, 0.0]]), np.array([[-1.0, 0.0]]), np.eye(2))
+    sol = gp.solve(att, None, np.eye(2), (0, 1e6), rank_tol=1e-3)
+    assert sol.status == "rank_collapse"
+    w = np.linalg.eigvalsh(sol.cov_final)
+    assert w[0] / w.sum() == pytest.approx(1e-3, rel=1e-6)
+    # exact: Sigma_11(t) = 1/(1 + 2 t/sqrt(1)) with scale 1, so the event time is known
+    t_exact = (1 / 1e-3 - 2) / 2  # a/(a+1) = 1e-3 with a = 1/(1+2t)
+    assert sol.t_final == pytest.approx(t_exact, rel=1e-6)
+
+
+def test_user_event_and_t_events():
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
+
+    def trace_two(t, mean, cov):
+        return np.trace(cov) - 4.0
+
+    trace_two.terminal = True
+    sol = gp.solve(att, None, np.eye(2), (0, 2), events=[trace_two])
+    assert sol.status == "event"
+    # exact: Sigma = I/(1 - t), trace 2/(1-t) = 4 at t = 1/2
+    assert sol.t_events["trace_two"][0] == pytest.approx(0.5, rel=1e-8)
+
+
+def test_exponential_growth_is_not_blowup():
+    """d = 1 L2 grows exponentially for large variance: never reported as a blow-up."""
+    att = gp.L2([[1.0]], [[1.0]], [[1.0]], scale=1.0)
+    sol = gp.solve(att, None, [[1.0]], (0, 40.0))
+    assert sol.status == "finished" and sol.t_blowup is None
+
+
+def test_zero_covariance_stays_zero():
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+    sol = gp.solve(att, [1.0, 2.0], np.zeros((2, 2)), (0, 1), t_eval=[0, 1])
+    assert np.all(sol.cov == 0)
+    np.testing.assert_allclose(sol.mean[-1], np.e * np.array([1.0, 2.0]), rtol=1e-9)
+
+
+def test_failure_is_reported_not_raised():
+    """A stiff stall (softmax, V != I) ends with status failed and a message, never a hang."""
+    Q, K = np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]])
+    att = gp.Softmax(Q, K, np.array([[1.0, 0.3], [-0.2, 0.7]]))
+    sol = gp.solve(att, None, np.array([[1.0, 0.3], [0.3, 0.6]]), (0, 3.0), max_nfev=20_000)
+    assert sol.status in ("failed", "blowup")
+    assert sol.message
+
+
+BAD = [
+    (dict(Q=np.ones((2, 3)), K=np.ones((2, 2)), V=np.eye(3)), ValueError, "`K`"),
+    (dict(Q=np.ones((2, 3)), K=np.ones((2, 3)), V=np.eye(2)), ValueError, "`V`"),
+    (dict(Q=np.ones(3), K=np.ones((1, 3)), V=np.eye(3)), ValueError, "`Q`"),
+    (dict(Q=[[np.nan, 1.0]], K=[[1.0, 1.0]], V=np.eye(2)), ValueError, "finite"),
+    (dict(Q="abc", K=[[1.0]], V=[[1.0]]), TypeError, "`Q`"),
+    (dict(Q=[[1.0]], K=[[1.0]], V=[[1.0]], scale=0.0), ValueError, "`scale`"),
+    (dict(Q=[[1.0]], K=[[1.0]], V=[[1.0]], scale=np.inf), ValueError, "`scale`"),
+    (dict(Q=[[1.0]], K=[[1.0]], V=[[1.0]], scale="1"), TypeError, "`scale`"),
+]
+
+
+@pytest.mark.parametrize("cls", [gp.Softmax, gp.L2, gp.Sinkhorn])
+@pytest.mark.parametrize("kwargs, exc, match", BAD)
+def test_bad_weights(cls, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        cls(**kwargs)
+
+
+def test_bad_heads():
+    with pytest.raises(ValueError, match="at least one"):
+        gp.MultiHead([])
+    with pytest.raises(ValueError, match="same dimension"):
+        gp.MultiHead([gp.Softmax(np.eye(2), np.eye(2), np.eye(2)), gp.L2([[1.0]], [[1.0]], [[1.0]])])
+    with pytest.raises(TypeError, match="heads"):
+        gp.MultiHead([np.eye(2)])
+
+
+@pytest.fixture
+def att():
+    return gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+
+
+@pytest.mark.parametrize("mean, cov, match", [
+    (np.zeros(3), np.eye(2), "`mean"),
+    (np.zeros(2), np.eye(3), "`cov"),
+    (np.zeros(2), np.array([[1.0, 0.5], [0.0, 1.0]]), "symmetric"),
+    (np.zeros(2), np.diag([1.0, -1.0]), "positive semi-definite"),
+    (np.array([np.inf, 0.0]), np.eye(2), "finite"),
+    (np.zeros(2), np.full((2, 2), np.nan), "finite"),
+])
+def test_bad_moments(att, mean, cov, match):
+    with pytest.raises(ValueError, match=match):
+        gp.moment_rhs(att, mean, cov)
+    with pytest.raises(ValueError, match=match):
+        gp.solve(att, mean, cov, (0, 1))
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(t_span=(1, 0)), ValueError, "increasing"),
+    (dict(t_span=(0, np.nan)), ValueError, "t_span"),
+    (dict(t_span=5), ValueError, "t_span"),
+    (dict(rtol=0.0), ValueError, "`rtol`"),
+    (dict(rtol=2.0), ValueError, "`rtol`"),
+    (dict(atol=-1.0), ValueError, "`atol`"),
+    (dict(method="Euler"), ValueError, "`method`"),
+    (dict(t_eval=[0.5, 0.2]), ValueError, "`t_eval`"),
+    (dict(t_eval=[0.5, 2.0]), ValueError, "`t_eval`"),
+    (dict(blowup_threshold=0.5), ValueError, "`blowup_threshold`"),
+    (dict(rank_tol=1.5), ValueError, "`rank_tol`"),
+    (dict(events=[3]), TypeError, "events"),
+    (dict(max_nfev=0), ValueError, "`max_nfev`"),
+    (dict(first_step=-1.0), ValueError, "`first_step`"),
+    (dict(first_step=float("nan")), ValueError, "`first_step`"),
+    (dict(first_step=10.0), ValueError, "`first_step` must not exceed"),
+    (dict(first_step="a"), TypeError, "`first_step`"),
+    (dict(max_step=0.0), ValueError, "`max_step`"),
+    (dict(max_step=float("nan")), ValueError, "`max_step`"),
+    (dict(max_step=-1.0, method="LSODA"), ValueError, "`max_step`"),
+    (dict(max_step="a", method="rosenbrock"), TypeError, "`max_step`"),
+])
+def test_bad_solver_options(att, kwargs, exc, match):
+    args = dict(t_span=(0, 1))
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        gp.solve(att, np.zeros(2), np.eye(2), **args)
+
+
+def test_attention_objects_are_immutable(att):
+    with pytest.raises(AttributeError):
+        att.scale = 2.0
+    with pytest.raises(ValueError):
+        att.Q[0, 0] = 3.0
+
+
+def test_non_attention_rejected():
+    with pytest.raises(TypeError, match="`attention`"):
+        gp.solve("softmax", None, np.eye(2), (0, 1))
+
+
+def test_accelerating_exponential_growth_is_not_blowup():
+    """Sinkhorn's field is bounded by |V| |L| (s phi(s^2) < 1), so it cannot blow up in
+    finite time. Here the trace passes 1e8 x its start at t = 16.8 while its growth rate
+    still rises, and the first estimate (t* = 18.7) looks finite; the confirmation 100
+    times further up must reject it."""
+    from gaussian_pde.integrate._solve import _blowup_estimate, _System
+
+    att, cov0 = accelerating_sinkhorn_case()
+    sol = gp.solve(att, None, cov0, (0, 20.0))
+    assert sol.status == "finished" and sol.t_blowup is None
+    t_cross = sol.t_events["blowup"][0]          # the threshold was passed
+    at = gp.solve(att, None, cov0, (0, t_cross), t_eval=[t_cross])
+    t_star, finite = _blowup_estimate(_System(att, False), t_cross, at.factor[-1].ravel())
+    assert finite and t_cross < t_star < 20.0     # what a single estimate would have said

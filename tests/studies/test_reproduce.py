@@ -1,0 +1,119 @@
+"""`gaussian-pde reproduce --quick` end to end: files, counts, classified outcomes.
+
+Numbers checked are derived, not pinned: histogram counts must sum to the number of
+settings (10 per dimension in --quick, gaussian_pde.studies._reproduce.reproduce), and for softmax
+with V = I the accurate rank is the exact d - rank(Q) = d - floor(d/2) (MATH.md section 4).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from gaussian_pde.analysis import Outcome
+from gaussian_pde.cli._main import main
+from gaussian_pde.studies._reproduce import unit_trace_grid
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repro")
+    assert main(["reproduce", "--quick", "--seed", "3", "--out", str(out)]) == 0
+    return out
+
+
+def test_files_exist(quick_run):
+    names = {p.name for p in quick_run.iterdir()}
+    for f in ("report.md", "results.json", "histograms.npz", "rank_histograms.png",
+              "eigenvalue_flows.png", "regimes_softmax.png", "regimes_l2.png",
+              "regimes_multihead.png", "regimes_sinkhorn.png"):
+        assert f in names
+        assert (quick_run / f).stat().st_size > 0
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")]
+    report = (quick_run / "report.md").read_text()
+    for f in names:
+        if f.endswith(".png"):
+            assert f"]({f})" in report
+
+
+def test_histogram_counts_and_outcomes(quick_run):
+    res = json.loads((quick_run / "results.json").read_text())
+    n = res["config"]["n_settings"]
+    for key, h in res["histogram_counts"].items():
+        d = int(key.rsplit("_", 1)[1])
+        for proto in ("paper", "accurate"):
+            r = np.array(h[proto])
+            assert r.size == n                               # counts sum to the settings
+            assert np.bincount(np.where(r < 0, d + 1, r), minlength=d + 2).sum() == n
+            assert np.all(r <= d)
+        assert len(h["outcome"]) == n and all(h["outcome"])  # every trajectory classified
+        if key.startswith("softmax_I_"):
+            assert np.all(np.array(h["accurate"]) == d - d // 2)
+    kinds = {o.value for o in Outcome}
+    for trajs in res["regimes"].values():
+        assert len(trajs) == res["config"]["n_grid"]
+        assert all(t["outcome"] in kinds and t["message"] for t in trajs)
+
+
+@pytest.mark.slow
+def test_deterministic_given_seed(quick_run, tmp_path):
+    assert main(["reproduce", "--quick", "--seed", "3", "--out", str(tmp_path)]) == 0
+    a = json.loads((quick_run / "results.json").read_text())["histogram_counts"]
+    b = json.loads((tmp_path / "results.json").read_text())["histogram_counts"]
+    assert a == b
+
+
+def test_unwritable_output_folder(tmp_path):
+    bad = tmp_path / "file"
+    bad.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "--quick", "--out", str(bad / "sub")])
+    assert exc.value.code == 2
+    if os.geteuid() != 0:  # root can write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        with pytest.raises(SystemExit):
+            main(["reproduce", "--quick", "--out", str(ro)])
+
+
+def test_grid_validation():
+    g = unit_trace_grid(2, 5)
+    assert g.shape == (11, 2, 2)
+    np.testing.assert_allclose(np.trace(g, axis1=1, axis2=2), 1.0)
+    assert np.all(np.linalg.eigvalsh(g) > 0)
+    with pytest.raises(ValueError, match="`n_angles`"):
+        unit_trace_grid(2, 0)
+    with pytest.raises(ValueError, match="`r_max`"):
+        unit_trace_grid(2, 3, r_max=1.0)
+
+
+def test_parallel_equals_serial():
+    # the two-process split of the full run (one child integrates some of the histograms)
+    # gives the serial results bit for bit: every draw is made before the split
+    from gaussian_pde.studies._reproduce import (
+        REGIMES,
+        _compute,
+        _hist_settings,
+        _regime_attentions,
+    )
+
+    def run(parallel):
+        rng = np.random.default_rng(5)
+        drawn = {r: _regime_attentions(r, rng) for r in REGIMES}
+        drawn = {"depends": drawn["depends"]}       # the quickest regime suffices here
+        settings = {d: _hist_settings(rng, d, 2) for d in (3, 4)}
+        return _compute(rng, unit_trace_grid(1, 1)[:1], 3, drawn, settings, 1e-3, parallel)
+
+    (reg_s, hist_s), (reg_p, hist_p) = run(False), run(True)
+    assert list(hist_s) == list(hist_p)
+    for k in hist_s:
+        for key in ("paper", "accurate", "limit_paper_threshold", "bound", "t_paper"):
+            np.testing.assert_array_equal(hist_s[k][key], hist_p[k][key])
+        assert hist_s[k]["outcome"] == hist_p[k]["outcome"]
+    for k in reg_s:
+        assert [str(o.outcome) for o in reg_s[k]["outcomes"]] == \
+            [str(o.outcome) for o in reg_p[k]["outcomes"]]
+        np.testing.assert_array_equal(reg_s[k]["covs"], reg_p[k]["covs"])
+
