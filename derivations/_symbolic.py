@@ -4,7 +4,7 @@ Everything here works on SymPy *matrix expressions* (``MatrixSymbol`` of a symbo
 size), so a derivation is done once for every dimension ``d`` and head size ``k``.
 
 The core is :func:`quadratic_score_field`, which turns a score that is quadratic in the
-key token ``y`` into the affine velocity field of MATH.md section 3:
+key token ``y`` into the affine velocity field of docs/math.md section 3.2:
 
 1. from the SymPy expression of the score, extract by differentiation
 
@@ -155,7 +155,7 @@ def quadratic_score_field(score):
 
 
 def moment_equations(M, b):
-    r"""The Gaussian moment ODEs of an affine field (MATH.md section 3).
+    r"""The Gaussian moment ODEs of an affine field (docs/math.md section 3.1).
 
     Returns ``(mean_rhs, cov_rhs, factor_rhs)`` as matrix expressions:
     :math:`\alpha' = b + M\alpha`, :math:`\Sigma' = M\Sigma + \Sigma M^T` and, with

@@ -1,7 +1,7 @@
 r"""Sinkhorn attention: the Gaussian Schroedinger system and its closed form.
 
 The attention plan is the entropic coupling of :math:`\mu` with itself for the kernel
-:math:`e^{s(x,y)}`, :math:`s(x,y) = y^T A x`, :math:`A = c\,K^TQ` (MATH.md section 2):
+:math:`e^{s(x,y)}`, :math:`s(x,y) = y^T A x`, :math:`A = c\,K^TQ` (docs/math.md section 2.1):
 :math:`\pi(dx,dy) = e^{s(x,y) + f(x) + g(y)}\mu(dx)\mu(dy)` with both marginals equal to
 :math:`\mu = \mathcal N(\alpha,\Sigma)`. The velocity is
 :math:`\Gamma(x) = V\,\mathbb E_\pi[y\mid x]`.

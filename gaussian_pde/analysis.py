@@ -1,4 +1,4 @@
-r"""Anisotropy and clustering of Gaussian solutions (MATH.md, sections 4 and 5).
+r"""Anisotropy and clustering of Gaussian solutions (docs/math.md sections 4 and 5).
 
 How the shape of the token distribution :math:`\mathcal N(\alpha, \Sigma(t))` evolves:
 
@@ -126,7 +126,7 @@ def limit_rank(cov, rtol=1e-4, atol=0.0):
         Threshold relative to the largest eigenvalue (scale-free).
     atol : float >= 0
         Absolute threshold, in the units of :math:`\Sigma`. The paper's protocol
-        (MATH.md section 4) counts eigenvalues above 0.1: ``rtol=0, atol=0.1``.
+        (docs/math.md section 9.3) counts eigenvalues above 0.1: ``rtol=0, atol=0.1``.
 
     Returns
     -------

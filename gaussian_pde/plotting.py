@@ -1,4 +1,4 @@
-r"""Figures of covariance dynamics (MATH.md section 5). Imports matplotlib; the package does not.
+r"""Figures of covariance dynamics (docs/math.md section 5). Imports matplotlib; the package does not.
 
 A 2 x 2 covariance :math:`\Sigma = \begin{pmatrix} a & c\\ c & b\end{pmatrix}` is a point
 :math:`(a - b,\; 2c,\; a + b)` of :math:`\mathbb R^3`; positive semi-definite matrices

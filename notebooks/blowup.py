@@ -3,7 +3,7 @@
 #
 # Softmax attention with $V = I$ has the exact solution
 # $\Sigma(t) = (\Sigma_0^{-1} - t(A + A^T))^{-1}$, which blows up at
-# $t^* = 1/\lambda_{\max}(\Sigma_0^{1/2}(A + A^T)\Sigma_0^{1/2})$ (MATH.md section 4). A
+# $t^* = 1/\lambda_{\max}(\Sigma_0^{1/2}(A + A^T)\Sigma_0^{1/2})$ (docs/math.md section 4.1). A
 # finite particle system cannot blow up in finite time (each velocity is an average of
 # tokens): near $t^*$ the softmax weights degenerate, the effective sample size
 # $(\sum w)^2/\sum w^2$ falls to a few tokens, and the particles leave the ODE. The time

@@ -1,12 +1,12 @@
 # %% [markdown]
 # # L2 attention: moment ODE against particles
 #
-# L2 attention, score $-c|Qx - Ky|^2$, keeps Gaussians Gaussian (MATH.md section 3). With
+# L2 attention, score $-c|Qx - Ky|^2$, keeps Gaussians Gaussian (docs/math.md section 3.3). With
 # K = -Q and V = I the covariance collapses onto the line orthogonal to Q.
 #
 # The particles start i.i.d. from $\mathcal N(\alpha_0, \Sigma_0)$; their moments are
 # compared with `gaussian_pde.solve` for several numbers of tokens $n$ and seeds. The
-# Monte Carlo error must decay like $n^{-1/2}$ (MATH.md section 8). Set
+# Monte Carlo error must decay like $n^{-1/2}$ (docs/math.md section 8). Set
 # `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run (the test suite does).
 
 # %%

@@ -2,8 +2,8 @@
 # # Masked (causal) attention: positions matter
 #
 # Tokens carry positions $\tau\in[0,1]$; a token attends to tokens at $\tau'\le\tau$.
-# With position-independent data the mean field equals unmasked softmax (MATH.md
-# section 3), which this notebook checks against `gaussian_pde.solve` for softmax; with a
+# With position-independent data the mean field equals unmasked softmax (docs/math.md
+# section 3.4), which this notebook checks against `gaussian_pde.solve` for softmax; with a
 # position-dependent mean $\alpha(\tau)$ Gaussians are not preserved and the particles
 # are the reference. Set `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run.
 

@@ -6,7 +6,7 @@
 #
 # The particles start i.i.d. from $\mathcal N(\alpha_0, \Sigma_0)$; their moments are
 # compared with `gaussian_pde.solve` for several numbers of tokens $n$ and seeds. The
-# Monte Carlo error must decay like $n^{-1/2}$ (MATH.md section 8). Set
+# Monte Carlo error must decay like $n^{-1/2}$ (docs/math.md section 8). Set
 # `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run (the test suite does).
 
 # %%

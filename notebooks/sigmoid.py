@@ -2,7 +2,7 @@
 # # Sigmoid attention: particles only (no exact Gaussian closure)
 #
 # $\Gamma[\mu](x) = V\int\sigma(s(x,y) + b)\,y\,d\mu(y)$ is not normalised, so Gaussians
-# are not preserved (MATH.md section 3) and `gaussian_pde.solve` rejects it. This notebook
+# are not preserved (docs/math.md section 3.4) and `gaussian_pde.solve` rejects it. This notebook
 # follows the covariance of the particles (eigenvalues and $\Sigma/\mathrm{tr}\,\Sigma$),
 # with error bars over seeds, and measures how far the cloud drifts from Gaussian.
 # Set `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run.

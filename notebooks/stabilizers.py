@@ -29,7 +29,7 @@ print((out / "report.md").read_text())
 # Claims: without residuals the first layer moves the distribution further (W2 from the
 # input); without normalisation tr Sigma of the Gaussian grows by orders of magnitude
 # (no residual: blow-up past 1e8 within a few layers), while the finite-n particles do
-# not follow (their attention degenerates, MATH.md section 8).
+# not follow (their attention degenerates, docs/math.md section 8).
 
 # %%
 c = summary["claims"]

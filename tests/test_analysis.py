@@ -1,7 +1,7 @@
 """Tests of gaussian_pde.analysis against cases with known outcomes.
 
 Pinned numbers and where they come from:
-* exact V = I softmax limits and blow-up times: MATH.md section 4 (closed form,
+* exact V = I softmax limits and blow-up times: docs/math.md section 4.1 (closed form,
   gaussian_pde.integrate._exact), never hard-coded;
 * tolerances: the solver runs at rtol 1e-10 on the factor L, so blow-up times agree to
   ~1e-8; 1e-6 leaves margin.
@@ -145,8 +145,8 @@ def test_bures_wasserstein(rng):
 
 
 def test_classifier_zero_from_slow_algebraic_decay(rng):
-    """Sigma(t) = (Sigma_0^-1 + t S)^-1 with S > 0 (softmax, K = -Q, V = I, exact, MATH.md
-    section 4) seen only up to t = 30: the trace has fallen by about one decade and every
+    """Sigma(t) = (Sigma_0^-1 + t S)^-1 with S > 0 (softmax, K = -Q, V = I, exact, docs/math.md
+    section 4.1) seen only up to t = 30: the trace has fallen by about one decade and every
     eigenvalue decays like 1/t, so the limit is zero; a rank-1 limit (S singular) is not."""
     Q = rng.standard_normal((2, 2))
     att = gp.Softmax(Q, -Q, np.eye(2))

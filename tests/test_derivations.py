@@ -12,7 +12,7 @@ def test_softmax_field_is_derived():
     field = softmax.derive()
     assert field.parts.H in (0, sp.ZeroMatrix(S.d, S.d))
     assert sp.expand(field.parts.A - S.scale * S.K.T * S.Q).doit() in (0, sp.ZeroMatrix(S.d, S.d))
-    # M = V Sigma A, b = V alpha (MATH.md section 3)
+    # M = V Sigma A, b = V alpha (docs/math.md section 3.3)
     assert sp.expand(field.M - S.scale * S.V * S.Sigma * S.K.T * S.Q).doit() in \
         (0, sp.ZeroMatrix(S.d, S.d))
     assert field.b == S.V * S.alpha

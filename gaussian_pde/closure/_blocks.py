@@ -1,4 +1,4 @@
-r"""Components of a Transformer block as fields of the Gaussian closure (MATH.md section 7).
+r"""Components of a Transformer block as fields of the Gaussian closure (docs/math.md 7.2).
 
 A block's velocity is a user-assembled sum of fields (:class:`gaussian_pde.closure._engine.Field`),
 with an optional normalisation in pre-norm position::

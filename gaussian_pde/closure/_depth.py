@@ -1,4 +1,4 @@
-r"""Discrete depth: a stack of L layers in three modes (MATH.md section 7).
+r"""Discrete depth: a stack of L layers in three modes (docs/math.md section 7.1).
 
 Layer :math:`\ell` has its own field :math:`F_\ell` (a block of
 :mod:`gaussian_pde.closure._blocks`, or an attention type). Modes:

@@ -1,4 +1,4 @@
-r"""Gaussian closure of the Transformer PDE where Gaussians are not preserved (MATH.md s. 6).
+r"""Gaussian closure of the Transformer PDE where Gaussians are not preserved (docs/math.md 6).
 
 For a velocity field :math:`\Gamma` (possibly depending on the current Gaussian), project
 the PDE onto Gaussians by matching the first two moments: with
@@ -258,7 +258,7 @@ class AttentionField(Field):
     * Gaussian-preserving types (softmax, L2, Sinkhorn, multi-head): the exact affine field
       :math:`b + Mx` of the attention's hooks, unless ``n_inner`` is given;
     * ``n_inner`` (Gaussian-preserving types): the field computed from its definition
-      (MATH.md section 2) with the measure replaced by its ``n_inner``-per-dimension
+      (docs/math.md section 2.2) with the measure replaced by its ``n_inner``-per-dimension
       Gauss-Hermite rule (Sinkhorn: weighted log-domain Sinkhorn on the nodes, then the
       conditional law of ``y`` given any ``x``). A check of the closure engine, not a way to
       compute: it converges to the affine field as ``n_inner`` grows;

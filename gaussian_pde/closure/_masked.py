@@ -4,7 +4,7 @@ Positions :math:`\tau\in[0,1]` are cut into ``B`` equal blocks with centres
 :math:`\tau_b = (b + 1/2)/B`; block ``b`` carries :math:`\mathcal N(\alpha_b, \Sigma_b)`.
 A token of block ``b`` attends to the mixture :math:`\frac{1}{b+1}\sum_{c\le b}
 \mathcal N(\alpha_c, \Sigma_c)` of the earlier blocks, itself included. The field is
-exact for that mixture (each component's tilted law is Gaussian, MATH.md section 3):
+exact for that mixture (each component's tilted law is Gaussian, docs/math.md section 3.2):
 
 .. math::
 

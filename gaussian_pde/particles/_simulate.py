@@ -1,4 +1,4 @@
-r"""Particle Monte Carlo for the Transformer PDE (MATH.md sections 1 and 8).
+r"""Particle Monte Carlo for the Transformer PDE (docs/math.md sections 1 and 8).
 
 The PDE :math:`\partial_t\mu + \nabla\cdot(\mu\,\Gamma[\mu]) = 0` is the mean-field limit
 of the particle system

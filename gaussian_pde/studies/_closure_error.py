@@ -1,4 +1,4 @@
-r"""Measured error of the Gaussian closure against particles (MATH.md section 6).
+r"""Measured error of the Gaussian closure against particles (docs/math.md section 6).
 
 For each case (sigmoid attention, masked attention with position-dependent means, a
 LayerNorm pre-norm block, a ReLU MLP block) in ``d = 2``, the closure ODE and the particle

@@ -1,4 +1,4 @@
-r"""Moment ODEs against particle Monte Carlo (MATH.md section 8).
+r"""Moment ODEs against particle Monte Carlo (docs/math.md section 8).
 
 For a Gaussian-preserving attention type the particle system started from
 :math:`x_i \sim \mathcal N(\alpha_0, \Sigma_0)` i.i.d. has moments

@@ -3,7 +3,7 @@ r"""``gaussian-pde reproduce``: the paper's Gaussian figures, and what they look
 Writes into an output folder (all files atomically, :mod:`gaussian_pde._common.io`):
 
 * ``regimes_<type>.png`` for softmax, L2, multi-head (2 heads) and Sinkhorn: the 2-D
-  regimes of MATH.md section 4 from a grid of unit-trace initial covariances
+  regimes of docs/math.md section 4.4 from a grid of unit-trace initial covariances
   (convergence to 0 and to a line in the PSD cone, blow-up and the
   :math:`\Sigma_0`-dependent regime as :math:`\Sigma/\operatorname{tr}\Sigma` in the disk);
 * ``eigenvalue_flows.png``: eigenvalues of :math:`\Sigma/\operatorname{tr}\Sigma` over time;
@@ -381,7 +381,7 @@ def _report(cfg, regimes, hists, ds, paths, timing):
          f"Seed {cfg['seed']}, {'quick' if cfg['quick'] else 'full'} run, "
          f"{timing['compute_s']:.2f} s of compute ({timing['cpu_s']:.2f} s CPU), "
          f"{timing['wall_s']:.2f} s wall including figures.", "",
-         "## 2-D regimes (MATH.md section 4)", "",
+         "## 2-D regimes (docs/math.md section 4.4)", "",
          f"Each panel integrates {len(next(iter(regimes.values()))['outcomes'])} unit-trace "
          "initial covariances (a polar grid of the unit disk) in one batch "
          "(`solve_batch`) and classifies every trajectory "
@@ -403,10 +403,11 @@ def _report(cfg, regimes, hists, ds, paths, timing):
           "normal, K = -Q, Sigma_0 = G G^T, V = I or V = G^T G (the same G), scale "
           "1/sqrt(d).", "",
           f"* **paper protocol**: integrate until the Frobenius norm of the right-hand side "
-          f"is below {cfg['paper_tol']:g} (the published tolerance is not stated in MATH.md; "
-          "`--paper-tol` changes it), count eigenvalues above 0.1;",
+          f"is below {cfg['paper_tol']:g} (the published script uses 1e-4 or 5e-5 per panel "
+          "with explicit Euler steps, docs/math.md section 9.5; `--paper-tol` changes it), "
+          "count eigenvalues above 0.1;",
           "* **accurate protocol**: the rank of the true limit: for softmax with V = I from "
-          "the exact solution (MATH.md section 4), otherwise integrating to t = 1e8 "
+          "the exact solution (docs/math.md section 4.1), otherwise integrating to t = 1e8 "
           "(`solve_batch`: DOP853, switching per trajectory to the L-stable Rosenbrock "
           f"method RODAS4 once stiff; rtol {_ACCURATE_RTOL:g}) and "
           f"classifying (relative rank threshold {ACCURATE_RTOL:g}); `?` = undecided.", "",
@@ -438,7 +439,7 @@ def _report(cfg, regimes, hists, ds, paths, timing):
           "with the exact limit (column: the exact/accurate limit counted with the 0.1 "
           "threshold differs from its true rank).",
           "* **early stop**: for K = -Q the covariance converges algebraically (like 1/t, "
-          "MATH.md section 4: Sigma(t) = (Sigma_0^-1 + 2ct Q^T Q)^-1 for V = I), so "
+          "docs/math.md section 4.1: Sigma(t) = (Sigma_0^-1 + 2ct Q^T Q)^-1 for V = I), so "
           "|Sigma'| = O(1/t^2) falls below the tolerance while a vanishing eigenvalue is "
           "still O(sqrt(tol)), possibly above 0.1: the rank is over-counted (column: the "
           "stopped state and the true limit, both counted above 0.1, differ).", "",

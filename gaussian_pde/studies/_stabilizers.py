@@ -1,4 +1,4 @@
-r"""Residual / normalisation stabiliser study (MATH.md section 7, the second source paper).
+r"""Residual / normalisation stabiliser study (docs/math.md section 7, the second source paper).
 
 For every combination of {residual, no residual} x {no normalisation, LayerNorm, trace
 normalisation} a stack of ``n_layers`` softmax-attention layers (weights drawn per layer,

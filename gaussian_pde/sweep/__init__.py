@@ -1,7 +1,7 @@
 """Resumable parameter sweeps, local by default and on a Dask cluster when asked.
 
 A sweep maps the regimes of the Gaussian moment ODEs over random weight draws,
-dimensions and attention types (MATH.md, section 4): which fraction of settings blow up,
+dimensions and attention types (docs/math.md section 4.4): which fraction of settings blow up,
 vanish or collapse to rank ``r``. Typical use::
 
     from gaussian_pde.sweep import SweepSpec, run_sweep, load_results, summarize

@@ -76,7 +76,7 @@ def test_solve_closure_matches_gp_solve(rng):
 
 
 def test_solve_closure_blowup_time():
-    # softmax, V = I, A = I, Sigma0 = I in d = 2: t* = 1/lambda_max(A + A^T) = 1/2 (MATH.md s. 4)
+    # softmax, V = I, A = I, Sigma0 = I in d = 2: t* = 1/lambda_max(A + A^T) = 1/2 (docs/math.md 4.1)
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=1.0)
     sol = solve_closure(att, np.zeros(2), np.eye(2), (0, 1),
                         n_per_dim=3, rtol=1e-10, atol=1e-12)

@@ -1,4 +1,4 @@
-"""Reference problems with exact solutions (MATH.md section 4).
+"""Reference problems with exact solutions (docs/math.md section 4).
 
 Tolerances are in the units of the solver: ``solve`` runs with rtol = 1e-10 (its default)
 and the checks ask 1e-8 relative on the covariance, 1e-6 relative on the blow-up time

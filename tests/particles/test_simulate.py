@@ -1,8 +1,8 @@
 """Particle velocity and particle simulation (gaussian_pde.particles._simulate, _particle_kernels).
 
-References are direct, unchunked O(n^2) computations written here from MATH.md section 2
-with SciPy's ``softmax``/``logsumexp``, independently of the blocked kernels. Tolerances:
-``1e-9`` relative where only rounding differs (float64, n <= 100, scores of order 10);
+References are direct, unchunked O(n^2) computations written here from docs/math.md
+section 2.3 with SciPy's ``softmax``/``logsumexp``, independently of the blocked kernels.
+Tolerances: ``1e-9`` relative where only rounding differs (float64, n <= 100, scores of order 10);
 Monte Carlo checks use a stated number of standard errors ``~ n^{-1/2}``.
 """
 
@@ -52,7 +52,7 @@ def direct_sinkhorn_plan(S, iters=20_000, tol=1e-14):
 
 
 def direct_velocity(att, x, positions=None):
-    """Velocity and ESS per query by the O(n^2) formula of MATH.md section 2."""
+    """Velocity and ESS per query by the O(n^2) formula of docs/math.md section 2.3."""
     if isinstance(att, gp.MultiHead):
         parts = [direct_velocity(h, x) for h in att.heads]
         return sum(p[0] for p in parts), np.minimum.reduce([p[1] for p in parts])

@@ -2,7 +2,7 @@
 
 Numbers checked are derived, not pinned: histogram counts must sum to the number of
 settings (10 per dimension in --quick, gaussian_pde.studies._reproduce.reproduce), and for softmax
-with V = I the accurate rank is the exact d - rank(Q) = d - floor(d/2) (MATH.md section 4).
+with V = I the accurate rank is the exact d - rank(Q) = d - floor(d/2) (docs/math.md section 4.1).
 """
 
 import json

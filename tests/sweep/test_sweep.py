@@ -172,7 +172,7 @@ def test_task_recomputes_alone_and_seeds_do_not_depend_on_batching(reference):
 
 def test_blowup_times_match_the_exact_riccati_solution():
     # softmax, V = I, K = Q: A + A^T = 2 Q^T Q / sqrt(k) >= 0, so every draw blows up at
-    # t* = 1 / lambda_max(Sigma0^1/2 (A + A^T) Sigma0^1/2) (MATH.md section 4)
+    # t* = 1 / lambda_max(Sigma0^1/2 (A + A^T) Sigma0^1/2) (docs/math.md section 4.1)
     spec = SweepSpec.from_dict({
         "sweep": {"attention": ["softmax"], "dims": [3], "draws": 4, "seed": 3,
                   "batch_size": 4},
