@@ -4,7 +4,7 @@ Run: ``python benchmarks/bench_batch.py [--n 1000] [--single 50]``. The separate
 timed on a subset (``--single``) in the same process and extrapolated to ``--n``.
 Problem: 2-D softmax, V = I, random Q, K in R^{1x2} and unit-trace Sigma_0, t in [0, 5]
 (about half blow up, half converge), default tolerances (DOP853, rtol 1e-10), 51 output
-times. Target (issue 4): speed-up >= 20. The separate calls are timed twice: with the
+times. Target: speed-up >= 20. The separate calls are timed twice: with the
 default compiled DOP853 of ``gp.solve`` and with SciPy's Python DOP853, the same algorithm
 that ``solve_batch`` vectorises.
 """

@@ -24,7 +24,7 @@ for (name, s), r in res.items():
           f"max excess {r['excess'].max():.4f}, non-Gaussianity at t=1 {r['non_gaussianity'][:, -1].mean():.3f}")
 
 # %% [markdown]
-# Regimes (full run, n = 1500-2000, see the report of issue 5): the sigmoid closure is
+# Regimes (full run, n = 1500-2000; the README reports the numbers): the sigmoid closure is
 # within Monte Carlo error (excess < 0.01); LayerNorm and the ReLU MLP block drift away
 # at ~0.08-0.13 by t = 1 as the particles become non-Gaussian; masked attention with
 # position-dependent means has the largest closure error (excess ~ 0.13 per block), the

@@ -9,7 +9,7 @@ import runpy
 
 import pytest
 
-#: the particle-validation notebooks (issue 3); other notebooks can be added here
+#: the particle-validation notebooks; other notebooks can be added here
 NAMES = ["softmax", "l2", "multihead", "sinkhorn", "sigmoid", "masked", "blowup"]
 NOTEBOOKS = [pathlib.Path(__file__).parent.parent / "notebooks" / f"{n}.py" for n in NAMES]
 

@@ -232,7 +232,7 @@ def validate_square_2x2(value, name, *, batch=True, finite=False):
     return arr
 
 
-# --- helpers of the Gaussian closure, blocks and depth modules (issue 5) ---
+# --- helpers of the Gaussian closure, blocks and depth modules ---
 
 #: range of Gauss-Hermite nodes per dimension accepted by the closure
 QUADRATURE_RANGE = (2, 40)

@@ -2,7 +2,7 @@
 
 Tolerances are in the units of the solver: ``solve`` runs with rtol = 1e-10 (its default)
 and the checks ask 1e-8 relative on the covariance, 1e-6 relative on the blow-up time
-(the issue's targets).
+(the package's accuracy targets).
 """
 
 import numpy as np

@@ -3,7 +3,7 @@
 Exact references (docs/math.md section 4.1, softmax with V = I): Sigma(t) =
 (Sigma_0^-1 - t (A + A^T))^-1 and its blow-up time. RODAS4 at rtol 1e-10 reaches ~1e-11
 relative on the covariance, and at rtol 1e-8 ~3e-11 on the blow-up time; the pinned 1e-8 and 1e-6
-are the package's accuracy targets (issue 2).
+are the package's accuracy targets.
 """
 
 import numpy as np
