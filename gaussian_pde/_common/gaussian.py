@@ -51,9 +51,8 @@ def bures_wasserstein(mean1, cov1, mean2, cov2, squared=False):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from gaussian_pde._common.gaussian import bures_wasserstein
-    >>> float(bures_wasserstein(np.zeros(2), np.eye(2), np.array([3.0, 4.0]), 4 * np.eye(2)))
+    >>> import numpy as np, gaussian_pde as gp
+    >>> float(gp.bures_wasserstein(np.zeros(2), np.eye(2), np.array([3.0, 4.0]), 4 * np.eye(2)))
     5.196152422706632
     """
     m1 = validate_array(mean1, "mean1", ndim=None)

@@ -108,8 +108,7 @@ class Stack:
     Examples
     --------
     >>> import numpy as np, gaussian_pde as gp
-    >>> from gaussian_pde.closure._depth import Stack
-    >>> Stack(gp.Softmax(np.eye(2), np.eye(2), np.eye(2)), n_layers=4, h=0.1).n_layers
+    >>> gp.Stack(gp.Softmax(np.eye(2), np.eye(2), np.eye(2)), n_layers=4, h=0.1).n_layers
     4
     """
 

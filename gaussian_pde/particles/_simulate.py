@@ -185,9 +185,8 @@ def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from gaussian_pde.particles._simulate import sample_gaussian
-    >>> sample_gaussian(np.zeros(2), np.eye(2), n=1000, seed=0).shape
+    >>> import numpy as np, gaussian_pde as gp
+    >>> gp.sample_gaussian(np.zeros(2), np.eye(2), n=1000, seed=0).shape
     (1000, 2)
     """
     n = validate_int(n, "n", minimum=2)
@@ -324,10 +323,9 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
     Examples
     --------
     >>> import numpy as np, gaussian_pde as gp
-    >>> from gaussian_pde.particles._simulate import sample_gaussian, simulate_particles
     >>> att = gp.Softmax(np.eye(2), -np.eye(2), np.eye(2))
-    >>> x0 = sample_gaussian(np.zeros(2), np.eye(2), n=200, seed=0)
-    >>> ps = simulate_particles(att, x0, (0, 1), t_eval=[0, 0.5, 1], method="rk4", dt=0.1)
+    >>> x0 = gp.sample_gaussian(np.zeros(2), np.eye(2), n=200, seed=0)
+    >>> ps = gp.simulate_particles(att, x0, (0, 1), t_eval=[0, 0.5, 1], method="rk4", dt=0.1)
     >>> ps.status, ps.mean.shape, ps.cov.shape
     (<Status.FINISHED: 'finished'>, (3, 2), (3, 2, 2))
     """
