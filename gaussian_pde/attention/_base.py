@@ -28,16 +28,93 @@ import numpy as np
 from .._common.validation import validate_matrix, validate_positive
 from ._kernels import make_options
 
-__all__ = ["Attention", "SingleHeadAttention"]
+__all__ = ["Attention", "SingleHeadAttention", "CLOSURES"]
+
+
+#: the values of :attr:`Attention.closure` for types that do not preserve Gaussians
+CLOSURES = ("quadrature", "block_causal")
 
 
 class Attention(abc.ABC):
-    """Abstract attention type (one velocity field of the Transformer PDE)."""
+    r"""Abstract attention type (one velocity field of the Transformer PDE).
+
+    What a type can do is declared on the type, as class attributes that the solvers,
+    the closure engine, the particle code, the sweeps and the tests read (no code tests
+    an attention by its name or class to decide what to do with it).
+
+    Attributes
+    ----------
+    name : str
+        Registry name, e.g. ``"softmax"`` (:data:`gaussian_pde.ATTENTIONS`).
+    gaussian_preserving : bool
+        Whether the PDE maps Gaussians to Gaussians: the field against
+        :math:`\mathcal N(\alpha,\Sigma)` is affine, :meth:`field_matrix`,
+        :meth:`field_offset`, :meth:`moment_rhs`, :meth:`cov_rhs` and :meth:`factor_rhs`
+        give the exact moment equations, and :func:`gaussian_pde.moment_rhs` and
+        :func:`gaussian_pde.solve` accept the type. Otherwise those hooks raise
+        ``TypeError`` and :attr:`closure` says what replaces them. Default ``True``.
+    exact_jacobian : bool
+        Whether the factor-form field :math:`L' = F(L)` has an exact (closed-form)
+        Jacobian that the stiff integrators of :mod:`gaussian_pde.integrate` use instead
+        of finite differences. Its right-hand side is then analytic in :math:`L` (sums,
+        products and solves, no eigen- or singular-value decomposition), so the complex
+        step :math:`\operatorname{Im} F(L + i\delta E)/\delta` is exact too. ``True``
+        for softmax and L2, ``False`` for Sinkhorn (its :math:`\varphi` uses an SVD), for
+        the non-Gaussian-preserving types, and by default: a new type leaves it
+        ``False`` (the closed forms cover the softmax and L2 heads only).
+        :class:`~gaussian_pde.MultiHead`: ``True`` iff every head has it (on the class:
+        ``False``, what holds for every instance).
+    closure : {None, "quadrature", "block_causal"}
+        How the type is handled when it does not preserve Gaussians:
+
+        ``None``
+            exact moment equations (every Gaussian-preserving type); for a type that
+            does not preserve Gaussians, no Gaussian closure (particles only);
+        ``"quadrature"``
+            the Gaussian closure of :func:`gaussian_pde.solve_closure`: the field against
+            the Gaussian by quadrature (Stein's lemma in the score for sigmoid), moments
+            by Gauss-Hermite quadrature (:class:`~gaussian_pde.AttentionField`);
+        ``"block_causal"``
+            tokens carry positions; the block-causal family of Gaussians of
+            :func:`gaussian_pde.solve_masked_closure` (masked attention, also the masked
+            layers of :class:`~gaussian_pde.Stack`).
+    uses_positions : bool
+        Whether tokens carry sequence positions in ``[0, 1]`` (masked attention): the
+        particle functions take ``positions=``. Default ``False``.
+
+    Notes
+    -----
+    The hooks a type implements:
+
+    ``d``, ``field_matrix``, ``field_offset``, ``moment_rhs``, ``cov_rhs``, ``factor_rhs``
+        the affine field and the moment equations (abstract; non-Gaussian-preserving
+        types make them raise ``TypeError``);
+    ``factor_kernel``
+        optional fast closure ``L -> L'``;
+    ``_particle_velocity(x, opts)``
+        the particle kernel: unchecked velocities :math:`\Gamma[\mu_n](x_i)` of the
+        tokens ``x`` (shape ``(n, d)``, validated) with validated
+        :class:`~gaussian_pde.attention._kernels.ParticleOptions`; returns ``(v, diag)``,
+        ``v`` of shape ``(n, d)`` and a :class:`~gaussian_pde.ParticleDiagnostics`.
+        :meth:`particle_velocity` (the public entry) and
+        :func:`gaussian_pde.simulate_particles` call it; every registered type provides
+        it (:func:`gaussian_pde.register_attention` checks);
+    ``example(d, rng)``
+        a random valid instance of dimension ``d`` (classmethod), which the tests that
+        run over the registry use: a new type supplies one (single-head types inherit
+        that of :class:`SingleHeadAttention`).
+    """
 
     #: registry name, e.g. ``"softmax"``
     name: str = ""
     #: whether the PDE maps Gaussians to Gaussians for this type
     gaussian_preserving: bool = True
+    #: whether the factor-form field has an exact (closed-form) Jacobian
+    exact_jacobian: bool = False
+    #: None (exact moment ODE), "quadrature" or "block_causal" (see :data:`CLOSURES`)
+    closure: str | None = None
+    #: whether tokens carry sequence positions (masked attention)
+    uses_positions: bool = False
 
     @property
     @abc.abstractmethod
@@ -76,9 +153,6 @@ class Attention(abc.ABC):
     def velocity(self, mean, cov, x):
         r"""The affine field :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x) = b + Mx` at tokens ``x`` (..., d)."""
         return self.field_offset(mean, cov) + x @ self.field_matrix(cov).T
-
-    #: whether tokens carry sequence positions (masked attention)
-    uses_positions: bool = False
 
     def particle_velocity(self, x, *, positions=None, chunk_size=None, dtype=np.float64,
                           state=None, want_ess=False, sinkhorn_tol=None,
@@ -128,8 +202,45 @@ class Attention(abc.ABC):
         return self._particle_velocity(x, opts)
 
     def _particle_velocity(self, x, opts):
-        """Unchecked particle velocity; every attention module implements this hook."""
+        r"""The particle kernel: unchecked velocities :math:`\Gamma[\mu_n](x_i)`.
+
+        Every attention type implements this hook (the registry refuses a type that
+        does not); :meth:`particle_velocity` validates the arguments and calls it.
+
+        Parameters
+        ----------
+        x : ndarray, shape (n, d)
+            Validated token positions (float64, finite).
+        opts : ParticleOptions
+            Validated options (:func:`~gaussian_pde.attention._kernels.make_options`):
+            positions, tile size, precision, warm-start state, ESS request, Sinkhorn
+            tolerance.
+
+        Returns
+        -------
+        v : ndarray, shape (n, d)
+        diag : ParticleDiagnostics
+        """
         raise NotImplementedError(f"{type(self).__name__} has no particle velocity.")
+
+    @classmethod
+    def example(cls, d=2, rng=None):
+        """A random valid instance of dimension ``d`` (for the tests run over the registry).
+
+        Parameters
+        ----------
+        d : int
+            Token dimension.
+        rng : numpy.random.Generator, int or None
+            Source of the random weights (``numpy.random.default_rng(rng)``).
+
+        Returns
+        -------
+        Attention
+            Weights of order one, so that the moment equations and the particle
+            velocities are tame for covariances of order one.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not define `example(d, rng)`.")
 
     def __setattr__(self, key, value):
         if getattr(self, "_frozen", False):
@@ -170,6 +281,24 @@ class SingleHeadAttention(Attention):
 
     #: module generated by ``derivations/generate.py`` with the right-hand sides
     _generated = None
+
+    @classmethod
+    def example(cls, d=2, rng=None):
+        """A random instance: ``cls(Q, K, V)`` with ``k = d`` and weights of order one.
+
+        See :meth:`Attention.example`; a subclass with more constructor arguments
+        overrides it.
+        """
+        return cls(*cls._example_weights(d, rng))
+
+    @staticmethod
+    def _example_weights(d, rng):
+        """Random ``Q``, ``K`` (``d x d``, entries of size 1/2) and ``V`` (spectral size ~1)."""
+        rng = np.random.default_rng(rng)
+        Q = 0.5 * rng.standard_normal((d, d))
+        K = 0.5 * rng.standard_normal((d, d))
+        V = rng.standard_normal((d, d)) / np.sqrt(d)
+        return Q, K, V
 
     @property
     def d(self) -> int:

@@ -38,6 +38,7 @@ class L2(SingleHeadAttention):
     """
 
     name = "l2"
+    exact_jacobian = True
     _generated = _gen
 
     def _particle_velocity(self, x, opts):

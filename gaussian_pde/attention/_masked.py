@@ -60,6 +60,9 @@ class Masked(SingleHeadAttention):
 
     name = "masked"
     gaussian_preserving = False
+    exact_jacobian = False
+    #: block-causal Gaussian closure (gaussian_pde.closure._masked)
+    closure = "block_causal"
     uses_positions = True
 
     field_matrix = field_offset = moment_rhs = cov_rhs = factor_rhs = _no_closure

@@ -10,10 +10,31 @@ and the moment equations are the sums of the heads' equations
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._base import Attention
 from ._kernels import ParticleDiagnostics
 
 __all__ = ["MultiHead"]
+
+
+class _AllHeads:
+    """A capability a sum of heads has iff every head has it.
+
+    Read on an instance it is ``all(head.<name> for head in heads)``; read on the class
+    it is ``on_class``, the value that holds for every instance.
+    """
+
+    def __init__(self, on_class):
+        self.on_class = on_class
+
+    def __set_name__(self, owner, name):
+        self.attr = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.on_class
+        return all(getattr(h, self.attr) for h in obj.heads)
 
 
 class MultiHead(Attention):
@@ -34,6 +55,11 @@ class MultiHead(Attention):
     """
 
     name = "multihead"
+    #: every head preserves Gaussians (checked by the constructor), so the sum does
+    gaussian_preserving = True
+    closure = None
+    #: True iff every head has an exact Jacobian (softmax and L2 heads)
+    exact_jacobian = _AllHeads(on_class=False)
 
     def __init__(self, heads):
         if isinstance(heads, Attention):
@@ -60,6 +86,18 @@ class MultiHead(Attention):
     @property
     def d(self) -> int:
         return self.heads[0].d
+
+    @classmethod
+    def example(cls, d=2, rng=None, heads=None):
+        """A random instance (see :meth:`Attention.example`): one softmax and one L2 head.
+
+        ``heads`` (optional) names the head types instead, e.g. ``("softmax", "sinkhorn")``.
+        """
+        from ._registry import get_attention
+
+        rng = np.random.default_rng(rng)
+        heads = ("softmax", "l2") if heads is None else heads
+        return cls([get_attention(h).example(d, rng) for h in heads])
 
     def field_matrix(self, cov):
         return sum(h.field_matrix(cov) for h in self.heads)

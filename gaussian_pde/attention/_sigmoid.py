@@ -55,6 +55,9 @@ class Sigmoid(SingleHeadAttention):
 
     name = "sigmoid"
     gaussian_preserving = False
+    exact_jacobian = False
+    #: Gaussian closure: Stein's lemma in the score, Gauss-Hermite moments
+    closure = "quadrature"
 
     def __init__(self, Q, K, V, bias=0.0, scale=None):
         if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not np.isfinite(bias):
@@ -63,6 +66,13 @@ class Sigmoid(SingleHeadAttention):
         super().__init__(Q, K, V, scale=scale)
 
     field_matrix = field_offset = moment_rhs = cov_rhs = factor_rhs = _no_closure
+
+    @classmethod
+    def example(cls, d=2, rng=None):
+        """A random instance (see :meth:`Attention.example`), bias in ``[-1, 1]``."""
+        rng = np.random.default_rng(rng)
+        Q, K, V = cls._example_weights(d, rng)
+        return cls(Q, K, V, bias=float(rng.uniform(-1.0, 1.0)))
 
     def _particle_velocity(self, x, opts):
         r"""Particle velocity :math:`V\frac1n\sum_j \sigma(c\langle Qx_i, Kx_j\rangle + b)\,x_j`."""

@@ -38,6 +38,8 @@ class Sinkhorn(SingleHeadAttention):
     """
 
     name = "sinkhorn"
+    #: the field involves phi(B^T B) through an SVD: no closed-form Jacobian
+    exact_jacobian = False
     _generated = _gen
 
     def _particle_velocity(self, x, opts):

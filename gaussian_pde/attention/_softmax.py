@@ -45,6 +45,7 @@ class Softmax(SingleHeadAttention):
     """
 
     name = "softmax"
+    exact_jacobian = True
     _generated = _gen
 
     def _particle_velocity(self, x, opts):
