@@ -57,7 +57,6 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention._base import Attention
-from ..attention._masked import Masked
 from ..integrate._solve import Status
 from ..particles._simulate import particle_moments, sliced_wasserstein_to_gaussian
 from ._engine import DEFAULT_N_PER_DIM, as_field, solve_closure, standard_nodes
@@ -75,12 +74,18 @@ __all__ = ["Stack", "DepthSolution", "propagate_gaussian", "propagate_particles"
 MODES = ("continuous", "residual", "none")
 
 
+def _is_block_causal(layer):
+    """Whether a layer is an attention type with the block-causal closure (masked)."""
+    return isinstance(layer, Attention) and layer.closure == "block_causal"
+
+
 def _as_layer(obj, name):
-    """A layer: a :class:`Field` (attention is wrapped), or a :class:`Masked` head as is."""
+    """A layer: a :class:`Field` (attention is wrapped), or a block-causal head as is."""
     if isinstance(obj, Attention) and obj.uses_positions:
-        if not isinstance(obj, Masked):
-            raise TypeError(f"`{name}` ({obj.name}) uses token positions but is not a Masked "
-                            "attention: no depth propagation is defined for it.")
+        if not _is_block_causal(obj):
+            raise TypeError(f"`{name}` ({obj.name}) uses token positions but has no "
+                            "block-causal closure (closure = "
+                            f"{obj.closure!r}): no depth propagation is defined for it.")
         return obj
     return as_field(obj, name)
 
@@ -126,7 +131,7 @@ class Stack:
             n_layers = validate_int(n_layers, "n_layers", minimum=1)
             fields = [_as_layer(layers, "layers")] * n_layers
         self.d = validate_same_dimension(fields, "layers")
-        masked = [isinstance(f, Masked) for f in fields]
+        masked = [_is_block_causal(f) for f in fields]
         if any(masked) and not all(masked):
             i = masked.index(not masked[0])
             raise ValueError(f"`layers[{i}]` is {'' if masked[i] else 'not '}masked but "

@@ -53,7 +53,22 @@ _DISTRIBUTIONS = ("normal", "uniform")
 _KEYS = ("minus_query", "query", "independent")
 _VALUES = ("identity", "gram", "gram_t", "random")
 _INITIAL = ("wishart", "identity")
-_SINGLE_HEADS = ("softmax", "l2", "sinkhorn")
+
+
+def _usable_types():
+    """Registered names a sweep can run: the Gaussian-preserving types (exact moment ODEs)."""
+    from ..attention._registry import ATTENTIONS
+
+    return tuple(name for name, cls in ATTENTIONS.items() if cls.gaussian_preserving)
+
+
+def _single_heads():
+    """Registered Gaussian-preserving single-head types: what a ``multihead`` head can be."""
+    from ..attention._base import SingleHeadAttention
+    from ..attention._registry import ATTENTIONS
+
+    return tuple(name for name, cls in ATTENTIONS.items()
+                 if cls.gaussian_preserving and issubclass(cls, SingleHeadAttention))
 
 
 def _fail(where, msg, exc=ValueError):
@@ -112,8 +127,9 @@ class WeightSpec:
         Score scale ``c``; ``0`` selects the default ``1/sqrt(k)``.
     heads : int
         Number of heads of ``multihead`` attention (ignored by single-head types).
-    head_type : {"softmax", "l2", "sinkhorn"}
-        Type of each head of ``multihead`` attention.
+    head_type : str
+        Type of each head of ``multihead`` attention: a registered Gaussian-preserving
+        single-head type (``softmax``, ``l2``, ``sinkhorn``).
     """
 
     k: int | str = "half"
@@ -136,7 +152,7 @@ class WeightSpec:
         s(self, "score_scale", _check_float(self.score_scale, "weights.score_scale",
                                             allow_zero=True))
         s(self, "heads", _check_int(self.heads, "weights.heads", 1))
-        s(self, "head_type", _check_choice(self.head_type, "weights.head_type", _SINGLE_HEADS))
+        s(self, "head_type", _check_choice(self.head_type, "weights.head_type", _single_heads()))
 
     def rank(self, d):
         """Number of rows of Q in dimension ``d``."""
@@ -282,8 +298,9 @@ class SweepSpec:
     Parameters
     ----------
     attention : sequence of str
-        Names from :data:`gaussian_pde.ATTENTIONS` (``softmax``, ``l2``, ``sinkhorn``,
-        ``multihead``).
+        Names from :data:`gaussian_pde.ATTENTIONS` of Gaussian-preserving types
+        (``softmax``, ``l2``, ``sinkhorn``, ``multihead``; sweeps integrate the exact
+        moment ODEs).
     dims : sequence of int
         Token dimensions ``d``.
     draws : int
@@ -328,8 +345,7 @@ class SweepSpec:
             _fail("sweep.attention", f"must be a non-empty list of names, got {att!r}.",
                   TypeError)
         # the sweep integrates the exact moment ODEs: Gaussian-preserving types only
-        usable = tuple(name for name, cls in ATTENTIONS.items()
-                       if getattr(cls, "gaussian_preserving", False))
+        usable = _usable_types()
         for a in att:
             if isinstance(a, str) and a in ATTENTIONS and a not in usable:
                 _fail("sweep.attention", f"contains {a!r}, which does not preserve "
