@@ -276,9 +276,14 @@ class AttentionField(Field):
         if not isinstance(attention, Attention):
             raise TypeError(f"`attention` must be an attention object, got "
                             f"{type(attention).__name__}.")
-        if attention.uses_positions:
+        # what the type can do is declared on it: `gaussian_preserving` and `closure`
+        if attention.closure == "block_causal" or attention.uses_positions:
             raise TypeError(f"`attention` ({attention.name}) uses token positions; use "
                             "gaussian_pde.closure._masked for its block-causal closure.")
+        if not attention.gaussian_preserving and attention.closure != "quadrature":
+            raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians and "
+                            f"declares no Gaussian closure (closure = {attention.closure!r}); "
+                            "simulate particles instead.")
         if n_inner is not None:
             n_inner = validate_quadrature(n_inner, "n_inner", d=attention.d)
             if not attention.gaussian_preserving:
@@ -302,7 +307,7 @@ class AttentionField(Field):
         aff = self.affine(mean, cov)
         if aff is not None:
             return aff[0] + x @ aff[1].T
-        if att.name == "sigmoid":
+        if att.closure == "quadrature":
             return self._sigmoid(mean, cov, x)
         Y, w = gauss_hermite_gaussian(mean, cov, self.n_inner)
         return _definition_field(att, Y, np.log(w), x)
