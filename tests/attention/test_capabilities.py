@@ -1,0 +1,130 @@
+"""What a type can do lives on the type: every registered type offers what it declares.
+
+Parametrised over :data:`gaussian_pde.ATTENTIONS` (a new type is checked as soon as it is
+registered, with the instance its ``example(d, rng)`` builds); the checks themselves are in
+``tests/attention/capability_checks.py``.
+"""
+
+import numpy as np
+import pytest
+
+import gaussian_pde as gp
+from gaussian_pde.attention._kernels import ParticleDiagnostics
+from gaussian_pde.attention._registry import names_with
+from tests.attention import capability_checks as checks
+
+NAMES = list(gp.ATTENTIONS)
+
+#: the capabilities of the built-in types (class attributes)
+EXPECTED = {
+    "softmax": dict(gaussian_preserving=True, exact_jacobian=True, closure=None),
+    "l2": dict(gaussian_preserving=True, exact_jacobian=True, closure=None),
+    "sinkhorn": dict(gaussian_preserving=True, exact_jacobian=False, closure=None),
+    "multihead": dict(gaussian_preserving=True, exact_jacobian=False, closure=None),
+    "sigmoid": dict(gaussian_preserving=False, exact_jacobian=False, closure="quadrature"),
+    "masked": dict(gaussian_preserving=False, exact_jacobian=False, closure="block_causal"),
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_type_offers_what_it_declares(name, rng):
+    checks.check_all(gp.ATTENTIONS[name], rng)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_is_reproducible_and_sized(name):
+    cls = gp.ATTENTIONS[name]
+    for d in (1, 3):
+        a, b = cls.example(d, np.random.default_rng(5)), cls.example(d, 5)
+        assert a.d == d and a == b
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_capabilities(name):
+    cls = gp.ATTENTIONS[name]
+    for attr, value in EXPECTED[name].items():
+        assert getattr(cls, attr) == value, (name, attr)
+
+
+def test_every_class_declares_the_attributes():
+    """On every public attention class, including the abstract bases (safe defaults)."""
+    assert gp.Attention.exact_jacobian is False and gp.Attention.closure is None
+    assert gp.SingleHeadAttention.exact_jacobian is False
+    for cls in (gp.Attention, gp.SingleHeadAttention, *gp.ATTENTIONS.values()):
+        for attr in ("gaussian_preserving", "exact_jacobian", "closure", "uses_positions",
+                     "_particle_velocity", "example"):
+            assert hasattr(cls, attr), (cls, attr)
+
+
+def test_multihead_capabilities_come_from_its_heads(rng):
+    exact = gp.MultiHead.example(2, rng, heads=("softmax", "l2"))
+    assert exact.exact_jacobian is True
+    mixed = gp.MultiHead.example(2, rng, heads=("softmax", "sinkhorn"))
+    assert mixed.exact_jacobian is False
+    nested = gp.MultiHead([exact, gp.Softmax.example(2, rng)])
+    assert nested.exact_jacobian is True
+    # the class value is the one every instance has
+    assert gp.MultiHead.exact_jacobian is False and gp.MultiHead.gaussian_preserving
+    for att in (exact, mixed):
+        checks.check_declared(att)
+        checks.check_jacobian(att, rng)
+
+
+def test_names_with_filters_the_registry():
+    assert names_with(gaussian_preserving=True) == ["softmax", "l2", "sinkhorn", "multihead"]
+    assert names_with(exact_jacobian=True) == ["softmax", "l2"]
+    assert names_with(closure="block_causal") == ["masked"]
+    assert names_with() == NAMES
+
+
+class _ParticlesOnly(gp.SingleHeadAttention):
+    """Not Gaussian-preserving and no closure: the closure engine must refuse it."""
+
+    name = "particles_only"
+    gaussian_preserving = False
+
+    def moment_rhs(self, mean, cov):
+        raise TypeError("particles_only does not preserve Gaussians.")
+
+    def _particle_velocity(self, x, opts):
+        return np.tanh(x) @ self.V.T, ParticleDiagnostics(ess=np.ones(x.shape[0]))
+
+
+def test_non_preserving_type_without_closure_is_refused_by_the_closure_engine(rng):
+    att = _ParticlesOnly.example(2, rng)
+    with pytest.raises(TypeError, match="declares no Gaussian closure"):
+        gp.AttentionField(att)
+    with pytest.raises(TypeError, match="declares no Gaussian closure"):
+        gp.closure_moment_rhs(att, np.zeros(2), np.eye(2))
+    with pytest.raises(TypeError, match="declares no Gaussian closure"):
+        gp.Stack(att, n_layers=2, h=0.1)
+    checks.check_closure(att, rng)
+    checks.check_particles(att, rng)
+
+
+def _subclass(**attrs):
+    return type("Bad", (gp.Softmax,), {"name": "bad", **attrs})
+
+
+@pytest.mark.parametrize("attrs, exc, match", [
+    (dict(closure="moments"), ValueError, "`closure` must be None or one of"),
+    (dict(closure="quadrature"), ValueError, "Gaussian-preserving type has exact"),
+    (dict(gaussian_preserving=False, closure="quadrature"), ValueError,
+     "`exact_jacobian` needs exact moment equations"),
+    (dict(exact_jacobian=1), TypeError, "`exact_jacobian` must be True or False"),
+])
+def test_register_checks_declared_capabilities(attrs, exc, match):
+    before = dict(gp.ATTENTIONS)
+    with pytest.raises(exc, match=match):
+        gp.register_attention(_subclass(**attrs))
+    assert gp.ATTENTIONS == before
+
+
+def test_register_requires_a_particle_kernel():
+    class NoKernel(gp.SingleHeadAttention):
+        name = "no_kernel"
+
+    before = dict(gp.ATTENTIONS)
+    with pytest.raises(TypeError, match="no particle kernel"):
+        gp.register_attention(NoKernel)
+    assert gp.ATTENTIONS == before
