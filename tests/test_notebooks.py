@@ -9,8 +9,11 @@ import runpy
 
 import pytest
 
-#: the particle-validation notebooks; other notebooks can be added here
-NAMES = ["softmax", "l2", "multihead", "sinkhorn", "sigmoid", "masked", "blowup"]
+import gaussian_pde as gp
+
+#: one particle-validation notebook per registered attention type; other notebooks can
+#: be added here
+NAMES = [*gp.ATTENTIONS, "blowup"]
 NOTEBOOKS = [pathlib.Path(__file__).parent.parent / "notebooks" / f"{n}.py" for n in NAMES]
 
 

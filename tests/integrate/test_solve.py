@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 import gaussian_pde as gp
 from tests._helpers import accelerating_sinkhorn_case, random_spd
 
-TYPES = [gp.Softmax, gp.L2, gp.Sinkhorn, "multihead"]
+#: the registry's Gaussian-preserving types: single-head classes, "multihead" by name
+TYPES = [cls if issubclass(cls, gp.SingleHeadAttention) else name
+         for name, cls in gp.ATTENTIONS.items() if cls.gaussian_preserving]
 
 
 def make_attention(kind, rng, d, k, v_kind="random"):

@@ -86,7 +86,8 @@ def make_all(rng, d=3, k=2):
     }
 
 
-TYPES = ["softmax", "l2", "sinkhorn", "multihead", "sigmoid", "masked"]
+#: every registered type (make_all and direct_velocity cover the built-in ones)
+TYPES = list(gp.ATTENTIONS)
 
 
 @pytest.mark.parametrize("name", TYPES)
