@@ -1,0 +1,79 @@
+r"""Studies: the package's numerical experiments, each a function that returns its results.
+
+The moment ODEs are checked against particles, the Gaussian closure is measured where it
+is not exact, and the stabiliser claims are tested layer by layer. The command line
+(``gaussian-pde compare``, ``reproduce``, ``stabilizers``) and the validation notebooks
+in ``notebooks/`` run them through these names.
+
+Moment ODEs against particle Monte Carlo (docs/math.md section 8)
+    :func:`compare` (also ``gaussian_pde.compare``) returns a :class:`CompareReport`;
+    :func:`fit_slope` is the least-squares slope of ``log(error)`` against ``log(n)``;
+    :func:`mean_field_check_failures` lists the checks a report fails.
+
+Figures of a :class:`CompareReport`
+    :func:`plot_errors`, :func:`plot_scaling`, :func:`plot_moments`,
+    :func:`plot_diagnostics` and :func:`all_figures` return matplotlib figures. They
+    import matplotlib when called; importing this module does not.
+
+Error of the Gaussian closure (docs/math.md section 6)
+    :func:`measure_closure_error` for the cases in :data:`CLOSURE_CASES`, built by
+    :func:`closure_case`.
+
+Residual and normalisation stabilisers (docs/math.md section 7)
+    :func:`run_study`, :func:`summarize_study` and :func:`write_study`, over the modes
+    :data:`STUDY_MODES` and normalisations :data:`STUDY_NORMS`, with the layers drawn by
+    :func:`draw_layers` and the per-layer measures of :func:`depth_metrics`.
+
+The paper's Gaussian results (docs/math.md sections 4 and 9)
+    :func:`reproduce` writes the 2-D regimes (:data:`REGIMES` for the attention types
+    :data:`TYPES`, from the initial covariances of :func:`unit_trace_grid`) and the rank
+    histograms, with eigenvalues counted above :data:`PAPER_THRESHOLD` in the paper's
+    protocol.
+
+Examples
+--------
+>>> from gaussian_pde import studies
+>>> round(float(studies.fit_slope([100, 400, 1600], [0.1, 0.05, 0.025])), 6)
+-0.5
+"""
+
+from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
+from ._compare import CompareReport, compare, fit_slope, mean_field_check_failures
+from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
+from ._reproduce import PAPER_THRESHOLD, REGIMES, TYPES, reproduce, unit_trace_grid
+from ._stabilizers import (
+    STUDY_MODES,
+    STUDY_NORMS,
+    depth_metrics,
+    draw_layers,
+    run_study,
+    summarize_study,
+    write_study,
+)
+
+__all__ = [
+    "CLOSURE_CASES",
+    "PAPER_THRESHOLD",
+    "REGIMES",
+    "STUDY_MODES",
+    "STUDY_NORMS",
+    "TYPES",
+    "CompareReport",
+    "all_figures",
+    "closure_case",
+    "compare",
+    "depth_metrics",
+    "draw_layers",
+    "fit_slope",
+    "mean_field_check_failures",
+    "measure_closure_error",
+    "plot_diagnostics",
+    "plot_errors",
+    "plot_moments",
+    "plot_scaling",
+    "reproduce",
+    "run_study",
+    "summarize_study",
+    "unit_trace_grid",
+    "write_study",
+]
