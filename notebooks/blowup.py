@@ -19,8 +19,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde.integrate._exact import blowup_time, exact_covariance
-from gaussian_pde.particles._simulate import ParticleDegeneracyWarning, sample_gaussian, simulate_particles
+from gaussian_pde import (
+    ParticleDegeneracyWarning,
+    blowup_time,
+    exact_covariance,
+    sample_gaussian,
+    simulate_particles,
+)
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))

@@ -2,7 +2,8 @@
 # # Closure error against particles
 #
 # Sigmoid attention, masked attention with position-dependent means, a LayerNorm pre-norm
-# block and a softmax + ReLU-MLP block (`gaussian_pde.studies._closure_error`), d = 2, t in [0, 1].
+# block and a softmax + ReLU-MLP block (`gaussian_pde.studies.measure_closure_error`),
+# d = 2, t in [0, 1].
 # `w2`: Bures-Wasserstein distance between closure and particle moments; `floor`: its value
 # at t = 0 (Monte Carlo); `excess`: growth above the floor; `non_gaussianity`: sliced W2 of
 # whitened particles to N(0, I). Quick mode: `GAUSSIAN_PDE_NOTEBOOK_QUICK=1`.
@@ -12,7 +13,7 @@ import os
 
 import numpy as np
 
-from gaussian_pde.studies._closure_error import CLOSURE_CASES, measure_closure_error
+from gaussian_pde.studies import CLOSURE_CASES, measure_closure_error
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 kw = dict(n=300, seeds=(0,), n_times=4, n_per_dim=6) if QUICK else dict(n=2000, seeds=(0, 1, 2))

@@ -15,9 +15,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde.attention._masked import Masked
-from gaussian_pde.studies._compare import compare
-from gaussian_pde.studies._compare_plots import plot_diagnostics, plot_moments
+from gaussian_pde import Masked
+from gaussian_pde.studies import compare, plot_diagnostics, plot_moments
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))

@@ -17,8 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde.studies._compare import compare, mean_field_check_failures
-from gaussian_pde.studies._compare_plots import all_figures
+from gaussian_pde.studies import all_figures, compare, mean_field_check_failures
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))

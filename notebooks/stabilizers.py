@@ -3,7 +3,7 @@
 #
 # {residual, no residual} x {no normalisation, LayerNorm, trace normalisation}, softmax
 # attention layers with random weights, closure and particles side by side
-# (`gaussian_pde.studies._stabilizers`). Quick mode: `GAUSSIAN_PDE_NOTEBOOK_QUICK=1`.
+# (`gaussian_pde.studies.run_study`). Quick mode: `GAUSSIAN_PDE_NOTEBOOK_QUICK=1`.
 
 # %%
 import os
@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-from gaussian_pde.studies._stabilizers import run_study, summarize_study, write_study
+from gaussian_pde.studies import run_study, summarize_study, write_study
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 cfg = dict(n_layers=5, seeds=(0, 1), n_particles=120, n_per_dim=4) if QUICK else \
