@@ -11,7 +11,7 @@ from gaussian_pde._common.gaussian import bures_wasserstein
 from gaussian_pde.attention._masked import Masked
 from gaussian_pde.attention._sigmoid import Sigmoid
 from gaussian_pde.cli._main import main
-from gaussian_pde.studies._compare import compare, fit_slope
+from gaussian_pde.studies import compare, fit_slope
 
 
 # ---------------------------------------------------------------- Bures-Wasserstein

@@ -1,7 +1,7 @@
 """`gaussian-pde reproduce --quick` end to end: files, counts, classified outcomes.
 
 Numbers checked are derived, not pinned: histogram counts must sum to the number of
-settings (10 per dimension in --quick, gaussian_pde.studies._reproduce.reproduce), and for softmax
+settings (10 per dimension in --quick, gaussian_pde.studies.reproduce), and for softmax
 with V = I the accurate rank is the exact d - rank(Q) = d - floor(d/2) (docs/math.md section 4.1).
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from gaussian_pde.analysis import Outcome
 from gaussian_pde.cli._main import main
-from gaussian_pde.studies._reproduce import unit_trace_grid
+from gaussian_pde.studies import unit_trace_grid
 
 
 @pytest.fixture(scope="module")

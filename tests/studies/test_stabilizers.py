@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from gaussian_pde.cli._main import main
-from gaussian_pde.studies._closure_error import measure_closure_error
-from gaussian_pde.studies._stabilizers import depth_metrics, run_study, summarize_study
+from gaussian_pde.studies import depth_metrics, measure_closure_error, run_study, summarize_study
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
