@@ -4,7 +4,7 @@ A sweep maps the regimes of the Gaussian moment ODEs over random weight draws,
 dimensions and attention types (docs/math.md section 4.4): which fraction of settings blow up,
 vanish or collapse to rank ``r``. Typical use::
 
-    from gaussian_pde.sweep import SweepSpec, run_sweep, load_results, summarize
+    from gaussian_pde.sweep import SweepSpec, format_summary, load_results, run_sweep, summarize
     spec = SweepSpec.from_toml("examples/sweep_small.toml")
     run_sweep(spec, "results/")                       # LocalCluster, one worker per core
     run_sweep(spec, "results/", scheduler="tcp://10.0.0.5:8786")   # an existing cluster
