@@ -1,11 +1,16 @@
 """The symbolic derivations: quadratic-score field, Sinkhorn system, multi-head, user scores."""
 
+import types
+
 import numpy as np
 import pytest
 import sympy as sp
 
+import gaussian_pde as gp
 from derivations import _symbolic as S
 from derivations import l2, multihead, sinkhorn, softmax
+from gaussian_pde.attention._kernels import ParticleDiagnostics, normalized_average
+from tests.attention import capability_checks
 
 
 def test_softmax_field_is_derived():
@@ -86,6 +91,64 @@ def test_user_defined_quadratic_score(tmp_path, rng):
     kernel = namespace["factor_kernel"](Q, K, V, c)
     np.testing.assert_allclose(kernel(L), namespace["factor_rhs"](Q, K, V, c, L), rtol=1e-12)
     np.testing.assert_allclose(kernel(L), M @ L, rtol=1e-12)
+
+
+def _tempered_module():
+    """The generated module of the documented example score, as an importable module."""
+    score = S.scale * (S.Q * S.x).T * (S.K * S.y) \
+        - S.scale / 2 * (S.K * S.y).T * (S.K * S.y)
+    source = S.derive_module(score, "tempered", "Tempered attention")
+    module = types.ModuleType("tempered")
+    exec(compile(source.replace("from .._common.linalg", "from gaussian_pde._common.linalg"),
+                 "tempered.py", "exec"), module.__dict__)
+    return module
+
+
+@pytest.fixture
+def restore_registry():
+    """Put the registry back as it was, whatever the test registered."""
+    saved = dict(gp.ATTENTIONS)
+    yield gp.ATTENTIONS
+    gp.ATTENTIONS.clear()
+    gp.ATTENTIONS.update(saved)
+
+
+def test_user_defined_type_registers_and_offers_its_capabilities(restore_registry, rng):
+    """One derivation script and one short class: the new type is registered, declares its
+    capabilities and passes the checks every built-in type passes
+    (tests/attention/capability_checks.py)."""
+
+    class Tempered(gp.SingleHeadAttention):
+        r"""Score :math:`c\langle Qx, Ky\rangle - \tfrac c2 |Ky|^2` (quadratic in y)."""
+
+        name = "tempered"
+        _generated = _tempered_module()
+        # analytic in L, but the integrators' closed-form Jacobians cover softmax and L2
+        exact_jacobian = False
+
+        def _particle_velocity(self, x, opts):
+            qx, kx = self._projections(x)
+            a = np.column_stack([self.scale * qx, np.ones(len(x))])
+            b = np.column_stack([kx, -0.5 * self.scale * np.sum(kx**2, axis=1)])
+            avg, ess = normalized_average(a, b, x, chunk_size=opts.chunk_size,
+                                          dtype=opts.dtype, want_ess=opts.want_ess)
+            return avg @ self.V.T, ParticleDiagnostics(ess=ess)
+
+    assert "tempered" not in gp.ATTENTIONS
+    assert gp.register_attention(Tempered) is Tempered
+    assert gp.ATTENTIONS["tempered"] is Tempered and gp.get_attention("tempered") is Tempered
+    assert (Tempered.gaussian_preserving, Tempered.exact_jacobian, Tempered.closure) == \
+        (True, False, None)
+    capability_checks.check_all(Tempered, rng)
+    # the sweeps see it too (a Gaussian-preserving single-head type)
+    from gaussian_pde.sweep._spec import SweepSpec, WeightSpec
+
+    assert SweepSpec(attention=["tempered"], dims=[2], draws=1).attention == ("tempered",)
+    assert WeightSpec(head_type="tempered").head_type == "tempered"
+
+
+def test_registry_is_restored_after_the_user_type():
+    assert "tempered" not in gp.ATTENTIONS
 
 
 @pytest.mark.slow
