@@ -34,26 +34,22 @@ from __future__ import annotations
 
 import abc
 import functools
-import warnings
 
 import numpy as np
-from scipy.integrate import solve_ivp
 from scipy.special import expit, logsumexp, ndtr, ndtri
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
     validate_covariance,
-    validate_int,
-    validate_positive,
     validate_quadrature,
     validate_same_dimension,
-    validate_t_eval,
-    validate_t_span,
     validate_tolerance,
     validate_vector,
 )
 from ..attention._base import Attention
-from ..integrate._solve import MomentSolution, Status
+from ..integrate._options import solver_options, validate_method, validate_user_events
+from ..integrate._results import MomentSolution
+from ..integrate._solve import integrate_system
 from ._quadrature import gauss_hermite_gaussian
 
 __all__ = [
@@ -427,19 +423,55 @@ def closure_moment_rhs(field, mean, cov, n_per_dim=DEFAULT_N_PER_DIM):
     return dm, C + C.T
 
 
+class _ClosureSystem:
+    """The closure ODE's state ``(alpha, L)`` for :func:`gaussian_pde.integrate._solve.integrate_system`."""
+
+    def __init__(self, field, n_per_dim):
+        self.field, self.d, self.n_per_dim = field, field.d, n_per_dim
+        self.nfev = 0
+
+    def _terms(self, y):
+        d = self.d
+        m, L = y[:d], y[d:].reshape(d, d)
+        dm, G = self.field.closure_terms(m, L, self.n_per_dim)
+        return m, L, dm, G
+
+    def fun(self, t, y):
+        self.nfev += 1
+        _, _, dm, G = self._terms(y)
+        return np.concatenate([dm, G.ravel()])
+
+    __call__ = fun
+
+    def trace(self, y):
+        L = y[self.d:]
+        return float(L @ L)
+
+    def cov_and_rate(self, y):
+        _, L, _, G = self._terms(y)
+        C = G @ L.T
+        return L @ L.T, C + C.T
+
+    def mean_and_cov(self, y):
+        L = y[self.d:].reshape(self.d, self.d)
+        return y[:self.d], L @ L.T
+
+
 def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
                   method="RK45", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
-                  max_nfev=50_000):
+                  steady_tol=None, steady_atol=0.0, rank_tol=None, events=(),
+                  max_step=np.inf, first_step=None, max_nfev=50_000):
     r"""Integrate the Gaussian-closure ODEs in factor form.
 
     .. math:: \alpha' = \mathbb E[\Gamma(X)],\qquad L' = \mathbb E[\Gamma(\alpha + Lz)\,z^T],
               \qquad \Sigma = LL^T .
 
-    Speaks :func:`gaussian_pde.solve`'s language: ``t_span``, ``t_eval``, ``rtol``,
-    ``atol`` (solver units: entries of the mean and of ``L``), and returns a
-    :class:`gaussian_pde.MomentSolution` with status ``"finished"``, ``"blowup"`` (tr Sigma
-    passed ``blowup_threshold`` times its initial value; ``t_blowup`` is extrapolated from
-    :math:`u = 1/\operatorname{tr}\Sigma`, :math:`t^* \approx t - u/u'`) or ``"failed"``.
+    Speaks :func:`gaussian_pde.solve`'s language and runs its event loop
+    (:func:`gaussian_pde.integrate._solve.integrate_system`), so the statuses, the
+    blow-up time with its confirmation, the steady-state and rank-collapse events and the
+    user events mean what they mean there (docs/math.md section 10): for an attention
+    that preserves Gaussians, the closure and :func:`gaussian_pde.solve` reach the same
+    verdict.
 
     Parameters
     ----------
@@ -455,80 +487,37 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         Output times within ``t_span``.
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40).
-    method : str
-        A :func:`scipy.integrate.solve_ivp` method.
-    rtol, atol, blowup_threshold : float
-        Tolerances and blow-up threshold (see above).
+    method : str or OdeSolver subclass
+        A :func:`scipy.integrate.solve_ivp` method; default ``"RK45"``.
+    rtol, atol : float
+        Tolerances on the entries of the mean and of ``L``.
+    blowup_threshold, steady_tol, steady_atol, rank_tol, events, max_step, first_step
+        As in :func:`gaussian_pde.solve`.
     max_nfev : int
-        Give up (``"failed"``) after this many right-hand-side evaluations.
+        Give up (status ``"failed"``) after this many right-hand-side evaluations.
+
+    Returns
+    -------
+    MomentSolution
     """
     field = as_field(field)
     d = field.d
     mean0 = validate_vector(mean0, "mean0", size=d)
     cov0 = validate_covariance(cov0, "cov0", d=d)
-    t0, t1 = validate_t_span(t_span)
-    t_eval = validate_t_eval(t_eval, t0, t1)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
-    rtol = validate_tolerance(rtol, "rtol")
-    atol = validate_positive(atol, "atol")
-    blowup_threshold = validate_positive(blowup_threshold, "blowup_threshold")
-    if blowup_threshold <= 1:
-        raise ValueError(f"`blowup_threshold` must be greater than 1, got {blowup_threshold}.")
-    max_nfev = validate_int(max_nfev, "max_nfev", minimum=1)
-    L0 = psd_sqrt(cov0)
-    tr0 = max(float(np.trace(cov0)), np.finfo(float).tiny)
-    nfev = [0]
-
-    class _Stop(Exception):
-        pass
-
-    def rhs(t, y):
-        nfev[0] += 1
-        if nfev[0] > max_nfev:
-            raise _Stop(t)
-        m, L = y[:d], y[d:].reshape(d, d)
-        dm, G = field.closure_terms(m, L, n_per_dim)
-        return np.concatenate([dm, G.ravel()])
-
-    def blowup(t, y):
-        L = y[d:]
-        return np.log(max(float(L @ L), 1e-300)) - np.log(blowup_threshold * tr0)
-
-    blowup.terminal, blowup.direction = True, 1.0
-    y0 = np.concatenate([mean0, L0.ravel()])
-    status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            res = solve_ivp(rhs, (t0, t1), y0, method=method, t_eval=t_eval, rtol=rtol,
-                            atol=atol, events=[blowup])
-    except _Stop as exc:
-        raise RuntimeError(f"closure integration exceeded `max_nfev` = {max_nfev} near "
-                           f"t = {float(exc.args[0]):.6g}") from None
-    if res.status == -1:
-        status, message = Status.FAILED, res.message
-    elif res.status == 1 and res.t_events[0].size:
-        te, ye = float(res.t_events[0][0]), res.y_events[0][0]
-        L = ye[d:].reshape(d, d)
-        _, G = field.closure_terms(ye[:d], L, n_per_dim)
-        tr, dtr = float(np.sum(L * L)), 2 * float(np.sum(L * G))
-        t_blowup = te + tr / dtr if dtr > 0 else None
-        status = Status.BLOWUP
-        message = (f"tr(cov) passed {blowup_threshold:.3g} x its initial value at "
-                   f"t = {te:.10g}" + ("" if t_blowup is None else
-                                       f"; estimated blow-up time t* = {t_blowup:.10g}"))
-    Y = res.y.T
-    if Y.shape[0] == 0:
-        Y = y0[None]
-        ts = np.array([t0])
-    else:
-        ts = res.t
-    Ls = Y[:, d:].reshape(-1, d, d)
-    covs = Ls @ np.swapaxes(Ls, -1, -2)
-    yf = res.y_events[0][0] if status == Status.BLOWUP else Y[-1]
-    Lf = yf[d:].reshape(d, d)
-    tf = float(res.t_events[0][0]) if status == Status.BLOWUP else float(ts[-1])
-    return MomentSolution(t=ts, mean=Y[:, :d], cov=covs, factor=Ls, status=status,
-                          message=message, t_blowup=t_blowup, t_final=tf,
-                          mean_final=yf[:d].copy(), cov_final=Lf @ Lf.T,
-                          t_events={"blowup": np.asarray(res.t_events[0])}, nfev=nfev[0])
+    opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
+                          first_step=first_step, max_nfev=max_nfev,
+                          blowup_threshold=blowup_threshold, steady_tol=steady_tol,
+                          steady_atol=steady_atol, rank_tol=rank_tol)
+    method = validate_method(method)
+    events = validate_user_events(events)
+    system = _ClosureSystem(field, n_per_dim)
+    y0 = np.concatenate([mean0, psd_sqrt(cov0).ravel()])
+    run = integrate_system(system, y0, opts, method, user_events=events)
+    Ls = run.y[:, d:].reshape(-1, d, d)
+    mean_f, cov_f = system.mean_and_cov(run.y_final)
+    return MomentSolution(t=run.t, mean=run.y[:, :d], cov=Ls @ np.swapaxes(Ls, -1, -2),
+                          factor=Ls, status=run.status, message=run.message,
+                          t_blowup=run.t_blowup, t_final=run.t_final,
+                          mean_final=mean_f.copy(), cov_final=cov_f, t_events=run.t_events,
+                          nfev=run.nfev)

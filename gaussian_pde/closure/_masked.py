@@ -23,10 +23,8 @@ solve the same mean-field problem and differ only by the closure error and Monte
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
-from scipy.integrate import solve_ivp
 from scipy.special import logsumexp
 
 from .._common.linalg import psd_sqrt
@@ -35,11 +33,11 @@ from .._common.validation import (
     validate_covariance,
     validate_int,
     validate_quadrature,
-    validate_t_span,
-    validate_tolerance,
 )
 from ..attention._masked import Masked
-from ..integrate._solve import Status
+from ..integrate._options import solver_options, validate_method, validate_user_events
+from ..integrate._results import Status
+from ..integrate._solve import integrate_system
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 
 __all__ = ["MaskedClosureSolution", "masked_field", "masked_closure_rhs",
@@ -119,9 +117,14 @@ class MaskedClosureSolution:
     status : Status
     message : str
     t_blowup : float or None
-        On a blow-up, the time extrapolated from :math:`u = 1/\sum_b \operatorname{tr}
-        \Sigma_b`, which vanishes linearly at a Riccati singularity:
-        :math:`t^* \approx t - u/u'`.
+        On a confirmed blow-up, its time (docs/math.md section 10), extrapolated from
+        :math:`u = 1/\sum_b \operatorname{tr}\Sigma_b`.
+    t_final : float or None
+        Where the integration stopped.
+    t_events : dict
+        Times of every event, by name.
+    nfev : int
+        Right-hand-side evaluations.
     """
 
     t: np.ndarray
@@ -132,12 +135,66 @@ class MaskedClosureSolution:
     status: Status
     message: str
     t_blowup: float | None = None
+    t_final: float | None = None
+    t_events: dict = dataclasses.field(default_factory=dict)
+    nfev: int = 0
+
+    @property
+    def success(self) -> bool:
+        """``False`` only when the solver failed."""
+        return Status(self.status).success
+
+
+class _MaskedSystem:
+    r"""Block means and factors for :func:`gaussian_pde.integrate._solve.integrate_system`.
+
+    The events see the summed block covariances :math:`\sum_b \Sigma_b` (their trace is
+    the summed traces); user events see the moments of the whole sequence.
+    """
+
+    def __init__(self, attention, B, n_per_dim):
+        self.att, self.B, self.d, self.n_per_dim = attention, B, attention.d, n_per_dim
+        self.nm = B * attention.d
+        self.nfev = 0
+
+    def _split(self, y):
+        B, d = self.B, self.d
+        return y[:self.nm].reshape(B, d), y[self.nm:].reshape(B, d, d)
+
+    def fun(self, t, y):
+        self.nfev += 1
+        dm, dL = masked_closure_rhs(self.att, *self._split(y), self.n_per_dim)
+        return np.concatenate([dm.ravel(), dL.ravel()])
+
+    __call__ = fun
+
+    def trace(self, y):
+        L = y[self.nm:]
+        return float(L @ L)
+
+    def cov_and_rate(self, y):
+        means, L = self._split(y)
+        _, dL = masked_closure_rhs(self.att, means, L, self.n_per_dim)
+        C = dL @ np.swapaxes(L, -1, -2)
+        return (L @ np.swapaxes(L, -1, -2)).sum(0), (C + np.swapaxes(C, -1, -2)).sum(0)
+
+    def mean_and_cov(self, y):
+        means, L = self._split(y)
+        m, c = mixture_moments(means[None], (L @ np.swapaxes(L, -1, -2))[None])
+        return m[0], c[0]
 
 
 def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
-                         n_per_dim=DEFAULT_N_PER_DIM, rtol=1e-8, atol=1e-10,
-                         blowup_threshold=1e8):
+                         n_per_dim=DEFAULT_N_PER_DIM, method="RK45", rtol=1e-8, atol=1e-10,
+                         blowup_threshold=1e8, steady_tol=None, steady_atol=0.0,
+                         rank_tol=None, events=(), max_step=np.inf, first_step=None,
+                         max_nfev=50_000):
     r"""Integrate the block-causal closure of masked attention.
+
+    Runs :func:`gaussian_pde.solve`'s event loop, so statuses, the confirmed blow-up time
+    and the events mean what they mean there (docs/math.md section 10). The events are
+    evaluated on the summed block covariances :math:`\sum_b \Sigma_b`; user events
+    ``event(t, mean, cov)`` receive the moments of the whole sequence.
 
     Parameters
     ----------
@@ -147,12 +204,12 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
         Initial block means (position-dependent data).
     covs0 : array_like, shape (B, d, d) or (d, d)
         Initial block covariances (one for all blocks if 2-D).
-    t_span, t_eval, rtol, atol
-        As in :func:`gaussian_pde.solve`.
+    t_span, t_eval, method, rtol, atol, max_step, first_step, max_nfev
+        As in :func:`gaussian_pde.solve_closure`.
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40).
-    blowup_threshold : float
-        Stop when the summed traces exceed this multiple of their initial value.
+    blowup_threshold, steady_tol, steady_atol, rank_tol, events
+        As in :func:`gaussian_pde.solve`, on the summed block covariances.
 
     Returns
     -------
@@ -163,43 +220,21 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
     d = attention.d
     means0, covs0 = validate_blocks(means0, covs0, d)
     B = means0.shape[0]
-    t0, t1 = validate_t_span(t_span)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
-    rtol = validate_tolerance(rtol, "rtol")
+    opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
+                          first_step=first_step, max_nfev=max_nfev,
+                          blowup_threshold=blowup_threshold, steady_tol=steady_tol,
+                          steady_atol=steady_atol, rank_tol=rank_tol)
+    method = validate_method(method)
+    events = validate_user_events(events)
+    system = _MaskedSystem(attention, B, n_per_dim)
     y0 = np.concatenate([means0.ravel(), psd_sqrt(covs0).ravel()])
-    nm = B * d
-    tr0 = float(np.trace(covs0, axis1=1, axis2=2).sum())
-
-    def rhs(t, y):
-        dm, dL = masked_closure_rhs(attention, y[:nm].reshape(B, d),
-                                    y[nm:].reshape(B, d, d), n_per_dim)
-        return np.concatenate([dm.ravel(), dL.ravel()])
-
-    def blowup(t, y):
-        L = y[nm:]
-        return float(L @ L) - blowup_threshold * tr0
-
-    blowup.terminal, blowup.direction = True, 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        res = solve_ivp(rhs, (t0, t1), y0, t_eval=t_eval, rtol=rtol, atol=atol,
-                        events=[blowup])
-    status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
-    if res.status == -1:
-        status, message = Status.FAILED, res.message
-    elif res.status == 1:
-        te, ye = float(res.t_events[0][0]), res.y_events[0][0]
-        L, dL = ye[nm:], rhs(te, ye)[nm:]
-        tr, dtr = float(L @ L), 2.0 * float(L @ dL)
-        t_blowup = te + tr / dtr if dtr > 0 else None
-        message = f"blow-up: the traces passed the threshold at t = {te:.10g}" + (
-            "" if t_blowup is None else f"; estimated blow-up time t* = {t_blowup:.10g}")
-        status = Status.BLOWUP
-    Y = res.y.T
-    means = Y[:, :nm].reshape(-1, B, d)
-    Ls = Y[:, nm:].reshape(-1, B, d, d)
+    run = integrate_system(system, y0, opts, method, user_events=events)
+    means = run.y[:, :system.nm].reshape(-1, B, d)
+    Ls = run.y[:, system.nm:].reshape(-1, B, d, d)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
     mix_m, mix_c = mixture_moments(means, covs)
-    return MaskedClosureSolution(t=res.t, means=means, covs=covs, mixture_mean=mix_m,
-                                 mixture_cov=mix_c, status=status, message=message,
-                                 t_blowup=t_blowup)
+    return MaskedClosureSolution(t=run.t, means=means, covs=covs, mixture_mean=mix_m,
+                                 mixture_cov=mix_c, status=run.status, message=run.message,
+                                 t_blowup=run.t_blowup, t_final=run.t_final,
+                                 t_events=run.t_events, nfev=run.nfev)

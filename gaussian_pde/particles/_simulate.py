@@ -42,7 +42,16 @@ from ..attention._kernels import (
 )
 from ..attention._masked import default_positions
 from ..attention._moments import validate_attention
-from ..integrate._solve import Status
+from ..integrate._events import (
+    blowup_extrapolate,
+    blowup_probe_step,
+    blowup_verdict,
+    event_options,
+    rank_first,
+    rank_gap,
+    steady_gap,
+)
+from ..integrate._results import Status
 
 __all__ = [
     "ParticleSolution",
@@ -94,9 +103,11 @@ class ParticleSolution:
         (:func:`excess_kurtosis`; 0 for a Gaussian, Monte Carlo error about
         :math:`\sqrt{24/n}`).
     status : Status
-        ``"finished"``, ``"blowup"`` (trace of the covariance passed ``blowup_threshold``
-        times its initial value) or ``"failed"`` (non-finite state, solver failure or
-        ``max_steps``), the words of :func:`gaussian_pde.solve`.
+        ``"finished"``, ``"blowup"`` (a confirmed finite-time signature of the empirical
+        covariance, the rule of :func:`gaussian_pde.solve`), ``"steady"``,
+        ``"rank_collapse"`` or ``"failed"`` (non-finite state, solver failure,
+        ``max_steps``, or growth without a finite-time signature): docs/math.md section
+        10. The events are checked at step ends.
     message : str
         Human-readable reason.
     t_final : float
@@ -110,6 +121,8 @@ class ParticleSolution:
         output times not included).
     sinkhorn_max_error : float or None
         Largest Sinkhorn marginal error over all evaluations.
+    t_blowup : float or None
+        The blow-up time estimated from the empirical covariance, when confirmed.
     """
 
     t: np.ndarray
@@ -126,11 +139,12 @@ class ParticleSolution:
     positions: np.ndarray | None
     nfev: int
     sinkhorn_max_error: float | None
+    t_blowup: float | None = None
 
     @property
     def success(self) -> bool:
         """``False`` only when the integration failed."""
-        return self.status != Status.FAILED
+        return Status(self.status).success
 
     @property
     def ess_min(self):
@@ -272,7 +286,8 @@ def sliced_wasserstein_to_gaussian(x, n_directions=64, seed=0, rtol=1e-8):
 def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=None,
                        rtol=1e-6, atol=1e-8, positions=None, chunk_size=None,
                        dtype=np.float64, keep_positions=True, blowup_threshold=1e8,
-                       max_steps=10_000, sinkhorn_tol=None, sinkhorn_max_iter=1000,
+                       steady_tol=None, steady_atol=0.0, rank_tol=None, max_steps=10_000,
+                       sinkhorn_tol=None, sinkhorn_max_iter=1000,
                        ess_threshold=10.0, warn=True):
     r"""Integrate the particle system :math:`\dot x_i = \Gamma[\mu_n](x_i)`.
 
@@ -301,9 +316,13 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
         Precision of the attention tiles (the state is always float64).
     keep_positions : bool
         Store the tokens at every output time (``(T, n, d)`` floats).
-    blowup_threshold : float
-        Stop with status ``"blowup"`` when :math:`\operatorname{tr}\Sigma_n` exceeds this
-        multiple of its initial value.
+    blowup_threshold, steady_tol, steady_atol, rank_tol : float
+        The events of :func:`gaussian_pde.solve` on the empirical covariance
+        :math:`\Sigma_n`, checked at the end of every step: the blow-up time is
+        extrapolated from :math:`1/\operatorname{tr}\Sigma_n` when the trace passes
+        ``blowup_threshold`` times its start and confirmed 100 times further up (a
+        finite particle system grows at most exponentially, so particles report
+        ``"blowup"`` only while they still follow a finite-time signature).
     max_steps : int
         Give up (status ``"failed"``) after this many time steps.
     sinkhorn_tol, sinkhorn_max_iter : float, int
@@ -344,9 +363,7 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
         dt = validate_positive(dt, "dt")
     rtol = validate_tolerance(rtol, "rtol")
     atol = validate_positive(atol, "atol")
-    blowup_threshold = validate_positive(blowup_threshold, "blowup_threshold")
-    if blowup_threshold <= 1:
-        raise ValueError(f"`blowup_threshold` must be greater than 1, got {blowup_threshold}.")
+    ev = event_options(blowup_threshold, steady_tol, steady_atol, rank_tol)
     max_steps = validate_int(max_steps, "max_steps", minimum=1)
     ess_threshold = validate_positive(ess_threshold, "ess_threshold", allow_zero=True)
     if positions is None and attention.uses_positions:
@@ -390,16 +407,57 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
             rec["x"].append(x.copy())
 
     tr0 = max(float(np.trace(particle_moments(x0)[1])), np.finfo(float).tiny)
+    first = None if ev.rank_tol is None else int(rank_first(particle_moments(x0)[1],
+                                                            ev.rank_tol))
+    blow = {"limit": ev.blowup_threshold, "suspected": None, "t_blowup": None,
+            "steady": None}
+
+    def cov_and_rate(t, y):
+        r"""Empirical :math:`\Sigma_n`, its rate and the velocities.
+
+        :math:`\Sigma_n' = \frac1n\sum_i (x_i - m)(v_i - \bar v)^T + (\cdot)^T`.
+        """
+        x = y.reshape(n, d)
+        v = fun(t, y).reshape(n, d)
+        xc, vc = x - x.mean(0), v - v.mean(0)
+        C = xc.T @ vc / n
+        return xc.T @ xc / n, C + C.T, v.ravel()
 
     def check(t, y):
-        """Status after reaching ``(t, y)``: None to go on."""
+        """The package's events at a step end (docs/math.md section 10): None to go on."""
         if not np.all(np.isfinite(y)):
             return Status.FAILED, f"non-finite token positions at t = {t:.10g}"
-        tr = float(np.trace(particle_moments(y.reshape(n, d))[1]))
-        if tr > blowup_threshold * tr0:
-            return Status.BLOWUP, (f"blow-up: tr(cov) passed {blowup_threshold:.3g} x its "
-                                   f"initial value at t = {t:.10g}")
+        cov = particle_moments(y.reshape(n, d))[1]
+        tr = float(np.trace(cov))
+        if tr > blow["limit"] * tr0:     # one verdict per step: the same state never confirms itself
+            c1, dc1, v = cov_and_rate(t, y)
+            tr1, dtr1 = float(np.trace(c1)), float(np.trace(dc1))
+            finite, t_star = False, None
+            if dtr1 > 0:
+                h = float(blowup_probe_step(tr1, dtr1))
+                c2, dc2, _ = cov_and_rate(t, y + h * v)
+                t_star, finite = blowup_extrapolate(t, tr1, dtr1, float(np.trace(c2)),
+                                                    float(np.trace(dc2)), h)
+            verdict, detail = blowup_verdict(t_star, finite, t, blow["limit"], blow["suspected"])
+            if verdict == Status.BLOWUP:
+                blow["t_blowup"] = float(t_star)
+                return verdict, detail
+            if verdict == Status.FAILED:
+                return verdict, detail
+            blow["suspected"], blow["limit"] = detail
+        if ev.steady_on:
+            c1, dc1, _ = cov_and_rate(t, y)
+            g = float(steady_gap(c1, dc1, ev.steady_tol, ev.steady_atol))
+            if blow["steady"] is not None and blow["steady"] > 0 >= g:
+                return Status.STEADY, f"terminal event 'steady' at t = {t:.10g}"
+            blow["steady"] = g
+        if first is not None and first < d and rank_gap(cov, first, ev.rank_tol) <= 0:
+            return Status.RANK_COLLAPSE, f"terminal event 'rank_collapse' at t = {t:.10g}"
         return None
+
+    if ev.steady_on:
+        c1, dc1, _ = cov_and_rate(t0, x0.ravel())
+        blow["steady"] = float(steady_gap(c1, dc1, ev.steady_tol, ev.steady_atol))
 
     y = x0.ravel().copy()
     t_cur = t0
@@ -493,7 +551,7 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
         ess=ess,
         sinkhorn_error=np.array(rec["err"]) if is_sinkhorn else None,
         kurtosis=np.array(rec["kurt"], dtype=float),
-        status=status, message=message, t_final=float(t_cur),
+        status=status, message=message, t_final=float(t_cur), t_blowup=blow["t_blowup"],
         x_final=np.asarray(y).reshape(n, d).copy(),
         positions=None if opts.positions is None else opts.positions.copy(),
         nfev=counters["nfev"], sinkhorn_max_error=counters["max_err"])
