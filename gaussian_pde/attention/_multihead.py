@@ -14,6 +14,8 @@ import numpy as np
 
 from ._base import Attention
 from ._kernels import ParticleDiagnostics
+from ._l2 import L2
+from ._softmax import Softmax
 
 __all__ = ["MultiHead"]
 
@@ -91,13 +93,12 @@ class MultiHead(Attention):
     def example(cls, d=2, rng=None, heads=None):
         """A random instance (see :meth:`Attention.example`): one softmax and one L2 head.
 
-        ``heads`` (optional) names the head types instead, e.g. ``("softmax", "sinkhorn")``.
+        ``heads`` (optional) gives the head classes instead, e.g. ``(gp.Softmax, gp.Sinkhorn)``
+        (names are resolved by :func:`gaussian_pde.get_attention`, above this module).
         """
-        from ._registry import get_attention
-
         rng = np.random.default_rng(rng)
-        heads = ("softmax", "l2") if heads is None else heads
-        return cls([get_attention(h).example(d, rng) for h in heads])
+        heads = (Softmax, L2) if heads is None else heads
+        return cls([h.example(d, rng) for h in heads])
 
     def field_matrix(self, cov):
         return sum(h.field_matrix(cov) for h in self.heads)

@@ -57,9 +57,9 @@ def test_every_class_declares_the_attributes():
 
 
 def test_multihead_capabilities_come_from_its_heads(rng):
-    exact = gp.MultiHead.example(2, rng, heads=("softmax", "l2"))
+    exact = gp.MultiHead.example(2, rng, heads=(gp.Softmax, gp.L2))
     assert exact.exact_jacobian is True
-    mixed = gp.MultiHead.example(2, rng, heads=("softmax", "sinkhorn"))
+    mixed = gp.MultiHead.example(2, rng, heads=(gp.Softmax, gp.Sinkhorn))
     assert mixed.exact_jacobian is False
     nested = gp.MultiHead([exact, gp.Softmax.example(2, rng)])
     assert nested.exact_jacobian is True

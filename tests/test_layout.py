@@ -1,0 +1,136 @@
+"""The package's layout: concepts in layers, no upward imports and no import cycles.
+
+Every import of a ``gaussian_pde`` module, at module level or inside a function, is
+read from the source with :mod:`ast`. A subpackage may import only from its own layer
+or below; the graph of module imports has no cycle.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import gaussian_pde as gp
+
+ROOT = pathlib.Path(gp.__file__).resolve().parent
+
+#: lowest first; a module may import from its own layer and the ones before it
+LAYERS = [
+    {"_version", "_common", "_generated"},
+    {"attention"},
+    {"integrate"},
+    {"particles"},
+    {"closure"},
+    {"analysis"},
+    {"plotting"},
+    {"studies"},
+    {"sweep"},
+    {"cli"},
+    {"__init__", "__main__"},
+]
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    is_pkg = parts[-1] == "__init__"
+    if is_pkg:
+        parts = parts[:-1]
+    return ".".join(parts), is_pkg
+
+
+def _imports(path):
+    """Absolute names of the gaussian_pde modules (or packages) that ``path`` imports."""
+    mod, is_pkg = _module_name(path)
+    package = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "gaussian_pde":
+                continue
+            for alias in node.names:   # `from .. import plotting` imports a module
+                sub = f"{target}.{alias.name}"
+                path_ = ROOT.parent / sub.replace(".", "/")
+                out.add(sub if path_.with_suffix(".py").exists() or path_.is_dir() else target)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "gaussian_pde"}
+    out.discard(mod)
+    return out
+
+
+def _top(name):
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+MODULES = {_module_name(p)[0]: p for p in ROOT.rglob("*.py")}
+
+
+def test_every_top_level_name_has_a_layer():
+    tops = {_top(m) for m in MODULES} | {"__main__"}
+    assert tops <= set(LAYER), sorted(tops - set(LAYER))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_upward_import(module):
+    path = MODULES[module]
+    if path.name == "__main__.py":
+        return
+    here = LAYER[_top(module)]
+    for target in _imports(path):
+        there = LAYER[_top(target)]
+        assert there <= here, f"{module} imports {target} from a higher layer"
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components on the module graph: all of size one."""
+    graph = {}
+    for mod, path in MODULES.items():
+        targets = set()
+        for t in _imports(path):
+            # a package import means its __init__ module
+            targets.add(t if t in MODULES else t.rsplit(".", 1)[0])
+        graph[mod] = {t for t in targets if t in MODULES and t != mod}
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_public_names_and_module_paths():
+    import gaussian_pde.analysis
+    import gaussian_pde.plotting
+    import gaussian_pde.sweep  # noqa: F401
+
+    missing = [name for name in gp.__all__ if not hasattr(gp, name)]
+    assert missing == []
