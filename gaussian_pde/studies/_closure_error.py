@@ -59,8 +59,12 @@ def closure_case(name, strength=1.0):
 
 
 def measure_closure_error(name, *, n=2000, seeds=(0, 1), t_final=1.0, n_times=10,
-                          strength=1.0, n_blocks=4, n_per_dim=10, steps_per_interval=2):
+                          strength=1.0, n_blocks=4, n_per_dim=10, steps_per_interval=2,
+                          progress=None):
     r"""Closure against particles for one case, several seeds.
+
+    ``progress``: called with a short message after the closure solution and after each
+    seed's particle run; ``None`` (the default): silent.
 
     Returns
     -------
@@ -81,6 +85,8 @@ def measure_closure_error(name, *, n=2000, seeds=(0, 1), t_final=1.0, n_times=10
         centres = (np.arange(n_blocks) + 0.5) / n_blocks
         cl = solve_masked_closure(field, mean0(centres), cov0, (0, t_final), t_eval=t,
                                   n_per_dim=n_per_dim)
+        if progress is not None:
+            progress(f"closure: {name}")
         for seed in seeds:
             x0 = sample_gaussian(mean0, cov0, n, seed=seed, positions=pos)
             ps = simulate_particles(field, x0, (0, t_final), t_eval=t, method="rk4",
@@ -93,14 +99,20 @@ def measure_closure_error(name, *, n=2000, seeds=(0, 1), t_final=1.0, n_times=10
             ngs.append([max(sliced_wasserstein_to_gaussian(x[pos == c]) for c in centres)
                         for x in ps.x])
             w2s.append(w)
+            if progress is not None:
+                progress(f"particles: {name}, seed {seed}")
     else:
         stack = Stack(field, n_layers=n_times, h=h, mode="continuous")
         g = propagate_gaussian(stack, mean0, cov0, n_per_dim=n_per_dim)
+        if progress is not None:
+            progress(f"closure: {name}")
         for seed in seeds:
             x0 = sample_gaussian(mean0, cov0, n, seed=seed)
             p = propagate_particles(stack, x0, steps_per_layer=steps_per_interval)
             w2s.append(bures_wasserstein(g.mean, g.cov, p.mean, p.cov))
             ngs.append(p.non_gaussianity)
+            if progress is not None:
+                progress(f"particles: {name}, seed {seed}")
     w2 = np.array(w2s)
     floor = w2[:, 0]
     return {"t": t, "w2": w2, "floor": floor,

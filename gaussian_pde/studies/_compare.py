@@ -181,7 +181,8 @@ def _nan(shape):
 def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=None, *,
             positions=None, method="RK45", dt=None, rtol=1e-6, atol=1e-8, chunk_size=None,
             dtype=np.float64, sinkhorn_tol=None, sinkhorn_max_iter=1000, ode_rtol=1e-10,
-            ode_atol=1e-12, n_directions=64, ess_threshold=10.0, blowup_threshold=1e8):
+            ode_atol=1e-12, n_directions=64, ess_threshold=10.0, blowup_threshold=1e8,
+            progress=None):
     r"""Compare particle Monte Carlo with the Gaussian moment ODEs.
 
     Parameters
@@ -212,6 +213,10 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
     ess_threshold : float
         One :class:`ParticleDegeneracyWarning` if any run's median effective sample
         size falls below it.
+    progress : callable or None
+        Called with a short message after the moment ODE (when there is one) and after
+        each particle run (``"particles: n = 500, seed 0"``); ``None`` (the default):
+        silent.
 
     Returns
     -------
@@ -246,6 +251,8 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
         k = sol.t.size
         ode_mean[:k], ode_cov[:k] = sol.mean, sol.cov
         ode_status = str(sol.status)
+        if progress is not None:
+            progress(f"moment ODE -> {ode_status}")
 
     mean, cov = _nan((N, S, T, d)), _nan((N, S, T, d, d))
     sw, kurt, ess_min, ess_med = (_nan((N, S, T)) for _ in range(4))
@@ -280,6 +287,8 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
                 sw[i, j, m] = sliced_wasserstein_to_gaussian(ps.x[m], n_directions, seed=m)
             if sk_err is not None:
                 sk_err[i, j, :k] = ps.sinkhorn_error
+            if progress is not None:
+                progress(f"particles: n = {int(nn)}, seed {int(seed)} -> {status[i, j]}")
     if low_ess:
         nn, seed, msg = low_ess[0]
         warnings.warn(f"{len(low_ess)} of {N * S} particle runs lost track of the mean-field "

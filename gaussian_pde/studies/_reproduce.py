@@ -66,6 +66,8 @@ TYPES = ("softmax", "l2", "multihead", "sinkhorn")
 PAPER_THRESHOLD = 0.1
 #: rank thresholds of the accurate protocol (relative to the largest eigenvalue)
 ACCURATE_RTOL = 1e-6
+#: dimensions of the rank histograms
+_HIST_DS = (3, 4, 5)
 #: horizons
 _HORIZON = {"zero": 1e7, "line": 1e6, "blowup": 50.0, "depends": 30.0}
 _HIST_HORIZON = 1e8
@@ -158,12 +160,12 @@ def _regime_attentions(regime, rng):
     return {k: (v, None) for k, v in out.items()}
 
 
-def _run_regimes(rng, grid, n_eval, drawn=None):
+def _run_regimes(rng, grid, n_eval, drawn=None, progress=None):
     """The 2-D regimes.
 
     ``drawn``: the regimes' attentions, ``{regime: _regime_attentions(regime, rng)}`` in
     the order of REGIMES (drawn here from ``rng`` when not given; a subset of the
-    regimes runs only those).
+    regimes runs only those). ``progress``: called after each regime.
     """
     results = {}
     if drawn is None:
@@ -196,6 +198,8 @@ def _run_regimes(rng, grid, n_eval, drawn=None):
                 outcomes.append(oc)
             results[(regime, name)] = dict(attention=att, line=line, covs=np.array(trajs),
                                            outcomes=outcomes, t_eval=t_eval)
+        if progress is not None:
+            progress(f"regimes: {regime}")
     return results
 
 
@@ -229,11 +233,16 @@ def _run_histograms(rng, ds, n_settings, paper_tol):
     return out
 
 
-def _histograms_many(settings, paper_tol):
-    """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs), ...]``."""
+def _histograms_many(settings, paper_tol, progress=None):
+    """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs), ...]``.
+
+    ``progress``: called after each ``d``.
+    """
     out = {}
     for Qs, Gs in settings:
         out.update(_histograms_d(Qs, Gs, paper_tol))
+        if progress is not None:
+            progress(f"histograms: d = {Qs.shape[-1]}")
     return out
 
 
@@ -301,7 +310,8 @@ def _histograms_d(Qs, Gs, paper_tol):
 # figures and report
 # ----------------------------------------------------------------------------------------
 
-def _figures(out, regimes, hists, ds):
+def _figures(out, regimes, hists, ds, progress=None):
+    """Write the figures; ``progress``: called after each."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -332,6 +342,8 @@ def _figures(out, regimes, hists, ds):
         fig.subplots_adjust(wspace=0.4)  # room for the 3-D panels' z labels
         paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
         plt.close(fig)
+        if progress is not None:
+            progress(f"figure: regimes_{name}.png")
 
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for ax, regime in zip(axes, REGIMES):
@@ -343,6 +355,8 @@ def _figures(out, regimes, hists, ds):
     fig.tight_layout()
     paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=90)
     plt.close(fig)
+    if progress is not None:
+        progress("figure: eigenvalue_flows.png")
 
     fig, axes = plt.subplots(len(ds), 4, figsize=(16, 3.2 * len(ds)), squeeze=False)
     for i, d in enumerate(ds):
@@ -358,6 +372,8 @@ def _figures(out, regimes, hists, ds):
     fig.tight_layout()
     paths["rank_histograms"] = save_figure(fig, out / "rank_histograms.png", dpi=80)
     plt.close(fig)
+    if progress is not None:
+        progress("figure: rank_histograms.png")
     return paths
 
 
@@ -461,13 +477,15 @@ def _cpu_time():
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel):
+def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel, progress=None):
     """The regimes and the histograms; on two cores when ``parallel`` (and fork exists).
 
     The work splits into independent solves: one child process integrates the
     histograms of the largest and the smallest ``d`` while this process does the regimes
     and the other ``d`` (about equal halves). Every random draw is made beforehand, so the
-    results are those of the serial computation, bit for bit.
+    results are those of the serial computation, bit for bit. ``progress`` is called in
+    this process only: after each regime and each ``d`` (the child's when its results
+    arrive).
     """
     ds = sorted(settings)
     child_ds = [ds[-1], ds[0]] if len(ds) > 1 else []
@@ -484,13 +502,18 @@ def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel):
     try:
         future = (pool.submit(_histograms_many, [settings[d] for d in child_ds], paper_tol)
                   if pool is not None else None)
-        regimes = _run_regimes(rng, grid, n_eval, drawn)
-        hists = _histograms_many([settings[d] for d in ds if d not in child_ds], paper_tol)
+        regimes = _run_regimes(rng, grid, n_eval, drawn, progress=progress)
+        hists = _histograms_many([settings[d] for d in ds if d not in child_ds], paper_tol,
+                                 progress=progress)
         if future is not None:
             try:
                 hists.update(future.result())
+                if progress is not None:
+                    for d in child_ds:
+                        progress(f"histograms: d = {d} (worker process)")
             except concurrent.futures.process.BrokenProcessPool:   # the child died: here
-                hists.update(_histograms_many([settings[d] for d in child_ds], paper_tol))
+                hists.update(_histograms_many([settings[d] for d in child_ds], paper_tol,
+                                              progress=progress))
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -498,7 +521,15 @@ def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel):
                      [(kind, vname, d) for kind, vname in _PANELS]}
 
 
-def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3):
+def progress_steps():
+    """Number of times :func:`reproduce` calls its ``progress`` callback.
+
+    One per regime, per histogram dimension and per figure.
+    """
+    return len(REGIMES) + len(_HIST_DS) + len(TYPES) + 2
+
+
+def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
     """Run the reproduction into folder ``out``; returns a summary dict.
 
     Parameters
@@ -511,6 +542,9 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3):
         Small grids and 10 settings per dimension (for tests).
     paper_tol : float
         Stopping tolerance of the paper's protocol on the Frobenius norm of the rhs.
+    progress : callable or None
+        Called with a short message (e.g. ``"regimes: blowup"``) after each long step
+        (:func:`progress_steps` calls in all); ``None`` (the default): silent.
     """
     out = ensure_output_dir(out, "out")
     seed = validate_int(seed, "seed", minimum=0)
@@ -519,15 +553,15 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3):
     grid = unit_trace_grid(1, 4) if quick else unit_trace_grid(3, 8)
     n_eval = 30 if quick else 80
     n_settings = 10 if quick else 100
-    ds = (3, 4, 5)
+    ds = _HIST_DS
     w0, c0 = time.perf_counter(), _cpu_time()
     # every random draw first, in the order of the serial computation
     drawn = {regime: _regime_attentions(regime, rng) for regime in REGIMES}
     settings = {d: _hist_settings(rng, d, n_settings) for d in ds}
     regimes, hists = _compute(rng, grid, n_eval, drawn, settings, paper_tol,
-                              parallel=not quick)
+                              parallel=not quick, progress=progress)
     compute_s, cpu_s = time.perf_counter() - w0, _cpu_time() - c0
-    paths = _figures(out, regimes, hists, ds)
+    paths = _figures(out, regimes, hists, ds, progress=progress)
     wall_s = time.perf_counter() - w0
     cfg = dict(seed=seed, quick=quick, paper_tol=paper_tol, n_settings=n_settings,
                n_grid=len(grid))

@@ -98,8 +98,13 @@ def _usable_layers(mean, cov, max_growth=1e100):
 
 
 def run_study(*, d=3, n_layers=12, h=0.25, seeds=(0, 1, 2), n_particles=400,
-              n_per_dim=6, weight_scale=1.5, blowup_threshold=1e8, particle_seed=0):
+              n_per_dim=6, weight_scale=1.5, blowup_threshold=1e8, particle_seed=0,
+              progress=None):
     r"""Run the 2 x 3 grid for every weight draw.
+
+    ``progress``: called with a short message (``"stabilizers: residual/layernorm"``)
+    after each cell of the grid, ``len(STUDY_MODES) * len(STUDY_NORMS)`` calls in all;
+    ``None`` (the default): silent.
 
     Returns
     -------
@@ -147,6 +152,8 @@ def run_study(*, d=3, n_layers=12, h=0.25, seeds=(0, 1, 2), n_particles=400,
                     run["non_gaussianity"] = p.non_gaussianity
                     runs.append(run)
                 out[(mode, norm)] = runs
+                if progress is not None:
+                    progress(f"stabilizers: {mode}/{norm}")
     return out
 
 
