@@ -1,7 +1,8 @@
 """``gaussian-pde compare``: the moment ODEs against particle Monte Carlo.
 
 Runs :func:`gaussian_pde.studies._compare.compare` on a built-in 2-D example of the chosen attention
-type (or on weights from a JSON file) and writes into the output folder, atomically:
+type (or on weights from a JSON file) and writes into the output folder (default
+``./gaussian_pde_output/compare``), atomically:
 
 * ``compare_<type>.csv``: one row per ``(n, t)``, mean and standard error over seeds of
   every metric;
@@ -9,55 +10,50 @@ type (or on weights from a JSON file) and writes into the output folder, atomica
   the full arrays;
 * ``compare_<type>_<figure>.png``: errors over time, error against ``n``, moments,
   diagnostics (effective sample size, non-Gaussianity).
+
+The ``--attention`` choices are the registered types (:data:`gaussian_pde.ATTENTIONS`);
+a type without a built-in example needs ``--weights``. Progress: one line on stderr per
+particle run (and for the moment ODE and the figures), unless ``--quiet``.
 """
 
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import json
 import pathlib
 
 import numpy as np
 
-from .._common.io import ensure_output_dir, save_figure, write_json, write_text
-from ..attention._l2 import L2
-from ..attention._masked import Masked
-from ..attention._multihead import MultiHead
+from .._common.io import save_figure, write_json, write_text
+from ..attention._base import SingleHeadAttention
 from ..attention._registry import ATTENTIONS, get_attention
-from ..attention._sigmoid import Sigmoid
-from ..attention._sinkhorn import Sinkhorn
-from ..attention._softmax import Softmax
+from ._options import add_out_argument, default_out, output_dir
+from ._progress import progress_for
 
-DEFAULT_OUT = "gaussian_pde_output"
+DEFAULT_OUT = default_out("compare")
+#: final time of the built-in examples (default: 1); the softmax example blows up at
+#: t* = 0.586 (exact, V = I), so it is compared before that
+_T_END = {"softmax": 0.4}
 
 
 def compare_examples():
     """Built-in 2-D examples: name -> (attention, mean0, cov0, t_end).
 
-    ``mean0`` is callable (position-dependent) for masked attention.
+    Those of the main job (:func:`gaussian_pde.cli._main_job.builtin_examples`), one per
+    registered type that has one. ``mean0`` is callable (position-dependent) for masked
+    attention.
     """
-    from ._main_job import example_data
+    from ._main_job import builtin_examples
 
-    Q, K, V, q2, mean0, cov0 = example_data()
-
-    def masked_mean(tau):
-        return mean0 + np.outer(tau - 0.5, [2.0, -1.0])
-
-    return {
-        # blows up at t* = 0.586 (exact, V = I); compare before it
-        "softmax": (Softmax(Q, K, np.eye(2)), mean0, cov0, 0.4),
-        "l2": (L2(Q, -Q, np.eye(2)), mean0, cov0, 1.0),
-        "sinkhorn": (Sinkhorn(Q, -K, V), mean0, cov0, 1.0),
-        "multihead": (MultiHead([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0, cov0, 1.0),
-        "sigmoid": (Sigmoid(Q, -K, V, bias=-0.5), mean0, cov0, 1.0),
-        "masked": (Masked(Q, -Q, np.eye(2)), masked_mean, cov0, 1.0),
-    }
+    return {name: (att, m0, c0, _T_END.get(name, 1.0))
+            for name, (att, m0, c0) in builtin_examples().items()}
 
 
 def add_arguments(parser):
-    parser.add_argument("--attention", default="softmax", choices=sorted(ATTENTIONS),
-                        help="attention type (default: %(default)s)")
+    parser.add_argument("--attention", default="softmax", choices=list(ATTENTIONS),
+                        help="registered attention type (default: %(default)s)")
     parser.add_argument("--n", type=int, nargs="+", default=[500, 2000, 8000],
                         help="numbers of tokens (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..SEEDS-1 (default: 5)")
@@ -70,7 +66,7 @@ def add_arguments(parser):
     parser.add_argument("--float32", action="store_true", help="attention tiles in float32")
     parser.add_argument("--weights", default=None,
                         help="JSON file with Q, K, V (lists), optional scale, bias, mean0, cov0")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    add_out_argument(parser, DEFAULT_OUT)
 
 
 def _from_weights(path, name):
@@ -81,10 +77,11 @@ def _from_weights(path, name):
     if not isinstance(spec, dict) or not {"Q", "K", "V"} <= set(spec):
         raise ValueError("`--weights` must be a JSON object with keys Q, K, V.")
     cls = get_attention(name)
-    if cls is MultiHead:
-        raise ValueError("`--weights` is not supported for multihead; use the Python API.")
+    if not issubclass(cls, SingleHeadAttention):
+        raise ValueError(f"`--weights` is supported for single-head types only, not {name}; "
+                         "use the Python API.")
     kwargs = {"scale": spec.get("scale")}
-    if cls is Sigmoid:
+    if "bias" in inspect.signature(cls).parameters:
         kwargs["bias"] = float(spec.get("bias", 0.0))
     att = cls(spec["Q"], spec["K"], spec["V"], **kwargs)
     d = att.d
@@ -104,7 +101,7 @@ def _csv(rows):
 def run(args):
     from ..studies._compare import compare
 
-    out = ensure_output_dir(args.out, "--out")
+    out = output_dir(args.out)
     if args.seeds < 1:
         raise ValueError(f"`--seeds` must be at least 1, got {args.seeds}.")
     if args.num_times < 2:
@@ -112,16 +109,22 @@ def run(args):
     if args.weights is not None:
         att, mean0, cov0, t_end = _from_weights(args.weights, args.attention)
     else:
-        att, mean0, cov0, t_end = compare_examples()[args.attention]
+        examples = compare_examples()
+        if args.attention not in examples:
+            raise ValueError(f"`--attention` {args.attention} has no built-in example; give "
+                             "its weights with `--weights`.")
+        att, mean0, cov0, t_end = examples[args.attention]
     if args.t_end is not None:
         t_end = args.t_end
     if not t_end > 0:
         raise ValueError(f"`--t-end` must be positive, got {t_end}.")
     t_eval = np.linspace(0.0, t_end, args.num_times)
     dt = args.dt if args.dt is not None else t_end / 50
+    with_ode = att.gaussian_preserving and not callable(mean0)
+    progress = progress_for(args, int(with_ode) + len(args.n) * args.seeds + 1)
     report = compare(att, mean0, cov0, n=args.n, seeds=range(args.seeds), t_eval=t_eval,
                      method=args.method, dt=dt, chunk_size=args.chunk_size,
-                     dtype=np.float32 if args.float32 else np.float64)
+                     dtype=np.float32 if args.float32 else np.float64, progress=progress)
     stem = f"compare_{att.name}"
     write_text(out / f"{stem}.csv", _csv(report.table()))
     data = report.to_dict()
@@ -137,9 +140,12 @@ def run(args):
 
     from ..studies._compare_plots import all_figures
 
-    for name, fig in all_figures(report).items():
+    figures = all_figures(report)
+    for name, fig in figures.items():
         paths.append(save_figure(fig, out / f"{stem}_{name}.png", dpi=110))
         plt.close(fig)
+    if progress is not None:
+        progress(f"figures: {', '.join(figures)}")
     slopes = ", ".join(f"{k} {v:.3f}" for k, v in report.slopes.items())
     print(f"gaussian-pde compare ({att.name}): wrote {', '.join(str(p) for p in paths)}"
           + (f"; slopes of error against n: {slopes}" if slopes else ""))

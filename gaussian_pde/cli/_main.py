@@ -1,9 +1,18 @@
-"""Command-line interface: ``gaussian-pde [SUBCOMMAND] [options]``.
+"""Command-line interface: ``gaussian-pde [--quiet] [SUBCOMMAND] [options]``.
 
 With no subcommand it runs the main job (:mod:`gaussian_pde.cli._main_job`). Each subcommand
 lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``; the
 table below is the one place that lists them, and modules are imported only when used
 (so ``gaussian-pde --help`` stays fast and imports neither matplotlib nor dask).
+
+Conventions shared by every subcommand:
+
+* output goes to a default folder below ``./gaussian_pde_output`` (see
+  :mod:`gaussian_pde.cli._options`); ``--out`` chooses another;
+* long steps report progress on stderr (:mod:`gaussian_pde.cli._progress`); ``--quiet``
+  (``-q``), accepted before or after the subcommand, turns it off;
+* bad input (an unknown flag, a bad value, an unusable ``--out``) gives one line on
+  stderr, ``gaussian-pde SUBCOMMAND: error: ...``, and exit status 2, no traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +30,18 @@ SUBCOMMANDS = {
     "stabilizers": ("gaussian_pde.cli._stabilizers", "residual / normalisation stabiliser study"),
 }
 
+#: options of the bare command that may come before the subcommand
+_GLOBAL_FLAGS = ("-q", "--quiet")
+_QUIET_HELP = "no progress lines on stderr (errors are still reported)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr (exit status 2)."""
+
+    def error(self, message):
+        message = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
 
 def _available():
     out = {}
@@ -30,32 +51,66 @@ def _available():
     return out
 
 
+def _add_quiet(parser):
+    """``--quiet`` on ``parser`` and on every parser nested below it (``sweep run``, ...).
+
+    The subcommands' copies default to "not given" (``SUPPRESS``), so that
+    ``gaussian-pde --quiet compare`` is not undone by the subcommand's default.
+    """
+    parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help=_QUIET_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _add_quiet(sub)
+
+
 def build_parser():
     """The argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gaussian-pde",
         description="Gaussian solutions of the Transformer PDE. "
-                    "Without a subcommand, runs the main job on built-in defaults.")
+                    "Without a subcommand, runs the main job on built-in defaults.",
+        epilog="Every subcommand writes into a default folder below ./gaussian_pde_output "
+               "(see its --help; --out chooses another) and reports the progress of its "
+               "long steps on stderr (--quiet turns this off).")
+    parser.add_argument("-q", "--quiet", action="store_true", default=False,
+                        help=_QUIET_HELP)
     sub = parser.add_subparsers(dest="command")
     for name, (module, help_) in _available().items():
         p = sub.add_parser(name, help=help_, description=help_)
         importlib.import_module(module).add_arguments(p)
+        _add_quiet(p)
     return parser
+
+
+def _with_default_command(argv, commands):
+    """``argv`` with ``run`` inserted after the global flags when no subcommand is named."""
+    i = 0
+    while i < len(argv) and argv[i] in _GLOBAL_FLAGS:
+        i += 1
+    if i < len(argv) and (argv[i] in commands or argv[i] in ("-h", "--help")
+                          or not argv[i].startswith("-")):
+        return argv   # a subcommand, help, or a misspelt subcommand (the parser says so)
+    return argv[:i] + ["run"] + argv[i:]
 
 
 def main(argv=None):
     """Entry point of the ``gaussian-pde`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = _available()
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        argv = ["run"] + argv
+    argv = _with_default_command(argv, commands)
     parser = build_parser()
     args = parser.parse_args(argv)
     module = importlib.import_module(commands[args.command][0])
+    prog = f"gaussian-pde {args.command}"
     try:
         return int(module.run(args) or 0)
     except (ValueError, TypeError) as exc:
-        parser.exit(2, f"gaussian-pde {args.command}: error: {exc}\n")
+        message = " ".join(str(exc).split())
+        parser.exit(2, f"{prog}: error: {message}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{prog}: interrupted\n")
 
 
 if __name__ == "__main__":

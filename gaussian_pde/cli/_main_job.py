@@ -12,7 +12,9 @@ r"""The main job: ``gaussian-pde`` with no arguments.
     normalised covariance :math:`\Sigma/\operatorname{tr}\Sigma` in the unit disk;
   - a section of ``report.md`` (status, blow-up times, final spectra).
 
-``--examples`` runs the built-in examples alone (with a report of their own).
+``--examples`` runs the built-in examples alone (with a report of their own). Progress
+(one line per finished step: the reproduction's regimes, histograms and figures, then each
+example) goes to stderr unless ``--quiet``.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ import pathlib
 
 import numpy as np
 
-from .._common.io import ensure_output_dir, save_figure, write_npz, write_text
+from .._common.io import save_figure, write_npz, write_text
 from ..attention._l2 import L2
+from ..attention._masked import Masked
 from ..attention._multihead import MultiHead
+from ..attention._registry import ATTENTIONS, get_attention
+from ..attention._sigmoid import Sigmoid
 from ..attention._sinkhorn import Sinkhorn
 from ..attention._softmax import Softmax
 from ..integrate._solve import solve
+from ._options import add_out_argument, default_out, output_dir
+from ._progress import progress_for
 
-DEFAULT_OUT = "gaussian_pde_output"
+DEFAULT_OUT = default_out()
+#: horizon of the main job's examples (default: 20)
+_HORIZON = {"softmax": 3.0}
 
 
 def example_data():
@@ -41,23 +50,46 @@ def example_data():
             np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]]))
 
 
-def default_examples():
-    """The built-in 2-D examples: name -> (attention, mean0, cov0, horizon)."""
+def builtin_examples():
+    """One built-in 2-D example per attention type: name -> (attention, mean0, cov0).
+
+    In the order of the registry (:data:`gaussian_pde.ATTENTIONS`); a registered type
+    without an example here is left out. ``mean0`` is callable (position-dependent) for
+    masked attention.
+    """
     Q, K, V, q2, mean0, cov0 = example_data()
-    return {
-        # A + A^T indefinite, V = I: Riccati blow-up in finite time (exact t* known)
-        "softmax": (Softmax(Q, K, np.eye(2)), mean0, cov0, 3.0),
+
+    def masked_mean(tau):
+        return mean0 + np.outer(tau - 0.5, [2.0, -1.0])
+
+    examples = {
+        # A + A^T indefinite, V = I: Riccati blow-up in finite time (exact t* = 0.586)
+        Softmax: (Softmax(Q, K, np.eye(2)), mean0, cov0),
         # K = -Q, V = I: collapse onto the line orthogonal to Q (rank 1 limit)
-        "l2": (L2(Q, -Q, np.eye(2)), mean0, cov0, 20.0),
-        "sinkhorn": (Sinkhorn(Q, -K, V), mean0, cov0, 20.0),
-        "multihead": (MultiHead([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0, cov0,
-                      20.0),
+        L2: (L2(Q, -Q, np.eye(2)), mean0, cov0),
+        Sinkhorn: (Sinkhorn(Q, -K, V), mean0, cov0),
+        MultiHead: (MultiHead([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0, cov0),
+        Sigmoid: (Sigmoid(Q, -K, V, bias=-0.5), mean0, cov0),
+        Masked: (Masked(Q, -Q, np.eye(2)), masked_mean, cov0),
     }
+    return {name: examples[get_attention(name)] for name in ATTENTIONS
+            if get_attention(name) in examples}
+
+
+def default_examples():
+    """The main job's examples: name -> (attention, mean0, cov0, horizon).
+
+    Every built-in example whose moments obey the Gaussian moment ODEs (a
+    Gaussian-preserving type with a constant mean), in the order of the registry.
+    """
+    return {name: (att, m0, c0, _HORIZON.get(name, 20.0))
+            for name, (att, m0, c0) in builtin_examples().items()
+            if att.gaussian_preserving and not callable(m0)}
 
 
 def add_arguments(parser):
     """Options of the main job."""
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    add_out_argument(parser, DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="a small, fast report")
     parser.add_argument("--paper-tol", type=float, default=1e-3,
@@ -68,26 +100,33 @@ def add_arguments(parser):
 
 def run(args):
     """Write the reproduction report and the built-in examples (``--examples``: these alone)."""
+    output_dir(args.out)
+    n_examples = len(default_examples()) + 1   # the solves and their figure
     if getattr(args, "examples", False):
-        return run_examples(args)
+        return run_examples(args, progress=progress_for(args, n_examples))
+    from ._reproduce import progress_steps
     from ._reproduce import run as run_reproduce
 
-    code = run_reproduce(args)
+    progress = progress_for(args, progress_steps() + n_examples)
+    code = run_reproduce(args, progress=progress)
     if code:
         return code
-    return run_examples(args, append=True)
+    return run_examples(args, append=True, progress=progress)
 
 
-def run_examples(args, append=False):
+def run_examples(args, append=False, progress=None):
     """The built-in 2-D examples: trajectories, a figure and a short report.
 
     With ``append`` the report becomes a section at the end of an existing ``report.md``.
+    ``progress``: called with a short message after each example and after the figure.
     """
-    out = ensure_output_dir(args.out, "--out")
+    out = output_dir(args.out)
     results = {}
     for name, (att, m0, c0, horizon) in default_examples().items():
         t_eval = np.linspace(0.0, horizon, 301)
         results[name] = solve(att, m0, c0, (0.0, horizon), t_eval=t_eval)
+        if progress is not None:
+            progress(f"example: {name} -> {results[name].status}")
     arrays = {}
     for name, sol in results.items():
         arrays[f"{name}_t"] = sol.t
@@ -95,6 +134,8 @@ def run_examples(args, append=False):
         arrays[f"{name}_cov"] = sol.cov
     write_npz(out / "trajectories.npz", **arrays)
     fig_path = _figure(results, out / "covariance_trajectories.png")
+    if progress is not None:
+        progress(f"figure: {fig_path.name}")
     report = out / "report.md"
     if append and report.exists():
         text = report.read_text().rstrip("\n") + "\n\n" + _report(results, fig_path.name, "##")

@@ -1,13 +1,28 @@
-"""``gaussian-pde reproduce``: regenerate the paper's Gaussian figures and a report."""
+"""``gaussian-pde reproduce``: regenerate the paper's Gaussian figures and a report.
+
+Writes into ``--out`` (default ``./gaussian_pde_output``, the main job's folder: the main
+job is this reproduction followed by the built-in examples). Progress: one line on stderr
+per regime, histogram dimension and figure, unless ``--quiet``.
+"""
 
 from __future__ import annotations
 
-DEFAULT_OUT = "gaussian_pde_reproduce"
+from ._options import add_out_argument, default_out, output_dir
+from ._progress import progress_for
+
+DEFAULT_OUT = default_out()
+
+
+def progress_steps():
+    """Number of progress messages of :func:`gaussian_pde.studies.reproduce`."""
+    from ..studies._reproduce import progress_steps as steps
+
+    return steps()
 
 
 def add_arguments(parser):
     """Options of ``gaussian-pde reproduce``."""
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    add_out_argument(parser, DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="small grids and 10 settings per dimension (for tests)")
@@ -16,12 +31,18 @@ def add_arguments(parser):
                              "of the right-hand side (default: %(default)s)")
 
 
-def run(args):
-    """Run the reproduction; returns the exit status."""
+def run(args, progress=None):
+    """Run the reproduction; returns the exit status.
+
+    ``progress``: the callback to report through (default: a new one for ``args``).
+    """
     from ..studies._reproduce import reproduce
 
-    res = reproduce(args.out, seed=args.seed, quick=args.quick,
-                    paper_tol=getattr(args, "paper_tol", 1e-3))
+    out = output_dir(args.out)
+    if progress is None:
+        progress = progress_for(args, progress_steps())
+    res = reproduce(out, seed=args.seed, quick=args.quick,
+                    paper_tol=getattr(args, "paper_tol", 1e-3), progress=progress)
     t = res["timing"]
     print(f"gaussian-pde reproduce: wrote {res['report']} and {len(res['figures'])} figures "
           f"({t['compute_s']:.2f} s compute, {t['wall_s']:.2f} s with figures)")

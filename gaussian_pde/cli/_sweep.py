@@ -2,18 +2,28 @@
 
 ::
 
-    gaussian-pde sweep run SPEC.toml --out RESULTS [--scheduler tcp://HOST:PORT]
-                                                   [--workers N] [--inprocess]
+    gaussian-pde sweep run SPEC.toml [--out RESULTS] [--scheduler tcp://HOST:PORT]
+                                     [--workers N] [--inprocess]
     gaussian-pde sweep summarize RESULTS [--plot FILE | --no-plot]
 
 ``run`` is resumable: rerun the same command after an interruption and only the missing
-tasks are computed.
+tasks are computed. Its results folder defaults to
+``./gaussian_pde_output/sweep/<SPEC file name without .toml>``; its progress bar (stderr)
+is turned off by ``--no-progress`` or ``--quiet``. ``summarize`` draws its figure into
+``RESULTS/summary.png`` unless ``--plot`` says otherwise.
 """
 
 from __future__ import annotations
 
 import pathlib
 import sys
+
+from ._options import check_output_dir, default_out, output_dir
+
+
+def default_results(spec):
+    """The default results folder of ``sweep run SPEC``."""
+    return pathlib.Path(default_out("sweep")) / pathlib.Path(spec).stem
 
 
 def add_arguments(parser):
@@ -23,7 +33,9 @@ def add_arguments(parser):
                        description="Run a sweep, or resume it: tasks already stored in "
                                    "--out are not recomputed.")
     p.add_argument("spec", help="sweep specification (TOML)")
-    p.add_argument("--out", required=True, help="results folder (created or resumed)")
+    p.add_argument("--out", default=None, metavar="FOLDER",
+                   help="results folder, created or resumed (default: "
+                        f"{default_results('SPEC')}, after the spec file's name)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", default=None,
                        help="address of an existing Dask scheduler, e.g. tcp://HOST:8786 "
@@ -34,13 +46,15 @@ def add_arguments(parser):
                    help="worker processes of the local cluster (default: one per core)")
     p.add_argument("--connect-timeout", type=float, default=10.0,
                    help="seconds to wait for the scheduler (default: %(default)s)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr (the same as --quiet)")
     s = sub.add_parser("summarize", help="print and plot outcome fractions and rank histograms",
                        description="Print outcome fractions and limit-rank counts by "
                                    "attention type and dimension, and plot them.")
     s.add_argument("results", help="results folder of a sweep")
-    s.add_argument("--plot", default=None,
-                   help="figure file (default: RESULTS/summary.png)")
+    s.add_argument("--plot", default=None, metavar="FILE",
+                   help="figure file, its folder created if needed "
+                        "(default: RESULTS/summary.png)")
     s.add_argument("--no-plot", action="store_true", help="print only")
 
 
@@ -52,9 +66,12 @@ def run(args):
             raise ValueError("--workers applies only to the local cluster (no --scheduler, "
                              "no --inprocess).")
         scheduler = "inprocess" if args.inprocess else args.scheduler
+        out = check_output_dir(args.out if args.out is not None
+                               else default_results(args.spec))
+        quiet = args.no_progress or getattr(args, "quiet", False)
         try:
-            report = sweep.run_sweep(args.spec, args.out, scheduler=scheduler,
-                                     workers=args.workers, progress=not args.no_progress,
+            report = sweep.run_sweep(args.spec, out, scheduler=scheduler,
+                                     workers=args.workers, progress=not quiet,
                                      connect_timeout=args.connect_timeout)
         except sweep.SchedulerUnreachableError as exc:
             print(f"gaussian-pde sweep: error: {exc}", file=sys.stderr)
@@ -64,13 +81,19 @@ def run(args):
               f"({report.n_settings_computed} settings in {report.seconds:.1f} s on "
               f"{report.scheduler}); results in {report.path}")
         return 0
+    path = None
+    if not args.no_plot:
+        path = pathlib.Path(args.plot) if args.plot else pathlib.Path(args.results) / "summary.png"
+        if path.is_dir():
+            raise ValueError(f"`--plot` is a folder, not a file: {path}.")
+        check_output_dir(path.parent, "--plot")
     results = sweep.load_results(args.results)
     rows = sweep.summarize(results)
     print(f"sweep in {args.results}: {results.n_done}/{results.spec.n_settings} settings "
           f"computed (gaussian_pde {results.package_version})")
     print(sweep.format_summary(rows))
-    if not args.no_plot:
-        path = pathlib.Path(args.plot) if args.plot else pathlib.Path(args.results) / "summary.png"
+    if path is not None:
+        output_dir(path.parent, "--plot")
         sweep.plot_summary(rows, path)
         print(f"figure: {path}")
     return 0
