@@ -7,7 +7,9 @@ import pytest
 
 from gaussian_pde.cli._main import main
 from gaussian_pde.cli._main_job import default_examples
+from gaussian_pde.cli._reproduce import progress_steps
 from gaussian_pde.integrate._exact import blowup_time
+from gaussian_pde.studies import REGIMES
 
 
 def _check_examples(out):
@@ -33,24 +35,38 @@ def _check_examples(out):
     return report
 
 
-def test_default_run_writes_reproduction_and_examples(tmp_path):
+def test_default_run_writes_reproduction_and_examples(tmp_path, capsys):
     assert main(["--quick", "--out", str(tmp_path)]) == 0
     report = _check_examples(tmp_path)
     assert report.startswith("# gaussian-pde reproduce")      # the reproduction comes first
     assert (tmp_path / "regimes_softmax.png").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # one progress line per step on stderr, numbered up to the announced total
+    lines = capsys.readouterr().err.splitlines()
+    steps = progress_steps() + len(default_examples()) + 1
+    assert len(lines) == steps
+    assert [line.split("] ")[0] for line in lines] == [f"[{k:>2}/{steps}" for k in
+                                                       range(1, steps + 1)]
+    messages = [line.split("] ", 1)[1].rsplit(" (", 1)[0] for line in lines]
+    assert messages[:4] == [f"regimes: {r}" for r in REGIMES]
+    assert messages[4:7] == [f"histograms: d = {d}" for d in (3, 4, 5)]
+    assert messages[7] == "figure: regimes_softmax.png"
+    assert messages[-1] == "figure: covariance_trajectories.png"
 
 
-def test_examples_alone(tmp_path):
-    assert main(["--examples", "--out", str(tmp_path)]) == 0
+def test_examples_alone(tmp_path, capsys):
+    assert main(["--examples", "--quiet", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""                      # --quiet: no progress
     report = _check_examples(tmp_path)
     assert report.startswith("# Built-in 2-D examples")
     assert not (tmp_path / "regimes_softmax.png").exists()
 
 
-def test_bad_output_folder(tmp_path):
+def test_bad_output_folder(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(SystemExit) as exc:
         main(["--examples", "--out", str(blocker)])
     assert exc.value.code == 2
+    assert capsys.readouterr().err == (f"gaussian-pde run: error: `--out` is an existing "
+                                       f"file, not a folder: {blocker}.\n")
