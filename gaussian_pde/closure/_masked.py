@@ -118,7 +118,7 @@ class MaskedClosureSolution:
     message : str
     t_blowup : float or None
         On a confirmed blow-up, its time (docs/math.md section 10), extrapolated from
-        :math:`u = 1/\sum_b \operatorname{tr}\Sigma_b`.
+        :math:`u = B/\sum_b \operatorname{tr}\Sigma_b`.
     t_final : float or None
         Where the integration stopped.
     t_events : dict
@@ -148,8 +148,9 @@ class MaskedClosureSolution:
 class _MaskedSystem:
     r"""Block means and factors for :func:`gaussian_pde.integrate._solve.integrate_system`.
 
-    The events see the summed block covariances :math:`\sum_b \Sigma_b` (their trace is
-    the summed traces); user events see the moments of the whole sequence.
+    The events see the average block covariance :math:`\frac1B\sum_b \Sigma_b` (so
+    identical blocks reach the verdicts of unmasked softmax with the same thresholds);
+    user events see the moments of the whole sequence.
     """
 
     def __init__(self, attention, B, n_per_dim):
@@ -170,13 +171,13 @@ class _MaskedSystem:
 
     def trace(self, y):
         L = y[self.nm:]
-        return float(L @ L)
+        return float(L @ L) / self.B
 
     def cov_and_rate(self, y):
         means, L = self._split(y)
         _, dL = masked_closure_rhs(self.att, means, L, self.n_per_dim)
         C = dL @ np.swapaxes(L, -1, -2)
-        return (L @ np.swapaxes(L, -1, -2)).sum(0), (C + np.swapaxes(C, -1, -2)).sum(0)
+        return (L @ np.swapaxes(L, -1, -2)).mean(0), (C + np.swapaxes(C, -1, -2)).mean(0)
 
     def mean_and_cov(self, y):
         means, L = self._split(y)
@@ -193,7 +194,7 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
 
     Runs :func:`gaussian_pde.solve`'s event loop, so statuses, the confirmed blow-up time
     and the events mean what they mean there (docs/math.md section 10). The events are
-    evaluated on the summed block covariances :math:`\sum_b \Sigma_b`; user events
+    evaluated on the average block covariance :math:`\frac1B\sum_b \Sigma_b`; user events
     ``event(t, mean, cov)`` receive the moments of the whole sequence.
 
     Parameters
@@ -209,7 +210,7 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40).
     blowup_threshold, steady_tol, steady_atol, rank_tol, events
-        As in :func:`gaussian_pde.solve`, on the summed block covariances.
+        As in :func:`gaussian_pde.solve`, on the average block covariance.
 
     Returns
     -------
