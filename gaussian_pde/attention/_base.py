@@ -1,7 +1,7 @@
 r"""Base classes for attention types.
 
 An attention type is a small immutable object that defines the velocity field
-:math:`\Gamma[\mu](x)` of the Transformer PDE (MATH.md, section 2)
+:math:`\Gamma[\mu](x)` of the Transformer PDE (docs/math.md section 2)
 
 .. math::
 
@@ -15,7 +15,7 @@ field :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x) = b + M x`:
 ``field_offset(mean, cov)``
     :math:`b(\alpha, \Sigma)`, shape ``(..., d)``.
 
-The moment equations (MATH.md, section 3) then follow for every type alike:
+The moment equations (docs/math.md section 3) then follow for every type alike:
 :math:`\alpha' = b + M\alpha`, :math:`\Sigma' = M\Sigma + \Sigma M^T`.
 """
 
@@ -157,7 +157,7 @@ class Attention(abc.ABC):
     def particle_velocity(self, x, *, positions=None, chunk_size=None, dtype=np.float64,
                           state=None, want_ess=False, sinkhorn_tol=None,
                           sinkhorn_max_iter=1000, warn=True):
-        r"""Velocities :math:`\Gamma[\mu_n](x_i)` of the particle system (MATH.md section 1).
+        r"""Velocities :math:`\Gamma[\mu_n](x_i)` of the particle system (docs/math.md section 1).
 
         The attention is computed in tiles of at most ``chunk_size`` query rows (see
         :mod:`gaussian_pde.attention._kernels`), so no ``n x n`` array is formed when

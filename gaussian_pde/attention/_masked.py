@@ -9,7 +9,7 @@ sequence). A token at :math:`\tau` attends only to tokens at :math:`\tau' \le \t
     {\int_{\tau'\le\tau} e^{s(x,y)}\,d\mu(y, \tau')},\qquad s(x,y) = c\,\langle Qx, Ky\rangle .
 
 With position-independent data every prefix sees the same measure and the mean-field
-field equals unmasked softmax attention (MATH.md section 3); with position-dependent data
+field equals unmasked softmax attention (docs/math.md section 3); with position-dependent data
 Gaussians are not preserved, so this type has no exact moment equations and
 :func:`gaussian_pde.solve` rejects it.
 

@@ -1,7 +1,7 @@
 r"""Public entry to the Gaussian moment equations.
 
 For a Gaussian-preserving attention type with affine field :math:`b + Mx` against
-:math:`\mathcal N(\alpha, \Sigma)` (MATH.md section 3):
+:math:`\mathcal N(\alpha, \Sigma)` (docs/math.md section 3):
 
 .. math::
 

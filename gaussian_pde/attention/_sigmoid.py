@@ -6,7 +6,7 @@ r"""Sigmoid attention (not normalised).
     s(x, y) = c\,\langle Qx, Ky\rangle,\qquad \sigma(z) = \frac{1}{1 + e^{-z}} .
 
 The weights are not normalised, so the field against a Gaussian is not affine and
-Gaussians are not preserved (MATH.md section 3): there are no exact moment equations, and
+Gaussians are not preserved (docs/math.md section 3.4): there are no exact moment equations, and
 :func:`gaussian_pde.moment_rhs` and :func:`gaussian_pde.solve` reject this type. The
 particle system :math:`\dot x_i = V\frac1n\sum_j \sigma(s(x_i,x_j) + b)\,x_j` is simulated
 by :func:`gaussian_pde.particles._simulate.simulate_particles`.
@@ -46,9 +46,8 @@ class Sigmoid(SingleHeadAttention):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from gaussian_pde.attention._sigmoid import Sigmoid
-    >>> att = Sigmoid(np.eye(2), np.eye(2), np.eye(2), bias=-1.0)
+    >>> import numpy as np, gaussian_pde as gp
+    >>> att = gp.Sigmoid(np.eye(2), np.eye(2), np.eye(2), bias=-1.0)
     >>> att.gaussian_preserving, att.bias
     (False, -1.0)
     """

@@ -1,0 +1,24 @@
+"""The integration core (docs/math.md section 10).
+
+Below the drivers, one module per concept, with no import back up:
+
+* ``_results``: :class:`Status`, the one vocabulary of how a run ended, and the result
+  types;
+* ``_events``: the one definition of blow-up (its time and confirmation), steady state
+  and rank collapse, used by every solver of the package;
+* ``_options``: the one validation of solver options;
+* ``_field``: the stacked factor-form field and its exact Jacobian;
+* ``_loop`` and ``_steppers``: the step loops (SciPy's solver classes, Hairer's Fortran
+  codes, vectorised DOP853 and RODAS4 for batches);
+* ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
+  the closure solvers run too) and :func:`solve_batch`;
+* ``_exact``: closed-form solutions, the reference problems of the tests.
+"""
+
+from ._batch import solve_batch
+from ._exact import blowup_time, exact_covariance, scalar_solution
+from ._results import BatchSolution, MomentSolution, Status
+from ._solve import solve
+
+__all__ = ["BatchSolution", "MomentSolution", "Status", "blowup_time", "exact_covariance",
+           "scalar_solution", "solve", "solve_batch"]

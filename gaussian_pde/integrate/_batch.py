@@ -1,6 +1,6 @@
 r"""Many covariance trajectories at once: a vectorised, per-trajectory adaptive integrator.
 
-The factor-form covariance equation (MATH.md section 3),
+The factor-form covariance equation (docs/math.md section 3),
 
 .. math:: L_b' = M_b(\Sigma_b)\,L_b,\qquad \Sigma_b = L_bL_b^T,\qquad b = 1, \dots, B,
 
@@ -133,9 +133,8 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     Examples
     --------
     >>> import numpy as np, gaussian_pde as gp
-    >>> from gaussian_pde.integrate._batch import solve_batch
     >>> att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
-    >>> sol = solve_batch(att, [np.eye(2), 2 * np.eye(2)], (0, 2))
+    >>> sol = gp.solve_batch(att, [np.eye(2), 2 * np.eye(2)], (0, 2))
     >>> np.round(sol.t_blowup, 6)           # exact 1/lambda_max(Sigma0^1/2 (A + A^T) Sigma0^1/2)
     array([1. , 0.5])
     """

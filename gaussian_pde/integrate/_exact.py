@@ -1,4 +1,4 @@
-r"""Closed-form solutions of the moment equations (MATH.md section 4).
+r"""Closed-form solutions of the moment equations (docs/math.md section 4).
 
 Softmax with :math:`V = I` (one head or several, all with :math:`V_h = I`):
 :math:`\Sigma' = \Sigma(A + A^T)\Sigma`, so :math:`(\Sigma^{-1})' = -(A + A^T)` and
