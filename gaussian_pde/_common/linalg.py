@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross", "sqrt_and_pinv"]
+__all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross"]
 
 
 def T(X):
@@ -69,12 +69,3 @@ def sinkhorn_cross(B):
     U, s, Wt = np.linalg.svd(B)
     f = 2.0 * s / (1.0 + np.sqrt(1.0 + 4.0 * s * s))
     return (U * f[..., None, :]) @ Wt
-
-
-def sqrt_and_pinv(S, rtol=1e-12):
-    """Square root and Moore-Penrose pseudo-inverse of a symmetric PSD matrix (stack)."""
-    w, U = np.linalg.eigh(sym(S))
-    w = np.clip(w, 0.0, None)
-    cut = rtol * np.max(w, axis=-1, keepdims=True)
-    inv = np.where(w > cut, 1.0 / np.where(w > cut, w, 1.0), 0.0)
-    return (U * np.sqrt(w)[..., None, :]) @ T(U), (U * inv[..., None, :]) @ T(U)

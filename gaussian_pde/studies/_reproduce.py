@@ -226,13 +226,6 @@ def _exact_limit_softmax_identity(Q, cov0, scale):
 _PANELS = (("softmax", "I"), ("softmax", "GtG"), ("l2", "I"), ("l2", "GtG"))
 
 
-def _run_histograms(rng, ds, n_settings, paper_tol):
-    out = {}
-    for d in ds:
-        out.update(_histograms_d(*_hist_settings(rng, d, n_settings), paper_tol))
-    return out
-
-
 def _histograms_many(settings, paper_tol, progress=None):
     """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs), ...]``.
 
