@@ -28,6 +28,7 @@ events are located by bisection on the dense output to ``2**-30`` of the step.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -152,265 +153,331 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
                           max_nfev=max_nfev, blowup_threshold=blowup_threshold,
                           steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
-    t0, t1, t_eval, rtol, atol = opts.t0, opts.t1, opts.t_eval, opts.rtol, opts.atol
-    max_step, max_nfev = opts.max_step, opts.max_nfev
-    ev_opts = opts.events
-    blowup_threshold, rank_tol = ev_opts.blowup_threshold, ev_opts.rank_tol
-    steady_on = ev_opts.steady_on
     if not (isinstance(method, str) and method in _METHODS):
         raise ValueError("`method` must be 'auto', 'DOP853' or 'rosenbrock', "
                          f"got {method!r}.")
-
-    n = d * d
-    # outputs
-    status = np.full(nb, Status.FINISHED, dtype=object)
-    message = ["reached the end of t_span"] * nb
-    t_final = np.full(nb, t1)
-    L_final = np.empty((nb, d, d))
-    t_blowup = np.full(nb, np.nan)
-    nfev = np.zeros(nb, dtype=int)
-    nsteps = np.zeros(nb, dtype=int)
-    stiff_final = np.full(nb, method == "rosenbrock")
-    cov_out = None
-    if t_eval is not None:
-        cov_out = np.full((nb, t_eval.size, d, d), np.nan)
-
-    # state of the active rows
-    idx = np.arange(nb)
-    field.set_active(idx)
-    L0 = psd_sqrt(cov0s)
-    y = L0.reshape(nb, n).copy()
-    tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
-    t = np.full(nb, t0)
-    limit = np.full(nb, blowup_threshold)
-    # a finite-time estimate (t*, t) awaiting confirmation further up, as in solve
-    suspected = [None] * nb
-    rejected = np.zeros(nb, dtype=bool)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        f = field(y.reshape(nb, d, d)).reshape(nb, n)
-        nfev += 1
-        dop = DOP853Stepper(field, d, atol, rtol, nfev)
-        ros = RosenbrockStepper(field, d, atol, rtol, nfev)
-        implicit = np.full(nb, method == "rosenbrock")   # per active row: RODAS4 steps
-        switching = method == "auto"
-        iasti = np.zeros(nb, dtype=int)
-        nonsti = np.zeros(nb, dtype=int)
-        if t_eval is not None:
-            at0 = t_eval == t0
-            if at0.any():
-                cov_out[:, at0] = cov0s[:, None]
+        return _integrate(field, cov0s, opts, method)
 
-        def steady_g(L, dL):
-            return steady_gap(*cov_rate(L, dL), ev_opts.steady_tol, ev_opts.steady_atol)
 
-        first = None if rank_tol is None else rank_first(cov0s, rank_tol)  # == d: off
+# ----------------------------------------------------------------------------------------
+# the loop and its pieces
+# ----------------------------------------------------------------------------------------
 
-        def rank_g(L, rows):
-            return rank_gap(L @ np.swapaxes(L, -1, -2), first[rows], rank_tol)
+class _Record:
+    """Per-trajectory outcome, indexed by global trajectory number."""
 
-        g_steady = steady_g(y.reshape(nb, d, d), f.reshape(nb, d, d)) if steady_on else None
-        g_rank = rank_g(y.reshape(nb, d, d), idx) if rank_tol is not None else None
+    def __init__(self, nb, d, t1, t_eval, method):
+        self.status = np.full(nb, Status.FINISHED, dtype=object)
+        self.message = ["reached the end of t_span"] * nb
+        self.t_final = np.full(nb, t1)
+        self.L_final = np.empty((nb, d, d))
+        self.t_blowup = np.full(nb, np.nan)
+        self.nfev = np.zeros(nb, dtype=int)
+        self.nsteps = np.zeros(nb, dtype=int)
+        self.implicit = np.full(nb, method == "rosenbrock")
+        self.cov = None if t_eval is None else np.full((nb, t_eval.size, d, d), np.nan)
 
-        # initial step (Hairer, Norsett and Wanner II.4, as SciPy's select_initial_step)
-        scale = atol + np.abs(y) * rtol
-        d0, d1 = rms(y / scale), rms(f / scale)
-        h0 = np.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / np.maximum(d1, 1e-300))
-        h0 = np.minimum(h0, t1 - t0)
-        f1 = field(y.reshape(nb, d, d) + h0[:, None, None] * f.reshape(nb, d, d)).reshape(nb, n)
-        nfev += 1
-        d2 = rms((f1 - f) / scale) / h0
-        h1 = np.where((d1 <= 1e-15) & (d2 <= 1e-15), np.maximum(1e-6, h0 * 1e-3),
-                      (0.01 / np.maximum(np.maximum(d1, d2), 1e-300))
-                      ** -np.where(implicit, ros.err_exp, dop.err_exp))
-        h_abs = np.minimum.reduce([100 * h0, h1, np.full(nb, t1 - t0), np.full(nb, max_step)])
+    def stop(self, g, status, message, t, L):
+        """Trajectories ``g`` (global) end with ``status``/``message`` at ``t``, factor ``L``."""
+        for k in np.atleast_1d(g):
+            self.status[k], self.message[k] = status, message
+        self.t_final[g], self.L_final[g] = t, L
 
-        while idx.size:
-            m = idx.size
-            min_step = 10 * np.abs(np.nextafter(t, np.inf) - t)
-            h_abs = np.clip(h_abs, min_step, max_step)
-            h = np.minimum(h_abs, t1 - t)
-            # one attempted step for every active row: DOP853 or RODAS4 by row
-            ros.n_active = m
-            parts = []
-            y_new, err = np.empty_like(y), np.empty(m)
-            explicit_rows = np.flatnonzero(~implicit)
-            for stepper, rows in ((dop, explicit_rows), (ros, np.flatnonzero(implicit))):
-                if rows.size == m:
-                    y_new, err, st = stepper.attempt(idx, y, f, h, None if stepper is dop
-                                                     else rows)
-                elif rows.size:
-                    y_new[rows], err[rows], st = stepper.attempt(idx[rows], y[rows], f[rows],
-                                                                 h[rows], rows)
-                else:
-                    continue
-                parts.append((rows, st))
-            step = parts[0][1] if len(parts) == 1 else MixedStep(parts, m)
-            err_exp = np.where(implicit, ros.err_exp, dop.err_exp)
-            max_factor = np.where(implicit, ros.max_factor, dop.max_factor)
-            err = np.where(np.isfinite(err), err, np.inf)
-            acc = err < 1
-            fac = np.where(err == 0, max_factor,
-                           np.minimum(max_factor, SAFETY * np.where(err > 0, err, 1.0) ** err_exp))
-            fac_acc = np.where(rejected, np.minimum(1.0, fac), fac)
-            fac_rej = np.maximum(MIN_FACTOR, SAFETY * np.where(np.isfinite(err) & (err > 0),
-                                                                  err, 1e300) ** err_exp)
-            h_abs = np.where(acc, h_abs * fac_acc, h_abs * fac_rej)
-            rejected = ~acc
-            done = np.zeros(m, dtype=bool)
-            too_small = ~acc & (h_abs < min_step)
-            if too_small.any():
-                for r in np.flatnonzero(too_small):
-                    status[idx[r]] = Status.FAILED
-                    message[idx[r]] = "step size too small (required step below rounding)"
-                t_final[idx[too_small]] = t[too_small]
-                L_final[idx[too_small]] = y[too_small].reshape(-1, d, d)
-                done |= too_small
+    def result(self, t_eval, ncalls):
+        cov_final = self.L_final @ np.swapaxes(self.L_final, -1, -2)
+        return BatchSolution(t=t_eval, cov=self.cov, t_final=self.t_final, cov_final=cov_final,
+                             factor_final=self.L_final, status=self.status,
+                             t_blowup=self.t_blowup, message=self.message, nfev=self.nfev,
+                             nsteps=self.nsteps, ncalls=ncalls, implicit=self.implicit)
 
-            a = np.flatnonzero(acc)
-            if a.size:
-                t_old, y_old, f_old = t[a], y[a], f[a]
-                t_new = t_old + h[a]
-                t_new = np.where(t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1),
-                                 t1, t_new)
-                f_new_a = step.rate(a)
-                Ln = y_new[a].reshape(-1, d, d)
-                dLn = f_new_a.reshape(-1, d, d)
-                nsteps[idx[a]] += 1
-                stop_t = np.full(a.size, np.inf)        # located event time within the step
-                stop_kind = np.zeros(a.size, dtype=int)  # 1 steady, 2 rank
-                interp = step.dense(a, y_old, f_old)
 
-                def locate(sel, gfun):
-                    """Bisection for the downward crossing of ``gfun`` within the step."""
-                    lo, hi = np.zeros(sel.size), np.ones(sel.size)
-                    for _ in range(_BISECT):
-                        mid = 0.5 * (lo + hi)
-                        ym = interp(sel, mid)
-                        g = gfun(ym, sel)
-                        nfev[idx[a[sel]]] += 1
-                        lo, hi = np.where(g > 0, mid, lo), np.where(g > 0, hi, mid)
-                    return hi
+@dataclasses.dataclass
+class _Active:
+    """The rows still integrating, aligned: trajectory index, time, state, rate, step."""
 
-                if steady_on:
-                    g_new = steady_g(Ln, dLn)
-                    fired = np.flatnonzero((g_steady[idx[a]] > 0) & (g_new <= 0))
-                    if fired.size:
-                        def gs(ym, sel):
-                            Lm = ym.reshape(-1, d, d)
-                            return steady_g(Lm, field.at(idx[a[sel]], Lm))
-                        x = locate(fired, gs)
-                        stop_t[fired] = t_old[fired] + x * h[a][fired]
-                        stop_kind[fired] = 1
-                    g_steady[idx[a]] = g_new
-                if rank_tol is not None:
-                    g_new = rank_g(Ln, idx[a])
-                    fired = np.flatnonzero((g_rank[idx[a]] > 0) & (g_new <= 0) & (first[idx[a]] < d))
-                    if fired.size:
-                        x = locate(fired, lambda ym, sel: rank_g(ym.reshape(-1, d, d),
-                                                                 idx[a[sel]]))
-                        tr_ = t_old[fired] + x * h[a][fired]
-                        earlier = tr_ < stop_t[fired]
-                        stop_t[fired[earlier]] = tr_[earlier]
-                        stop_kind[fired[earlier]] = 2
-                    g_rank[idx[a]] = g_new
-                # output at t_eval up to the stop time
-                if t_eval is not None:
-                    t_end = np.minimum(t_new, stop_t)
-                    lo_i = np.searchsorted(t_eval, t_old, side="right")
-                    hi_i = np.searchsorted(t_eval, t_end, side="right")
-                    cnt = hi_i - lo_i
-                    if cnt.any():
-                        sel = np.repeat(np.arange(a.size), cnt)
-                        j = np.concatenate([np.arange(p, q) for p, q in zip(lo_i, hi_i) if q > p])
-                        x = (t_eval[j] - t_old[sel]) / h[a][sel]
-                        ys = interp(sel, x)
-                        Ls = ys.reshape(-1, d, d)
-                        cov_out[idx[a[sel]], j] = Ls @ np.swapaxes(Ls, -1, -2)
-                # located events stop the trajectory
-                ev = np.flatnonzero(np.isfinite(stop_t))
-                if ev.size:
-                    x = (stop_t[ev] - t_old[ev]) / h[a][ev]
-                    ye = interp(ev, x)
-                    for r, kind, te in zip(ev, stop_kind[ev], stop_t[ev]):
-                        g = idx[a[r]]
-                        name = "steady" if kind == 1 else "rank_collapse"
-                        status[g] = Status.STEADY if kind == 1 else Status.RANK_COLLAPSE
-                        message[g] = f"terminal event {name!r} at t = {te:.10g}"
-                    t_final[idx[a[ev]]] = stop_t[ev]
-                    L_final[idx[a[ev]]] = ye.reshape(-1, d, d)
-                    done[a[ev]] = True
-                # blow-up: tr(Sigma) past limit * tr0 at the step end
-                live = ~done[a]
-                trn = np.sum(Ln * Ln, axis=(1, 2))
-                over = np.flatnonzero(live & (trn > limit[a] * tr0[idx[a]]))
-                if over.size:
-                    rows = idx[a[over]]
-                    Lb, dLb = Ln[over], dLn[over]
-                    cov, dcov = cov_rate(Lb, dLb)
-                    tr_, dtr = np.trace(cov, axis1=1, axis2=2), np.trace(dcov, axis1=1, axis2=2)
-                    hh = blowup_probe_step(tr_, dtr)
-                    L2 = Lb + hh[:, None, None] * dLb
-                    cov2, dcov2 = cov_rate(L2, field.at(rows, L2))
-                    nfev[rows] += 1
-                    tstar, finite = blowup_extrapolate(
-                        t_new[over], tr_, dtr, np.trace(cov2, axis1=1, axis2=2),
-                        np.trace(dcov2, axis1=1, axis2=2), hh)
-                    for q, r in enumerate(over):
-                        g = rows[q]
-                        verdict, detail = blowup_verdict(tstar[q], finite[q], t_new[r],
-                                                          limit[a[r]], suspected[g])
-                        if verdict is None:   # follow it further
-                            suspected[g], limit[a[r]] = detail
-                            continue
-                        status[g], message[g] = verdict, detail
-                        if verdict == Status.BLOWUP:
-                            t_blowup[g] = tstar[q]
-                        t_final[g] = t_new[r]
-                        L_final[g] = Ln[r]
-                        done[a[r]] = True
-                # advance the accepted rows that go on
-                t[a], y[a], f[a] = t_new, y_new[a], f_new_a
-                ros.accepted(a)
-                end = ~done[a] & (t_new >= t1)
-                if end.any():
-                    L_final[idx[a[end]]] = Ln[end]
-                    done[a[end]] = True
-            if switching and explicit_rows.size:
-                # Hairer's stiffness detection on the accepted DOP853 steps
-                hl = np.zeros(m)
-                hl[explicit_rows] = dop.hlamb
-                ok = acc & ~implicit
-                stiff_step = ok & (hl > _STIFF_HLAMB)
-                iasti = np.where(stiff_step, iasti + 1, iasti)
-                nonsti = np.where(stiff_step, 0, np.where(ok, nonsti + 1, nonsti))
-                iasti = np.where(nonsti >= _NONSTIFF_RESET, 0, iasti)
-                to_implicit = iasti >= _STIFF_STEPS
-                if to_implicit.any():
-                    implicit = implicit | to_implicit
-                    stiff_final[idx[to_implicit]] = True
-                    if ros.fresh is not None:
-                        ros.fresh[to_implicit] = False
-            if max_nfev is not None:
-                over_n = ~done & (nfev[idx] > max_nfev)
-                for r in np.flatnonzero(over_n):
-                    status[idx[r]] = Status.FAILED
-                    message[idx[r]] = (f"gave up after {max_nfev} right-hand-side evaluations "
-                                       f"near t = {t[r]:.10g} (stiff or nearly singular "
-                                       "dynamics)")
-                t_final[idx[over_n]] = t[over_n]
-                L_final[idx[over_n]] = y[over_n].reshape(-1, d, d)
-                done |= over_n
-            if done.any():
-                keep = ~done
-                idx, t, y, f = idx[keep], t[keep], y[keep], f[keep]
-                h_abs, rejected, limit = h_abs[keep], rejected[keep], limit[keep]
-                implicit, iasti, nonsti = implicit[keep], iasti[keep], nonsti[keep]
-                ros.compact(keep)
-                field.set_active(idx)
+    idx: np.ndarray
+    t: np.ndarray
+    y: np.ndarray
+    f: np.ndarray
+    h_abs: np.ndarray
+    limit: np.ndarray          # trace ratio of the next blow-up look
+    rejected: np.ndarray       # the last attempt was rejected
+    implicit: np.ndarray       # RODAS4 steps
+    iasti: np.ndarray          # Hairer's stiffness counters
+    nonsti: np.ndarray
 
-    cov_final = L_final @ np.swapaxes(L_final, -1, -2)
-    return BatchSolution(t=t_eval, cov=cov_out, t_final=t_final, cov_final=cov_final,
-                         factor_final=L_final, status=status, t_blowup=t_blowup,
-                         message=message, nfev=nfev, nsteps=nsteps, ncalls=field.calls,
-                         implicit=stiff_final)
+    def compact(self, keep):
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name)[keep])
+
+
+class _Events:
+    """Steady-state and rank-collapse gaps of every trajectory (``_events`` definitions)."""
+
+    def __init__(self, ev_opts, cov0s, L0, f0):
+        self.opts = ev_opts
+        nb, d = cov0s.shape[0], cov0s.shape[-1]
+        self.d = d
+        self.first = None if ev_opts.rank_tol is None else rank_first(cov0s, ev_opts.rank_tol)
+        self.g_steady = self.steady(L0, f0) if ev_opts.steady_on else None
+        self.g_rank = self.rank(L0, np.arange(nb)) if self.first is not None else None
+
+    def steady(self, L, dL):
+        return steady_gap(*cov_rate(L, dL), self.opts.steady_tol, self.opts.steady_atol)
+
+    def rank(self, L, rows):
+        return rank_gap(L @ np.swapaxes(L, -1, -2), self.first[rows], self.opts.rank_tol)
+
+    def locate(self, g, t_old, h, Ln, dLn, interp, field, nfev):
+        """Located stop time (``inf``: none) and kind (1 steady, 2 rank) within the step.
+
+        ``g``: global indices of the accepted rows, ``interp(sel, x)``: dense output of
+        rows ``sel`` at fractions ``x``; a downward crossing of a gap is bisected to
+        ``2**-_BISECT`` of the step.
+        """
+        d = self.d
+        stop_t = np.full(g.size, np.inf)
+        kind = np.zeros(g.size, dtype=int)
+
+        def bisect(sel, gfun):
+            lo, hi = np.zeros(sel.size), np.ones(sel.size)
+            for _ in range(_BISECT):
+                mid = 0.5 * (lo + hi)
+                val = gfun(interp(sel, mid), sel)
+                nfev[g[sel]] += 1
+                lo, hi = np.where(val > 0, mid, lo), np.where(val > 0, hi, mid)
+            return hi
+
+        if self.g_steady is not None:
+            g_new = self.steady(Ln, dLn)
+            fired = np.flatnonzero((self.g_steady[g] > 0) & (g_new <= 0))
+            if fired.size:
+                def gs(ym, sel):
+                    Lm = ym.reshape(-1, d, d)
+                    return self.steady(Lm, field.at(g[sel], Lm))
+                stop_t[fired] = t_old[fired] + bisect(fired, gs) * h[fired]
+                kind[fired] = 1
+            self.g_steady[g] = g_new
+        if self.g_rank is not None:
+            g_new = self.rank(Ln, g)
+            fired = np.flatnonzero((self.g_rank[g] > 0) & (g_new <= 0) & (self.first[g] < d))
+            if fired.size:
+                x = bisect(fired, lambda ym, sel: self.rank(ym.reshape(-1, d, d), g[sel]))
+                tr_ = t_old[fired] + x * h[fired]
+                earlier = tr_ < stop_t[fired]
+                stop_t[fired[earlier]] = tr_[earlier]
+                kind[fired[earlier]] = 2
+            self.g_rank[g] = g_new
+        return stop_t, kind
+
+
+def _initial_step(field, y, f, t0, t1, opts, err_exp, nfev):
+    """Hairer, Norsett and Wanner II.4, as SciPy's ``select_initial_step``, per row."""
+    nb, n = y.shape
+    d = int(round(np.sqrt(n)))
+    scale = opts.atol + np.abs(y) * opts.rtol
+    d0, d1 = rms(y / scale), rms(f / scale)
+    h0 = np.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / np.maximum(d1, 1e-300))
+    h0 = np.minimum(h0, t1 - t0)
+    f1 = field(y.reshape(nb, d, d) + h0[:, None, None] * f.reshape(nb, d, d)).reshape(nb, n)
+    nfev += 1
+    d2 = rms((f1 - f) / scale) / h0
+    h1 = np.where((d1 <= 1e-15) & (d2 <= 1e-15), np.maximum(1e-6, h0 * 1e-3),
+                  (0.01 / np.maximum(np.maximum(d1, d2), 1e-300)) ** -err_exp)
+    return np.minimum.reduce([100 * h0, h1, np.full(nb, t1 - t0), np.full(nb, opts.max_step)])
+
+
+def _attempt(act, h, dop, ros):
+    """One attempted step for every active row, DOP853 or RODAS4 by row."""
+    m = act.idx.size
+    ros.n_active = m
+    parts = []
+    y_new, err = np.empty_like(act.y), np.empty(m)
+    for stepper, rows in ((dop, np.flatnonzero(~act.implicit)),
+                          (ros, np.flatnonzero(act.implicit))):
+        if rows.size == m:
+            y_new, err, st = stepper.attempt(act.idx, act.y, act.f, h,
+                                             None if stepper is dop else rows)
+        elif rows.size:
+            y_new[rows], err[rows], st = stepper.attempt(act.idx[rows], act.y[rows],
+                                                         act.f[rows], h[rows], rows)
+        else:
+            continue
+        parts.append((rows, st))
+    step = parts[0][1] if len(parts) == 1 else MixedStep(parts, m)
+    return y_new, np.where(np.isfinite(err), err, np.inf), step
+
+
+def _control(act, err, dop, ros):
+    """Accept where ``err < 1``; the next step sizes (SciPy's DOP853 rule, per method)."""
+    err_exp = np.where(act.implicit, ros.err_exp, dop.err_exp)
+    max_factor = np.where(act.implicit, ros.max_factor, dop.max_factor)
+    acc = err < 1
+    fac = np.where(err == 0, max_factor,
+                   np.minimum(max_factor, SAFETY * np.where(err > 0, err, 1.0) ** err_exp))
+    fac_acc = np.where(act.rejected, np.minimum(1.0, fac), fac)
+    fac_rej = np.maximum(MIN_FACTOR, SAFETY * np.where(np.isfinite(err) & (err > 0),
+                                                          err, 1e300) ** err_exp)
+    act.h_abs = np.where(acc, act.h_abs * fac_acc, act.h_abs * fac_rej)
+    act.rejected = ~acc
+    return acc
+
+
+def _store_output(rec, t_eval, g, t_old, t_end, h, interp):
+    """Covariances at the output times in ``(t_old, t_end]`` of each accepted row."""
+    lo_i = np.searchsorted(t_eval, t_old, side="right")
+    hi_i = np.searchsorted(t_eval, t_end, side="right")
+    cnt = hi_i - lo_i
+    if cnt.any():
+        sel = np.repeat(np.arange(g.size), cnt)
+        j = np.concatenate([np.arange(p, q) for p, q in zip(lo_i, hi_i) if q > p])
+        Ls = interp(sel, (t_eval[j] - t_old[sel]) / h[sel]).reshape(-1, *rec.L_final.shape[1:])
+        rec.cov[g[sel], j] = Ls @ np.swapaxes(Ls, -1, -2)
+
+
+def _blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, suspected):
+    """The shared blow-up rule at the end of the steps of accepted rows ``a[over]``.
+
+    Returns the positions (in ``a``) of the rows that stop.
+    """
+    g = act.idx[a[over]]
+    cov, dcov = cov_rate(Ln[over], dLn[over])
+    tr_, dtr = np.trace(cov, axis1=1, axis2=2), np.trace(dcov, axis1=1, axis2=2)
+    hh = blowup_probe_step(tr_, dtr)
+    L2 = Ln[over] + hh[:, None, None] * dLn[over]
+    cov2, dcov2 = cov_rate(L2, field.at(g, L2))
+    rec.nfev[g] += 1
+    tstar, finite = blowup_extrapolate(t_new[over], tr_, dtr, np.trace(cov2, axis1=1, axis2=2),
+                                       np.trace(dcov2, axis1=1, axis2=2), hh)
+    stopped = []
+    for q, r in enumerate(over):
+        verdict, detail = blowup_verdict(tstar[q], finite[q], t_new[r], act.limit[a[r]],
+                                         suspected[g[q]])
+        if verdict is None:   # follow it further
+            suspected[g[q]], act.limit[a[r]] = detail
+            continue
+        rec.stop(g[q], verdict, detail, t_new[r], Ln[r])
+        if verdict == Status.BLOWUP:
+            rec.t_blowup[g[q]] = tstar[q]
+        stopped.append(r)
+    return np.array(stopped, dtype=int)
+
+
+def _stiffness(act, acc, hlamb, rec, ros):
+    """Hairer's DOP853 stiffness test on the accepted explicit steps; switch to RODAS4."""
+    m = act.idx.size
+    explicit = np.flatnonzero(~act.implicit)
+    hl = np.zeros(m)
+    hl[explicit] = hlamb
+    ok = acc & ~act.implicit
+    stiff_step = ok & (hl > _STIFF_HLAMB)
+    act.iasti = np.where(stiff_step, act.iasti + 1, act.iasti)
+    act.nonsti = np.where(stiff_step, 0, np.where(ok, act.nonsti + 1, act.nonsti))
+    act.iasti = np.where(act.nonsti >= _NONSTIFF_RESET, 0, act.iasti)
+    to_implicit = act.iasti >= _STIFF_STEPS
+    if to_implicit.any():
+        act.implicit = act.implicit | to_implicit
+        rec.implicit[act.idx[to_implicit]] = True
+        if ros.fresh is not None:
+            ros.fresh[to_implicit] = False
+
+
+def _integrate(field, cov0s, opts, method):
+    """The loop of :func:`solve_batch`: attempt, control, events, output, compact."""
+    nb, d = cov0s.shape[0], cov0s.shape[-1]
+    n = d * d
+    t0, t1, t_eval, max_step = opts.t0, opts.t1, opts.t_eval, opts.max_step
+    rec = _Record(nb, d, t1, t_eval, method)
+    nfev = rec.nfev
+    idx = np.arange(nb)
+    field.set_active(idx)
+    y = psd_sqrt(cov0s).reshape(nb, n).copy()
+    tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
+    f = field(y.reshape(nb, d, d)).reshape(nb, n)
+    nfev += 1
+    dop = DOP853Stepper(field, d, opts.atol, opts.rtol, nfev)
+    ros = RosenbrockStepper(field, d, opts.atol, opts.rtol, nfev)
+    implicit = np.full(nb, method == "rosenbrock")
+    if t_eval is not None:
+        at0 = t_eval == t0
+        if at0.any():
+            rec.cov[:, at0] = cov0s[:, None]
+    events = _Events(opts.events, cov0s, y.reshape(nb, d, d), f.reshape(nb, d, d))
+    err_exp = np.where(implicit, ros.err_exp, dop.err_exp)
+    act = _Active(idx=idx, t=np.full(nb, t0), y=y, f=f,
+                  h_abs=_initial_step(field, y, f, t0, t1, opts, err_exp, nfev),
+                  limit=np.full(nb, opts.events.blowup_threshold),
+                  rejected=np.zeros(nb, dtype=bool), implicit=implicit,
+                  iasti=np.zeros(nb, dtype=int), nonsti=np.zeros(nb, dtype=int))
+    # a finite-time estimate (t*, t) awaiting confirmation further up, as in solve
+    suspected = [None] * nb
+    max_nfev = opts.max_nfev
+
+    while act.idx.size:
+        m = act.idx.size
+        min_step = 10 * np.abs(np.nextafter(act.t, np.inf) - act.t)
+        act.h_abs = np.clip(act.h_abs, min_step, max_step)
+        h = np.minimum(act.h_abs, t1 - act.t)
+        any_explicit = not act.implicit.all()
+        y_new, err, step = _attempt(act, h, dop, ros)
+        acc = _control(act, err, dop, ros)
+        done = np.zeros(m, dtype=bool)
+        too_small = ~acc & (act.h_abs < min_step)
+        if too_small.any():
+            rec.stop(act.idx[too_small], Status.FAILED,
+                     "step size too small (required step below rounding)",
+                     act.t[too_small], act.y[too_small].reshape(-1, d, d))
+            done |= too_small
+
+        a = np.flatnonzero(acc)
+        if a.size:
+            g = act.idx[a]
+            t_old, y_old, f_old = act.t[a], act.y[a], act.f[a]
+            t_new = t_old + h[a]
+            t_new = np.where(t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1), t1, t_new)
+            f_new = step.rate(a)
+            Ln, dLn = y_new[a].reshape(-1, d, d), f_new.reshape(-1, d, d)
+            rec.nsteps[g] += 1
+            interp = step.dense(a, y_old, f_old)
+            stop_t, kind = events.locate(g, t_old, h[a], Ln, dLn, interp, field, nfev)
+            if t_eval is not None:
+                _store_output(rec, t_eval, g, t_old, np.minimum(t_new, stop_t), h[a], interp)
+            ev = np.flatnonzero(np.isfinite(stop_t))
+            if ev.size:   # located events stop the trajectory
+                ye = interp(ev, (stop_t[ev] - t_old[ev]) / h[a][ev])
+                for q, (r, k, te) in enumerate(zip(ev, kind[ev], stop_t[ev])):
+                    name = "steady" if k == 1 else "rank_collapse"
+                    rec.stop(g[r], Status.STEADY if k == 1 else Status.RANK_COLLAPSE,
+                             f"terminal event {name!r} at t = {te:.10g}", te,
+                             ye[q].reshape(d, d))
+                done[a[ev]] = True
+            # blow-up: tr(Sigma) past limit * tr0 at the step end
+            trn = np.sum(Ln * Ln, axis=(1, 2))
+            over = np.flatnonzero(~done[a] & (trn > act.limit[a] * tr0[g]))
+            if over.size:
+                done[a[_blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, suspected)]] = True
+            # advance the accepted rows that go on
+            act.t[a], act.y[a], act.f[a] = t_new, y_new[a], f_new
+            ros.accepted(a)
+            end = ~done[a] & (t_new >= t1)
+            if end.any():
+                rec.L_final[g[end]] = Ln[end]
+                done[a[end]] = True
+        if method == "auto" and any_explicit:
+            _stiffness(act, acc, dop.hlamb, rec, ros)
+        if max_nfev is not None:
+            over_n = ~done & (nfev[act.idx] > max_nfev)
+            for r in np.flatnonzero(over_n):
+                rec.stop(act.idx[r], Status.FAILED,
+                         f"gave up after {max_nfev} right-hand-side evaluations near "
+                         f"t = {act.t[r]:.10g} (stiff or nearly singular dynamics)",
+                         act.t[r], act.y[r].reshape(d, d))
+            done |= over_n
+        if done.any():
+            keep = ~done
+            act.compact(keep)
+            ros.compact(keep)
+            field.set_active(act.idx)
+    return rec.result(t_eval, field.calls)
