@@ -25,6 +25,7 @@ import numpy as np
 
 from ._common.gaussian import bures_wasserstein
 from ._common.validation import validate_array, validate_positive, validate_threshold
+from .integrate._events import blowup_signature
 
 __all__ = [
     "Outcome",
@@ -140,7 +141,13 @@ def limit_rank(cov, rtol=1e-4, atol=0.0):
 
 
 class Outcome(str, enum.Enum):
-    """Outcome of a trajectory (compares equal to its string value)."""
+    """Where a trajectory is going: the limit it tends to (compares equal to its value).
+
+    Not a second status vocabulary: :class:`gaussian_pde.Status` says how a run ended
+    (the solver's verdict, e.g. ``"steady"`` at a stopping time), an ``Outcome`` what the
+    covariance tends to (e.g. ``"rank"`` 2), read from that run by
+    :func:`classify_trajectory`.
+    """
 
     #: :math:`\Sigma(t) \to 0`
     ZERO = "zero"
@@ -218,10 +225,8 @@ def _finite_time_signature(t, tr):
     du = d2 + 0.5 * h2 * du2  # second-order one-sided derivative at the last sample
     if not du < 0:
         return None
-    p = u3[2] * du2 / du**2
-    if not p < 0.9:
-        return None, p
-    return t3[2] - u3[2] / (du * (1.0 - p)), p
+    t_star, p, finite = blowup_signature(t3[2], u3[2], du, du2)
+    return (t_star if finite else None), p
 
 
 def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blowup=None,

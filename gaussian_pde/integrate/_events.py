@@ -34,7 +34,8 @@ import numpy as np
 from .._common.validation import validate_positive, validate_tolerance
 from ._results import Status
 
-__all__ = ["EventOptions", "event_options", "blowup_probe_step", "blowup_extrapolate",
+__all__ = ["EventOptions", "event_options", "blowup_probe_step", "blowup_signature",
+           "blowup_extrapolate",
            "blowup_verdict", "steady_gap", "rank_first", "rank_gap",
            "MAX_GROWTH", "CONFIRM_GROWTH", "CONFIRM_TOL"]
 
@@ -106,12 +107,32 @@ def blowup_probe_step(tr, dtr):
     return _PROBE * tr / np.where(dtr > 0, dtr, 1.0)
 
 
+def blowup_signature(t, u, du, du2):
+    r"""The finite-time signature of :math:`u = 1/\operatorname{tr}\Sigma` and its blow-up time.
+
+    :math:`p = uu''/u'^2` and :math:`t^* = t - u/(u'(1 - p))`; finite where
+    :math:`u' < 0` and :math:`p < 0.9`. Every estimate of the package (the solvers' from
+    the field, :func:`gaussian_pde.classify_trajectory`'s from samples) goes through here.
+
+    Returns
+    -------
+    t_star, p, finite : ndarray or float, ndarray or float, ndarray of bool or bool
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        p = u * du2 / du**2
+        t_star = t - u / (du * (1.0 - p))
+        finite = (np.asarray(du) < 0) & (p < _P_FINITE) & np.isfinite(t_star)
+    if np.ndim(finite) == 0:
+        return float(t_star), float(p), bool(finite)
+    return t_star, p, finite
+
+
 def blowup_extrapolate(t, tr, dtr, tr2, dtr2, h):
     r"""Blow-up time from the trace and its rate at ``t`` and ``h`` further along the flow.
 
     With :math:`u = 1/\operatorname{tr}\Sigma`, :math:`u' = -(\operatorname{tr}\Sigma)'/
-    (\operatorname{tr}\Sigma)^2` at both points, :math:`u'' \approx (u'_2 - u'_1)/h`,
-    :math:`p = uu''/u'^2` and :math:`t^* = t - u/(u'(1 - p))`.
+    (\operatorname{tr}\Sigma)^2` at both points and :math:`u'' \approx (u'_2 - u'_1)/h`,
+    :func:`blowup_signature`.
 
     Returns
     -------
@@ -122,14 +143,9 @@ def blowup_extrapolate(t, tr, dtr, tr2, dtr2, h):
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         u, du = 1.0 / tr, -dtr / tr**2
-        du2 = -dtr2 / tr2**2
-        p = u * (du2 - du) / h / du**2
-        finite = (np.asarray(dtr) > 0) & (p < _P_FINITE)
-        t_star = t - u / (du * (1.0 - p))
-    finite = finite & np.isfinite(t_star)
-    if np.ndim(finite) == 0:
-        return float(t_star), bool(finite)
-    return t_star, finite
+        du2 = (-dtr2 / tr2**2 - du) / h
+    t_star, _, finite = blowup_signature(t, u, du, du2)
+    return t_star, finite & (np.asarray(dtr) > 0)
 
 
 def blowup_verdict(t_star, finite, t, limit, suspected):
