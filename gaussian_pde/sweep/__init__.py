@@ -14,6 +14,24 @@ vanish or collapse to rank ``r``. Typical use::
 The same from the shell: ``gaussian-pde sweep run SPEC.toml --out RESULTS`` and
 ``gaussian-pde sweep summarize RESULTS``. Rerunning an interrupted sweep computes only
 the missing tasks. Importing this module does not import dask, zarr or matplotlib.
+
+Integrity: each task stores, just before its ``done`` flag, an integrity record (a 64-bit
+BLAKE2b digest of its rows of every array). A stored task whose chunk file was truncated,
+deleted or overwritten no longer matches its record (or no longer decodes):
+
+* a resume (``run_sweep`` / ``sweep run`` on the same folder) clears its flag and
+  recomputes it, warns with :class:`SweepIntegrityWarning` naming the tasks, and counts
+  them in ``SweepReport.n_damaged``;
+* ``load_results`` / ``summarize`` / ``sweep summarize`` raise :class:`DamagedResultsError`
+  (a ``ValueError``) naming each damaged task, the array and chunk file, and the command
+  that repairs the folder (rerun ``sweep run`` on it), instead of a wrong summary.
+
+Folders written before integrity records existed still load and resume, unverified
+(``SweepResults.verified`` is False, with a :class:`SweepIntegrityWarning`): a chunk that
+no longer decodes, a ``done`` chunk partly set and a computed row whose ``status`` is the
+fill value are still detected, but a deleted or overwritten chunk that decodes is not.
+Tasks a resume adds to such a folder get no record either; run the sweep into a new
+folder to have it verified.
 """
 
 from __future__ import annotations
@@ -31,15 +49,17 @@ from ._compute import (
 )
 from ._run import SchedulerUnreachableError, SweepReport, run_sweep
 from ._spec import InitialSpec, RecordSpec, SolverSpec, SweepSpec, WeightSpec
-from ._store import SweepResults, load_results
+from ._store import DamagedResultsError, SweepIntegrityWarning, SweepResults, load_results
 
 __all__ = [
     "OUTCOMES",
     "STATUSES",
+    "DamagedResultsError",
     "InitialSpec",
     "RecordSpec",
     "SchedulerUnreachableError",
     "SolverSpec",
+    "SweepIntegrityWarning",
     "SweepReport",
     "SweepResults",
     "SweepSpec",

@@ -17,7 +17,7 @@ import warnings
 
 from ._compute import compute_batch
 from ._spec import SweepSpec
-from ._store import SweepStore
+from ._store import SweepIntegrityWarning, SweepStore, _describe
 
 __all__ = ["run_sweep", "SweepReport", "SchedulerUnreachableError"]
 
@@ -40,9 +40,9 @@ class SweepReport:
     n_tasks : int
         Tasks in the sweep.
     n_skipped : int
-        Tasks already stored when the run started (resumed).
+        Tasks already stored, and verified, when the run started (resumed).
     n_computed : int
-        Tasks computed and stored by this run.
+        Tasks computed and stored by this run (the damaged ones included).
     n_settings_computed : int
         Settings in those tasks.
     seconds : float
@@ -51,6 +51,10 @@ class SweepReport:
         ``"inprocess"``, ``"local"`` (a LocalCluster started here) or the address used.
     n_workers : int
         Workers used (1 in-process).
+    n_damaged : int
+        Stored tasks found damaged (a chunk truncated, deleted or overwritten) when the run
+        started: their flags were cleared and they were recomputed (counted in
+        ``n_computed``, not in ``n_skipped``).
     """
 
     path: str
@@ -61,6 +65,7 @@ class SweepReport:
     seconds: float
     scheduler: str
     n_workers: int
+    n_damaged: int = 0
 
     @property
     def settings_per_second(self):
@@ -212,6 +217,16 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         raise ValueError(f"`connect_timeout` must be a positive number, got "
                          f"{connect_timeout!r}.")
     store = SweepStore(out, spec)
+    damaged = store.repair()
+    if damaged:
+        warnings.warn(f"{out}: {len(damaged)} stored task(s) were damaged and will be "
+                      f"recomputed: {_describe(spec, damaged)}.", SweepIntegrityWarning,
+                      stacklevel=2)
+    if not store.verified:
+        warnings.warn(f"{out} was written without integrity records (by a gaussian_pde "
+                      "before they existed): resuming it checks only decoding and the status "
+                      "rows, and stores new tasks without records. Run the sweep into a new "
+                      "folder to have it verified.", SweepIntegrityWarning, stacklevel=2)
     missing = store.missing_tasks()
     skipped = spec.n_tasks - len(missing)
     run_id = uuid.uuid4().hex[:12]
@@ -232,11 +247,11 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             n_settings += settings_in(index)
             bar.update(settings_in(index))
         return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings,
-                           time.perf_counter() - start, "inprocess", 1)
+                           time.perf_counter() - start, "inprocess", 1, len(damaged))
 
     if not missing:  # nothing to do: do not start a cluster
         return SweepReport(str(out), spec.n_tasks, skipped, 0, 0, 0.0,
-                           "local" if scheduler is None else str(scheduler), 0)
+                           "local" if scheduler is None else str(scheduler), 0, len(damaged))
     client, cluster, label, owned = _connect(scheduler, workers, connect_timeout)
     futures, pending = [], {}
     try:
@@ -272,4 +287,4 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         if cluster is not None:
             cluster.close()
     return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings, seconds,
-                       label, n_workers)
+                       label, n_workers, len(damaged))

@@ -6,6 +6,7 @@ Layout of a results folder ``RESULTS``::
     RESULTS/spec.toml          the complete specification (every default spelled out)
     RESULTS/results.zarr/      Zarr (format 2) group; root attributes hold the same metadata
         <attention>/d<d>/done         bool (draws,): row written (the completion flag)
+        <attention>/d<d>/integrity    uint64 (tasks, arrays): the integrity record of each task
         <attention>/d<d>/status       int8 (draws,): code into attrs["statuses"]
         <attention>/d<d>/...          the recorded arrays, shape (draws, ...)
         time                          float (grid,): the coarse time grid
@@ -18,17 +19,37 @@ last, so after an interruption at any instant (``kill -9`` included) a task is e
 complete and flagged or unflagged, and an unflagged task is recomputed, overwriting
 whatever partial chunks it left with the same bytes. Nothing is pickled: the store opens
 with any Zarr reader (zarr-python 2 or 3, xarray, zarr.js, Julia's Zarr.jl).
+
+Integrity. Between its data chunks and its ``done`` chunk a task writes its integrity
+record, the row ``j`` of ``integrity`` (its own chunk): one 64-bit BLAKE2b digest per
+recorded array (column order in ``integrity.attrs["arrays"]``) of the dtype, shape and
+C-order bytes of the task's rows as written. A stored task is *damaged* when a chunk of its
+rows does not decode, when the decoded rows do not match their digest (a truncated chunk
+may decode silently to garbage; a deleted chunk reads as the fill value, which is harmless
+only when the rows were the fill value), when its record is missing, or when its ``done``
+chunk does not decode or is partly set. :meth:`SweepStore.repair` (run at every resume)
+clears the flag and record of damaged tasks so they are recomputed;
+:func:`load_results` raises :class:`DamagedResultsError` naming them. Verification reads
+the whole store once (the cost of loading it) and hashes each task's rows.
+
+Stores written before integrity records existed (no ``integrity`` arrays) still load and
+resume, unverified: only what needs no record is checked (every chunk of a stored task
+decodes, its ``done`` chunk is wholly set and its ``status`` rows are not the fill value
+-1), a :class:`SweepIntegrityWarning` says so, and tasks added by a resume get no record
+either. Run the sweep into a new folder to have it verified.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
 import shutil
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -36,13 +57,184 @@ from .._common.io import write_json, write_text
 from ._compute import OUTCOMES, STATUSES, result_layout, time_grid
 from ._spec import SweepSpec
 
-__all__ = ["SweepStore", "SweepResults", "load_results", "FORMAT"]
+__all__ = ["SweepStore", "SweepResults", "load_results", "FORMAT", "DamagedResultsError",
+           "SweepIntegrityWarning"]
 
 #: identifies a results folder written by this module
 FORMAT = "gaussian_pde.sweep/1"
 _ZARR = "results.zarr"
 
 _DIMS = {"final_cov": ["draw", "row", "col"], "eigenvalues": ["draw", "time", "eig"]}
+
+#: name of the per-block array of integrity records, and its digest
+_RECORD = "integrity"
+INTEGRITY = "blake2b-64"
+#: tasks named in full in a damage message
+_NAMED = 5
+
+
+class DamagedResultsError(ValueError):
+    """A results folder holds damaged tasks: a chunk truncated, deleted or overwritten.
+
+    Attributes
+    ----------
+    problems : dict
+        Task index -> list of what is wrong with it (array and chunk file named).
+    tasks : list of int
+        The damaged task indices, sorted.
+    """
+
+    def __init__(self, message, problems):
+        super().__init__(message)
+        self.problems = {int(k): list(v) for k, v in problems.items()}
+        self.tasks = sorted(self.problems)
+
+
+class SweepIntegrityWarning(UserWarning):
+    """Results that could not be fully verified, or damaged tasks that were recomputed."""
+
+
+def _digest(name, values):
+    """The 64-bit digest of one array's rows of a task (never 0: 0 means "no record")."""
+    values = np.ascontiguousarray(values)
+    h = hashlib.blake2b(digest_size=8, person=b"gaussian_pde")
+    h.update(f"{name}:{values.dtype.str}:{values.shape}:".encode())
+    h.update(values.tobytes())
+    return int.from_bytes(h.digest(), "little") or 1
+
+
+def _chunk_key(arr, j):
+    """The store key (a file name in a folder store) of chunk ``j`` along the draws."""
+    ndim = len(arr.shape)
+    meta = getattr(arr, "metadata", None)
+    sep = getattr(meta, "dimension_separator", None) or getattr(
+        arr, "_dimension_separator", None) or "."
+    if getattr(meta, "zarr_format", 2) == 3:  # pragma: no cover - this module writes format 2
+        return "c/" + "/".join([str(j)] + ["0"] * (ndim - 1))
+    return sep.join([str(j)] + ["0"] * (ndim - 1))
+
+
+def _read_rows(arr, fill, on_error):
+    """The whole array; a chunk that does not decode reads as ``fill`` and is reported.
+
+    ``on_error(j, exc)`` is called for chunk ``j`` along the first axis.
+    """
+    try:
+        return np.asarray(arr[:])
+    except Exception:  # noqa: BLE001 - any codec error: locate the bad chunks below
+        pass
+    out = np.full(arr.shape, fill, dtype=arr.dtype)
+    step = arr.chunks[0]
+    for j in range(-(-arr.shape[0] // step)):
+        lo = j * step
+        try:
+            out[lo:lo + step] = arr[lo:lo + step]
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            on_error(j, exc)
+    return out
+
+
+def _check_block(spec, group, b, attention, d, folder=None):
+    """Read and verify one ``(attention, d)`` block.
+
+    ``folder``, the results folder, tells a deleted chunk file from an overwritten one in
+    the messages.
+
+    Returns
+    -------
+    arrays : dict
+        Name -> ndarray (``done`` included), undecodable chunks read as fill values.
+    problems : dict
+        Task index -> list of str, for the damaged tasks.
+    orphans : list of int
+        Tasks with an integrity record but no ``done`` flag (interrupted in between, or
+        their ``done`` chunk was deleted): not stored, to be recomputed.
+    verified : bool
+        Whether the block has integrity records.
+    """
+    per, bs = spec.tasks_per_block, spec.batch_size
+    layout = result_layout(spec, d)
+    where = f"{_ZARR}/{attention}/d{d}"
+    bad = {}  # (j, name) -> what went wrong
+
+    def reader(name, arr, fill):
+        def on_error(j, exc):
+            bad[(j, name)] = (f"chunk {where}/{name}/{_chunk_key(arr, j)} cannot be decoded "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())})")
+        return _read_rows(arr, fill, on_error)
+
+    # the done flags first: a concurrent writer stores data, record, then the flag, so a
+    # flag seen set here has its data and record in place when they are read next
+    done = reader("done", group["done"], False)
+    records = rec_names = None
+    verified = _RECORD in group
+    if verified:
+        rec_arr = group[_RECORD]
+        records = reader(_RECORD, rec_arr, 0)
+        rec_names = list(rec_arr.attrs.get("arrays", list(layout)))
+    arrays = {name: reader(name, group[name], fill)
+              for name, (_, _, fill) in layout.items()}
+    arrays["done"] = done
+    problems, orphans = {}, []
+    for j in range(per):
+        index = b * per + j
+        lo, hi = j * bs, min((j + 1) * bs, spec.draws)
+        flags = done[lo:hi]
+        if (j, "done") in bad:
+            problems[index] = [bad[(j, "done")]]
+            continue
+        if not flags.any():
+            if records is not None and (j, _RECORD) not in bad and records[j].any():
+                orphans.append(index)
+            continue
+        found = [text for (k, _), text in sorted(bad.items()) if k == j]
+        if not flags.all():
+            found.append(f"chunk {where}/done/{_chunk_key(group['done'], j)} is only partly "
+                         "set (overwritten)")
+        if records is None:
+            if (j, "status") not in bad and np.any(arrays["status"][lo:hi] < 0):
+                found.append(f"chunk {where}/status/{_chunk_key(group['status'], j)} holds "
+                             "the fill value -1 in a computed row (deleted or overwritten)")
+        elif (j, _RECORD) not in bad:
+            row = records[j]
+            if not row.any():
+                found.append(f"its integrity record (chunk {where}/{_RECORD}/"
+                             f"{_chunk_key(group[_RECORD], j)}) is missing")
+            else:
+                for k, name in enumerate(rec_names):
+                    if name in arrays and (j, name) not in bad and k < row.size and \
+                            _digest(name, arrays[name][lo:hi]) != int(row[k]):
+                        chunk = f"{where}/{name}/{_chunk_key(group[name], j)}"
+                        gone = folder is not None and not (pathlib.Path(folder) / chunk).exists()
+                        found.append(f"chunk {chunk} " + (
+                            "is missing (deleted)" if gone else "does not match its "
+                            "integrity record (truncated or overwritten)"))
+        if found:
+            problems[index] = found
+    return arrays, problems, orphans, verified
+
+
+def _stored_time(root, grid):
+    """The stored time grid, or None if it does not decode or differs from ``grid``."""
+    try:
+        stored = np.asarray(root["time"][:])
+    except Exception:  # noqa: BLE001 - any codec error counts as damage
+        return None
+    ok = stored.shape == grid.shape and np.allclose(stored, grid, rtol=1e-12, atol=0.0)
+    return stored if ok else None
+
+
+def _describe(spec, problems):
+    """The damaged tasks of ``problems`` in words (the first few in full)."""
+    parts = []
+    for index in sorted(problems)[:_NAMED]:
+        attention, d, lo, hi = spec.task(index)
+        parts.append(f"task {index} ({attention}, d={d}, draws {lo}..{hi - 1}): "
+                     + "; ".join(problems[index]))
+    if len(problems) > _NAMED:
+        parts.append(f"and {len(problems) - _NAMED} more task(s): "
+                     + ", ".join(str(i) for i in sorted(problems)[_NAMED:]))
+    return "; ".join(parts)
 
 
 def _zarr():
@@ -130,6 +322,13 @@ class SweepStore:
             self._check(manifest)
         self.root = _open_group(self._zarr, self.path / _ZARR, "r+")
         self._arrays = {}
+        #: blocks with integrity records (all of them, unless written before records existed)
+        self._recorded = {(a, d) for a, d in spec.blocks if _RECORD in self.root[f"{a}/d{d}"]}
+
+    @property
+    def verified(self):
+        """Whether every task stored from now on (and before) carries an integrity record."""
+        return len(self._recorded) == len(self.spec.blocks)
 
     # ------------------------------------------------------------------ creation
     def _metadata(self):
@@ -137,7 +336,7 @@ class SweepStore:
                 "fingerprint": self.spec.fingerprint, "package": "gaussian_pde",
                 "package_version": _package_version(), "n_tasks": self.spec.n_tasks,
                 "n_settings": self.spec.n_settings, "statuses": list(STATUSES),
-                "outcomes": list(OUTCOMES)}
+                "outcomes": list(OUTCOMES), "integrity": INTEGRITY}
 
     def _create(self):
         path = self.path
@@ -163,6 +362,13 @@ class SweepStore:
                     dims = _DIMS.get(name, ["draw"])
                     _create_array(zarr, g, name, (spec.draws,) + shape,
                                   (spec.batch_size,) + shape, dtype, fill, dims)
+                names = list(result_layout(spec, d))
+                rec = _create_array(zarr, g, _RECORD, (spec.tasks_per_block, len(names)),
+                                    (1, len(names)), "u8", 0, ["task", "array"])
+                rec.attrs.update({"arrays": names, "algorithm": INTEGRITY,
+                                  "description": "per task and array: 64-bit BLAKE2b "
+                                  "(person 'gaussian_pde') of 'name:dtype:shape:' and the "
+                                  "C-order bytes of the task's rows; 0 = no record"})
             write_text(tmp / "spec.toml", f"# written by gaussian_pde {meta['package_version']}"
                        f"; fingerprint {meta['fingerprint']}\n" + spec.to_toml())
             write_json(tmp / "manifest.json", meta)  # last: its presence marks a whole folder
@@ -197,11 +403,15 @@ class SweepStore:
         return arr
 
     def done_tasks(self):
-        """Sorted list of the task indices whose results are stored."""
+        """Sorted list of the task indices flagged as stored.
+
+        A ``done`` chunk that does not decode counts as not stored; :meth:`repair`
+        verifies the stored data.
+        """
         spec, done = self.spec, []
         per = spec.tasks_per_block
         for b, (attention, d) in enumerate(spec.blocks):
-            rows = np.asarray(self._array(attention, d, "done")[:])
+            rows = _read_rows(self._array(attention, d, "done"), False, lambda j, exc: None)
             for j in range(per):
                 lo = j * spec.batch_size
                 if rows[lo:lo + spec.batch_size].all():
@@ -213,15 +423,51 @@ class SweepStore:
         done = set(self.done_tasks())
         return [i for i in range(self.spec.n_tasks) if i not in done]
 
+    def repair(self):
+        """Verify every stored task; clear the flag and record of the damaged ones.
+
+        Returns
+        -------
+        dict
+            Task index -> list of what was wrong, for the tasks cleared (now missing, so
+            that a resume recomputes them). The ``time`` array is rewritten if damaged.
+        """
+        spec, damaged = self.spec, {}
+        for b, (attention, d) in enumerate(spec.blocks):
+            _, problems, _, _ = _check_block(spec, self.root[f"{attention}/d{d}"], b,
+                                             attention, d, self.path)
+            damaged.update(problems)
+        for index in sorted(damaged):
+            attention, d, lo, hi = spec.task(index)
+            # whole chunks are written, so a chunk that does not decode is never read here
+            self._array(attention, d, "done")[lo:hi] = False
+            if (attention, d) in self._recorded:
+                j = index % spec.tasks_per_block
+                self._array(attention, d, _RECORD)[j:j + 1] = 0
+        grid = time_grid(spec)
+        if _stored_time(self.root, grid) is None:
+            self.root["time"][:] = grid
+        return damaged
+
     def write_task(self, index, arrays, info=None):
-        """Store the result of task ``index``: data chunks first, then its ``done`` chunk."""
+        """Store the result of task ``index``.
+
+        Its data chunks first, then its integrity record, then its ``done`` chunk.
+        """
         attention, d, lo, hi = self.spec.task(index)
-        for name, (shape, _, _) in result_layout(self.spec, d).items():
+        layout = result_layout(self.spec, d)
+        digests = []
+        for name, (shape, dtype, _) in layout.items():
             value = np.asarray(arrays[name])
             if value.shape != (hi - lo,) + shape:
                 raise ValueError(f"task {index}: `{name}` has shape {value.shape}, expected "
                                  f"{(hi - lo,) + shape}.")
+            value = np.ascontiguousarray(value, dtype=dtype)  # as stored and read back
             self._array(attention, d, name)[lo:hi] = value
+            digests.append(_digest(name, value))
+        if (attention, d) in self._recorded:
+            j = index % self.spec.tasks_per_block
+            self._array(attention, d, _RECORD)[j:j + 1] = np.array([digests], dtype="u8")
         self._array(attention, d, "done")[lo:hi] = True
         line = dict(info or {}, task=int(index), time=time.time())
         with contextlib.suppress(OSError), open(self.path / "tasks.log", "a") as fh:
@@ -242,10 +488,15 @@ class SweepResults:
         (rows not yet computed hold the fill values: NaN or -1).
     statuses, outcomes : tuple of str
         Names of the stored ``status`` and ``outcome`` codes.
+    verified : bool
+        Whether every stored task was checked against its integrity record (``False``
+        for a store written before integrity records existed: see the module notes).
     """
 
-    def __init__(self, spec, package_version, time_, blocks, statuses, outcomes):
+    def __init__(self, spec, package_version, time_, blocks, statuses, outcomes,
+                 verified=True):
         self.spec = spec
+        self.verified = bool(verified)
         self.package_version = package_version
         self.time = time_
         self.blocks = blocks
@@ -271,6 +522,14 @@ def load_results(path):
     """Load a results folder written by :func:`gaussian_pde.sweep.run_sweep`.
 
     Works on a partial (interrupted) sweep too: see ``SweepResults.blocks[...]["done"]``.
+    Every stored task is verified against its integrity record first.
+
+    Raises
+    ------
+    DamagedResultsError
+        (a :class:`ValueError`) naming the damaged tasks and their chunk files, if a
+        stored task's chunk was truncated, deleted or overwritten; rerunning the sweep on
+        the folder recomputes them.
     """
     path = pathlib.Path(path)
     manifest = _read_manifest(path) if path.is_dir() else None
@@ -279,10 +538,39 @@ def load_results(path):
     spec = SweepSpec.from_dict(manifest["spec"], source=path / "manifest.json")
     zarr = _zarr()
     root = _open_group(zarr, path / _ZARR, "r")
-    blocks = {}
-    for attention, d in spec.blocks:
-        g = root[f"{attention}/d{d}"]
+    blocks, problems, orphans, verified = {}, {}, [], True
+    for b, (attention, d) in enumerate(spec.blocks):
+        arrays, damaged, lost, recorded = _check_block(spec, root[f"{attention}/d{d}"], b,
+                                                       attention, d, path)
         names = list(result_layout(spec, d)) + ["done"]
-        blocks[(attention, d)] = {name: np.asarray(g[name][:]) for name in names}
-    return SweepResults(spec, manifest["package_version"], np.asarray(root["time"][:]),
-                        blocks, manifest["statuses"], manifest["outcomes"])
+        blocks[(attention, d)] = {name: arrays[name] for name in names}
+        problems.update(damaged)
+        orphans += lost
+        verified &= recorded
+    rerun = (f"rerun the sweep on this folder, which recomputes exactly the damaged tasks: "
+             f"gaussian-pde sweep run {path / 'spec.toml'} --out {path} (or run_sweep(spec, "
+             f"'{path}'))")
+    if problems:
+        raise DamagedResultsError(
+            f"{path} holds {len(problems)} damaged task(s) (a chunk file truncated, deleted "
+            f"or overwritten): {_describe(spec, problems)}. Refusing to load results that "
+            f"would summarize wrongly; to repair, {rerun}.", problems)
+    grid = time_grid(spec)
+    stored = _stored_time(root, grid)
+    if stored is None:
+        raise DamagedResultsError(
+            f"{path}: the time grid ({_ZARR}/time) does not decode or differs from the "
+            f"specification's; to repair, {rerun}.", {})
+    if orphans:
+        warnings.warn(f"{path}: task(s) {', '.join(map(str, orphans))} have an integrity "
+                      "record but no done flag (interrupted while being stored, or their "
+                      "done chunk was deleted): they count as not computed; to compute "
+                      f"them, {rerun}.", SweepIntegrityWarning, stacklevel=2)
+    if not verified:
+        warnings.warn(f"{path} was written without integrity records (by a gaussian_pde "
+                      "before they existed): only decoding and the status rows were "
+                      "checked, so a deleted or overwritten chunk may go unnoticed. Run the "
+                      "sweep into a new folder to have it verified.", SweepIntegrityWarning,
+                      stacklevel=2)
+    return SweepResults(spec, manifest["package_version"], stored, blocks,
+                        manifest["statuses"], manifest["outcomes"], verified=verified)
