@@ -23,11 +23,13 @@ with any Zarr reader (zarr-python 2 or 3, xarray, zarr.js, Julia's Zarr.jl).
 Integrity. Between its data chunks and its ``done`` chunk a task writes its integrity
 record, the row ``j`` of ``integrity`` (its own chunk): one 64-bit BLAKE2b digest per
 recorded array (column order in ``integrity.attrs["arrays"]``) of the dtype, shape and
-C-order bytes of the task's rows as written. A stored task is *damaged* when a chunk of its
-rows does not decode, when the decoded rows do not match their digest (a truncated chunk
-may decode silently to garbage; a deleted chunk reads as the fill value, which is harmless
-only when the rows were the fill value), when its record is missing, or when its ``done``
-chunk does not decode or is partly set. :meth:`SweepStore.repair` (run at every resume)
+C-order bytes of the task's rows as written, and a last column, the digest of the row
+before it and of ``j`` (so that a damaged or misplaced record is told from damaged data). A stored task is
+*damaged* when a chunk of its rows does not decode, when the decoded rows do not match
+their digest (a truncated chunk may decode silently to garbage; a deleted chunk reads as
+the fill value, which is harmless only when the rows were the fill value), when its
+record is missing or damaged, or when its ``done`` chunk does not decode or is partly
+set. :meth:`SweepStore.repair` (run at every resume)
 clears the flag and record of damaged tasks so they are recomputed;
 :func:`load_results` raises :class:`DamagedResultsError` naming them. Verification reads
 the whole store once (the cost of loading it) and hashes each task's rows.
@@ -101,6 +103,13 @@ def _digest(name, values):
     h.update(f"{name}:{values.dtype.str}:{values.shape}:".encode())
     h.update(values.tobytes())
     return int.from_bytes(h.digest(), "little") or 1
+
+
+def _record_row(j, digests):
+    """The integrity record of row ``j``: the digests, then the digest of those and ``j``."""
+    row = np.array(list(digests) + [0], dtype="u8")
+    row[-1] = _digest(f"{_RECORD}[{j}]", row[:-1])
+    return row
 
 
 def _chunk_key(arr, j):
@@ -197,12 +206,17 @@ def _check_block(spec, group, b, attention, d, folder=None):
                              "the fill value -1 in a computed row (deleted or overwritten)")
         elif (j, _RECORD) not in bad:
             row = records[j]
+            record = f"its integrity record (chunk {where}/{_RECORD}/" \
+                     f"{_chunk_key(group[_RECORD], j)})"
             if not row.any():
-                found.append(f"its integrity record (chunk {where}/{_RECORD}/"
-                             f"{_chunk_key(group[_RECORD], j)}) is missing")
+                found.append(f"{record} is missing (deleted)")
+            elif row.size != len(rec_names) + 1 or \
+                    _digest(f"{_RECORD}[{j}]", row[:-1]) != int(row[-1]):
+                found.append(f"{record} does not match its own digest (truncated, "
+                             "overwritten or another task's)")
             else:
                 for k, name in enumerate(rec_names):
-                    if name in arrays and (j, name) not in bad and k < row.size and \
+                    if name in arrays and (j, name) not in bad and \
                             _digest(name, arrays[name][lo:hi]) != int(row[k]):
                         chunk = f"{where}/{name}/{_chunk_key(group[name], j)}"
                         gone = folder is not None and not (pathlib.Path(folder) / chunk).exists()
@@ -363,12 +377,16 @@ class SweepStore:
                     _create_array(zarr, g, name, (spec.draws,) + shape,
                                   (spec.batch_size,) + shape, dtype, fill, dims)
                 names = list(result_layout(spec, d))
-                rec = _create_array(zarr, g, _RECORD, (spec.tasks_per_block, len(names)),
-                                    (1, len(names)), "u8", 0, ["task", "array"])
+                n = len(names) + 1
+                rec = _create_array(zarr, g, _RECORD, (spec.tasks_per_block, n), (1, n),
+                                    "u8", 0, ["task", "array"])
                 rec.attrs.update({"arrays": names, "algorithm": INTEGRITY,
-                                  "description": "per task and array: 64-bit BLAKE2b "
-                                  "(person 'gaussian_pde') of 'name:dtype:shape:' and the "
-                                  "C-order bytes of the task's rows; 0 = no record"})
+                                  "description": "per task (row) and array (column): "
+                                  "64-bit BLAKE2b (person 'gaussian_pde') of "
+                                  "'name:dtype:shape:' and the C-order bytes of the task's "
+                                  "rows, read as a little-endian integer; the last column "
+                                  "is that of the row before it, named 'integrity[j]' for "
+                                  "row j; a row of zeros: no record"})
             write_text(tmp / "spec.toml", f"# written by gaussian_pde {meta['package_version']}"
                        f"; fingerprint {meta['fingerprint']}\n" + spec.to_toml())
             write_json(tmp / "manifest.json", meta)  # last: its presence marks a whole folder
@@ -467,7 +485,7 @@ class SweepStore:
             digests.append(_digest(name, value))
         if (attention, d) in self._recorded:
             j = index % self.spec.tasks_per_block
-            self._array(attention, d, _RECORD)[j:j + 1] = np.array([digests], dtype="u8")
+            self._array(attention, d, _RECORD)[j:j + 1] = _record_row(j, digests)[None]
         self._array(attention, d, "done")[lo:hi] = True
         line = dict(info or {}, task=int(index), time=time.time())
         with contextlib.suppress(OSError), open(self.path / "tasks.log", "a") as fh:
