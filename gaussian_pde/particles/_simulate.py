@@ -283,6 +283,156 @@ def sliced_wasserstein_to_gaussian(x, n_directions=64, seed=0, rtol=1e-8):
     return float(np.sqrt(np.mean((proj - q[:, None]) ** 2)))
 
 
+class _Run:
+    """One particle integration: the velocity, the recorded moments and the events."""
+
+    def __init__(self, attention, n, d, opts, diag_opts, ev, x0, keep_positions):
+        self.att, self.n, self.d = attention, n, d
+        self.opts, self.diag_opts, self.ev = opts, diag_opts, ev
+        self.keep_positions = keep_positions
+        self.counters = {"nfev": 0, "max_err": None, "unconverged": None}
+        self.rec = {"t": [], "x": [], "mean": [], "cov": [], "ess": [], "err": [], "kurt": []}
+        cov0 = particle_moments(x0)[1]
+        self.tr0 = max(float(np.trace(cov0)), np.finfo(float).tiny)
+        self.first = None if ev.rank_tol is None else int(rank_first(cov0, ev.rank_tol))
+        self.blow = {"limit": ev.blowup_threshold, "suspected": None, "t_blowup": None,
+                     "steady": None}
+        if ev.steady_on:
+            c1, dc1, _ = self.cov_and_rate(None, x0.ravel())
+            self.blow["steady"] = float(steady_gap(c1, dc1, ev.steady_tol, ev.steady_atol))
+
+    def note(self, diag):
+        c = self.counters
+        err = diag.marginal_error
+        if err is not None:
+            c["max_err"] = err if c["max_err"] is None else max(c["max_err"], err)
+            if not diag.converged and c["unconverged"] is None:
+                c["unconverged"] = err
+
+    def fun(self, t, y):
+        self.counters["nfev"] += 1
+        v, diag = self.att._particle_velocity(y.reshape(self.n, self.d), self.opts)
+        self.note(diag)
+        return v.ravel()
+
+    def record(self, t, y):
+        x = y.reshape(self.n, self.d)
+        m, c = particle_moments(x)
+        _, diag = self.att._particle_velocity(x, self.diag_opts)
+        self.note(diag)
+        rec = self.rec
+        rec["t"].append(t)
+        rec["mean"].append(m)
+        rec["cov"].append(c)
+        rec["ess"].append((np.min(diag.ess), np.median(diag.ess)))
+        rec["err"].append(np.nan if diag.marginal_error is None else diag.marginal_error)
+        rec["kurt"].append(excess_kurtosis(x))
+        if self.keep_positions:
+            rec["x"].append(x.copy())
+
+    def cov_and_rate(self, t, y):
+        r"""Empirical :math:`\Sigma_n`, its rate and the velocities.
+
+        :math:`\Sigma_n' = \frac1n\sum_i (x_i - m)(v_i - \bar v)^T + (\cdot)^T`.
+        """
+        n, d = self.n, self.d
+        x = y.reshape(n, d)
+        v = self.fun(t, y).reshape(n, d)
+        xc, vc = x - x.mean(0), v - v.mean(0)
+        C = xc.T @ vc / n
+        return xc.T @ xc / n, C + C.T, v.ravel()
+
+    def check(self, t, y):
+        """The package's events at a step end (docs/math.md section 10): None to go on."""
+        if not np.all(np.isfinite(y)):
+            return Status.FAILED, f"non-finite token positions at t = {t:.10g}"
+        ev, blow = self.ev, self.blow
+        cov = particle_moments(y.reshape(self.n, self.d))[1]
+        if float(np.trace(cov)) > blow["limit"] * self.tr0:
+            # one verdict per step: the same state never confirms itself
+            c1, dc1, v = self.cov_and_rate(t, y)
+            tr1, dtr1 = float(np.trace(c1)), float(np.trace(dc1))
+            finite, t_star = False, None
+            if dtr1 > 0:
+                h = float(blowup_probe_step(tr1, dtr1))
+                c2, dc2, _ = self.cov_and_rate(t, y + h * v)
+                t_star, finite = blowup_extrapolate(t, tr1, dtr1, float(np.trace(c2)),
+                                                    float(np.trace(dc2)), h)
+            verdict, detail = blowup_verdict(t_star, finite, t, blow["limit"], blow["suspected"])
+            if verdict == Status.BLOWUP:
+                blow["t_blowup"] = float(t_star)
+                return verdict, detail
+            if verdict == Status.FAILED:
+                return verdict, detail
+            blow["suspected"], blow["limit"] = detail
+        if ev.steady_on:
+            c1, dc1, _ = self.cov_and_rate(t, y)
+            g = float(steady_gap(c1, dc1, ev.steady_tol, ev.steady_atol))
+            if blow["steady"] is not None and blow["steady"] > 0 >= g:
+                return Status.STEADY, f"terminal event 'steady' at t = {t:.10g}"
+            blow["steady"] = g
+        if (self.first is not None and self.first < self.d
+                and rank_gap(cov, self.first, ev.rank_tol) <= 0):
+            return Status.RANK_COLLAPSE, f"terminal event 'rank_collapse' at t = {t:.10g}"
+        return None
+
+
+def _run_rk4(run, t_cur, y, t_eval, h_max, max_steps):
+    """Classical RK4 between output times, equal steps no longer than ``h_max``."""
+    status, message, steps, stop = Status.FINISHED, "reached the end of t_span", 0, None
+    fun = run.fun
+    for te in t_eval:
+        m_steps = max(1, int(np.ceil((te - t_cur) / h_max - 1e-9)))
+        h = (te - t_cur) / m_steps
+        for k in range(m_steps):
+            k1 = fun(t_cur, y)
+            k2 = fun(t_cur + h / 2, y + h / 2 * k1)
+            k3 = fun(t_cur + h / 2, y + h / 2 * k2)
+            k4 = fun(t_cur + h, y + h * k3)
+            y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            t_cur = te if k == m_steps - 1 else t_cur + h
+            steps += 1
+            stop = run.check(t_cur, y)
+            if stop is None and steps >= max_steps and t_cur < t_eval[-1]:
+                stop = Status.FAILED, f"gave up after `max_steps` = {max_steps} steps"
+            if stop is not None:
+                break
+        if stop is not None:
+            status, message = stop
+            if status == Status.BLOWUP and t_cur == te:
+                run.record(te, y)
+            break
+        run.record(te, y)
+    return status, message, t_cur, y
+
+
+def _run_adaptive(run, solver, t_eval, idx, max_steps):
+    """A SciPy Runge-Kutta solver's steps, with the events at step ends."""
+    status, message, steps = Status.FINISHED, "reached the end of t_span", 0
+    t_cur, y = solver.t, solver.y
+    while idx < t_eval.size and solver.status == "running":
+        solver.step()
+        steps += 1
+        if solver.status == "failed":
+            return Status.FAILED, f"solver failed: {solver.status}", t_cur, y
+        stop = run.check(solver.t, solver.y)
+        if stop is not None and stop[0] == Status.FAILED:
+            return (*stop, t_cur, y)
+        sol = solver.dense_output()
+        while idx < t_eval.size and t_eval[idx] <= solver.t:
+            ye = sol(t_eval[idx])
+            if stop is not None and run.check(t_eval[idx], ye) is not None:
+                break
+            run.record(t_eval[idx], ye)
+            idx += 1
+        t_cur, y = solver.t, solver.y
+        if stop is not None:
+            return (*stop, t_cur, y)
+        if steps >= max_steps and idx < t_eval.size:
+            return (Status.FAILED, f"gave up after `max_steps` = {max_steps} steps", t_cur, y)
+    return status, message, solver.t, solver.y
+
+
 def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=None,
                        rtol=1e-6, atol=1e-8, positions=None, chunk_size=None,
                        dtype=np.float64, keep_positions=True, blowup_threshold=1e8,
@@ -374,156 +524,23 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
                         sinkhorn_max_iter=sinkhorn_max_iter, warn=False)
     diag_opts = dataclasses.replace(opts, want_ess=True)
 
-    counters = {"nfev": 0, "max_err": None, "unconverged": None}
-
-    def note(diag):
-        err = diag.marginal_error
-        if err is not None:
-            counters["max_err"] = err if counters["max_err"] is None else max(
-                counters["max_err"], err)
-            if not diag.converged and counters["unconverged"] is None:
-                counters["unconverged"] = err
-
-    def fun(t, y):
-        counters["nfev"] += 1
-        v, diag = attention._particle_velocity(y.reshape(n, d), opts)
-        note(diag)
-        return v.ravel()
-
-    rec = {"t": [], "x": [], "mean": [], "cov": [], "ess": [], "err": [], "kurt": []}
-
-    def record(t, y):
-        x = y.reshape(n, d)
-        m, c = particle_moments(x)
-        _, diag = attention._particle_velocity(x, diag_opts)
-        note(diag)
-        rec["t"].append(t)
-        rec["mean"].append(m)
-        rec["cov"].append(c)
-        rec["ess"].append((np.min(diag.ess), np.median(diag.ess)))
-        rec["err"].append(np.nan if diag.marginal_error is None else diag.marginal_error)
-        rec["kurt"].append(excess_kurtosis(x))
-        if keep_positions:
-            rec["x"].append(x.copy())
-
-    tr0 = max(float(np.trace(particle_moments(x0)[1])), np.finfo(float).tiny)
-    first = None if ev.rank_tol is None else int(rank_first(particle_moments(x0)[1],
-                                                            ev.rank_tol))
-    blow = {"limit": ev.blowup_threshold, "suspected": None, "t_blowup": None,
-            "steady": None}
-
-    def cov_and_rate(t, y):
-        r"""Empirical :math:`\Sigma_n`, its rate and the velocities.
-
-        :math:`\Sigma_n' = \frac1n\sum_i (x_i - m)(v_i - \bar v)^T + (\cdot)^T`.
-        """
-        x = y.reshape(n, d)
-        v = fun(t, y).reshape(n, d)
-        xc, vc = x - x.mean(0), v - v.mean(0)
-        C = xc.T @ vc / n
-        return xc.T @ xc / n, C + C.T, v.ravel()
-
-    def check(t, y):
-        """The package's events at a step end (docs/math.md section 10): None to go on."""
-        if not np.all(np.isfinite(y)):
-            return Status.FAILED, f"non-finite token positions at t = {t:.10g}"
-        cov = particle_moments(y.reshape(n, d))[1]
-        tr = float(np.trace(cov))
-        if tr > blow["limit"] * tr0:     # one verdict per step: the same state never confirms itself
-            c1, dc1, v = cov_and_rate(t, y)
-            tr1, dtr1 = float(np.trace(c1)), float(np.trace(dc1))
-            finite, t_star = False, None
-            if dtr1 > 0:
-                h = float(blowup_probe_step(tr1, dtr1))
-                c2, dc2, _ = cov_and_rate(t, y + h * v)
-                t_star, finite = blowup_extrapolate(t, tr1, dtr1, float(np.trace(c2)),
-                                                    float(np.trace(dc2)), h)
-            verdict, detail = blowup_verdict(t_star, finite, t, blow["limit"], blow["suspected"])
-            if verdict == Status.BLOWUP:
-                blow["t_blowup"] = float(t_star)
-                return verdict, detail
-            if verdict == Status.FAILED:
-                return verdict, detail
-            blow["suspected"], blow["limit"] = detail
-        if ev.steady_on:
-            c1, dc1, _ = cov_and_rate(t, y)
-            g = float(steady_gap(c1, dc1, ev.steady_tol, ev.steady_atol))
-            if blow["steady"] is not None and blow["steady"] > 0 >= g:
-                return Status.STEADY, f"terminal event 'steady' at t = {t:.10g}"
-            blow["steady"] = g
-        if first is not None and first < d and rank_gap(cov, first, ev.rank_tol) <= 0:
-            return Status.RANK_COLLAPSE, f"terminal event 'rank_collapse' at t = {t:.10g}"
-        return None
-
-    if ev.steady_on:
-        c1, dc1, _ = cov_and_rate(t0, x0.ravel())
-        blow["steady"] = float(steady_gap(c1, dc1, ev.steady_tol, ev.steady_atol))
-
+    run = _Run(attention, n, d, opts, diag_opts, ev, x0, keep_positions)
     y = x0.ravel().copy()
-    t_cur = t0
-    status, message = Status.FINISHED, "reached the end of t_span"
     idx = 0
     if t_eval[0] == t0:
-        record(t0, y)
+        run.record(t0, y)
         idx = 1
-    steps = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SinkhornConvergenceWarning)
         if method == "rk4":
-            h_max = (t1 - t0) / 100 if dt is None else dt
-            stop = None
-            for te in t_eval[idx:]:
-                m_steps = max(1, int(np.ceil((te - t_cur) / h_max - 1e-9)))
-                h = (te - t_cur) / m_steps
-                for k in range(m_steps):
-                    k1 = fun(t_cur, y)
-                    k2 = fun(t_cur + h / 2, y + h / 2 * k1)
-                    k3 = fun(t_cur + h / 2, y + h / 2 * k2)
-                    k4 = fun(t_cur + h, y + h * k3)
-                    y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-                    t_cur = te if k == m_steps - 1 else t_cur + h
-                    steps += 1
-                    stop = check(t_cur, y)
-                    if stop is None and steps >= max_steps and t_cur < t_eval[-1]:
-                        stop = Status.FAILED, f"gave up after `max_steps` = {max_steps} steps"
-                    if stop is not None:
-                        break
-                if stop is not None:
-                    status, message = stop
-                    if status == Status.BLOWUP and t_cur == te:
-                        record(te, y)
-                    break
-                record(te, y)
+            status, message, t_cur, y = _run_rk4(run, t0, y, t_eval[idx:],
+                                                 (t1 - t0) / 100 if dt is None else dt,
+                                                 max_steps)
         else:
-            solver = _ADAPTIVE[method](fun, t0, y, t1, rtol=rtol, atol=atol,
+            solver = _ADAPTIVE[method](run.fun, t0, y, t1, rtol=rtol, atol=atol,
                                        max_step=np.inf if dt is None else dt)
-            while idx < t_eval.size and solver.status == "running":
-                solver.step()
-                steps += 1
-                if solver.status == "failed":
-                    status, message = Status.FAILED, f"solver failed: {solver.status}"
-                    break
-                stop = check(solver.t, solver.y)
-                if stop is not None and stop[0] == Status.FAILED:
-                    status, message = stop
-                    break
-                sol = solver.dense_output()
-                while idx < t_eval.size and t_eval[idx] <= solver.t:
-                    ye = sol(t_eval[idx])
-                    if stop is not None and check(t_eval[idx], ye) is not None:
-                        break
-                    record(t_eval[idx], ye)
-                    idx += 1
-                t_cur, y = solver.t, solver.y
-                if stop is not None:
-                    status, message = stop
-                    break
-                if steps >= max_steps and idx < t_eval.size:
-                    status = Status.FAILED
-                    message = f"gave up after `max_steps` = {max_steps} steps"
-                    break
-            else:
-                t_cur, y = solver.t, solver.y
+            status, message, t_cur, y = _run_adaptive(run, solver, t_eval, idx, max_steps)
+    rec, counters, blow = run.rec, run.counters, run.blow
 
     ess = np.array(rec["ess"], dtype=float).reshape(-1, 2)
     is_sinkhorn = counters["max_err"] is not None
