@@ -22,6 +22,14 @@ key token ``y`` into the affine velocity field of docs/math.md section 3.2:
 
 :class:`Program` and :func:`numpy_code` print a straight-line program of matrix
 assignments as batched NumPy code (leading axes broadcast; inverses become solves).
+Matrix functions the printer knows (:class:`PsdSqrt`, :class:`PseudoInverse` and
+:class:`GramFunctionCross`, :math:`B f(B^TB)` through the SVD of ``B`` with the scalar
+``f`` printed from its SymPy expression) are SymPy nodes, so a program is checked by
+composing it back into one expression (:meth:`Program.composed`).
+
+Nothing here imports ``gaussian_pde``: the derivations regenerate
+``gaussian_pde/_generated`` from scratch; the numerical checks load the one helper module
+they need by file path (:func:`load_linalg`).
 """
 
 from __future__ import annotations
@@ -44,6 +52,263 @@ Sigma = sp.MatrixSymbol("Sigma", d, d)
 L = sp.MatrixSymbol("L", d, d)
 I = sp.Identity(d)  # noqa: E741 (the identity matrix)
 zero_vec = sp.ZeroMatrix(d, 1)
+
+
+def load_linalg():
+    """``gaussian_pde/_common/linalg.py`` loaded by file path, without importing the package.
+
+    The package imports its generated modules, so importing it here would make the
+    derivations depend on the files they write.
+    """
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "gaussian_pde" / "_common" / "linalg.py"
+    spec = importlib.util.spec_from_file_location("_derivations_linalg", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------- matrix function nodes
+
+
+class MatrixCall(MatrixExpr):
+    """A matrix function of one square matrix argument, printed as a call (``code``)."""
+
+    code = "{}"
+    latex_name = r"\operatorname{f}"
+
+    @property
+    def arg(self):
+        return self.args[0]
+
+    @property
+    def shape(self):
+        return self.arg.shape
+
+    def _latex(self, printer):
+        return f"{self.latex_name}\\left({printer._print(self.arg)}\\right)"
+
+
+class PsdSqrt(MatrixCall):
+    r"""Principal square root :math:`X^{1/2}` of a symmetric PSD ``X`` (symmetric itself)."""
+
+    code = "_psd_sqrt({})"
+    latex_name = r"\operatorname{sqrt}"
+
+    def _eval_transpose(self):
+        return self
+
+
+class PseudoInverse(MatrixCall):
+    r"""Moore-Penrose pseudo-inverse of a symmetric PSD ``X``; :math:`X^{-1}` when invertible."""
+
+    code = "np.linalg.pinv({}, rcond=1e-12, hermitian=True)"
+    latex_name = r"\operatorname{pinv}"
+
+    def _eval_transpose(self):
+        return self
+
+    def as_inverse(self):
+        return sp.Inverse(self.arg)
+
+
+class MatrixFunction(MatrixExpr):
+    r""":math:`f(G)` for a symmetric PSD ``G`` through the functional calculus.
+
+    With :math:`G = W\Lambda W^T` (``W`` orthogonal), :math:`f(G) = W f(\Lambda) W^T`;
+    ``f`` is a SymPy :class:`~sympy.Lambda` of one scalar. Symmetric, and it commutes
+    with ``G``; :func:`reduce_orthogonal` applies the functional calculus.
+    """
+
+    def __new__(cls, f, G):
+        return super().__new__(cls, f, G)
+
+    @property
+    def f(self):
+        return self.args[0]
+
+    @property
+    def arg(self):
+        return self.args[1]
+
+    @property
+    def shape(self):
+        return self.arg.shape
+
+    def _eval_transpose(self):
+        return self
+
+    def _latex(self, printer):
+        return f"\\varphi\\left({printer._print(self.arg)}\\right)"
+
+
+class GramFunctionCross(MatrixExpr):
+    r""":math:`B f(B^TB)` for a square ``B``, printed as a call of a generated helper.
+
+    The helper computes it from the SVD :math:`B = U\operatorname{diag}(s)W^T` as
+    :math:`U\operatorname{diag}(s f(s^2))W^T` (the Gram matrix :math:`B^TB` would square
+    the condition number), with ``s f(s^2)`` printed from the SymPy expression of ``f``
+    (:func:`gram_cross_helper`). :meth:`expanded` is the definition, for the checks.
+    """
+
+    def __new__(cls, f, B, helper):
+        return super().__new__(cls, f, B, helper if isinstance(helper, sp.Symbol) else sp.Symbol(helper))
+
+    @property
+    def f(self):
+        return self.args[0]
+
+    @property
+    def arg(self):
+        return self.args[1]
+
+    @property
+    def helper(self):
+        return self.args[2].name
+
+    @property
+    def shape(self):
+        return self.arg.shape
+
+    def expanded(self):
+        return self.arg * MatrixFunction(self.f, self.arg.T * self.arg)
+
+    def _latex(self, printer):
+        b = printer._print(self.arg)
+        return f"{b}\\,\\varphi\\left({b}^{{T}} {b}\\right)"
+
+
+def expand_nodes(expr):
+    """Replace :class:`GramFunctionCross` by its definition and pseudo-inverses by inverses.
+
+    This is the form the checks compare (for an invertible argument the pseudo-inverse
+    is the inverse).
+    """
+    expr = expr.replace(lambda e: isinstance(e, GramFunctionCross), lambda e: e.expanded())
+    return expr.replace(lambda e: isinstance(e, PseudoInverse), lambda e: e.as_inverse())
+
+
+def resolve_block_slices(expr):
+    """Resolve row slices of column block matrices (and of their products) to the blocks.
+
+    ``BlockMatrix([[K], [Q]]) * L`` collapses to ``BlockMatrix([[K L], [Q L]])``, and
+    ``[:k, :]`` of it (with ``K`` of ``k`` rows) is ``K L``: SymPy does not take this
+    step itself.
+    """
+    def resolve(e):
+        parent = sp.block_collapse(e.parent.doit())
+        if not isinstance(parent, sp.BlockMatrix) or parent.blockshape[1] != 1:
+            raise NotImplementedError(f"cannot resolve the slice {e}")
+        (r0, r1, step), (c0, c1, _) = e.rowslice, e.colslice
+        if step != 1 or c0 != 0 or sp.simplify(c1 - parent.shape[1]) != 0:
+            raise NotImplementedError(f"only row slices with all columns: {e}")
+        start = 0
+        for i in range(parent.blockshape[0]):
+            block = parent.blocks[i, 0]
+            stop = start + block.shape[0]
+            if sp.simplify(start - r0) == 0 and sp.simplify(stop - r1) == 0:
+                return block
+            start = stop
+        raise NotImplementedError(f"the slice {e} is not a block")
+
+    return expr.replace(lambda e: isinstance(e, sp.MatrixSlice), resolve)
+
+
+def is_zero_matrix(expr):
+    """Whether a matrix expression simplifies to zero (expanded, symmetric ``Sigma``)."""
+    expr = sp.expand(symmetric(sp.expand(expr).doit(), Sigma)).doit()
+    return expr == 0 or isinstance(expr, sp.ZeroMatrix)
+
+
+# -------------------------------------------- orthogonal reduction (functional calculus)
+
+
+def _cancel_pairs(expr, orthogonal):
+    """Drop adjacent ``U^T U`` and ``U U^T`` in products, for ``U`` in ``orthogonal``."""
+    def cancel(e):
+        coeff, mats = e.as_coeff_matrices()
+        mats, changed = list(mats), True
+        while changed:
+            changed = False
+            for i in range(len(mats) - 1):
+                a, b = mats[i], mats[i + 1]
+                if any((a == u.T and b == u) or (a == u and b == u.T) for u in orthogonal):
+                    del mats[i:i + 2]
+                    changed = True
+                    break
+        if not mats:
+            return coeff * sp.Identity(e.shape[0])
+        return sp.MatMul(coeff, *mats).doit() if coeff != 1 else (
+            sp.MatMul(*mats).doit() if len(mats) > 1 else mats[0])
+
+    return expr.replace(lambda e: isinstance(e, sp.MatMul), cancel)
+
+
+def reduce_orthogonal(expr, orthogonal, diagonal):
+    r"""Simplify with orthogonal ``U`` (:math:`U^TU = UU^T = I`) and diagonal matrices.
+
+    Expands, cancels :math:`U^TU` and applies the functional calculus to every
+    :class:`MatrixFunction`: :math:`f(W X W^T) = W f(X) W^T` for orthogonal ``W`` and a
+    product ``X`` of diagonal matrices, whose ``f(X)`` is diagonal again.
+    """
+    def step(e):
+        e = symmetric(sp.expand(e).doit(), *diagonal)
+        return sp.expand(_cancel_pairs(e, orthogonal)).doit()
+
+    def calculus(e):
+        G = step(e.arg)
+        if isinstance(G, sp.MatMul):
+            _, mats = G.as_coeff_matrices()
+            for u in orthogonal:
+                if len(mats) >= 3 and mats[0] == u and mats[-1] == u.T:
+                    core = sp.MatMul(*mats[1:-1]).doit() if len(mats) > 3 else mats[1]
+                    core = core * (G.as_coeff_matrices()[0])
+                    return u * MatrixFunction(e.f, core) * u.T
+        return MatrixFunction(e.f, G)
+
+    previous = None
+    while previous != expr:
+        previous = expr
+        expr = step(expr)
+        expr = expr.replace(lambda e: isinstance(e, MatrixFunction), calculus)
+    return expr
+
+
+def diagonal_scalar(expr, values):
+    """The scalar of a polynomial in diagonal matrices at one diagonal entry.
+
+    ``values`` maps each diagonal matrix symbol to its entry; the map is an algebra
+    homomorphism on diagonal matrices (they commute), so the matrix identity holds
+    entry-wise exactly when the scalar one holds for every entry.
+    """
+    def scalar(e):
+        if isinstance(e, sp.MatrixSymbol):
+            if e not in values:
+                raise ValueError(f"{e} is not declared diagonal")
+            return values[e]
+        if isinstance(e, sp.Identity):
+            return sp.Integer(1)
+        if isinstance(e, sp.ZeroMatrix):
+            return sp.Integer(0)
+        if isinstance(e, sp.Transpose):
+            return scalar(e.arg)
+        if isinstance(e, sp.MatPow):
+            return scalar(e.args[0]) ** e.args[1]
+        if isinstance(e, sp.Inverse):
+            return 1 / scalar(e.arg)
+        if isinstance(e, MatrixFunction):
+            return e.f(scalar(e.arg))
+        if isinstance(e, sp.MatMul):
+            return sp.Mul(*[scalar(a) if isinstance(a, MatrixExpr) else a for a in e.args])
+        if isinstance(e, sp.MatAdd):
+            return sp.Add(*[scalar(a) for a in e.args])
+        if not isinstance(e, MatrixExpr):
+            return e
+        raise ValueError(f"not a polynomial in diagonal matrices: {e}")
+
+    return scalar(expr)
 
 
 def symmetric(expr, *mats):
@@ -177,13 +442,22 @@ class NumpyMatrixPrinter:
     ``_T(X)`` (swap of the last two axes), ``Inverse(X) * Y`` as ``_solve(X, Y)``.
     """
 
-    def __init__(self, names=None):
+    def __init__(self, names=None, dims=None):
         self.names = dict(names or {})
+        self.dims = dict(dims or {})
 
     def __call__(self, expr):
         return self._print(expr)
 
     def _print(self, e):
+        if isinstance(e, MatrixCall):
+            return e.code.format(self._print(e.arg))
+        if isinstance(e, GramFunctionCross):
+            return f"{e.helper}({self._print(e.arg)})"
+        if isinstance(e, sp.MatrixSlice):
+            return _print_slice(e, self._print(e.parent), self.dims, batched=True)
+        if isinstance(e, sp.BlockMatrix):
+            return _print_block_column(e, self._print)
         if isinstance(e, sp.MatrixSymbol):
             return self.names.get(e.name, e.name)
         if isinstance(e, sp.Identity):
@@ -195,7 +469,12 @@ class NumpyMatrixPrinter:
         if isinstance(e, sp.Inverse):
             return f"_inv({self._print(e.arg)})"
         if isinstance(e, sp.MatAdd):
-            return "(" + " + ".join(self._print(a) for a in e.args) + ")"
+            neg = [a for a in e.args if isinstance(a, sp.MatMul) and a.as_coeff_matrices()[0] == -1]
+            pos = [a for a in e.args if a not in neg]
+            if not pos:
+                return "(" + " + ".join(self._print(a) for a in e.args) + ")"
+            return ("(" + " + ".join(self._print(a) for a in pos)
+                    + "".join(f" - {self._print(-a)}" for a in neg) + ")")
         if isinstance(e, sp.MatMul):
             coeff, mats = e.as_coeff_matrices()
             body = self._print_product(list(mats))
@@ -228,9 +507,39 @@ class NumpyMatrixPrinter:
 
     @staticmethod
     def _print_scalar(e):
-        from sympy.printing.numpy import NumPyPrinter
+        return print_scalar(e)
 
-        return NumPyPrinter({"fully_qualified_modules": False}).doprint(e)
+
+def print_scalar(e):
+    """NumPy code of a scalar expression, functions as ``np.<name>`` (elementwise)."""
+    from sympy.printing.numpy import NumPyPrinter
+
+    class _NpPrinter(NumPyPrinter):
+        _module = "np"
+
+    return _NpPrinter({"fully_qualified_modules": True}).doprint(e)
+
+
+def _print_bound(b, dims):
+    return dims.get(b, str(b)) if isinstance(b, sp.Symbol) else str(b)
+
+
+def _print_slice(e, parent, dims, batched):
+    """``P[a:b]`` (2-D) or ``P[..., a:b, :]`` (stacks) for a row slice with all columns."""
+    (r0, r1, step), (c0, c1, _) = e.rowslice, e.colslice
+    if step != 1 or c0 != 0 or sp.simplify(c1 - e.parent.shape[1]) != 0:
+        raise NotImplementedError(f"only row slices with all columns: {e}")
+    lo = "" if r0 == 0 else _print_bound(r0, dims)
+    hi = "" if sp.simplify(r1 - e.parent.shape[0]) == 0 else _print_bound(r1, dims)
+    return f"{parent}[..., {lo}:{hi}, :]" if batched else f"{parent}[{lo}:{hi}]"
+
+
+def _print_block_column(e, print_):
+    """A column of blocks stacked along the rows: ``np.concatenate([...], axis=-2)``."""
+    if e.blockshape[1] != 1:
+        raise NotImplementedError(f"only a column of blocks: {e}")
+    blocks = ", ".join(print_(e.blocks[i, 0]) for i in range(e.blockshape[0]))
+    return f"np.concatenate([{blocks}], axis=-2)"
 
 
 class KernelPrinter:
@@ -246,26 +555,38 @@ class KernelPrinter:
     (see ``_product``). Both modes hoist the same subexpressions in the same order.
     """
 
-    def __init__(self, state, batched=False):
+    def __init__(self, state, batched=False, local=(), definitions=None, dims=None):
         self.state = state
         self.batched = batched
         self.hoisted = []       # (name, code) in order of first use
         self._names = {}
         self._weights = NumpyMatrixPrinter()
+        self._varying = {state, *local}     # the state and what a program computes from it
+        self.definitions = dict(definitions or {})   # weight-only names: hoisted by value
+        self.dims = dict(dims or {})
 
     def _hoist(self, e):
         if e not in self._names:
             name = f"_w{len(self.hoisted)}"
             self._names[e] = name
-            self.hoisted.append((name, self._weights(e)))
+            self.hoisted.append((name, self._weights(e.xreplace(self.definitions))))
         return self._names[e]
 
+    hoist = _hoist
+
     def _free(self, e):
-        return self.state not in e.atoms(sp.MatrixSymbol)
+        return not (self._varying & e.atoms(sp.MatrixSymbol))
 
     def __call__(self, e):
         if isinstance(e, sp.Identity):
             return "_eye"
+        if isinstance(e, MatrixExpr) and not self._free(e):
+            if isinstance(e, MatrixCall):
+                return e.code.format(self(e.arg))
+            if isinstance(e, GramFunctionCross):
+                return f"{e.helper}({self(e.arg)})"
+            if isinstance(e, sp.MatrixSlice):
+                return _print_slice(e, self(e.parent), self.dims, self.batched)
         if not isinstance(e, MatrixExpr):
             return self._hoist(e) if not isinstance(e, sp.Number) else self._weights(e)
         if self._free(e):
@@ -353,6 +674,102 @@ def factor_kernel(expr, title, state=None):
 
 
 @dataclasses.dataclass
+class Program:
+    """A straight-line program: assignments ``target = expr`` then the returned expressions.
+
+    Targets are matrix symbols, so later steps refer to earlier ones by name;
+    :meth:`composed` substitutes them back (the one expression a check compares with
+    the derivation) and :meth:`code` prints every step with one printer.
+    """
+
+    steps: list      # (MatrixSymbol, expression)
+    returns: tuple   # expressions
+
+    def composed(self):
+        """The returned expressions in the inputs only."""
+        subs = {}
+        for target, expr in self.steps:
+            subs[target] = expr.xreplace(subs)
+        return tuple(r.xreplace(subs) for r in self.returns)
+
+    def code(self, printer=None):
+        """``(assignments, returns)`` as code strings."""
+        printer = printer or NumpyMatrixPrinter()
+        return ([(t.name, printer(e)) for t, e in self.steps],
+                tuple(printer(r) for r in self.returns))
+
+    def check(self, *expected):
+        """Whether the composed program equals ``expected`` (after :func:`expand_nodes`)."""
+        got = self.composed()
+        return len(got) == len(expected) and all(
+            is_zero_matrix(resolve_block_slices(expand_nodes(g))
+                           - resolve_block_slices(expand_nodes(e)))
+            for g, e in zip(got, expected))
+
+
+def program_kernel(program, title, latex, state=None, hoist=(), dims=(None, None),
+                   extra_batched=(), setup=()):
+    r""":class:`Kernel` of the factor form ``L' = program(L)`` printed from its expressions.
+
+    Steps whose target is in ``hoist`` depend on the weights only: they are printed, by
+    value, into ``factor_weights``; the other entries of ``hoist`` (expressions) are hoisted
+    first, in that order. ``dims`` maps dimension symbols to code for the one-state and
+    the batched body (slice bounds); ``extra_batched`` are shape steps of the batched body
+    and ``setup`` those of ``factor_kernel``'s closure.
+    """
+    state = state if state is not None else L
+    definitions = {t: e for t, e in program.steps if t in hoist}
+    steps = [(t, e) for t, e in program.steps if t not in hoist]
+    local = [t for t, _ in steps]
+    printers = [KernelPrinter(state, batched=b, local=local, definitions=definitions,
+                              dims=dm) for b, dm in zip((False, True), dims)]
+    out = []
+    for printer in printers:
+        for h in hoist:
+            printer.hoist(h)
+        body = [(t.name, printer(e)) for t, e in steps]
+        (ret,) = [printer(r) for r in program.returns]
+        out.append((body, ret))
+    assert printers[0].hoisted == printers[1].hoisted
+    (body, ret), (body_b, ret_b) = out
+    return Kernel(title, latex, printers[0].hoisted, body, ret, body_b + list(extra_batched),
+                  ret_b, state.name, tuple(setup))
+
+
+def gram_cross_helper(node):
+    r"""The generated helper of a :class:`GramFunctionCross` node, from its scalar ``f``.
+
+    :math:`B f(B^TB) = U\operatorname{diag}(s f(s^2)) W^T` for :math:`B = U\operatorname{diag}(s)
+    W^T` (the reduction is checked by :func:`check_gram_cross_svd`).
+    """
+    s = sp.Symbol("s", nonnegative=True)
+    scalar = sp.simplify(s * node.f(s**2))
+    doc = (r"Cross term :math:`B\varphi(B^TB) = U\operatorname{diag}(s\varphi(s^2))W^T` from "
+           r"the SVD" "\n" r":math:`B = U\operatorname{diag}(s)W^T`, with "
+           rf":math:`s\varphi(s^2) = {sp.latex(scalar)}` (derived; printed from SymPy)." "\n"
+           "Leading axes broadcast.\n")
+    return Function(node.helper, ("B",), doc,
+                    [("U, s, Wt", "np.linalg.svd(B)"), ("f", print_scalar(scalar))],
+                    ("(U * f[..., None, :]) @ Wt",))
+
+
+def check_gram_cross_svd(node):
+    r"""SymPy: with :math:`B = USW^T`, :math:`B f(B^TB) = U\,(S f(S^2))\,W^T`, the helper's form.
+
+    Returns whether :math:`U^T (B f(B^TB)) W` reduces to the diagonal whose entry is the
+    printed scalar ``s f(s^2)`` of :func:`gram_cross_helper`.
+    """
+    n = sp.Symbol("n", integer=True, positive=True)
+    U, W, Sd = (sp.MatrixSymbol(c, n, n) for c in ("U", "W", "S"))
+    s = sp.Symbol("s", nonnegative=True)
+    expr = GramFunctionCross(node.f, U * Sd * W.T, node.helper).expanded()
+    reduced = reduce_orthogonal(U.T * expr * W, (U, W), (Sd,))
+    printed = sp.sympify(gram_cross_helper(node).body[1][1].replace("np.", ""),
+                         locals={"s": s})
+    return sp.simplify(diagonal_scalar(reduced, {Sd: s}) - printed) == 0
+
+
+@dataclasses.dataclass
 class Function:
     """A generated function: name, arguments, docstring, assignments and return values."""
 
@@ -392,21 +809,22 @@ __all__ = [{names}]
 
 def render_module(script, doc, functions):
     """Render a generated module (a string) from :class:`Function` and :class:`Kernel` items."""
-    names = [n for f in functions for n in (f.names if isinstance(f, Kernel) else (f.name,))]
+    names = [n for f in functions for n in (f.names if isinstance(f, Kernel) else (f.name,))
+             if not n.startswith("_")]
     out = [HEADER.format(script=script), f'"""{doc}"""\n', "\n",
            PRELUDE.format(names=", ".join(f'"{n}"' for n in names))]
     for f in functions:
-        if isinstance(f, Kernel):
-            out.append(_render_kernel(f))
-            continue
-        out.append("\n\n")
-        out.append(f"def {f.name}({', '.join(f.args)}):\n")
-        out.append('    r"""' + f.doc.strip().replace("\n", "\n    ") + '\n    """\n')
-        for target, code in f.body:
-            out.append(f"    {target} = {code}\n")
-        rets = ", ".join(f.returns)
-        out.append(f"    return {rets}\n")
+        out.append(_render_kernel(f) if isinstance(f, Kernel) else "\n\n" + function_source(f))
     return "".join(out).replace("\n    \n", "\n\n")
+
+
+def function_source(f):
+    """Source of one generated :class:`Function`."""
+    out = [f"def {f.name}({', '.join(f.args)}):\n",
+           '    r"""' + f.doc.strip().replace("\n", "\n    ") + '\n    """\n']
+    out += [f"    {target} = {code}\n" for target, code in f.body]
+    out.append(f"    return {', '.join(f.returns)}\n")
+    return "".join(out)
 
 
 def _docstring(text, indent="    "):
