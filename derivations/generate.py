@@ -59,11 +59,7 @@ def equations_markdown():
                   "$$\\alpha' = " + S.latex_matrix(mean_rhs) + "$$", "",
                   "$$\\Sigma' = " + S.latex_matrix(cov_rhs) + "$$", "",
                   "$$L' = " + S.latex_matrix(factor_rhs) + "$$", ""]
-    lines += ["## Sinkhorn attention", "",
-              "$$B = L^T A L,\\quad \\varphi(g) = \\frac{2}{1 + \\sqrt{1 + 4g}},\\quad "
-              "L' = V L B\\,\\varphi(B^T B),\\quad \\alpha' = V\\alpha$$", "",
-              "$$\\Sigma' = V C + C^T V^T,\\quad C = \\Sigma^{1/2} B \\varphi(B^TB) "
-              "\\Sigma^{1/2},\\quad B = \\Sigma^{1/2} A \\Sigma^{1/2}$$", "",
+    lines += ["## Sinkhorn attention", ""] + sinkhorn.equations_latex() + [
               "## Multi-head attention", "",
               "$$M = \\sum_h M_h,\\quad b = \\sum_h b_h$$ (moment equations add over heads)", ""]
     return "\n".join(lines)

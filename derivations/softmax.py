@@ -32,38 +32,49 @@ def derive():
     return S.quadratic_score_field(SCORE)
 
 
-def thin_factor_form():
-    r"""SymPy check: :math:`L' = cV L L^TK^TQL = (cVL)\,(KL)^T(QL)`, and the identity.
+#: the stacked weights [K; Q] and their product with the state, P = [K L; Q L]
+KQ = sp.BlockMatrix([[S.K], [S.Q]])
+P = sp.MatrixSymbol("P", 2 * S.k, S.d)
 
-    The right-hand side is how the hoisted kernels evaluate it. Near a steady state
+
+def kernel_program():
+    r"""The hoisted kernel :math:`L' = (cVL)\,(KL)^T(QL)` as a program of SymPy expressions.
+
+    ``P = [K; Q] L`` (one product gives both thin factors), ``KL = P[:k]``, ``QL = P[k:]``;
+    the products are grouped as the kernels evaluate them. Printed by
+    :func:`derivations._symbolic.program_kernel` and checked by :func:`thin_factor_form`.
+    """
+    KL, QL = P[:S.k, :], P[S.k:, :]
+    thin = sp.MatMul(sp.Transpose(KL), QL)
+    return S.Program([(P, sp.MatMul(KQ, S.L))], (sp.MatMul(sp.MatMul(S.scale, S.V, S.L), thin),))
+
+
+def thin_factor_form():
+    r"""SymPy check: :math:`L' = cV L L^TK^TQL = (cVL)\,(KL)^T(QL)`, the printed kernel.
+
+    The right-hand side is :func:`kernel_program` composed back (its block slices of
+    :math:`[K; Q]L` resolved), i.e. what the hoisted kernels evaluate. Near a steady state
     (``K = -Q``, :math:`QL \to 0`) the field is tiny while ``L`` is O(1); computing the
     thin factors :math:`KL` and :math:`QL` directly keeps them (and the field) accurate to
     rounding, where :math:`(K^TQ)L` or :math:`L^TK^T` loses digits to cancellation.
     With :math:`[K; Q]` stacked once, one product gives both thin factors.
     """
     field = derive()
-    L = S.L
-    lhs = field.M.xreplace({S.Sigma: L * L.T}) * L
-    rhs = (S.scale * S.V * L) * (S.K * L).T * (S.Q * L)
-    return sp.simplify((lhs - rhs).doit()) == sp.ZeroMatrix(*lhs.shape)
+    return kernel_program().check(field.M.xreplace({S.Sigma: S.L * S.L.T}) * S.L)
 
 
 def functions():
     """Generated-code functions (see :func:`derivations._symbolic.affine_functions`).
 
-    The hoisted factor form is written in the thin-factor form of
-    :func:`thin_factor_form` (checked symbolically) instead of the printer's default.
+    The hoisted factor form is printed from :func:`kernel_program` (the thin-factor form,
+    checked symbolically by :func:`thin_factor_form`) instead of the printer's default.
     """
     funcs = S.affine_functions(derive(), TITLE)
     kernel = next(f for f in funcs if isinstance(f, S.Kernel))
-    funcs[funcs.index(kernel)] = S.Kernel(
-        TITLE, kernel.latex,
-        [("_w0", "scale * V"), ("_w1", "np.concatenate([K, Q], axis=-2)")],
-        [("P", "_dot(_w1, L)")],
-        "_dot(_dot(_w0, L), _dot(P[:_k].T, P[_k:]))",
-        [("P", "_w1 @ L"), ("h", "P.shape[-2] // 2")],
-        "(_w0 @ L) @ (_T(P[..., :h, :]) @ P[..., h:, :])",
-        setup=(("_k", "K.shape[-2]"),))
+    funcs[funcs.index(kernel)] = S.program_kernel(
+        kernel_program(), TITLE, kernel.latex, hoist=(S.scale * S.V, KQ),
+        dims=({S.k: "_k"}, {S.k: "h"}), extra_batched=[("h", "P.shape[-2] // 2")],
+        setup=[("_k", "K.shape[-2]")])
     return funcs
 
 

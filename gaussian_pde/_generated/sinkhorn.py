@@ -21,6 +21,16 @@ from .._common.linalg import solve as _solve
 __all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_weights", "factor_apply", "factor_kernel"]
 
 
+def _cross_phi(B):
+    r"""Cross term :math:`B\varphi(B^TB) = U\operatorname{diag}(s\varphi(s^2))W^T` from the SVD
+    :math:`B = U\operatorname{diag}(s)W^T`, with :math:`s\varphi(s^2) = \frac{2 s}{\sqrt{4 s^{2} + 1} + 1}` (derived; printed from SymPy).
+    Leading axes broadcast.
+    """
+    U, s, Wt = np.linalg.svd(B)
+    f = 2*s/(np.sqrt(4*s**2 + 1) + 1)
+    return (U * f[..., None, :]) @ Wt
+
+
 def field_matrix(Q, K, V, scale, Sigma):
     r"""Sinkhorn attention: :math:`M = V C \Sigma^{+}` with :math:`C = S B\varphi(B^TB)S`, :math:`S = \Sigma^{1/2}`, :math:`B = SAS`;
     computed as :math:`V S B\varphi(B^TB) S^{+}`.
@@ -36,13 +46,12 @@ def field_matrix(Q, K, V, scale, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    A = scale * (_T(K) @ Q)
+    A = (scale * (_T(K) @ Q))
     R = _psd_sqrt(Sigma)
-    B = R @ A @ R
-    BPhi = _sinkhorn_cross(B)
-    C = R @ BPhi @ R
+    B = (R @ A @ R)
+    BPhi = _cross_phi(B)
     Rp = np.linalg.pinv(R, rcond=1e-12, hermitian=True)
-    M = V @ R @ BPhi @ Rp
+    M = (V @ R @ BPhi @ Rp)
     return M
 
 
@@ -63,7 +72,7 @@ def field_offset(Q, K, V, scale, alpha, Sigma):
         Covariance.
     """
     M = field_matrix(Q, K, V, scale, Sigma)
-    return (V @ alpha[..., None] - M @ alpha[..., None])[..., 0]
+    return ((V @ alpha[..., None]) - (M @ alpha[..., None]))[..., 0]
 
 
 def moment_rhs(Q, K, V, scale, alpha, Sigma):
@@ -82,13 +91,13 @@ def moment_rhs(Q, K, V, scale, alpha, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    A = scale * (_T(K) @ Q)
+    A = (scale * (_T(K) @ Q))
     R = _psd_sqrt(Sigma)
-    B = R @ A @ R
-    BPhi = _sinkhorn_cross(B)
-    C = R @ BPhi @ R
-    VC = V @ C
-    return (V @ alpha[..., None])[..., 0], VC + _T(VC)
+    B = (R @ A @ R)
+    BPhi = _cross_phi(B)
+    C = (R @ BPhi @ R)
+    VC = (V @ C)
+    return (V @ alpha[..., None])[..., 0], (VC + _T(VC))
 
 
 def cov_rhs(Q, K, V, scale, Sigma):
@@ -105,13 +114,13 @@ def cov_rhs(Q, K, V, scale, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    A = scale * (_T(K) @ Q)
+    A = (scale * (_T(K) @ Q))
     R = _psd_sqrt(Sigma)
-    B = R @ A @ R
-    BPhi = _sinkhorn_cross(B)
-    C = R @ BPhi @ R
-    VC = V @ C
-    return VC + _T(VC)
+    B = (R @ A @ R)
+    BPhi = _cross_phi(B)
+    C = (R @ BPhi @ R)
+    VC = (V @ C)
+    return (VC + _T(VC))
 
 
 def factor_rhs(Q, K, V, scale, L):
@@ -128,10 +137,10 @@ def factor_rhs(Q, K, V, scale, L):
     L : ndarray, shape (..., d, d)
         Factor of the covariance.
     """
-    A = scale * (_T(K) @ Q)
-    B = _T(L) @ A @ L
-    BPhi = _sinkhorn_cross(B)
-    return V @ L @ BPhi
+    A = (scale * (_T(K) @ Q))
+    B = (_T(L) @ A @ L)
+    BPhi = _cross_phi(B)
+    return (V @ L @ BPhi)
 
 
 def factor_weights(Q, K, V, scale):
@@ -149,7 +158,7 @@ def factor_weights(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0 = scale * (_T(K) @ Q)
+    _w0 = (scale * (_T(K) @ Q))
     _w1 = V
     return (_w0, _w1)
 
@@ -167,8 +176,8 @@ def factor_apply(weights, L):
         Factor of the covariance.
     """
     _w0, _w1 = weights
-    B = _T(L) @ (_w0 @ L)
-    return _w1 @ (L @ _sinkhorn_cross(B))
+    B = (_T(L) @ (_w0 @ L))
+    return (_w1 @ (L @ _cross_phi(B)))
 
 
 def factor_kernel(Q, K, V, scale):
@@ -191,6 +200,6 @@ def factor_kernel(Q, K, V, scale):
 
     def kernel(L):
         B = _dot(L.T, _dot(_w0, L))
-        return _dot(_w1, _dot(L, _sinkhorn_cross(B)))
+        return _dot(_w1, _dot(L, _cross_phi(B)))
 
     return kernel

@@ -137,7 +137,7 @@ def factor_weights(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0 = scale * V
+    _w0 = (scale * V)
     _w1 = np.concatenate([K, Q], axis=-2)
     return (_w0, _w1)
 
@@ -155,9 +155,9 @@ def factor_apply(weights, L):
         Factor of the covariance.
     """
     _w0, _w1 = weights
-    P = _w1 @ L
+    P = (_w1 @ L)
     h = P.shape[-2] // 2
-    return (_w0 @ L) @ (_T(P[..., :h, :]) @ P[..., h:, :])
+    return ((_w0 @ L) @ (_T(P[..., :h, :]) @ P[..., h:, :]))
 
 
 def factor_kernel(Q, K, V, scale):
