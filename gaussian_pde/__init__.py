@@ -32,6 +32,7 @@ from .closure._engine import (
     solve_closure,
 )
 from .closure._masked import block_positions, solve_masked_closure
+from .closure._mixture import GaussianMixture, MixtureSolution, mixture_velocity, solve_mixture
 from .integrate._batch import BatchSolution, solve_batch
 from .integrate._exact import blowup_time, exact_covariance, scalar_solution
 from .integrate._solve import MomentSolution, Status, solve
@@ -55,10 +56,12 @@ __all__ = [
     "DepthSolution",
     "Field",
     "FieldSum",
+    "GaussianMixture",
     "L2",
     "LayerNorm",
     "MLP",
     "Masked",
+    "MixtureSolution",
     "MomentSolution",
     "MultiHead",
     "Outcome",
@@ -86,6 +89,7 @@ __all__ = [
     "exact_covariance",
     "get_attention",
     "logistic_normal_moments",
+    "mixture_velocity",
     "moment_rhs",
     "propagate_gaussian",
     "propagate_particles",
@@ -97,4 +101,5 @@ __all__ = [
     "solve_batch",
     "solve_closure",
     "solve_masked_closure",
+    "solve_mixture",
 ]

@@ -1,0 +1,730 @@
+r"""Gaussian-mixture closure of the Transformer PDE: many clusters of tokens.
+
+The token distribution is a mixture
+
+.. math:: \mu = \sum_{k=1}^K w_k\,\mathcal N(\alpha_k, \Sigma_k),\qquad w_k > 0,\ \sum_k w_k = 1,
+
+with weights constant in time (the continuity equation transports mass; each component
+is followed along the flow). For softmax and L2 attention, and sums of such heads, the
+velocity against a mixture is in closed form. A head's score is quadratic in the key
+token (docs/math.md 3.2),
+
+.. math:: s(x, y) = -\tfrac12 y^THy + y^T h(x) + r(x),\qquad h(x) = Ax + g,
+
+(softmax: :math:`H = 0`, :math:`A = cK^TQ`; L2: :math:`H = 2cK^TK`, :math:`A = 2cK^TQ`,
+:math:`r(x) = -c|Qx|^2`; :math:`g = 0` for both). Per component, with
+:math:`P_k = I + \Sigma_kH`, the tilted mean and the log of the Gaussian integral
+:math:`Z_k(x) = \mathbb E_{y\sim\mathcal N(\alpha_k,\Sigma_k)}[e^{s(x,y)}]` are
+
+.. math::
+
+    m_k(x) = P_k^{-1}\big(\alpha_k + \Sigma_k h(x)\big),\qquad
+    \log Z_k(x) = r(x) - \tfrac12\log\det P_k + \tfrac12\big(m_k(x) + \alpha_k\big)^Th(x)
+                  - \tfrac12\,\alpha_k^THm_k(x),
+
+neither of which inverts :math:`\Sigma_k` (singular components are fine; ``derivations/
+mixture.py`` derives both with SymPy and checks them by direct integration). The field is
+
+.. math::
+
+    \Gamma(x) = V\,\frac{\sum_k w_kZ_k(x)\,m_k(x)}{\sum_k w_kZ_k(x)}
+              = V\sum_k \pi_k(x)\,m_k(x),\qquad
+    \pi_k(x) = \operatorname{softmax}_k\big(\log w_k + \log Z_k(x)\big),
+
+computed in the log domain; :math:`r(x)` is common to all components and cancels.
+
+**Closure.** Each component follows the Gaussian closure of docs/math.md 6 in factor form,
+
+.. math::
+
+    \alpha_k' = \mathbb E_k[\Gamma(X)],\qquad
+    L_k' = \mathbb E\big[\Gamma(\alpha_k + L_kz)\,z^T\big],\qquad \Sigma_k = L_kL_k^T,
+
+with the tensor Gauss-Hermite rule (``n_per_dim`` nodes per dimension), vectorised over
+components and nodes. With one component :math:`\Gamma = Vm_1` is affine and this is the
+exact moment ODE of :func:`gaussian_pde.solve`. The closure is exact whenever the field
+is affine on every component, e.g. weak attention (:math:`\pi_k \approx w_k`); otherwise
+its error against particles is measured (:mod:`gaussian_pde.studies._clusters`).
+
+**Events.** :func:`solve_mixture` runs :func:`gaussian_pde.integrate._solve.integrate_system`
+with the mixture's *total* covariance
+:math:`\Sigma_{\mathrm{tot}} = \sum_k w_k(\Sigma_k + \alpha_k\alpha_k^T) - \bar\alpha\bar\alpha^T`
+(:math:`\bar\alpha = \sum_k w_k\alpha_k`), so blow-up, steady state and rank collapse mean
+what they mean for :func:`gaussian_pde.solve`; a *merge* event (``merge_tol``) records
+each time the number of single-linkage clusters of the components, under the
+Bures-Wasserstein distance, drops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .._common.gaussian import bures_wasserstein
+from .._common.linalg import psd_sqrt
+from .._common.validation import (
+    validate_array,
+    validate_covariance,
+    validate_int,
+    validate_positive,
+    validate_quadrature,
+)
+from ..attention._base import Attention
+from ..attention._multihead import MultiHead
+from ..integrate._options import solver_options, validate_method, validate_user_events
+from ..integrate._results import Status
+from ..integrate._solve import integrate_system
+from ._engine import DEFAULT_N_PER_DIM, standard_nodes
+
+__all__ = [
+    "GaussianMixture",
+    "MixtureSolution",
+    "solve_mixture",
+    "mixture_velocity",
+    "mixture_closure_terms",
+    "component_terms",
+    "component_log_partition",
+    "pairwise_bures_wasserstein",
+    "merge_heights",
+]
+
+
+# --------------------------------------------------------------------------------------
+# the state
+
+
+def _rng(seed):
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
+        return np.random.default_rng(seed)
+    if isinstance(seed, (tuple, list)) and all(isinstance(s, numbers.Integral) for s in seed):
+        return np.random.default_rng(list(seed))
+    raise TypeError(f"`seed` must be an int, a sequence of ints, a numpy Generator or None, "
+                    f"got {type(seed).__name__}.")
+
+
+class GaussianMixture:
+    r"""A mixture of Gaussians :math:`\mu = \sum_k w_k\,\mathcal N(\alpha_k, \Sigma_k)`.
+
+    Parameters
+    ----------
+    weights : array_like, shape (K,)
+        Positive, summing to one (to ``1e-10``; then normalised exactly).
+    means : array_like, shape (K, d)
+        Component means :math:`\alpha_k`.
+    covs : array_like, shape (K, d, d)
+        Component covariances :math:`\Sigma_k`, symmetric positive semi-definite (any rank).
+
+    Examples
+    --------
+    >>> import numpy as np, gaussian_pde as gp
+    >>> mix = gp.GaussianMixture([0.5, 0.5], [[-2.0, 0.0], [2.0, 0.0]], [np.eye(2)] * 2)
+    >>> mix.K, mix.d, mix.total_mean.tolist()
+    (2, 2, [0.0, 0.0])
+    """
+
+    def __init__(self, weights, means, covs):
+        w = validate_array(weights, "weights", ndim=1)
+        if w.size == 0:
+            raise ValueError("`weights` must hold at least one component.")
+        if np.any(w <= 0):
+            raise ValueError(f"`weights` must be positive, got {w.tolist()}.")
+        if abs(w.sum() - 1.0) > 1e-10:
+            raise ValueError(f"`weights` must sum to 1, got a sum of {w.sum()!r}.")
+        means = validate_array(means, "means", ndim=2)
+        if means.shape[0] != w.size:
+            raise ValueError(f"`means` must have shape ({w.size}, d) to match the {w.size} "
+                             f"weights, got {means.shape}.")
+        if means.shape[1] == 0:
+            raise ValueError("`means` must have at least one coordinate (d >= 1).")
+        d = means.shape[1]
+        covs = validate_array(covs, "covs", ndim=3)
+        if covs.shape != (w.size, d, d):
+            raise ValueError(f"`covs` must have shape ({w.size}, {d}, {d}) to match `weights` "
+                             f"and `means`, got {covs.shape}.")
+        covs = validate_covariance(covs, "covs", d=d, batch=True)
+        self.weights = w / w.sum()
+        self.means = means
+        self.covs = covs
+        for a in (self.weights, self.means, self.covs):
+            a.setflags(write=False)
+
+    @property
+    def K(self) -> int:
+        """Number of components."""
+        return self.weights.size
+
+    @property
+    def d(self) -> int:
+        """Token dimension."""
+        return self.means.shape[1]
+
+    @property
+    def total_mean(self):
+        r""":math:`\bar\alpha = \sum_k w_k\alpha_k`."""
+        return self.weights @ self.means
+
+    @property
+    def total_cov(self):
+        r""":math:`\sum_k w_k(\Sigma_k + \alpha_k\alpha_k^T) - \bar\alpha\bar\alpha^T`."""
+        return _total_cov(self.weights, self.means, self.covs)
+
+    def factors(self):
+        r"""Principal square roots :math:`L_k = \Sigma_k^{1/2}`, shape (K, d, d)."""
+        return psd_sqrt(self.covs)
+
+    def counts(self, n):
+        """Stratified component sizes for ``n`` tokens (largest remainder of ``n w_k``)."""
+        n = validate_int(n, "n", minimum=self.K)
+        raw = n * self.weights
+        c = np.floor(raw).astype(int)
+        rest = n - c.sum()
+        c[np.argsort(-(raw - c), kind="stable")[:rest]] += 1
+        return c
+
+    def sample(self, n, *, seed=None, stratified=True):
+        r"""Draw ``n`` tokens and their component labels.
+
+        Parameters
+        ----------
+        n : int
+            Number of tokens (at least ``K`` when ``stratified``).
+        seed : int, sequence of int, numpy.random.Generator or None
+            The same seed gives the same tokens.
+        stratified : bool
+            Component sizes fixed at the largest-remainder rounding of :math:`nw_k`
+            (:meth:`counts`; removes the multinomial noise of the weights), else
+            multinomial.
+
+        Returns
+        -------
+        x : ndarray, shape (n, d)
+            :math:`x_i = \alpha_{\ell_i} + \Sigma_{\ell_i}^{1/2}z_i`.
+        labels : ndarray of int, shape (n,)
+            The component :math:`\ell_i` of each token (sorted when ``stratified``).
+        """
+        rng = _rng(seed)
+        if stratified:
+            labels = np.repeat(np.arange(self.K), self.counts(n))
+        else:
+            n = validate_int(n, "n", minimum=1)
+            labels = np.sort(rng.choice(self.K, size=n, p=self.weights))
+        z = rng.standard_normal((labels.size, self.d))
+        L = self.factors()
+        x = self.means[labels] + np.einsum("nij,nj->ni", L[labels], z)
+        return x, labels
+
+    def component(self, k):
+        """``(mean, cov)`` of component ``k``."""
+        return self.means[k].copy(), self.covs[k].copy()
+
+    def __repr__(self):
+        return f"GaussianMixture(K={self.K}, d={self.d})"
+
+
+def _total_cov(w, means, covs):
+    mbar = w @ means
+    second = np.einsum("k,kij->ij", w, covs) + np.einsum("k,ki,kj->ij", w, means, means)
+    return second - np.outer(mbar, mbar)
+
+
+# --------------------------------------------------------------------------------------
+# the velocity against a mixture
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """One head's quadratic score: bilinear coupling ``A`` (``y^T A x``), Hessian ``H``, ``V``."""
+
+    A: np.ndarray
+    H: np.ndarray | None    # None: softmax (H = 0)
+    V: np.ndarray
+
+
+def _heads(attention, name="attention"):
+    """The quadratic-score heads of softmax, L2 or a MultiHead of them; else TypeError."""
+    if not isinstance(attention, Attention):
+        raise TypeError(f"`{name}` must be an attention object, got {type(attention).__name__}.")
+    if isinstance(attention, MultiHead):
+        out = []
+        for i, h in enumerate(attention.heads):
+            out.extend(_heads(h, f"{name}.heads[{i}]"))
+        return out
+    if attention.name == "softmax":
+        return [_Head(A=np.asarray(attention.A), H=None, V=np.asarray(attention.V))]
+    if attention.name == "l2":
+        c = attention.scale
+        return [_Head(A=2 * np.asarray(attention.A), H=2 * c * attention.K.T @ attention.K,
+                      V=np.asarray(attention.V))]
+    raise TypeError(f"`{name}` ({attention.name}): the mixture closure needs softmax or L2 "
+                    "heads (or a MultiHead of them), whose velocity against a mixture is in "
+                    "closed form.")
+
+
+def component_terms(A, H, means, covs):
+    r"""Per-component terms of one head: :math:`m_k(x) = c_k + B_kx` and :math:`\log\det P_k`.
+
+    With :math:`P_k = I + \Sigma_kH`: :math:`c_k = P_k^{-1}\alpha_k`,
+    :math:`B_k = P_k^{-1}\Sigma_kA` (``H = None`` means :math:`H = 0`, :math:`P_k = I`).
+
+    Returns
+    -------
+    c : ndarray, shape (K, d)
+    B : ndarray, shape (K, d, d)
+    logdet : ndarray, shape (K,)
+    """
+    if H is None:
+        return means, covs @ A, np.zeros(means.shape[0])
+    d = means.shape[1]
+    P = np.eye(d) + covs @ H
+    sign, logdet = np.linalg.slogdet(P)
+    rhs = np.concatenate([means[:, :, None], covs @ A], axis=2)   # (K, d, 1 + d)
+    sol = np.linalg.solve(P, rhs)
+    return sol[:, :, 0], sol[:, :, 1:], logdet
+
+
+def component_log_partition(A, H, means, covs, X):
+    r"""Per component and point: :math:`\log Z_k(x) - r(x)` and the tilted mean :math:`m_k(x)`.
+
+    .. math::
+
+        m_k(x) = P_k^{-1}(\alpha_k + \Sigma_kAx),\qquad
+        \log Z_k(x) - r(x) = -\tfrac12\log\det P_k + \tfrac12(m_k(x) + \alpha_k)^TAx
+                            - \tfrac12\alpha_k^THm_k(x),
+
+    :math:`P_k = I + \Sigma_kH` (``H = None``: :math:`H = 0`); the score is
+    :math:`-\tfrac12y^THy + y^TAx + r(x)` (``derivations/mixture.py``).
+
+    Parameters
+    ----------
+    A : ndarray, shape (d, d)
+        Bilinear coupling of the score.
+    H : ndarray, shape (d, d), or None
+        Hessian of minus the score in ``y``.
+    means : ndarray, shape (K, d)
+        Component means.
+    covs : ndarray, shape (K, d, d)
+        Component covariances.
+    X : ndarray, shape (N, d)
+        Query tokens.
+
+    Returns
+    -------
+    log_z : ndarray, shape (K, N)
+    m : ndarray, shape (K, N, d)
+    """
+    c, B, logdet = component_terms(A, H, means, covs)
+    m = c[:, None, :] + np.einsum("kij,nj->kni", B, X)          # (K, N, d)
+    u = X @ A.T                                                  # h(x) = A x
+    log_z = -0.5 * logdet[:, None] + 0.5 * np.einsum("kni,ni->kn", m + means[:, None, :], u)
+    if H is not None:
+        log_z -= 0.5 * np.einsum("ki,kni->kn", means @ H, m)
+    return log_z, m
+
+
+def _head_velocity(head, logw, means, covs, X):
+    r"""One head's :math:`V\sum_k\pi_k(x)m_k(x)` at points ``X`` (N, d)."""
+    logZ, m = component_log_partition(head.A, head.H, means, covs, X)
+    logit = logw[:, None] + logZ
+    pi = np.exp(logit - logsumexp(logit, axis=0, keepdims=True))
+    return np.einsum("kn,kni->ni", pi, m) @ head.V.T
+
+
+def _velocity(heads, logw, means, covs, X):
+    out = _head_velocity(heads[0], logw, means, covs, X)
+    for h in heads[1:]:
+        out = out + _head_velocity(h, logw, means, covs, X)
+    return out
+
+
+def mixture_velocity(attention, mixture, x):
+    r"""The mean-field velocity :math:`\Gamma[\mu](x)` against a Gaussian mixture.
+
+    .. math:: \Gamma(x) = \sum_{\text{heads}} V\sum_k\pi_k(x)\,m_k(x),\qquad
+              \pi_k(x) \propto w_kZ_k(x),
+
+    in the log domain (module docstring for :math:`m_k` and :math:`\log Z_k`).
+
+    Parameters
+    ----------
+    attention : Softmax, L2 or MultiHead of them
+        The attention.
+    mixture : GaussianMixture
+        The token distribution.
+    x : array_like, shape (n, d)
+        Query tokens.
+
+    Returns
+    -------
+    ndarray, shape (n, d)
+    """
+    heads = _heads(attention)
+    mixture = _validate_mixture(mixture, attention.d)
+    x = validate_array(x, "x", ndim=2)
+    if x.shape[1] != mixture.d:
+        raise ValueError(f"`x` must have shape (n, {mixture.d}), got {x.shape}.")
+    return _velocity(heads, np.log(mixture.weights), mixture.means, mixture.covs, x)
+
+
+def _closure(heads, logw, means, L, Z, W):
+    """``(alpha', L')`` of every component, (K, d) and (K, d, d)."""
+    K, d = means.shape
+    covs = L @ np.swapaxes(L, 1, 2)
+    X = means[:, None, :] + np.einsum("kij,nj->kni", L, Z)       # (K, N, d)
+    G = _velocity(heads, logw, means, covs, X.reshape(-1, d)).reshape(K, -1, d)
+    return np.einsum("n,kni->ki", W, G), np.einsum("kni,n,nj->kij", G, W, Z)
+
+
+def mixture_closure_terms(attention, mixture, n_per_dim=DEFAULT_N_PER_DIM):
+    r"""Closure right-hand side of every component in factor form.
+
+    .. math:: \alpha_k' = \mathbb E[\Gamma(\alpha_k + L_kz)],\qquad
+              L_k' = \mathbb E[\Gamma(\alpha_k + L_kz)\,z^T],\qquad L_k = \Sigma_k^{1/2},
+
+    by the tensor Gauss-Hermite rule with ``n_per_dim`` nodes per dimension.
+
+    Returns
+    -------
+    dmeans : ndarray, shape (K, d)
+    dL : ndarray, shape (K, d, d)
+    dcovs : ndarray, shape (K, d, d)
+        :math:`\Sigma_k' = L_kL_k'^T + L_k'L_k^T` (independent of the factor).
+    """
+    heads = _heads(attention)
+    mixture = _validate_mixture(mixture, attention.d)
+    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=mixture.d)
+    Z, W = standard_nodes(mixture.d, n_per_dim)
+    L = mixture.factors()
+    dm, dL = _closure(heads, np.log(mixture.weights), mixture.means, L, Z, W)
+    C = L @ np.swapaxes(dL, 1, 2)
+    return dm, dL, C + np.swapaxes(C, 1, 2)
+
+
+def _validate_mixture(mixture, d):
+    if not isinstance(mixture, GaussianMixture):
+        raise TypeError(f"`mixture` must be a GaussianMixture, got {type(mixture).__name__}.")
+    if mixture.d != d:
+        raise ValueError(f"`mixture` has dimension d = {mixture.d}, the attention d = {d}.")
+    return mixture
+
+
+# --------------------------------------------------------------------------------------
+# merging: single linkage on the Bures-Wasserstein distances
+
+
+def pairwise_bures_wasserstein(means, covs):
+    r"""Bures-Wasserstein distances between all pairs of components.
+
+    Parameters
+    ----------
+    means : array_like, shape (..., K, d)
+        Component means.
+    covs : array_like, shape (..., K, d, d)
+        Component covariances.
+
+    Returns
+    -------
+    ndarray, shape (..., K, K)
+        Symmetric, zero diagonal.
+    """
+    means = np.asarray(means, float)
+    covs = np.asarray(covs, float)
+    K = means.shape[-2]
+    i, j = np.triu_indices(K, 1)
+    out = np.zeros(means.shape[:-2] + (K, K))
+    if i.size:
+        dist = bures_wasserstein(means[..., i, :], covs[..., i, :, :],
+                                 means[..., j, :], covs[..., j, :, :])
+        out[..., i, j] = dist
+        out[..., j, i] = dist
+    return out
+
+
+def merge_heights(dist):
+    r"""Single-linkage merge heights (minimum-spanning-tree edges), ascending.
+
+    With the distance matrix ``dist`` (K, K), the number of clusters at tolerance
+    :math:`\tau` (components joined when a chain of pairs each within :math:`\tau`
+    links them) is :math:`1 + \#\{\text{heights} > \tau\}`. The sorted heights are
+    continuous in the distances, which makes them usable as event functions.
+
+    Returns
+    -------
+    ndarray, shape (K - 1,)
+    """
+    dist = np.asarray(dist, float)
+    K = dist.shape[0]
+    if K < 2:
+        return np.empty(0)
+    # Prim's algorithm on a dense graph
+    inside = np.zeros(K, bool)
+    inside[0] = True
+    best = dist[0].copy()
+    heights = []
+    for _ in range(K - 1):
+        cand = np.where(inside, np.inf, best)
+        j = int(np.argmin(cand))
+        heights.append(cand[j])
+        inside[j] = True
+        best = np.minimum(best, dist[j])
+    return np.sort(np.asarray(heights))
+
+
+# --------------------------------------------------------------------------------------
+# the solver
+
+
+class _MixtureSystem:
+    r"""The state ``(alpha_1..alpha_K, L_1..L_K)`` for :func:`integrate_system`.
+
+    ``trace``, ``cov_and_rate`` and ``mean_and_cov`` give the mixture's total covariance
+    :math:`\Sigma_{\mathrm{tot}}` and its rate
+    :math:`\sum_k w_k(\Sigma_k' + \alpha_k'\alpha_k^T + \alpha_k\alpha_k'^T)
+    - \bar\alpha'\bar\alpha^T - \bar\alpha\bar\alpha'^T`, so the package's events act
+    on the whole token distribution.
+    """
+
+    def __init__(self, heads, weights, d, n_per_dim):
+        self.heads, self.w, self.d = heads, weights, d
+        self.K = weights.size
+        self.logw = np.log(weights)
+        self.Z, self.W = standard_nodes(d, n_per_dim)
+        self.nfev = 0
+        self.last_y = None
+        self._merge_cache = (None, None)
+
+    def split(self, y):
+        """``(means (..., K, d), L (..., K, d, d))`` of a state or a stack of states."""
+        y = np.asarray(y)
+        K, d = self.K, self.d
+        lead = y.shape[:-1]
+        return (y[..., :K * d].reshape(lead + (K, d)),
+                y[..., K * d:].reshape(lead + (K, d, d)))
+
+    def pack(self, means, L):
+        return np.concatenate([np.ravel(means), np.ravel(L)])
+
+    def rates(self, y):
+        means, L = self.split(y)
+        return means, L, *_closure(self.heads, self.logw, means, L, self.Z, self.W)
+
+    def fun(self, t, y):
+        self.nfev += 1
+        _, _, dm, dL = self.rates(y)
+        return self.pack(dm, dL)
+
+    __call__ = fun
+
+    def trace(self, y):
+        means, L = self.split(y)
+        mbar = self.w @ means
+        return float(self.w @ (np.sum(L * L, axis=(1, 2)) + np.sum(means * means, axis=1))
+                     - mbar @ mbar)
+
+    def cov_and_rate(self, y):
+        means, L, dm, dL = self.rates(y)
+        w = self.w
+        covs = L @ np.swapaxes(L, 1, 2)
+        C = L @ np.swapaxes(dL, 1, 2)
+        dcovs = C + np.swapaxes(C, 1, 2)
+        mbar, dmbar = w @ means, w @ dm
+        cross = np.einsum("k,ki,kj->ij", w, dm, means)
+        rate = (np.einsum("k,kij->ij", w, dcovs) + cross + cross.T
+                - np.outer(dmbar, mbar) - np.outer(mbar, dmbar))
+        return _total_cov(w, means, covs), rate
+
+    def mean_and_cov(self, y):
+        self.last_y = y   # read by the merge events, which the loop calls right after
+        means, L = self.split(y)
+        return self.w @ means, _total_cov(self.w, means, L @ np.swapaxes(L, 1, 2))
+
+    def heights(self, y):
+        key = y.tobytes()
+        if self._merge_cache[0] != key:
+            means, L = self.split(y)
+            dist = pairwise_bures_wasserstein(means, L @ np.swapaxes(L, 1, 2))
+            self._merge_cache = (key, merge_heights(dist))
+        return self._merge_cache[1]
+
+
+def _merge_events(system, tol, terminal):
+    """One event per single-linkage merge height, all named ``"merge"``."""
+    evs = []
+    for j in range(system.K - 1):
+        def merge(t, mean, cov, j=j):
+            return float(system.heights(system.last_y)[j] - tol)
+
+        merge.terminal = terminal
+        merge.direction = -1.0
+        merge.__name__ = "merge"
+        evs.append(merge)
+    return evs
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSolution:
+    r"""Result of :func:`solve_mixture`.
+
+    Attributes
+    ----------
+    t : ndarray, shape (T,)
+        Output times.
+    weights : ndarray, shape (K,)
+        Component weights (constant in time).
+    means : ndarray, shape (T, K, d)
+        Component means.
+    covs : ndarray, shape (T, K, d, d)
+        Component covariances, symmetric PSD, each with the rank it started with.
+    factors : ndarray, shape (T, K, d, d)
+        ``covs = factors @ factors^T``.
+    status : Status
+        As for :func:`gaussian_pde.solve`, the events acting on the total covariance;
+        ``"event"`` when a terminal merge (``stop_at_merge``) or user event fired.
+    message : str
+    t_blowup : float or None
+        Blow-up time of the total covariance, when confirmed.
+    t_final : float
+        Where the integration stopped.
+    means_final, covs_final : ndarray
+        The state there, (K, d) and (K, d, d).
+    t_events : dict
+        Event times by name; ``"merge"`` (sorted) holds the times at which the number of
+        single-linkage clusters under ``merge_tol`` dropped (once per lost cluster).
+    nfev : int
+        Right-hand-side evaluations.
+    merge_tol : float or None
+        The tolerance of the merge events.
+    """
+
+    t: np.ndarray
+    weights: np.ndarray
+    means: np.ndarray
+    covs: np.ndarray
+    factors: np.ndarray
+    status: Status
+    message: str
+    t_blowup: float | None
+    t_final: float
+    means_final: np.ndarray
+    covs_final: np.ndarray
+    t_events: dict
+    nfev: int
+    merge_tol: float | None = None
+
+    @property
+    def success(self) -> bool:
+        """``False`` only when the solver failed."""
+        return Status(self.status).success
+
+    @property
+    def merge_times(self):
+        """Sorted times at which two clusters of components merged (empty without ``merge_tol``)."""
+        return np.sort(np.asarray(self.t_events.get("merge", []), float))
+
+    def mixture(self, i=-1):
+        """The mixture at output index ``i``."""
+        return GaussianMixture(self.weights, self.means[i], self.covs[i])
+
+    @property
+    def total_mean(self):
+        """Mean of the token distribution, shape (T, d)."""
+        return np.einsum("k,tki->ti", self.weights, self.means)
+
+    @property
+    def total_cov(self):
+        """Covariance of the token distribution, shape (T, d, d)."""
+        return np.stack([_total_cov(self.weights, m, c) for m, c in zip(self.means, self.covs)])
+
+
+def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
+                  method="RK45", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
+                  steady_tol=None, steady_atol=0.0, rank_tol=None, merge_tol=None,
+                  stop_at_merge=False, events=(), max_step=np.inf, first_step=None,
+                  max_nfev=50_000):
+    r"""Integrate the Gaussian-mixture closure.
+
+    .. math::
+
+        \alpha_k' = \mathbb E[\Gamma(\alpha_k + L_kz)],\qquad
+        L_k' = \mathbb E[\Gamma(\alpha_k + L_kz)\,z^T],\qquad
+        \Gamma(x) = V\sum_k\pi_k(x)\,m_k(x),
+
+    :math:`z\sim\mathcal N(0, I)`, with the closed-form field of the module docstring and
+    the Gauss-Hermite rule; weights constant. The event loop is
+    :func:`gaussian_pde.integrate._solve.integrate_system`, the one every solver shares,
+    on the *total* covariance of the mixture.
+
+    Parameters
+    ----------
+    attention : Softmax, L2 or MultiHead of them
+        The attention (TypeError otherwise).
+    mixture : GaussianMixture
+        The initial mixture.
+    t_span : (float, float)
+        Interval of integration.
+    t_eval : array_like, optional
+        Output times within ``t_span``.
+    n_per_dim : int
+        Gauss-Hermite nodes per dimension (2..40); default 8.
+    method : str or OdeSolver subclass
+        A :func:`scipy.integrate.solve_ivp` method; default ``"RK45"``.
+    rtol, atol : float
+        Tolerances on the entries of the means and factors.
+    blowup_threshold, steady_tol, steady_atol, rank_tol
+        As in :func:`gaussian_pde.solve`, applied to the total covariance
+        :math:`\Sigma_{\mathrm{tot}}`.
+    merge_tol : float, optional
+        Record merges: with the Bures-Wasserstein distances between the components and
+        their single-linkage merge heights :math:`h_1\le\dots\le h_{K-1}`
+        (:func:`merge_heights`), the event ``"merge"`` fires whenever some :math:`h_j`
+        falls below ``merge_tol``, i.e. whenever the number of clusters
+        :math:`1 + \#\{h_j > \text{merge\_tol}\}` drops. Not terminal by default: the
+        times of every merge are in ``t_events["merge"]`` and :attr:`MixtureSolution.merge_times`.
+    stop_at_merge : bool
+        Make the merge event terminal: stop at the first merge with status ``"event"``.
+    events : callable or sequence of callables
+        User events ``event(t, mean, cov)`` on the total mean and covariance.
+    max_step, first_step
+        As in :func:`gaussian_pde.solve`.
+    max_nfev : int
+        Give up (status ``"failed"``) after this many right-hand-side evaluations.
+
+    Returns
+    -------
+    MixtureSolution
+    """
+    heads = _heads(attention)
+    mixture = _validate_mixture(mixture, attention.d)
+    d = mixture.d
+    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
+    opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
+                          first_step=first_step, max_nfev=max_nfev,
+                          blowup_threshold=blowup_threshold, steady_tol=steady_tol,
+                          steady_atol=steady_atol, rank_tol=rank_tol)
+    method = validate_method(method)
+    events = validate_user_events(events)
+    if not isinstance(stop_at_merge, (bool, np.bool_)):
+        raise TypeError(f"`stop_at_merge` must be a bool, got {type(stop_at_merge).__name__}.")
+    system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)
+    if merge_tol is not None:
+        merge_tol = validate_positive(merge_tol, "merge_tol")
+        events = events + tuple(_merge_events(system, merge_tol, bool(stop_at_merge)))
+    y0 = system.pack(mixture.means, mixture.factors())
+    run = integrate_system(system, y0, opts, method, user_events=events)
+    means, L = system.split(run.y)
+    mf, Lf = system.split(run.y_final)
+    t_events = dict(run.t_events)
+    if "merge" in t_events:
+        t_events["merge"] = np.sort(t_events["merge"])
+    elif merge_tol is not None:
+        t_events["merge"] = np.empty(0)
+    return MixtureSolution(
+        t=run.t, weights=mixture.weights.copy(), means=means.copy(),
+        covs=L @ np.swapaxes(L, -1, -2), factors=L.copy(), status=run.status,
+        message=run.message, t_blowup=run.t_blowup, t_final=run.t_final,
+        means_final=mf.copy(), covs_final=Lf @ np.swapaxes(Lf, -1, -2), t_events=t_events,
+        nfev=run.nfev, merge_tol=merge_tol)
