@@ -25,7 +25,9 @@ import numpy as np
 
 from ._common.gaussian import bures_wasserstein
 from ._common.validation import validate_array, validate_positive, validate_threshold
+from .attention._base import Attention
 from .integrate._events import blowup_signature
+from .integrate._results import Status
 
 __all__ = [
     "Outcome",
@@ -311,7 +313,17 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
                          f"got {cov.shape}.")
     if t.size == 0:
         raise ValueError("`t` must not be empty.")
-    status = None if status is None else str(status)
+    if np.any(np.diff(t) <= 0):
+        raise ValueError("`t` must be strictly increasing.")
+    if status is not None:
+        names = [s.value for s in Status]
+        if str(status) not in names:
+            raise ValueError(f"`status` must be one of {names} (gaussian_pde.Status), "
+                             f"got {status!r}.")
+        status = str(status)
+    if attention is not None and not isinstance(attention, Attention):
+        raise TypeError("`attention` must be an attention instance (e.g. gp.Softmax(Q, K, V)), "
+                        f"got {type(attention).__name__}.")
     d = cov.shape[-1]
     tr = np.trace(cov, axis1=-2, axis2=-1)
     tr0, tf, cf = tr[0], float(t[-1]), cov[-1]

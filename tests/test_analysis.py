@@ -163,3 +163,15 @@ def test_classifier_zero_from_slow_algebraic_decay(rng):
     oc1 = an.classify_trajectory(t, gp.exact_covariance(att1, cov0, t), attention=att1)
     assert oc1.outcome != an.Outcome.ZERO
     assert np.all(np.linalg.eigvalsh(S) > 0)
+
+
+def test_classify_trajectory_refuses_bad_times_status_and_attention():
+    I2 = np.eye(2)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        gp.classify_trajectory([1.0, 0.0, 2.0], [I2, I2, I2])
+    with pytest.raises(ValueError, match="`status` must be one of"):
+        gp.classify_trajectory([0.0, 1.0], [I2, I2], status="bogus")
+    with pytest.raises(TypeError, match="`attention` must be an attention"):
+        gp.classify_trajectory([0.0, 1.0], [I2, I2], attention="softmax")
+    out = gp.classify_trajectory([0.0, 1.0], [I2, I2], status=gp.Status.FINISHED)
+    assert out.outcome in set(gp.Outcome)

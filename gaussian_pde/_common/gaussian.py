@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .linalg import psd_sqrt
-from .validation import validate_array
+from .validation import validate_array, validate_covariance
 
 __all__ = ["bures_wasserstein"]
 
@@ -62,6 +62,10 @@ def bures_wasserstein(mean1, cov1, mean2, cov2, squared=False):
     for name, c in (("cov1", c1), ("cov2", c2)):
         if c.ndim < 2 or c.shape[-1] != c.shape[-2]:
             raise ValueError(f"`{name}` must have shape (..., d, d), got {c.shape}.")
+        # symmetric PSD, checked like every covariance argument (an indefinite matrix
+        # would have its negative eigenvalues clipped into a silently wrong distance)
+        flat = c.reshape(-1, *c.shape[-2:])
+        validate_covariance(flat, name, batch=True)
     d = c1.shape[-1]
     if c2.shape[-1] != d:
         raise ValueError(f"`cov1` and `cov2` must have the same size d, got {c1.shape} and "

@@ -8,10 +8,12 @@ instead of failing deep inside NumPy (STYLE.md, point 5).
 from __future__ import annotations
 
 import numbers
+import os
 
 import numpy as np
 
 __all__ = [
+    "validate_allocation",
     "validate_array",
     "validate_matrix",
     "validate_vector",
@@ -45,8 +47,17 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"`{name}` must be an array of numbers, got {type(value).__name__}.")
     try:
-        arr = np.asarray(value, dtype=dtype)
+        raw = np.asarray(value)
+        if np.iscomplexobj(raw) and not np.issubdtype(np.dtype(dtype), np.complexfloating):
+            # casting would drop the imaginary part without a word
+            if np.any(raw.imag != 0):
+                raise ValueError(f"`{name}` must be real, got complex values with non-zero "
+                                 "imaginary parts.")
+            raw = raw.real
+        arr = np.asarray(raw, dtype=dtype)
     except (TypeError, ValueError) as exc:
+        if str(exc).startswith(f"`{name}` must be real"):
+            raise
         raise TypeError(f"`{name}` must be an array of real numbers ({exc}).") from None
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
@@ -56,6 +67,28 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
     if finite and not np.all(np.isfinite(arr)):
         raise ValueError(f"`{name}` must contain only finite values (found NaN or inf).")
     return arr
+
+
+def _memory_bytes():
+    """Physical memory of this machine (bytes), or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def validate_allocation(count, name, *, itemsize=8, share=0.5):
+    """Refuse, before allocating, ``count`` numbers that would not fit in memory.
+
+    ``share`` of the physical memory is the limit: a request past it would otherwise
+    fail deep inside NumPy with ``MemoryError``, or swap.
+    """
+    total = _memory_bytes()
+    need = int(count) * itemsize
+    if total is not None and need > share * total:
+        raise ValueError(f"`{name}` asks for {need / 2**30:.3g} GiB of arrays, more than "
+                         f"{share:.0%} of this machine's {total / 2**30:.3g} GiB of memory.")
+    return int(count)
 
 
 def validate_matrix(value, name, *, shape=None):

@@ -50,14 +50,14 @@ from .._common.validation import (
     validate_int,
     validate_particles,
     validate_positions,
-    validate_positive,
     validate_quadrature,
     validate_same_dimension,
     validate_step,
     validate_vector,
 )
 from ..attention._base import Attention
-from ..integrate._solve import Status
+from ..integrate._events import event_options
+from ..integrate._results import Status
 from ..particles._simulate import particle_moments, sliced_wasserstein_to_gaussian
 from ._engine import DEFAULT_N_PER_DIM, as_field, solve_closure, standard_nodes
 from ._masked import (
@@ -315,7 +315,7 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
         state = (validate_vector(mean0, "mean0", size=stack.d),
                  validate_covariance(cov0, "cov0", d=stack.d))
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=stack.d)
-    blowup_threshold = validate_positive(blowup_threshold, "blowup_threshold")
+    blowup_threshold = event_options(blowup_threshold).blowup_threshold
 
     def moments(st):
         return mixture_moments(*st) if stack.masked else st
@@ -429,6 +429,8 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
     x = validate_particles(x0, "x0", d=stack.d).copy()
     n = x.shape[0]
     steps_per_layer = validate_int(steps_per_layer, "steps_per_layer", minimum=1)
+    n_directions = validate_int(n_directions, "n_directions", minimum=1)
+    blowup_threshold = event_options(blowup_threshold).blowup_threshold
     block = None
     if n_blocks is not None:
         if not stack.masked:

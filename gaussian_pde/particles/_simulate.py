@@ -25,6 +25,7 @@ from scipy.special import ndtri
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
+    validate_allocation,
     validate_covariance,
     validate_int,
     validate_particles,
@@ -206,6 +207,7 @@ def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
     n = validate_int(n, "n", minimum=2)
     cov = validate_covariance(cov, "cov")
     d = cov.shape[0]
+    validate_allocation(n * d, "n")
     if callable(mean):
         tau = default_positions(n) if positions is None else validate_positions(positions, n)
         mu = validate_particles(mean(tau), "mean(positions)", d=d, min_count=n)

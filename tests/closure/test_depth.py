@@ -65,3 +65,15 @@ def test_bad_input():
         Stack(att, n_layers=1, mode="post")
     with pytest.raises(ValueError, match="n_per_dim"):
         propagate_gaussian(Stack(att, n_layers=1), np.zeros(2), np.eye(2), n_per_dim=100)
+
+
+def test_depth_options_are_checked_like_the_solvers():
+    I2 = np.eye(2)
+    st = gp.Stack(gp.Softmax(I2, I2, I2), n_layers=2, h=0.1)
+    with pytest.raises(ValueError, match="`blowup_threshold` must be greater than 1"):
+        gp.propagate_gaussian(st, np.zeros(2), I2, blowup_threshold=0.5)
+    x0 = gp.sample_gaussian(np.zeros(2), I2, 50, seed=0)
+    with pytest.raises(ValueError, match="`n_directions`"):
+        gp.propagate_particles(st, x0, n_directions=0)
+    with pytest.raises(ValueError, match="`blowup_threshold`"):
+        gp.propagate_particles(st, x0, blowup_threshold=1.0)
