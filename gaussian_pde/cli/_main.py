@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "reproduce": ("gaussian_pde.cli._reproduce", "reproduce the paper's Gaussian figures"),
     "sweep": ("gaussian_pde.cli._sweep", "resumable parameter sweeps (local or Dask cluster)"),
     "stabilizers": ("gaussian_pde.cli._stabilizers", "residual / normalisation stabiliser study"),
+    "clusters": ("gaussian_pde.cli._clusters", "Gaussian-mixture closure against particles"),
 }
 
 #: options of the bare command that may come before the subcommand

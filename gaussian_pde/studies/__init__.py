@@ -19,6 +19,10 @@ Error of the Gaussian closure (docs/math.md section 6)
     :func:`measure_closure_error` for the cases in :data:`CLOSURE_CASES`, built by
     :func:`closure_case`.
 
+Many clusters: the Gaussian-mixture closure against particles
+    :func:`run_clusters` and :func:`write_clusters` (``gaussian-pde clusters``), with
+    :func:`error_scaling` for the :math:`n^{-1/2}` check; results as :class:`ClusterRun`.
+
 Residual and normalisation stabilisers (docs/math.md section 7)
     :func:`run_study`, :func:`summarize_study` and :func:`write_study`, over the modes
     :data:`STUDY_MODES` and normalisations :data:`STUDY_NORMS`, with the layers drawn by
@@ -38,6 +42,7 @@ Examples
 """
 
 from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
+from ._clusters import ClusterRun, error_scaling, run_clusters, write_clusters
 from ._compare import CompareReport, compare, fit_slope, mean_field_check_failures
 from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
 from ._reproduce import PAPER_THRESHOLD, REGIMES, TYPES, reproduce, unit_trace_grid
@@ -53,6 +58,7 @@ from ._stabilizers import (
 
 __all__ = [
     "CLOSURE_CASES",
+    "ClusterRun",
     "PAPER_THRESHOLD",
     "REGIMES",
     "STUDY_MODES",
@@ -64,6 +70,7 @@ __all__ = [
     "compare",
     "depth_metrics",
     "draw_layers",
+    "error_scaling",
     "fit_slope",
     "mean_field_check_failures",
     "measure_closure_error",
@@ -72,8 +79,10 @@ __all__ = [
     "plot_moments",
     "plot_scaling",
     "reproduce",
+    "run_clusters",
     "run_study",
     "summarize_study",
     "unit_trace_grid",
+    "write_clusters",
     "write_study",
 ]
