@@ -53,6 +53,35 @@ def test_sinkhorn_matrix_fixed_point_random_singular():
     assert sinkhorn.check_matrix_fixed_point(seed=1, trials=40) < 1e-9
 
 
+def test_sinkhorn_phi_is_solved_from_the_reduced_fixed_point():
+    g = sinkhorn.g_sym
+    assert sp.simplify(sinkhorn.derive_phi() - 2 / (1 + sp.sqrt(1 + 4 * g))) == 0
+
+
+def test_sinkhorn_fixed_point_through_the_functional_calculus():
+    assert sinkhorn.check_fixed_point_symbolic()
+    assert sinkhorn.check_coupling_is_psd()
+    assert S.check_gram_cross_svd(sinkhorn.cross(sinkhorn._B))
+
+
+def test_sinkhorn_printed_programs_equal_the_derivation():
+    assert sinkhorn.check_programs() == dict.fromkeys(
+        ("factor_rhs", "kernel", "field_matrix", "field_offset", "moment_rhs", "cov_rhs"), True)
+    assert sinkhorn.check_svd_form() < 1e-12
+
+
+def test_sinkhorn_generated_code_is_printed_from_phi():
+    """The printed helper carries the scalar s phi(s^2) of the derived PHI."""
+    helper = sinkhorn.helper_function()
+    s = sp.Symbol("s", nonnegative=True)
+    printed = sp.sympify(helper.body[1][1].replace("np.", ""), locals={"s": s})
+    assert sp.simplify(printed - s * sinkhorn.PHI.subs(sinkhorn.g_sym, s**2)) == 0
+
+
+def test_softmax_kernel_is_printed_from_the_checked_program():
+    assert softmax.thin_factor_form()
+
+
 def test_multihead_linearity():
     assert multihead.check_linearity()
 
