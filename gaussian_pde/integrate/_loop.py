@@ -50,6 +50,7 @@ class Segment:
     t_final: float
     y_final: np.ndarray
     fired: int | None = None  # index of the terminal event that stopped the run
+    stiff_from: float | None = None  # where the run handed over to the stiff solver
 
 
 def _crossed(g_old, g_new, direction):
@@ -63,7 +64,7 @@ def _crossed(g_old, g_new, direction):
 
 
 def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
-              jac=None, t_eval=None, events=(), budget=None):
+              jac=None, t_eval=None, events=(), budget=None, stiff=None):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
 
     Parameters
@@ -86,17 +87,30 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         ``g(t, y)`` with ``terminal`` and ``direction`` attributes, as in ``solve_ivp``.
     budget : callable, optional
         ``budget() -> bool``, called after every step; ``False`` stops with status 2.
+    stiff : OdeSolver subclass, optional
+        ``method="auto"`` (``solver_cls`` is then ``DOP853``): step with
+        :class:`~gaussian_pde.integrate._auto.StiffnessDOP853` and, once Hairer's
+        stiffness test fires, continue from the end of that step with ``stiff`` (given
+        ``jac``); ``Segment.stiff_from`` records where.
 
     Returns
     -------
     Segment
     """
     kwargs = dict(rtol=rtol, atol=atol, max_step=max_step)
+    if stiff is not None:
+        from ._auto import StiffnessDOP853
+
+        solver_cls, stiff_cls = StiffnessDOP853, stiff
+        stiff_kwargs = dict(kwargs)
+        if jac is not None and accepts_jac(stiff_cls):
+            stiff_kwargs["jac"] = jac
     if first_step is not None:
         kwargs["first_step"] = first_step
     if jac is not None and accepts_jac(solver_cls):
         kwargs["jac"] = jac
     solver = solver_cls(fun, t0, y0, t1, **kwargs)
+    stiff_from = None
 
     ts, ys = [], []
     if t_eval is None:
@@ -162,13 +176,19 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         t_final, y_final = t_stop, np.array(y_stop, dtype=float)
         if status is None and solver.status == "finished":
             status, message = 0, "the solver reached the end of the interval"
+        if status is None and stiff_from is None and stiff is not None and solver.stiff:
+            # the same trajectory goes on from the end of this step with the stiff solver
+            stiff_from = t_final
+            solver = stiff_cls(fun, t_final, y_final, t1, **stiff_kwargs,
+                               first_step=handover_step(t_final - t_old, t_final, t1))
 
     y_arr = np.array(ys, dtype=float).reshape(len(ys), np.size(y0))
     return Segment(t=np.array(ts, dtype=float), y=y_arr, status=status, message=message,
                    t_events=[np.array(v, dtype=float) for v in t_events],
                    y_events=[np.array(v, dtype=float).reshape(len(v), np.size(y0))
                              for v in y_events],
-                   t_final=float(t_final), y_final=y_final, fired=fired)
+                   t_final=float(t_final), y_final=y_final, fired=fired,
+                   stiff_from=stiff_from)
 
 
 def _root(g, dense, t_old, t, g_lo, g_hi):
@@ -178,6 +198,18 @@ def _root(g, dense, t_old, t, g_lo, g_hi):
     if g_hi == 0:
         return t
     return brentq(lambda s: g(s, dense(s)), t_old, t, xtol=4 * _EPS, rtol=4 * _EPS)
+
+
+def handover_step(h_last, t, t1):
+    """The first step of the stiff solver that takes over at ``t``: the last explicit step.
+
+    SciPy's LSODA left to choose its own first step can stall at a stiff hand-over
+    state: order 1, Adams, the same tiny step for thousands of steps; given a step (even a
+    smaller one) it raises its order and switches to BDF within a few dozen steps.
+    """
+    if h_last is None or not h_last > 0:
+        return None
+    return min(h_last, t1 - t) if t1 > t else None
 
 
 def accepts_jac(solver_cls):
@@ -202,10 +234,27 @@ def use_compiled(method, t_eval, t0):
     return t_eval is None or int(np.sum(np.asarray(t_eval) > t0)) <= MAX_LANDINGS
 
 
-class _Watch:
-    """Step-end checks of :func:`integrate_compiled`, called by the Fortran code."""
+#: ``method="auto"`` on the Fortran path: this many rejected DOP853 steps among the last
+#: ``REJECT_WINDOW`` accepted ones suggest a stability-limited (stiff) run, which the
+#: stiffness test of ``dop853.f`` can miss when ``h |lambda|`` hovers at its threshold;
+#: the run is stiff if also ``h rho(J) >= STIFF_H_RHO`` (spectral radius of the exact
+#: Jacobian; DOP853's stability interval on the negative real axis is about 6). Frequent
+#: rejections alone also come with fast growth (a blow-up), where ``h rho(J) ~ 0.1``.
+REJECT_WINDOW, REJECT_STIFF, STIFF_H_RHO = 20, 5, 2.0
+#: right-hand-side evaluations of an accepted and of a rejected DOP853 step
+_DOP853_ACCEPTED, _DOP853_REJECTED = 12, 11
 
-    def __init__(self, t0, y0, events, budget, ts=None, ys=None):
+
+class _Watch:
+    """Step-end checks of :func:`integrate_compiled`, called by the Fortran code.
+
+    With ``nfev`` (the evaluation count) and ``jac`` (``method="auto"``), the rejected
+    steps between two accepted ones are counted from ``nfev``; ``REJECT_STIFF`` of them
+    among the last ``REJECT_WINDOW`` accepted steps, confirmed by
+    ``h rho(jac) >= STIFF_H_RHO`` at the step end, stop the run as stiff (``self.stiff``).
+    """
+
+    def __init__(self, t0, y0, events, budget, ts=None, ys=None, nfev=None, jac=None):
         self.t_prev, self.y_prev = t0, np.array(y0, dtype=float)
         self.events, self.budget = events, budget
         self.ts, self.ys = ts, ys     # every step end is stored when given
@@ -213,9 +262,17 @@ class _Watch:
         self.dirs = [getattr(g, "direction", 0.0) for g in events]
         self.hit = None               # end of a step with an event sign change
         self.spent = False
+        self.nfev = nfev if jac is not None else None
+        self.jac = jac
+        self.stiff = False
+        self.rejects = [0] * REJECT_WINDOW   # rejected steps before each accepted one
+        self.n_accepted = 0
+        self.h_last = None            # the last accepted step
 
     def __call__(self, t, y):
         if t <= self.t_prev:          # the initial call
+            if self.nfev is not None:
+                self.n_prev = self.nfev()
             return 0
         if self.events:
             g_new = [float(g(t, y)) for g in self.events]
@@ -223,6 +280,7 @@ class _Watch:
                 self.hit = t          # replay [t_prev, t] with dense output
                 return -1
             self.g_prev = g_new
+        self.h_last = t - self.t_prev
         self.t_prev, self.y_prev = t, np.array(y, dtype=float)
         if self.ts is not None:
             self.ts.append(t)
@@ -230,6 +288,19 @@ class _Watch:
         if self.budget is not None and not self.budget():
             self.spent = True
             return -1
+        if self.nfev is not None:
+            n = self.nfev()
+            extra = n - self.n_prev - _DOP853_ACCEPTED
+            self.n_prev = n
+            self.rejects[self.n_accepted % REJECT_WINDOW] = max(
+                0, round(extra / _DOP853_REJECTED))
+            self.n_accepted += 1
+            if sum(self.rejects) >= REJECT_STIFF:
+                rho = np.max(np.abs(np.linalg.eigvals(self.jac(t, self.y_prev))))
+                if self.h_last * rho >= STIFF_H_RHO:
+                    self.stiff = True
+                    return -1
+                self.rejects = [0] * REJECT_WINDOW   # not stiff: count afresh
         return 0
 
 
@@ -243,7 +314,8 @@ def _merge(seg, ts, ys, t_events, y_events, skip_first):
 
 
 def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
-                       first_step=None, t_eval=None, events=(), budget=None):
+                       first_step=None, t_eval=None, events=(), budget=None, stiff=None,
+                       jac=None, nfev=None):
     """:func:`integrate` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
 
     The Fortran code (``scipy.integrate.ode``) runs the Runge-Kutta stages without
@@ -254,6 +326,14 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     exactly as ``solve_ivp`` would; then the Fortran code resumes.
 
     ``method`` is ``"DOP853"`` or ``"RK45"``; other arguments as in :func:`integrate`.
+    Hairer's stiffness test (``h |lambda| > 6.1`` on 15 accepted steps) stops the Fortran
+    code; by default it starts at every 1000th accepted step (``dop853.f``'s ``NSTIFF``)
+    and the Python solver of the same method finishes the run. With ``stiff`` (an
+    ``OdeSolver`` subclass: ``method="auto"``) it runs after every accepted step and
+    ``stiff`` (given ``jac``) finishes the run; ``Segment.stiff_from`` records where.
+    With ``stiff``, ``jac`` and ``nfev`` (a callable giving the evaluation count),
+    frequent rejected steps (``REJECT_STIFF`` among ``REJECT_WINDOW``) with
+    ``h rho(jac) >= STIFF_H_RHO`` hand over too.
     """
     from scipy.integrate import ode
     from scipy.integrate._ivp.ivp import METHODS
@@ -276,23 +356,29 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     store = (ts, ys) if t_eval is None else (None, None)
     t_cur, y_cur = t0, np.array(y0, dtype=float)
     status, message, fired = None, "", None
+    stiff_from = None
     k = 0
     while status is None:
         if k >= targets.size:
             status, message = 0, "the solver reached the end of the interval"
             break
-        watch = _Watch(t_cur, y_cur, events, budget, *store)
+        auto = stiff is not None and method == "DOP853"
+        watch = _Watch(t_cur, y_cur, events, budget, *store, nfev=nfev if auto else None,
+                       jac=jac if auto else None)
         solver = ode(fun).set_integrator(
             COMPILED[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
             max_step=0.0 if not np.isfinite(max_step) else float(max_step),
             first_step=0.0 if first_step is None else float(first_step))
         solver.set_solout(watch)
         solver.set_initial_value(y_cur, t_cur)
+        if stiff is not None:   # IWORK(4) = NSTIFF: the stiffness test after every step
+            solver._integrator.iwork[3] = 1
         while k < targets.size:
             with warnings.catch_warnings():   # failures are reported in the result
                 warnings.simplefilter("ignore", UserWarning)
                 y_k = solver.integrate(targets[k])
-            if watch.hit is not None or watch.spent or not solver.successful():
+            if (watch.hit is not None or watch.spent or watch.stiff
+                    or not solver.successful()):
                 break
             if record[k]:
                 ts.append(float(targets[k]))
@@ -304,6 +390,8 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         python_to = None   # the Python solver takes over up to this time
         if watch.hit is not None:
             python_to = watch.hit
+        elif watch.stiff:
+            python_to = t1
         elif not solver.successful():
             code = solver.get_return_code()
             if code == -4:
@@ -320,8 +408,13 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             j = k
             while j < targets.size and targets[j] <= python_to:
                 j += 1
-            seg = integrate(fun, METHODS[method], t_cur, python_to, y_cur, rtol=rtol,
+            cls, seg_jac, seg_first = METHODS[method], None, None
+            if stiff is not None and watch.hit is None:
+                cls, seg_jac, stiff_from = stiff, jac, t_cur
+                seg_first = handover_step(watch.h_last, t_cur, t1)
+            seg = integrate(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
                             atol=atol, max_step=max_step, events=events, budget=budget,
+                            first_step=seg_first,
                             t_eval=None if t_eval is None else targets[k:j][record[k:j]])
             _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
             t_cur, y_cur = seg.t_final, seg.y_final
@@ -332,4 +425,5 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                    status=status, message=message,
                    t_events=[np.array(v, dtype=float) for v in t_events],
                    y_events=[np.array(v, dtype=float).reshape(len(v), n) for v in y_events],
-                   t_final=float(t_cur), y_final=np.array(y_cur, dtype=float), fired=fired)
+                   t_final=float(t_cur), y_final=np.array(y_cur, dtype=float), fired=fired,
+                   stiff_from=stiff_from)

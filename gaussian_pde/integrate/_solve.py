@@ -20,8 +20,11 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
   above ``rank_tol`` falls below it.
 
 The steps are taken by :mod:`gaussian_pde.integrate._loop`: SciPy's solver classes in a
-lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; event semantics
-are those of :func:`scipy.integrate.solve_ivp`. :func:`integrate_system` is that event loop
+lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; the default
+``"auto"`` takes DOP853 steps and hands a run that turns stiff over to LSODA with the
+exact Jacobian (:mod:`gaussian_pde.integrate._auto`); event semantics are those of
+:func:`scipy.integrate.solve_ivp`. The right-hand side is one fused kernel for the factor
+and the mean (:mod:`gaussian_pde.integrate._fused`). :func:`integrate_system` is that event loop
 for any state with a covariance: the closure solvers run it too, so that every solver
 stops at the same events with the same verdicts.
 """
@@ -37,6 +40,7 @@ import numpy as np
 from .._common.linalg import psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
 from ..attention._moments import validate_attention
+from ._auto import STIFF_SOLVER
 from ._batch import solve_batch
 from ._events import (
     blowup_extrapolate,
@@ -46,7 +50,7 @@ from ._events import (
     rank_gap,
     steady_gap,
 )
-from ._field import analytic_jacobian, build_field
+from ._fused import mean_is_linear, moment_field, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._results import MomentSolution, Status
@@ -58,79 +62,103 @@ class _System:
     """State packing and right-hand side of the factor-form moment ODE.
 
     The interface :func:`integrate_system` needs from any state: ``fun(t, y)`` (counting
-    ``nfev``), ``trace(y)``, ``cov_and_rate(y)`` and ``mean_and_cov(y)``.
+    ``nfev``), ``trace(y)``, ``cov_and_rate(y)`` and ``mean_and_cov(y)``. The state is
+    the factor ``L`` (covariance only) or the ``d x (d + 1)`` matrix
+    ``[L | mean / mean_scale]``, flattened row-major, so that one fused kernel
+    (:func:`gaussian_pde.integrate._fused.moment_field`) gives both rates. The mean's
+    equation is linear and homogeneous, so the scaled mean obeys the same equation;
+    ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
+    tolerances apply to it (see :func:`_mean_scale`).
     """
 
-    def __init__(self, attention, with_mean):
+    def __init__(self, attention, with_mean, mean_scale=1.0):
         self.att = attention
-        self.d = attention.d
+        self.d = d = attention.d
         self.with_mean = with_mean
+        self.mean_scale = float(mean_scale)
+        self.m = m = d + 1 if with_mean else d
         self.nfev = 0
-        self.kernel = attention.factor_kernel()
+        self.field = field = moment_field(attention, with_mean)
+
+        def fun(t, y):
+            self.nfev += 1
+            return field(y.reshape(d, m)).ravel()
+
         #: the right-hand side handed to the solver
-        self.fun = self.__call__
-        if not with_mean:   # the hot path: one small matrix kernel per evaluation
-            d, kernel = self.d, self.kernel
-
-            def fun(t, y):
-                self.nfev += 1
-                return kernel(y.reshape(d, d)).ravel()
-
-            self.fun = fun
-
-    def unpack(self, y):
-        d = self.d
-        if self.with_mean:
-            return y[:d], y[d:].reshape(d, d)
-        return None, y.reshape(d, d)
-
-    def pack(self, mean, L):
-        return L.ravel() if mean is None else np.concatenate([mean, L.ravel()])
+        self.fun = fun
+        #: positions of the entries of L in a state with the mean
+        self._factor_entries = (np.arange(d * m).reshape(d, m)[:, :d].ravel()
+                                if with_mean else None)
 
     def __call__(self, t, y):
-        self.nfev += 1
-        mean, L = self.unpack(y)
-        dL = self.kernel(L)
+        return self.fun(t, y)
+
+    def unpack(self, y):
+        """``(mean, L)`` of one state (``mean`` None in covariance-only mode)."""
+        return self.split(y)
+
+    def split(self, y):
+        """``(mean, L)`` of one state ``(n,)`` or a stack ``(T, n)``; copies."""
+        y = np.asarray(y)
+        Z = y.reshape(y.shape[:-1] + (self.d, self.m))
+        L = np.ascontiguousarray(Z[..., :self.d])
+        return (Z[..., self.d] * self.mean_scale if self.with_mean else None), L
+
+    def pack(self, mean, L):
         if mean is None:
-            return dL.ravel()
-        cov = L @ L.T
-        dmean = self.att.field_offset(mean, cov) + self.att.field_matrix(cov) @ mean
-        return np.concatenate([dmean, dL.ravel()])
+            return np.array(L, dtype=float).ravel()
+        return np.column_stack([L, np.asarray(mean) / self.mean_scale]).ravel()
 
     def trace(self, y):
         """``tr(Sigma) = |L|_F^2``."""
-        L = y[self.d:] if self.with_mean else y
-        return float(L @ L)
+        if self.with_mean:
+            y = y[self._factor_entries]
+        return float(np.dot(y, y))
 
     def cov_and_rate(self, y):
         """Covariance and its time derivative at a packed state."""
-        _, L = self.unpack(y)
-        dL = self.kernel(L)
+        d = self.d
+        Z = y.reshape(d, self.m)
+        L = Z[:, :d]
+        dL = self.field(Z)[:, :d]
         cov = L @ L.T
         dcov = dL @ L.T
         return cov, dcov + dcov.T
 
     def mean_and_cov(self, y):
-        mean, L = self.unpack(y)
+        mean, L = self.split(y)
         return mean, L @ L.T
 
 
-def _factor_jacobian(attention):
-    """Exact Jacobian ``jac(t, y)`` of the covariance-only factor form, or ``None``.
+def _mean_scale(attention, mean0, rtol, atol):
+    r"""Units of the mean in the solver's state for ``method="auto"``.
 
-    The one-row field of :func:`gaussian_pde.solve_batch` and its analytic Jacobian,
-    available when every head has one (softmax, L2); the implicit methods (``Radau``,
-    ``BDF``, ``LSODA``) then need no finite differences.
+    A power of 2 near :math:`(\text{rtol}/\text{atol})\max_i|\alpha_{0,i}|`. The
+    solvers control the error of every entry :math:`y_i` to
+    :math:`\text{atol} + \text{rtol}\,|y_i|`; for the scaled mean that is
+    :math:`\text{rtol}\,(\max_i|\alpha_{0,i}| + |\alpha_i|)` in the mean's own units:
+    relative to the mean's size as a vector, whatever its scale, instead of the absolute
+    ``atol`` (made for the entries of ``L``) on entries of the mean that pass near zero,
+    which made the mean dictate the step size (up to 1.3 times the evaluations of the
+    covariance alone, for errors far below ``rtol``). Identity (1) without a mean, for a
+    zero mean, or for a type whose mean equation is not known to be linear.
     """
-    field, d = build_field(attention, 1)
-    if not field.analytic_jacobian:
-        return None
-    row = np.zeros(1, dtype=int)
+    if mean0 is None or not mean_is_linear(attention):
+        return 1.0
+    size = float(np.max(np.abs(mean0)))
+    if not (size > 0 and np.isfinite(size)):
+        return 1.0
+    return float(2.0 ** np.round(np.log2(rtol / atol * size)))
 
-    def jac(t, y):
-        return analytic_jacobian(field, row, y.reshape(1, d, d))[0]
 
-    return jac
+def _factor_jacobian(attention, with_mean=False):
+    """Exact Jacobian ``jac(t, y)`` of :class:`_System`'s right-hand side, or ``None``.
+
+    Available when every head is softmax or L2
+    (:func:`gaussian_pde.integrate._fused.moment_jacobian`); the implicit methods
+    (``Radau``, ``BDF``, ``LSODA``) then need no finite differences.
+    """
+    return moment_jacobian(attention, with_mean)
 
 
 def _event(fun, terminal, direction, name):
@@ -184,6 +212,7 @@ class Run:
     y_final: np.ndarray
     t_events: dict
     nfev: int
+    stiff_from: float | None = None   # method="auto": where the stiff solver took over
 
 
 def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
@@ -200,11 +229,14 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         Validated by :func:`gaussian_pde.integrate._options.solver_options`.
     method : str or OdeSolver subclass
         Validated; ``"DOP853"`` and ``"RK45"`` with at most two output times are stepped
-        by Hairer's Fortran codes.
+        by Hairer's Fortran codes. ``"auto"``: DOP853 steps (the Fortran code where it
+        applies) until Hairer's stiffness test fires, then
+        :data:`gaussian_pde.integrate._auto.STIFF_SOLVER` (LSODA) given ``jac``
+        (:mod:`gaussian_pde.integrate._auto`); ``Run.stiff_from`` records where.
     user_events : tuple of callables
         ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
     jac : callable, optional
-        Exact Jacobian for implicit methods.
+        Exact Jacobian for implicit methods (and for the stiff solver of ``"auto"``).
 
     Returns
     -------
@@ -212,10 +244,14 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     """
     ev_opts = opts.events
     t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
+    stiff = None
+    if isinstance(method, str) and method == "auto":
+        method, stiff = "DOP853", STIFF_SOLVER
     solver_cls = METHODS[method] if isinstance(method, str) else method
     compiled = use_compiled(method, t_eval, t0)
-    if not accepts_jac(solver_cls):
+    if not accepts_jac(solver_cls if stiff is None else stiff):
         jac = None
+    stiff_from = None
     max_nfev = opts.max_nfev
     budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
     tr0 = max(system.trace(y0), np.finfo(float).tiny)
@@ -260,10 +296,12 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 if compiled:
-                    res = integrate_compiled(system.fun, method, t_start, t1, y_start, **kw)
+                    res = integrate_compiled(system.fun, method, t_start, t1, y_start,
+                                             stiff=stiff, jac=jac,
+                                             nfev=lambda: system.nfev, **kw)
                 else:
                     res = integrate(system.fun, solver_cls, t_start, t1, y_start, jac=jac,
-                                    **kw)
+                                    stiff=stiff, **kw)
         except _UserEventError as err:
             raise ValueError(f"`events[{err.i}]` raised {type(err.exc).__name__}: "
                              f"{err.exc}") from err.exc
@@ -273,6 +311,8 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         for ev, te in zip(evs, res.t_events):
             t_events.setdefault(ev.__name__, []).extend(te.tolist())
         t_final, y_final = res.t_final, res.y_final
+        if stiff_from is None:
+            stiff_from = res.stiff_from
         if res.status == -1:
             status, message = Status.FAILED, res.message
             break
@@ -302,14 +342,18 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         message = f"terminal event {name!r} at t = {t_final:.10g}"
         break
 
+    if stiff_from is not None:
+        message += (f"; stiff from t = {stiff_from:.6g} on: {stiff.__name__}"
+                    + (" with the exact Jacobian" if jac is not None else ""))
     t_all = np.concatenate(ts) if ts else np.empty(0)
     y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
     return Run(t=t_all, y=y_all, status=status, message=message, t_blowup=t_blowup,
                t_final=float(t_final), y_final=np.asarray(y_final),
-               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev)
+               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev,
+               stiff_from=None if stiff_from is None else float(stiff_from))
 
 
-def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=1e-10,
+def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e-10,
           atol=1e-12, blowup_threshold=1e8, steady_tol=None, steady_atol=0.0, rank_tol=None,
           events=(), max_step=np.inf, first_step=None, max_nfev=100_000):
     r"""Integrate the Gaussian moment ODEs of a Gaussian-preserving attention type.
@@ -327,8 +371,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
         ``Softmax``, ``L2``, ``Sinkhorn`` or ``MultiHead``.
     mean0 : array_like, shape (d,), or None
         Initial mean. ``None`` integrates the covariance alone (its equation does not
-        involve the mean), which keeps an exponentially growing mean from spoiling the
-        step size.
+        involve the mean). The mean's equation is linear in the mean
+        (:math:`\alpha' = N(\Sigma)\alpha`), so it rides in the same fused kernel as the
+        factor (:mod:`gaussian_pde.integrate._fused`), at about the cost of the
+        covariance alone; its error is controlled like the factor's, so a mean growing
+        like :math:`e^{\lambda_{\max}(V)t}` needs the steps that resolve it (and
+        overflows float64 once :math:`\lambda_{\max}(V)t` passes about 700).
     cov0 : array_like, shape (d, d)
         Initial covariance, symmetric positive semi-definite (any rank).
     t_span : (float, float)
@@ -336,7 +384,17 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        Any :func:`scipy.integrate.solve_ivp` method; default ``"DOP853"``. The strings
+        ``"auto"`` (default): the method is picked per problem
+        (:mod:`gaussian_pde.integrate._auto`). DOP853 steps (Hairer's Fortran code under
+        the conditions below, SciPy's otherwise) with Hairer's stiffness test after every
+        step; once the run turns stiff (the test fires, or, on the Fortran path, frequent
+        rejected steps with :math:`h\rho(J) \ge 2` for the exact Jacobian :math:`J`),
+        the same trajectory continues with LSODA, given the exact Jacobian of the factor
+        form and of the mean for softmax and L2 heads (LSODA's own differences
+        otherwise). Events behave as with any other method; the ``message`` ends with
+        ``"; stiff from t = ... on: LSODA ..."`` when the switch happened. Non-stiff runs
+        take exactly the steps of ``"DOP853"``.
+        Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._loop``), several times
         faster on these small systems, when ``t_eval`` is None or holds at most two
@@ -400,21 +458,26 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="DOP853", rtol=
     with_mean = mean0 is not None
     mean0 = validate_vector(mean0, "mean0", size=d) if with_mean else None
     cov0 = validate_covariance(cov0, "cov0", d=d)
-    method = validate_method(method, extra=("rosenbrock",))
+    method = validate_method(method, extra=("rosenbrock", "auto"))
     events = validate_user_events(events)
-    system = _System(attention, with_mean)
+    auto = isinstance(method, str) and method == "auto"
+    system = _System(attention, with_mean, mean_scale=_mean_scale(
+        attention, mean0, opts.rtol, opts.atol) if auto else 1.0)
     y0 = system.pack(mean0, psd_sqrt(cov0))
-    solver_cls = METHODS[method] if isinstance(method, str) else method
-    jac = None if with_mean or not accepts_jac(solver_cls) else _factor_jacobian(attention)
+    if auto:
+        jac = moment_jacobian(attention, with_mean)
+    else:
+        solver_cls = METHODS[method] if isinstance(method, str) else method
+        jac = (None if with_mean or not accepts_jac(solver_cls)
+               else _factor_jacobian(attention))
     run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
-    Ls = run.y[:, -d * d:].reshape(-1, d, d)
+    means, Ls = system.split(run.y)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
-    means = run.y[:, :d] if with_mean else None
-    mean_f, L_f = system.unpack(run.y_final)
+    mean_f, L_f = system.split(run.y_final)
     return MomentSolution(
         t=run.t, mean=means, cov=covs, factor=Ls, status=run.status, message=run.message,
         t_blowup=run.t_blowup, t_final=run.t_final,
-        mean_final=None if mean_f is None else mean_f.copy(), cov_final=L_f @ L_f.T,
+        mean_final=mean_f, cov_final=L_f @ L_f.T,
         t_events=run.t_events, nfev=run.nfev)
 
 

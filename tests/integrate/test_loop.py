@@ -124,21 +124,107 @@ def test_solve_methods_agree_on_the_paper_workload():
         assert err < 1e-8, (method, err)
 
 
+@pytest.mark.parametrize("with_mean", [False, True])
 @pytest.mark.parametrize("kind", ["softmax", "l2", "multihead"])
-def test_exact_jacobian_matches_finite_differences(kind, rng):
+def test_exact_jacobian_matches_finite_differences(kind, with_mean, rng):
+    """The exact Jacobian of the factor form, and of the mean's rows ``[L | mean]``."""
     from gaussian_pde.integrate._solve import _factor_jacobian
 
     d, k = 3, 2
     heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
                  rng.standard_normal((d, d))) for cls in (gp.Softmax, gp.L2)]
     att = {"softmax": heads[0], "l2": heads[1], "multihead": gp.MultiHead(heads)}[kind]
-    jac = _factor_jacobian(att)
-    y = rng.standard_normal(d * d)
-    f = lambda v: att.factor_rhs(v.reshape(d, d)).ravel()  # noqa: E731
+    jac = _factor_jacobian(att, with_mean)
+    m = d + 1 if with_mean else d
+
+    def f(v):   # the generated moment equations, in the state layout [L | mean]
+        Z = v.reshape(d, m)
+        L = Z[:, :d]
+        out = np.empty((d, m))
+        out[:, :d] = att.factor_rhs(L)
+        if with_mean:
+            out[:, d] = gp.moment_rhs(att, Z[:, d], L @ L.T)[0]
+        return out.ravel()
+
+    y = rng.standard_normal(d * m)
     h = 1e-6
-    fd = np.column_stack([(f(y + h * e) - f(y - h * e)) / (2 * h) for e in np.eye(d * d)])
+    fd = np.column_stack([(f(y + h * e) - f(y - h * e)) / (2 * h) for e in np.eye(d * m)])
     np.testing.assert_allclose(jac(0.0, y), fd, rtol=1e-6, atol=1e-7)
-    assert _factor_jacobian(gp.Sinkhorn(heads[0].Q, heads[0].K, heads[0].V)) is None
+    assert _factor_jacobian(gp.Sinkhorn(heads[0].Q, heads[0].K, heads[0].V), with_mean) is None
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["softmax", "l2", "sinkhorn", "multihead", "generic"])
+def test_fused_field_matches_the_generated_equations(kind, k, rng):
+    """moment_field (one fused kernel for [L | mean]) against factor_rhs and moment_rhs,
+    to rounding; "generic" is the fallback for types without a fused kernel."""
+    from gaussian_pde.integrate._fused import _generic, moment_field
+
+    d = 4
+    heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
+                 rng.standard_normal((d, d)) / np.sqrt(d)) for cls in (gp.Softmax, gp.L2,
+                                                                        gp.Sinkhorn)]
+    att = {"softmax": heads[0], "l2": heads[1], "sinkhorn": heads[2], "generic": heads[1],
+           "multihead": gp.MultiHead(heads)}[kind]
+    L, mean = rng.standard_normal((d, d)), rng.standard_normal(d)
+    dm, _ = gp.moment_rhs(att, mean, L @ L.T)
+    dL = att.factor_rhs(L)
+    for with_mean in (False, True):
+        make = (lambda a, w: _generic(a, w)) if kind == "generic" else moment_field
+        field = make(att, with_mean)
+        out = field(np.column_stack([L, mean]) if with_mean else L.copy())
+        np.testing.assert_allclose(out[:, :d], dL, rtol=1e-12, atol=1e-13 * np.abs(dL).max())
+        if with_mean:
+            np.testing.assert_allclose(out[:, d], dm, rtol=1e-12,
+                                       atol=1e-13 * np.abs(dm).max())
+    # a non-finite trial state gives NaN (a rejected step), never a LAPACK error
+    with np.errstate(all="ignore"):
+        bad = moment_field(att, True)(np.full((d, d + 1), np.inf))
+    assert bad.shape == (d, d + 1)
+
+
+def stiff_linear(t, y):
+    """y' = A y with eigenvalues -1 and -1e4: stiff once the fast mode has decayed."""
+    return STIFF_A @ y
+
+
+STIFF_A = np.array([[-1.0, 1.0], [0.0, -1e4]])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_auto_hands_a_stiff_run_to_the_stiff_solver(compiled):
+    """DOP853 with the stiffness test, then LSODA (given the Jacobian) from where the run
+    turned stiff: the same answer as the exact one for a fraction of the evaluations."""
+    from scipy.linalg import expm
+
+    calls = []
+
+    def fun(t, y):
+        calls.append(t)
+        return stiff_linear(t, y)
+
+    jac = lambda t, y: STIFF_A  # noqa: E731
+    y0, T = np.array([1.0, 1.0]), 50.0
+    kw = dict(rtol=1e-10, atol=1e-12, stiff=LSODA, jac=jac)
+    if compiled:
+        seg = integrate_compiled(fun, "DOP853", 0.0, T, y0, nfev=lambda: len(calls), **kw)
+    else:
+        seg = integrate(fun, DOP853, 0.0, T, y0, **kw)
+    assert seg.status == 0 and seg.stiff_from is not None and 0 < seg.stiff_from < 1.0
+    np.testing.assert_allclose(seg.y_final, expm(T * STIFF_A) @ y0, rtol=1e-7, atol=1e-14)
+    n_auto = len(calls)
+    calls.clear()
+    plain = integrate(fun, DOP853, 0.0, T, y0, rtol=1e-10, atol=1e-12)
+    assert plain.stiff_from is None and n_auto < len(calls) / 10
+
+
+def test_handover_step():
+    from gaussian_pde.integrate._loop import handover_step
+
+    assert handover_step(0.5, 1.0, 3.0) == 0.5
+    assert handover_step(5.0, 1.0, 3.0) == 2.0
+    assert handover_step(None, 1.0, 3.0) is None and handover_step(0.0, 1.0, 3.0) is None
+    assert handover_step(0.5, 3.0, 3.0) is None
 
 
 def test_compiled_solves_in_threads_match_serial():

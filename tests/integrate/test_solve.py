@@ -130,12 +130,20 @@ def test_zero_covariance_stays_zero():
 
 
 def test_failure_is_reported_not_raised():
-    """A stiff stall (softmax, V != I) ends with status failed and a message, never a hang."""
+    """A stiff stall (softmax, V != I) ends DOP853 with status failed and a message, never
+    a hang; the default method switches to LSODA there and reaches the end."""
     Q, K = np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]])
     att = gp.Softmax(Q, K, np.array([[1.0, 0.3], [-0.2, 0.7]]))
-    sol = gp.solve(att, None, np.array([[1.0, 0.3], [0.3, 0.6]]), (0, 3.0), max_nfev=20_000)
+    cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
+    sol = gp.solve(att, None, cov0, (0, 3.0), max_nfev=20_000, method="DOP853")
     assert sol.status in ("failed", "blowup")
     assert sol.message
+    auto = gp.solve(att, None, cov0, (0, 3.0), max_nfev=20_000)
+    assert auto.status == "finished" and "stiff from t = " in auto.message
+    ref = gp.solve(att, None, cov0, (0, 3.0), method="Radau", rtol=1e-12, atol=1e-14,
+                   max_nfev=None)
+    err = np.linalg.norm(auto.cov_final - ref.cov_final) / np.linalg.norm(ref.cov_final)
+    assert err < 1e-8
 
 
 BAD = [
@@ -242,3 +250,159 @@ def test_accelerating_exponential_growth_is_not_blowup():
     at = gp.solve(att, None, cov0, (0, t_cross), t_eval=[t_cross])
     t_star, finite = _blowup_estimate(_System(att, False), t_cross, at.factor[-1].ravel())
     assert finite and t_cross < t_star < 20.0     # what a single estimate would have said
+
+
+# ----------------------------------------------------------------------------------------
+# the default method="auto" and the mean
+# ----------------------------------------------------------------------------------------
+
+def paper_case(seed, d=5):
+    """The paper's steady-state workload (benchmarks/bench_solve.py): K = -Q, V = G^T G."""
+    r = np.random.default_rng(seed)
+    Q, G = r.standard_normal((d // 2, d)), r.standard_normal((d, d))
+    return gp.Softmax(Q, -Q, G.T @ G, scale=1 / np.sqrt(d)), G @ G.T
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("t_eval", [None, np.linspace(0, 300, 5)])   # Fortran / Python path
+def test_auto_switches_to_lsoda_on_a_stiff_tail(t_eval):
+    """Seed 9 of the paper workload turns stiff at t ~ 3 (explicit steps limited to
+    h ~ 0.003 t): the default hands over to LSODA, says so, and needs a fraction of the
+    evaluations of DOP853 for the same answer."""
+    att, cov0 = paper_case(9)
+    T = 300.0
+    auto = gp.solve(att, None, cov0, (0, T), t_eval=t_eval)
+    dop = gp.solve(att, None, cov0, (0, T), t_eval=t_eval, method="DOP853", max_nfev=None)
+    ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-12, atol=1e-14,
+                   method="DOP853", max_nfev=None)
+    assert auto.status == dop.status == "finished"
+    assert "stiff from t = " in auto.message and "LSODA" in auto.message
+    assert "stiff" not in dop.message
+    assert auto.nfev < dop.nfev / 3
+    assert rel(auto.cov_final, ref.cov_final) < 1e-8
+    if t_eval is not None:
+        np.testing.assert_array_equal(auto.t, t_eval)
+        for c, c_dop in zip(auto.cov, dop.cov):
+            assert rel(c, c_dop) < 1e-8
+    # with the mean (zero here: it stays zero, exactly), the same switch and answer
+    mean = gp.solve(att, np.zeros(5), cov0, (0, T), t_eval=t_eval)
+    assert "stiff from t = " in mean.message and np.all(mean.mean == 0)
+    assert rel(mean.cov_final, ref.cov_final) < 1e-8
+    assert mean.nfev < 1.2 * auto.nfev
+
+
+@pytest.mark.parametrize("events", [dict(steady_atol=1e-3), dict(steady_tol=1e-4),
+                                    dict(rank_tol=1e-6), "user"])
+def test_auto_events_after_the_switch_match_dop853(events):
+    """Steady state, rank collapse and a user's terminal event located after the switch
+    (t ~ 3) agree with DOP853's, which takes 7-10 times the evaluations."""
+    att, cov0 = paper_case(9)
+    if events == "user":
+        def small_trace(t, mean, cov):      # tr(Sigma) falls from 37 to 4; 5 at t ~ 240
+            return np.trace(cov) - 5.0
+        small_trace.terminal, small_trace.direction = True, -1.0
+        events = dict(events=[small_trace])
+    auto = gp.solve(att, None, cov0, (0, 1e4), **events)
+    dop = gp.solve(att, None, cov0, (0, 1e4), method="DOP853", max_nfev=None, **events)
+    assert auto.status == dop.status != "finished"
+    assert "stiff from t = " in auto.message
+    assert auto.t_final > 5.0
+    assert auto.t_final == pytest.approx(dop.t_final, rel=1e-7)
+    assert rel(auto.cov_final, dop.cov_final) < 1e-6
+    for name, times in dop.t_events.items():
+        np.testing.assert_allclose(auto.t_events[name], times, rtol=1e-7)
+
+
+def test_auto_is_dop853_on_non_stiff_runs(rng):
+    """No stiffness: the default takes DOP853's steps (Fortran and Python paths)."""
+    att = make_attention(gp.L2, rng, 3, 2)
+    cov0 = random_spd(rng, 3)
+    for t_eval in (None, np.linspace(0, 2, 11)):
+        a = gp.solve(att, None, cov0, (0, 2.0), t_eval=t_eval)
+        b = gp.solve(att, None, cov0, (0, 2.0), t_eval=t_eval, method="DOP853")
+        assert "stiff" not in a.message and a.nfev == b.nfev
+        np.testing.assert_array_equal(a.cov, b.cov)
+
+
+def test_auto_blowup_is_confirmed_as_before():
+    """Softmax, V = I: the exact blow-up time, through the confirmation restart."""
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
+    sol = gp.solve(att, np.ones(2), np.eye(2), (0, 2))
+    assert sol.status == "blowup" and sol.t_blowup == pytest.approx(1.0, rel=1e-8)
+
+
+def _mean_case(kind, seed, d=4):
+    rng = np.random.default_rng(seed)
+    if kind == "multihead":
+        att = gp.MultiHead([cls.example(d, rng) for cls in (gp.Softmax, gp.L2, gp.Sinkhorn)])
+    else:
+        att = kind.example(d, rng)
+    G = rng.standard_normal((d, d))
+    return att, rng.standard_normal(d), G @ G.T / d
+
+
+@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2, gp.Sinkhorn, "multihead"])
+def test_mean_against_radau(kind):
+    """An O(1) mean with the defaults: within 1e-8 of Radau at rtol 1e-12, at every output
+    time (Python path) and at the end (Fortran path), as the covariance."""
+    att, mean0, cov0 = _mean_case(kind, 1)
+    t_eval = np.linspace(0, 1.5, 7)
+    ref = gp.solve(att, mean0, cov0, (0, 1.5), t_eval=t_eval, method="Radau", rtol=1e-12,
+                   atol=1e-14, max_nfev=None)
+    assert ref.status == "finished"
+    for te in (t_eval, None):
+        sol = gp.solve(att, mean0, cov0, (0, 1.5), t_eval=te)
+        assert sol.status == "finished"
+        assert rel(sol.mean_final, ref.mean[-1]) < 1e-8
+        assert rel(sol.cov_final, ref.cov[-1]) < 1e-8
+        if te is not None:
+            for m, m_ref in zip(sol.mean[1:], ref.mean[1:]):
+                assert rel(m, m_ref) < 1e-8
+
+
+def test_mean_against_radau_through_the_stiff_switch():
+    """The stiff stall of test_failure_is_reported_not_raised with a mean: LSODA carries
+    the mean (with the exact Jacobian of its rows) as accurately as the covariance."""
+    Q, K = np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]])
+    att = gp.Softmax(Q, K, np.array([[1.0, 0.3], [-0.2, 0.7]]))
+    cov0, mean0 = np.array([[1.0, 0.3], [0.3, 0.6]]), np.array([0.5, -1.0])
+    ref = gp.solve(att, mean0, cov0, (0, 3.0), method="Radau", rtol=1e-13, atol=1e-16,
+                   max_nfev=None)
+    sol = gp.solve(att, mean0, cov0, (0, 3.0))
+    assert sol.status == "finished" and "stiff from t = " in sol.message
+    assert rel(sol.mean_final, ref.mean_final) < 1e-8
+    assert rel(sol.cov_final, ref.cov_final) < 1e-8
+
+
+def test_mean_scale_is_a_power_of_two_and_changes_only_the_units():
+    from gaussian_pde.integrate._solve import _mean_scale, _System
+
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+    s = _mean_scale(att, np.array([3.0, -0.5]), 1e-10, 1e-12)
+    assert s == 2.0 ** np.round(np.log2(300.0))
+    assert _mean_scale(att, np.zeros(2), 1e-10, 1e-12) == 1.0
+    assert _mean_scale(att, None, 1e-10, 1e-12) == 1.0
+    system = _System(att, True, mean_scale=s)
+    mean, L = np.array([3.0, -0.5]), np.array([[1.0, 0.0], [0.3, 2.0]])
+    y = system.pack(mean, L)
+    m2, L2 = system.split(y)
+    np.testing.assert_array_equal(m2, mean)        # exact: a power of 2
+    np.testing.assert_array_equal(L2, L)
+    # the scaled state obeys the same (linear, homogeneous) equation
+    dm, dc = gp.moment_rhs(att, mean, L @ L.T)
+    dZ = system.fun(0.0, y).reshape(2, 3)
+    np.testing.assert_allclose(dZ[:, 2] * s, dm, rtol=1e-13)
+
+
+def test_zero_mean_costs_like_covariance_only():
+    """The paper workload with a zero mean: the mean stays exactly zero, and the run takes
+    about the evaluations of the covariance alone (the mean adds no error)."""
+    att, cov0 = paper_case(3)
+    a = gp.solve(att, None, cov0, (0, 200.0))
+    b = gp.solve(att, np.zeros(5), cov0, (0, 200.0))
+    assert np.all(b.mean == 0) and b.status == a.status == "finished"
+    assert b.nfev < 1.2 * a.nfev
+    assert rel(b.cov_final, a.cov_final) < 1e-8

@@ -1,0 +1,82 @@
+r"""``method="auto"`` of :func:`gaussian_pde.solve`: explicit steps until the run turns stiff.
+
+A run starts with DOP853 (Hairer's Fortran code where ``gaussian_pde.integrate._loop``
+can use it, SciPy's Python DOP853 otherwise) and applies Hairer's stiffness test after
+every accepted step: :math:`h|\lambda| > 6.1` on 15 accepted steps, the count reset by
+6 non-stiff steps in a row, with :math:`|\lambda|` estimated from the last two stages
+(``dop853.f``; the same test as :func:`gaussian_pde.integrate._batch.solve_batch`'s
+``"auto"``). When it fires, the same trajectory continues from the last accepted step
+with :data:`STIFF_SOLVER` (LSODA) given the exact Jacobian of the factor form (and of
+the mean) when every head is softmax or L2, and LSODA's own finite differences
+otherwise. Events are those of the step loop, so blow-up, steady state, rank collapse
+and user events behave exactly as with any other method.
+
+Why LSODA: on the stiff tail of the paper's steady-state workload (``K = -Q``, the
+covariance approaching a rank-deficient limit like :math:`1/t` while the surviving
+directions relax fast) at the default ``rtol = 1e-10``, an explicit step is
+stability-limited to :math:`h \approx 0.003\,t`-:math:`0.012\,t`, and order matters more
+than L-stability: RODAS4 (order 4, ``solve_batch``'s stiff method) needs as many steps
+as DOP853 there, while LSODA's BDF (orders up to 5, Fortran linear algebra, about 1.5
+evaluations a step, a Jacobian every few dozen steps) takes the tail in a few hundred
+evaluations (``benchmarks/bench_solve.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.integrate import DOP853, LSODA
+from scipy.integrate._ivp import dop853_coefficients as _dop
+
+from ._batch import _NONSTIFF_RESET, _STIFF_HLAMB, _STIFF_STEPS
+
+__all__ = ["STIFF_SOLVER", "StiffnessDOP853"]
+
+#: the solver a run continues with once it is found stiff
+STIFF_SOLVER = LSODA
+
+_NS = _dop.N_STAGES
+#: weights of the last stage (``c = 1``): ``y_last = y + h A[NS-1] K``
+_A_LAST = np.ascontiguousarray(_dop.A[_NS - 1, :_NS - 1])
+
+
+class StiffnessDOP853(DOP853):
+    r"""SciPy's DOP853 (same steps) with Hairer's stiffness test after every accepted step.
+
+    :attr:`stiff` turns ``True`` once :math:`h|\lambda| > 6.1` held on 15 accepted steps
+    without 6 non-stiff steps in a row; :math:`h|\lambda| =
+    h\|f(y_{n+1}) - f(y_{\text{last}})\| / \|y_{n+1} - y_{\text{last}}\|` with
+    :math:`y_{\text{last}}` the state of the last stage (``c = 1``), as in ``dop853.f``.
+    The test costs one small product per step and no evaluation.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stiff = False
+        self.hlamb = 0.0
+        self._iasti = 0
+        self._nonsti = 0
+
+    def _step_impl(self):
+        t_old, y_old = self.t, self.y
+        ok, msg = super()._step_impl()
+        if ok and not self.stiff:
+            h = self.t - t_old
+            K = self.K
+            dy = self.y - y_old - h * _dot(_A_LAST, K[:_NS - 1])
+            df = K[_NS] - K[_NS - 1]
+            den = float(_dot(dy, dy))
+            self.hlamb = abs(h) * math.sqrt(float(_dot(df, df)) / den) if den > 0 else 0.0
+            if self.hlamb > _STIFF_HLAMB:
+                self._nonsti = 0
+                self._iasti += 1
+                self.stiff = self._iasti >= _STIFF_STEPS
+            else:
+                self._nonsti += 1
+                if self._nonsti >= _NONSTIFF_RESET:
+                    self._iasti = 0
+        return ok, msg
+
+
+_dot = np.dot

@@ -1,0 +1,283 @@
+r"""Right-hand side and exact Jacobian of one trajectory of :func:`gaussian_pde.solve`.
+
+The state of one trajectory is the factor :math:`L` alone (covariance only) or the
+``d x (d + 1)`` matrix :math:`Z = [L \mid \alpha]` (with the mean), stored row-major,
+so that :math:`\alpha' = N(\Sigma)\alpha` and :math:`L' = M(\Sigma)L` come out of the
+same few matrix products. The mean's equation :math:`\alpha' = b + M\alpha` is linear
+and homogeneous in :math:`\alpha` for every Gaussian-preserving type
+(docs/math.md section 3.3): :math:`b = V\alpha` (softmax), :math:`b = VP^{-1}\alpha`
+(L2), :math:`b = (V - M)\alpha` (Sinkhorn), and sums of these (multi-head), so
+
+.. math:: Z' = [M L \mid N\alpha],\qquad N = \partial_\alpha b + M .
+
+Per head, with the weight-only products hoisted and ``W`` the stacked weights, one
+product ``P = W Z`` gives every projection that the field needs:
+
+* **softmax**: :math:`P = [cV; K; Q]\,Z`, and
+  :math:`Z' = (cVZ)\,G` with :math:`G = \begin{pmatrix}(KL)^T(QZ)\\ e_{d+1}^T/c\end{pmatrix}`:
+  three products, the mean's :math:`V\alpha` riding in the last row of ``G``; near a
+  steady state (``QL -> 0``) the field stays accurate to rounding;
+* **L2**: by the push-through identity,
+  :math:`ML = 2cVL\,B^T(I_k + 2cBB^T)^{-1}QL` with :math:`B = KL` (a ``k x k`` solve
+  instead of a ``d x d`` one), and
+  :math:`N\alpha = V\alpha + 2cVL\,B^T(I_k + 2cBB^T)^{-1}(Q - K)\alpha`;
+* **Sinkhorn**: :math:`L' = VL\,B\varphi(B^TB)`, :math:`B = L^TAL`, and
+  :math:`\alpha' = V\alpha`.
+
+Other Gaussian-preserving types use their own ``factor_kernel`` and, for the mean,
+``field_offset + field_matrix @ mean``.
+
+The exact Jacobian (softmax and L2 heads) follows from :math:`dM[d\Sigma] = A\,d\Sigma\,C`
+(:func:`gaussian_pde.integrate._field.analytic_jacobian`) and, for the mean rows, from
+:math:`d(N\alpha) = A\,d\Sigma\,r` with :math:`r = C\alpha` (softmax) or
+:math:`r = K^TQ\alpha - K^TKP^{-1}(\alpha + 2c\Sigma K^TQ\alpha)` (L2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._common.linalg import sinkhorn_cross
+from ..attention._base import SingleHeadAttention
+from ..attention._multihead import MultiHead
+
+__all__ = ["moment_field", "moment_jacobian", "head_kinds", "mean_is_linear"]
+
+_dot = np.dot
+
+
+def _heads(attention):
+    return attention.heads if isinstance(attention, MultiHead) else (attention,)
+
+
+def _kind(head):
+    """``"softmax"``, ``"l2"``, ``"sinkhorn"`` (the generated module) or ``None``."""
+    gen = getattr(head, "_generated", None)
+    if not isinstance(head, SingleHeadAttention) or gen is None:
+        return None
+    return gen.__name__.rsplit(".", 1)[-1]
+
+
+def head_kinds(attention):
+    """The kinds of the heads of ``attention`` (see ``_kind``)."""
+    return tuple(_kind(h) for h in _heads(attention))
+
+
+def mean_is_linear(attention):
+    r"""Whether :math:`\alpha' = N(\Sigma)\alpha` is known to hold (every head known).
+
+    True for softmax, L2 and Sinkhorn heads: a scaled mean then obeys the same equation.
+    """
+    return all(k in _TERMS for k in head_kinds(attention))
+
+
+# ----------------------------------------------------------------------------------------
+# right-hand sides: Z -> Z' for one (d, m) state, m = d (covariance only) or d + 1
+# ----------------------------------------------------------------------------------------
+
+def _softmax(head, with_mean):
+    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
+    d, k = head.d, head.k
+    m = d + 1 if with_mean else d
+    W = np.ascontiguousarray(np.vstack([c * V, K, Q]))
+    # work arrays and their views, made once: an evaluation is three products
+    P = np.empty((d + 2 * k, m))                 # [cVZ; KZ; QZ]
+    G = np.zeros((m, m))                         # (KL)^T QZ, and 1/c for V alpha
+    if with_mean:
+        G[d, d] = 1.0 / c
+    X, KLt, QZ, Gd = P[:d], P[d:d + k, :d].T, P[d + k:], G[:d]
+
+    def term(Z):
+        _dot(W, Z, out=P)
+        _dot(KLt, QZ, out=Gd)
+        return _dot(X, G)
+
+    return term
+
+
+def _l2(head, with_mean):
+    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
+    d, k = head.d, head.k
+    m = d + 1 if with_mean else d
+    s = np.sqrt(2.0 * c)
+    W = np.ascontiguousarray(np.vstack([s * V, s * K, Q]))   # [sVZ; sKZ; QZ]
+    P = np.empty((d + 2 * k, m))
+    G = np.zeros((m, m))
+    if with_mean:
+        G[d, d] = 1.0 / s      # s V alpha / s = V alpha
+    X, B, Bt, QZ, Gd = P[:d], P[d:d + k, :d], P[d:d + k, :d].T, P[d + k:], G[:d]
+    sKa = P[d:d + k, d] if with_mean else None
+    eye = np.eye(k)
+
+    def solve(C):
+        """``(I_k + B B^T)^{-1} C``.
+
+        NaN for a non-finite trial state (the step is then rejected) instead of
+        LAPACK's singular-matrix error.
+        """
+        if k == 1:
+            return C / (1.0 + float(_dot(B[0], B[0])))
+        try:
+            return np.linalg.solve(_dot(B, Bt) + eye, C)
+        except np.linalg.LinAlgError:
+            return np.full_like(C, np.nan)
+
+    def term(Z):
+        _dot(W, Z, out=P)
+        if with_mean:
+            rhs = QZ.copy()
+            rhs[:, d] -= sKa / s                 # [QL | (Q - K) alpha]
+        else:
+            rhs = QZ
+        _dot(Bt, solve(rhs), out=Gd)
+        return _dot(X, G)
+
+    return term
+
+
+def _sinkhorn(head, with_mean):
+    K, Q, V, c = head.K, head.Q, head.V, float(head.scale)
+    d = head.d
+    A = c * (K.T @ Q)
+    V = np.ascontiguousarray(V)
+    if not with_mean:
+        def term(L):
+            return _dot(V, _dot(L, _cross(_dot(L.T, _dot(A, L)))))
+
+        return term
+    C = np.zeros((d + 1, d + 1))
+    C[d, d] = 1.0              # alpha' = V alpha
+
+    def term(Z):
+        L = Z[:, :d]
+        C[:d, :d] = _cross(_dot(L.T, _dot(A, L)))
+        return _dot(V, _dot(Z, C))
+
+    return term
+
+
+def _cross(B):
+    """:func:`sinkhorn_cross`; NaN for a non-finite trial state (the step is rejected)."""
+    try:
+        return sinkhorn_cross(B)
+    except np.linalg.LinAlgError:
+        return np.full_like(B, np.nan)
+
+
+def _generic(head, with_mean):
+    kernel = head.factor_kernel()
+    d = head.d
+    m = d + 1 if with_mean else d
+
+    def term(Z):
+        try:
+            if not with_mean:
+                return np.asarray(kernel(Z), dtype=float)
+            L = np.ascontiguousarray(Z[:, :d])
+            mean = Z[:, d].copy()
+            cov = L @ L.T
+            out = np.empty((d, d + 1))
+            out[:, :d] = kernel(L)
+            out[:, d] = head.field_offset(mean, cov) + head.field_matrix(cov) @ mean
+            return out
+        except np.linalg.LinAlgError:    # a non-finite trial state: reject the step
+            return np.full((d, m), np.nan)
+
+    return term
+
+
+_TERMS = {"softmax": _softmax, "l2": _l2, "sinkhorn": _sinkhorn}
+
+
+def moment_field(attention, with_mean):
+    r"""``field(Z) -> Z'`` for one state ``Z`` of shape ``(d, d)`` or ``(d, d + 1)``.
+
+    ``Z = L`` (covariance only) or ``[L | mean]``; the result is a new C-contiguous
+    array of the same shape (``.ravel()`` is a view).
+    """
+    terms = [_TERMS.get(_kind(h), _generic)(h, with_mean) for h in _heads(attention)]
+    if len(terms) == 1:
+        return terms[0]
+
+    def field(Z):
+        out = terms[0](Z)
+        for term in terms[1:]:
+            out = out + term(Z)
+        return out
+
+    return field
+
+
+# ----------------------------------------------------------------------------------------
+# exact Jacobians (softmax and L2 heads)
+# ----------------------------------------------------------------------------------------
+
+def _head_parts(kind, head, L, mean):
+    r"""``(M, A, C, N, r)`` of one head at ``L`` (``N, r`` only with a mean).
+
+    :math:`dM[d\Sigma] = A\,d\Sigma\,C`, :math:`N = \partial_\alpha\alpha'`,
+    :math:`d(N\alpha) = A\,d\Sigma\,r` (see the module docstring).
+    """
+    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
+    d = head.d
+    KtQ = K.T @ Q
+    S = L @ L.T
+    if kind == "softmax":
+        A = c * V
+        C = KtQ
+        M = A @ S @ KtQ
+        if mean is None:
+            return M, A, C, None, None
+        return M, A, C, V + M, KtQ @ mean
+    KtK = K.T @ K
+    Xi = np.linalg.inv((2 * c) * (S @ KtK) + np.eye(d))   # P^{-1}
+    P = Xi @ (S @ KtQ)
+    A = (2 * c) * (V @ Xi)
+    M = (2 * c) * (V @ P)
+    C = KtQ - (2 * c) * (KtK @ P)
+    if mean is None:
+        return M, A, C, None, None
+    x = Xi @ (mean + (2 * c) * (S @ (KtQ @ mean)))
+    return M, A, C, V @ Xi + M, KtQ @ mean - KtK @ x
+
+
+def moment_jacobian(attention, with_mean):
+    r"""Exact Jacobian ``jac(t, y)`` of :func:`moment_field` (flattened state), or ``None``.
+
+    Available when every head is softmax or L2. With :math:`B = CL` and
+    :math:`U = AL`, the factor rows are
+    :math:`\partial L'_{ij}/\partial L_{ab} = M_{ia}\delta_{jb} + A_{ia}(B^TL)_{jb} +
+    U_{ib}B_{aj}`, the mean rows :math:`\partial\alpha'_i/\partial L_{ab} =
+    A_{ia}(L^Tr)_b + U_{ib}r_a` and :math:`\partial\alpha'/\partial\alpha = N`;
+    :math:`\partial L'/\partial\alpha = 0`.
+    """
+    kinds = head_kinds(attention)
+    if not all(k in ("softmax", "l2") for k in kinds):
+        return None
+    heads = _heads(attention)
+    d = attention.d
+    m = d + 1 if with_mean else d
+    n = d * m
+    eye = np.eye(d)
+
+    def jac(t, y):
+        Z = np.asarray(y, dtype=float).reshape(d, m)
+        L = Z[:, :d]
+        mean = Z[:, d] if with_mean else None
+        J = np.zeros((d, m, d, m))
+        JL = J[:, :d, :, :d]
+        for kind, head in zip(kinds, heads):
+            M, A, C, N, r = _head_parts(kind, head, L, mean)
+            B = C @ L
+            U = A @ L
+            T = B.T @ L
+            JL += A[:, None, :, None] * T[None, :, None, :]
+            JL += U[:, None, None, :] * B.T[None, :, :, None]
+            JL += M[:, None, :, None] * eye[None, :, None, :]
+            if with_mean:
+                J[:, d, :, :d] += A[:, :, None] * (L.T @ r)[None, None, :]
+                J[:, d, :, :d] += U[:, None, :] * r[None, :, None]
+                J[:, d, :, d] += N
+        return J.reshape(n, n)
+
+    return jac
