@@ -13,7 +13,7 @@ import gaussian_pde as gp
 
 #: one particle-validation notebook per registered attention type; other notebooks can
 #: be added here
-NAMES = [*gp.ATTENTIONS, "blowup"]
+NAMES = [*gp.ATTENTIONS, "blowup", "clusters"]
 NOTEBOOKS = [pathlib.Path(__file__).parent.parent / "notebooks" / f"{n}.py" for n in NAMES]
 
 
