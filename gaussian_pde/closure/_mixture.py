@@ -61,7 +61,6 @@ import dataclasses
 import numbers
 
 import numpy as np
-from scipy.special import logsumexp
 
 from .._common.gaussian import bures_wasserstein
 from .._common.linalg import psd_sqrt
@@ -318,11 +317,11 @@ def component_log_partition(A, H, means, covs, X):
     m : ndarray, shape (K, N, d)
     """
     c, B, logdet = component_terms(A, H, means, covs)
-    m = c[:, None, :] + np.einsum("kij,nj->kni", B, X)          # (K, N, d)
+    m = c[:, None, :] + X @ np.swapaxes(B, 1, 2)                 # (K, N, d)
     u = X @ A.T                                                  # h(x) = A x
-    log_z = -0.5 * logdet[:, None] + 0.5 * np.einsum("kni,ni->kn", m + means[:, None, :], u)
+    log_z = -0.5 * logdet[:, None] + 0.5 * np.sum((m + means[:, None, :]) * u, axis=2)
     if H is not None:
-        log_z -= 0.5 * np.einsum("ki,kni->kn", means @ H, m)
+        log_z -= 0.5 * np.sum((means @ H)[:, None, :] * m, axis=2)
     return log_z, m
 
 
@@ -330,8 +329,9 @@ def _head_velocity(head, logw, means, covs, X):
     r"""One head's :math:`V\sum_k\pi_k(x)m_k(x)` at points ``X`` (N, d)."""
     logZ, m = component_log_partition(head.A, head.H, means, covs, X)
     logit = logw[:, None] + logZ
-    pi = np.exp(logit - logsumexp(logit, axis=0, keepdims=True))
-    return np.einsum("kn,kni->ni", pi, m) @ head.V.T
+    pi = np.exp(logit - logit.max(axis=0))                      # log-domain softmax over k
+    pi /= pi.sum(axis=0)
+    return np.sum(pi[:, :, None] * m, axis=0) @ head.V.T
 
 
 def _velocity(heads, logw, means, covs, X):
@@ -374,9 +374,9 @@ def _closure(heads, logw, means, L, Z, W):
     """``(alpha', L')`` of every component, (K, d) and (K, d, d)."""
     K, d = means.shape
     covs = L @ np.swapaxes(L, 1, 2)
-    X = means[:, None, :] + np.einsum("kij,nj->kni", L, Z)       # (K, N, d)
+    X = means[:, None, :] + Z @ np.swapaxes(L, 1, 2)             # (K, N, d)
     G = _velocity(heads, logw, means, covs, X.reshape(-1, d)).reshape(K, -1, d)
-    return np.einsum("n,kni->ki", W, G), np.einsum("kni,n,nj->kij", G, W, Z)
+    return W @ G, np.swapaxes(G, 1, 2) @ (W[:, None] * Z)
 
 
 def mixture_closure_terms(attention, mixture, n_per_dim=DEFAULT_N_PER_DIM):

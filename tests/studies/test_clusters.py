@@ -80,6 +80,6 @@ def test_cli_clusters_quick(tmp_path, monkeypatch, capsys):
     summary = json.loads((folder / "summary.json").read_text())
     assert len(summary["cases"]) == 3
     err = capsys.readouterr().err
-    assert err.count("\n") == 6
+    assert err.count("\n") == 5
     assert main(["-q", "clusters", "--quick", "--n", "100"]) == 0
     assert capsys.readouterr().err == ""
