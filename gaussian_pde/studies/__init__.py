@@ -32,7 +32,8 @@ The paper's Gaussian results (docs/math.md sections 4 and 9)
     :func:`reproduce` writes the 2-D regimes (:data:`REGIMES` for the attention types
     :data:`TYPES`, from the initial covariances of :func:`unit_trace_grid`) and the rank
     histograms, with eigenvalues counted above :data:`PAPER_THRESHOLD` in the paper's
-    protocol.
+    protocol. :func:`published_histograms` replays the published histogram protocol of
+    section 9 number for number (:func:`write_published_histograms` writes its JSON).
 
 Examples
 --------
@@ -45,6 +46,7 @@ from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
 from ._clusters import ClusterRun, error_scaling, run_clusters, write_clusters
 from ._compare import CompareReport, compare, fit_slope, mean_field_check_failures
 from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
+from ._published import published_histograms, write_published_histograms
 from ._reproduce import PAPER_THRESHOLD, REGIMES, TYPES, reproduce, unit_trace_grid
 from ._stabilizers import (
     STUDY_MODES,
@@ -78,11 +80,13 @@ __all__ = [
     "plot_errors",
     "plot_moments",
     "plot_scaling",
+    "published_histograms",
     "reproduce",
     "run_clusters",
     "run_study",
     "summarize_study",
     "unit_trace_grid",
     "write_clusters",
+    "write_published_histograms",
     "write_study",
 ]
