@@ -172,16 +172,21 @@ def _check_block(spec, group, b, attention, d, folder=None):
                               f"({type(exc).__name__}: {' '.join(str(exc).split())})")
         return _read_rows(arr, fill, on_error)
 
+    verified = _RECORD in group
+    opened = {name: group[name] for name in
+              ["done"] + ([_RECORD] if verified else []) + list(layout)}
+
+    def chunk(name, j):
+        return f"{where}/{name}/{_chunk_key(opened[name], j)}"
+
     # the done flags first: a concurrent writer stores data, record, then the flag, so a
     # flag seen set here has its data and record in place when they are read next
-    done = reader("done", group["done"], False)
+    done = reader("done", opened["done"], False)
     records = rec_names = None
-    verified = _RECORD in group
     if verified:
-        rec_arr = group[_RECORD]
-        records = reader(_RECORD, rec_arr, 0)
-        rec_names = list(rec_arr.attrs.get("arrays", list(layout)))
-    arrays = {name: reader(name, group[name], fill)
+        records = reader(_RECORD, opened[_RECORD], 0)
+        rec_names = list(opened[_RECORD].attrs.get("arrays", list(layout)))
+    arrays = {name: reader(name, opened[name], fill)
               for name, (_, _, fill) in layout.items()}
     arrays["done"] = done
     problems, orphans = {}, []
@@ -198,29 +203,29 @@ def _check_block(spec, group, b, attention, d, folder=None):
             continue
         found = [text for (k, _), text in sorted(bad.items()) if k == j]
         if not flags.all():
-            found.append(f"chunk {where}/done/{_chunk_key(group['done'], j)} is only partly "
+            found.append(f"chunk {chunk('done', j)} is only partly "
                          "set (overwritten)")
         if records is None:
             if (j, "status") not in bad and np.any(arrays["status"][lo:hi] < 0):
-                found.append(f"chunk {where}/status/{_chunk_key(group['status'], j)} holds "
+                found.append(f"chunk {chunk('status', j)} holds "
                              "the fill value -1 in a computed row (deleted or overwritten)")
         elif (j, _RECORD) not in bad:
             row = records[j]
-            record = f"its integrity record (chunk {where}/{_RECORD}/" \
-                     f"{_chunk_key(group[_RECORD], j)})"
             if not row.any():
-                found.append(f"{record} is missing (deleted)")
+                found.append(f"its integrity record (chunk {chunk(_RECORD, j)}) is missing "
+                             "(deleted)")
             elif row.size != len(rec_names) + 1 or \
                     _digest(f"{_RECORD}[{j}]", row[:-1]) != int(row[-1]):
-                found.append(f"{record} does not match its own digest (truncated, "
-                             "overwritten or another task's)")
+                found.append(f"its integrity record (chunk {chunk(_RECORD, j)}) does not "
+                             "match its own digest (truncated, overwritten or another "
+                             "task's)")
             else:
                 for k, name in enumerate(rec_names):
                     if name in arrays and (j, name) not in bad and \
                             _digest(name, arrays[name][lo:hi]) != int(row[k]):
-                        chunk = f"{where}/{name}/{_chunk_key(group[name], j)}"
-                        gone = folder is not None and not (pathlib.Path(folder) / chunk).exists()
-                        found.append(f"chunk {chunk} " + (
+                        key = chunk(name, j)
+                        gone = folder is not None and not (pathlib.Path(folder) / key).exists()
+                        found.append(f"chunk {key} " + (
                             "is missing (deleted)" if gone else "does not match its "
                             "integrity record (truncated or overwritten)"))
         if found:
