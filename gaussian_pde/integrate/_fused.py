@@ -82,14 +82,24 @@ def _softmax(head, with_mean):
     W = np.ascontiguousarray(np.vstack([c * V, K, Q]))
     # work arrays and their views, made once: an evaluation is three products
     P = np.empty((d + 2 * k, m))                 # [cVZ; KZ; QZ]
-    G = np.zeros((m, m))                         # (KL)^T QZ, and 1/c for V alpha
-    if with_mean:
-        G[d, d] = 1.0 / c
-    X, KLt, QZ, Gd = P[:d], P[d:d + k, :d].T, P[d + k:], G[:d]
+    G = np.empty((m, m))                         # (KZ)^T QZ, last row replaced below
+    X, KZt, QZ = P[:d], P[d:d + k].T, P[d + k:]  # contiguous blocks: no copies in dot
+    if not with_mean:
+        def term(L):
+            _dot(W, L, out=P)
+            _dot(KZt, QZ, out=G)
+            return _dot(X, G)
+
+        return term
+    # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the last
+    # column of cVZ into V alpha, the offset b: Z' = (cVZ) G = [ML | M alpha + V alpha]
+    last, offset = G[d], np.zeros(m)
+    offset[d] = 1.0 / c
 
     def term(Z):
         _dot(W, Z, out=P)
-        _dot(KLt, QZ, out=Gd)
+        _dot(KZt, QZ, out=G)
+        last[...] = offset
         return _dot(X, G)
 
     return term

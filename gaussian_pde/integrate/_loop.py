@@ -124,10 +124,12 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
             ys.append(np.array(y0, dtype=float))
             i_eval += 1
     g_old = [float(g(t0, y0)) for g in events]
+    dirs = [getattr(g, "direction", 0.0) for g in events]
     t_events = [[] for _ in events]
     y_events = [[] for _ in events]
     status, message, fired = None, "", None
     t_final, y_final = t0, np.array(y0, dtype=float)
+    n_eval = 0 if t_eval is None else t_eval.size
 
     while status is None:
         msg = solver.step()
@@ -141,7 +143,7 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
             g_new = [float(g(t, y)) for g in events]
             hits = []
             for i, g in enumerate(events):
-                if _crossed(g_old[i], g_new[i], getattr(g, "direction", 0.0)):
+                if _crossed(g_old[i], g_new[i], dirs[i]):
                     if dense is None:
                         dense = solver.dense_output()
                     te = _root(g, dense, t_old, t, g_old[i], g_new[i])
@@ -162,9 +164,9 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         if t_eval is None:
             ts.append(t_stop)
             ys.append(np.array(y_stop, dtype=float))
-        else:
+        elif i_eval < n_eval and t_eval[i_eval] <= t_stop:
             j = i_eval
-            while j < t_eval.size and t_eval[j] <= t_stop:
+            while j < n_eval and t_eval[j] <= t_stop:
                 j += 1
             if j > i_eval:
                 if dense is None:
@@ -173,13 +175,15 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
                     ts.append(tk)
                     ys.append(y_stop.copy() if tk == t_stop else np.asarray(dense(tk)))
                 i_eval = j
-        t_final, y_final = t_stop, np.array(y_stop, dtype=float)
+        # the solvers make a new state array every step: no copy until the end
+        t_final, y_final = t_stop, y_stop
         if status is None and solver.status == "finished":
             status, message = 0, "the solver reached the end of the interval"
         if status is None and stiff_from is None and stiff is not None and solver.stiff:
             # the same trajectory goes on from the end of this step with the stiff solver
             stiff_from = t_final
-            solver = stiff_cls(fun, t_final, y_final, t1, **stiff_kwargs,
+            solver = stiff_cls(fun, t_final, np.array(y_final, dtype=float), t1,
+                               **stiff_kwargs,
                                first_step=handover_step(t_final - t_old, t_final, t1))
 
     y_arr = np.array(ys, dtype=float).reshape(len(ys), np.size(y0))
@@ -187,8 +191,8 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
                    t_events=[np.array(v, dtype=float) for v in t_events],
                    y_events=[np.array(v, dtype=float).reshape(len(v), np.size(y0))
                              for v in y_events],
-                   t_final=float(t_final), y_final=y_final, fired=fired,
-                   stiff_from=stiff_from)
+                   t_final=float(t_final), y_final=np.array(y_final, dtype=float),
+                   fired=fired, stiff_from=stiff_from)
 
 
 def _root(g, dense, t_old, t, g_lo, g_hi):
