@@ -5,17 +5,27 @@ Euler on Sigma with, at every step, a projection onto the PSD cone by clipping n
 eigenvalues. Both run in this process on the same generated right-hand side, so the
 ratios do not depend on the machine's speed that day.
 
-The paper workload is timed for several methods of ``gp.solve``: ``"DOP853"`` and
-``"RK45"`` (Hairer's Fortran codes step, ``gaussian_pde.integrate._loop``), ``"LSODA"`` (with the
-exact Jacobian) and ``"rosenbrock"`` (the L-stable RODAS4 of ``gaussian_pde.integrate._batch``); tables
-give the speed-up of every method per seed, at the work-precision optimum, at a fixed
-tolerance rule, and at the default tolerances.
+Default run (``python benchmarks/bench_solve.py``): the paper's steady-state workload
+(d = 5, Q in R^{2x5} standard normal, K = -Q, V = G^T G, Sigma_0 = G G^T, scale
+1/sqrt(d); the seeds of ``paper_case``) with ``gp.solve``'s DEFAULTS ONLY (``method``,
+``rtol``, ``atol``) and the mean passed (``mean0 = 0``: any other mean overflows float64
+on this workload, as it grows like exp(lambda_max(V) t) with lambda_max(V) = 8 to 21 and
+T = 176 to 2875), to the baseline's final time T. Per seed: the speed-up baseline time /
+solve time, the covariance's error against a rtol = 1e-13 reference (must be below
+1e-8), where the default switched to its stiff solver, and the cost of the mean (solve
+with the mean / solve in covariance-only mode). Targets: at least 100x on every seed,
+median at least 300x. A second table times the mean on short runs where it is O(1)
+(random mean, every attention type) and checks it against Radau at rtol 1e-12.
 
-Run:  python benchmarks/bench_solve.py
+``--grid`` adds the earlier tables (seeds 0-4): every method at its fastest setting on a
+work-precision grid, at a fixed tolerance rule and at the default tolerances.
+
+Run:  python benchmarks/bench_solve.py [--seeds 10] [--repeat 5] [--grid]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -144,7 +154,64 @@ def paper_workload(seed, d=5, h=0.02, tol=5e-5):
     return rows
 
 
-def main():
+def paper_defaults(seed, d=5, h=0.02, tol=5e-5, repeat=5):
+    """The paper workload with ``gp.solve``'s defaults and the mean passed (zero)."""
+    att, cov0 = paper_case(seed, d)
+    while True:
+        try:
+            t_base, (T, cov_b, n) = timed(lambda h=h: euler_psd(att, cov0, h, steady_tol=tol), 1)
+            break
+        except FloatingPointError:
+            h /= 2
+    ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-13, atol=1e-16,
+                   method="DOP853", max_nfev=None).cov[-1]
+    mean0 = np.zeros(d)
+    # interleaved repeats: with the mean, covariance only, with the mean, ...
+    best = {"mean": np.inf, "cov": np.inf}
+    sols = {}
+    for _ in range(repeat):
+        for key, m0 in (("mean", mean0), ("cov", None)):
+            t0 = time.perf_counter()
+            sols[key] = gp.solve(att, m0, cov0, (0, T), t_eval=[T])
+            best[key] = min(best[key], time.perf_counter() - t0)
+    sol = sols["mean"]
+    stiff = sol.message.split("stiff from t = ")[1].split(" ")[0] if (
+        "stiff from t = " in sol.message) else "-"
+    return dict(seed=seed, T=T, h=h, base_s=t_base, base_steps=n, base_err=rel(cov_b, ref),
+                solve_s=best["mean"], cov_s=best["cov"], nfev=sol.nfev,
+                err=rel(sol.cov[-1], ref), cov_err=rel(sols["cov"].cov[-1], ref),
+                mean_abs=float(np.abs(sol.mean).max()), status=str(sol.status),
+                stiff=stiff, ratio=t_base / best["mean"], mean_cost=best["mean"] / best["cov"])
+
+
+def mean_cost(kind, seed, d=5, T=1.5, repeat=20):
+    """A random O(1) mean on a short run: its cost and its error against Radau."""
+    rng = np.random.default_rng(seed)
+    if kind == "multihead":
+        att = gp.MultiHead([cls.example(d, rng) for cls in (gp.Softmax, gp.L2, gp.Sinkhorn)])
+    else:
+        att = {"softmax": gp.Softmax, "l2": gp.L2, "sinkhorn": gp.Sinkhorn}[kind].example(d, rng)
+    G = rng.standard_normal((d, d))
+    cov0, mean0 = G @ G.T / d, rng.standard_normal(d)
+    ref = gp.solve(att, mean0, cov0, (0, T), t_eval=[T], method="Radau", rtol=1e-12,
+                   atol=1e-14, max_nfev=None)
+    best = {"mean": np.inf, "cov": np.inf}
+    for _ in range(repeat):
+        for key, m0 in (("mean", mean0), ("cov", None)):
+            t0 = time.perf_counter()
+            sol = gp.solve(att, m0, cov0, (0, T), t_eval=[T])
+            best[key] = min(best[key], time.perf_counter() - t0)
+            if key == "mean":
+                out = sol
+    return dict(kind=kind, seed=seed, mean_s=best["mean"], cov_s=best["cov"],
+                mean_cost=best["mean"] / best["cov"], nfev=out.nfev, status=str(out.status),
+                mean_err=float(np.linalg.norm(out.mean[-1] - ref.mean[-1])
+                               / np.linalg.norm(ref.mean[-1])),
+                cov_err=rel(out.cov[-1], ref.cov[-1]))
+
+
+def grid_tables():
+    """The earlier tables: every method on the work-precision grid, seeds 0-4."""
     rows = [short_horizon(2), short_horizon(5)]
     for seed in range(5):
         rows += paper_workload(seed)
@@ -171,6 +238,49 @@ def main():
     worst = max(max(r["solve_err"], r["rule_err"], r["default_err"]) for r in rows
                 if "seed" in r)
     print(f"\nlargest error of any timed solve on the paper workload: {worst:.1e}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=10, help="paper seeds 0..N-1 (default 10)")
+    p.add_argument("--repeat", type=int, default=5, help="timing repeats (best of)")
+    p.add_argument("--grid", action="store_true", help="also the work-precision tables")
+    a = p.parse_args(argv)
+    print("Paper workload, gp.solve defaults, mean passed (zero), to the baseline's final "
+          "time:\n")
+    print("| seed | T | baseline (s) | Euler steps | solve (ms) | nfev | cov. error | "
+          "stiff from t | speed-up | mean / cov-only |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for seed in range(a.seeds):
+        r = paper_defaults(seed, repeat=a.repeat)
+        rows.append(r)
+        print(f"| {seed} | {r['T']:.4g} | {r['base_s']:.3f} | {r['base_steps']} | "
+              f"{1e3 * r['solve_s']:.2f} | {r['nfev']} | {r['err']:.0e} | {r['stiff']} | "
+              f"{r['ratio']:.0f}x | {r['mean_cost']:.2f} |", flush=True)
+    ratios = np.array([r["ratio"] for r in rows])
+    print(f"\nspeed-up: min {ratios.min():.0f}x (target >= 100x), median "
+          f"{np.median(ratios):.0f}x (target >= 300x); mean / cov-only: median "
+          f"{np.median([r['mean_cost'] for r in rows]):.2f}, max "
+          f"{max(r['mean_cost'] for r in rows):.2f} (target <= 1.2)")
+    worst = max(max(r["err"], r["cov_err"]) for r in rows)
+    print(f"largest covariance error: {worst:.1e} (target < 1e-8); largest |mean|: "
+          f"{max(r['mean_abs'] for r in rows):.1e} (exact: 0); statuses: "
+          f"{sorted({r['status'] for r in rows})}")
+    print("\nA random O(1) mean (``example`` weights), d = 5, t in [0, 1.5], defaults; errors "
+          "against Radau at rtol 1e-12:\n")
+    print("| attention | seed | solve with mean (ms) | covariance only (ms) | mean / cov-only "
+          "| nfev | mean error | cov. error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for kind in ("softmax", "l2", "sinkhorn", "multihead"):
+        for seed in (1, 3):
+            r = mean_cost(kind, seed)
+            print(f"| {kind} | {seed} | {1e3 * r['mean_s']:.2f} | {1e3 * r['cov_s']:.2f} | "
+                  f"{r['mean_cost']:.2f} | {r['nfev']} | {r['mean_err']:.0e} | "
+                  f"{r['cov_err']:.0e} |", flush=True)
+    if a.grid:
+        print()
+        grid_tables()
 
 
 if __name__ == "__main__":
