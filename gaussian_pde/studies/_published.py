@@ -272,8 +272,12 @@ class _Pool:
         return finished
 
 
-def _candidates(i, k, n_settings, n_max, p_fail, want, exclude, max_f=60):
-    """Most probable unresolved pairs ``(i + j, k + j + f)`` reachable from ``(i, k)``."""
+def _candidates(i, k, n_settings, n_max, p_fail, want, exclude, max_f=60, min_prob=0.2):
+    """Most probable unresolved pairs ``(i + j, k + j + f)`` reachable from ``(i, k)``.
+
+    Pairs the path visits with estimated probability below ``min_prob`` are left out
+    (the frontier ``(i, k)`` itself has probability one): speculation costs steps.
+    """
     p = min(max(p_fail, 1e-3), 0.95)
     lq, lp = math.log1p(-p), math.log(p)
     js = np.arange(n_settings - i)
@@ -287,7 +291,7 @@ def _candidates(i, k, n_settings, n_max, p_fail, want, exclude, max_f=60):
     order = np.argsort(-logp, axis=None, kind="stable")
     out = []
     for flat in order:
-        if not np.isfinite(logp.flat[flat]):
+        if not logp.flat[flat] >= math.log(min_prob):
             break
         pair = (i + int(jj.flat[flat]), int(kk.flat[flat]))
         if pair not in exclude:
