@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis import Outcome, classify_trajectory
+from ..analysis import limit_rank as _limit_rank
 from ..attention._multihead import MultiHead
 from ..attention._registry import get_attention
 from ..integrate._batch import solve_batch
-from ..integrate._solve import Status, solve
+from ..integrate._results import Status
+from ..integrate._solve import solve
 
 __all__ = ["STATUSES", "OUTCOMES", "draw_setting", "compute_batch", "classify_outcome",
            "limit_rank", "result_layout", "time_grid"]
 
-#: stored status codes: index into this tuple (``"error"``: the setting raised)
+#: stored status codes: index into this tuple, the words of :class:`gaussian_pde.Status`
+#: (``"error"``: the setting raised)
 STATUSES = tuple(s.value for s in Status) + ("error",)
-#: stored outcome codes: index into this tuple
-OUTCOMES = ("blowup", "vanish", "rank_drop", "full_rank", "failed")
-
-#: trace ratio tr(Sigma)/tr(Sigma_0) below which the covariance counts as vanished
-_VANISH = 1e-8
+#: stored outcome codes: index into this tuple, the words of :class:`gaussian_pde.Outcome`
+OUTCOMES = tuple(o.value for o in Outcome)
 
 
 def _entries(rng, shape, distribution, std):
@@ -84,34 +85,30 @@ def draw_setting(spec, attention, d, draw):
 
 
 def limit_rank(cov, threshold):
-    r"""Number of eigenvalues of :math:`\Sigma/\operatorname{tr}\Sigma` above ``threshold``."""
+    r"""Number of eigenvalues of :math:`\Sigma/\operatorname{tr}\Sigma` above ``threshold``.
+
+    :func:`gaussian_pde.analysis.limit_rank` of the normalised covariance with
+    ``rtol=0, atol=threshold`` (one definition of the rank for the package); 0 for a
+    covariance whose trace is not positive and finite.
+    """
     tr = np.trace(cov)
     if not np.isfinite(tr) or tr <= 0:
         return 0
-    return int(np.sum(np.linalg.eigvalsh(cov / tr) > threshold))
+    return int(_limit_rank(cov / tr, rtol=0.0, atol=threshold))
 
 
-def classify_outcome(status, rank, initial_rank, trace_ratio):
-    r"""Outcome class of one setting (a code into :data:`OUTCOMES`).
+def classify_outcome(t, covs, status, t_blowup=None, attention=None, message=""):
+    r"""Outcome code (into :data:`OUTCOMES`) of one setting: :func:`gaussian_pde.classify_trajectory`.
 
-    A simple rule, kept in this one function so that a finer classifier (the outcome
-    classifier of ``gaussian_pde.analysis``) can replace it:
-
-    * ``"failed"``: the integration failed or raised;
-    * ``"blowup"``: finite-time blow-up;
-    * ``"vanish"``: :math:`\operatorname{tr}\Sigma/\operatorname{tr}\Sigma_0 < 10^{-8}`;
-    * ``"rank_drop"``: the limit rank is below the rank of :math:`\Sigma_0`;
-    * ``"full_rank"``: otherwise.
+    The trajectory is the stored grid up to the stop and the final state; a setting that
+    raised (``status="error"``) is ``"undecided"``.
     """
-    if status in ("failed", "error"):
-        return OUTCOMES.index("failed")
-    if status == "blowup":
-        return OUTCOMES.index("blowup")
-    if not trace_ratio >= _VANISH:
-        return OUTCOMES.index("vanish")
-    if rank < initial_rank:
-        return OUTCOMES.index("rank_drop")
-    return OUTCOMES.index("full_rank")
+    if status == "error":
+        return OUTCOMES.index(Outcome.UNDECIDED.value)
+    out = classify_trajectory(t, covs, attention=attention, status=status,
+                              t_blowup=None if t_blowup is None or np.isnan(t_blowup)
+                              else t_blowup, message=message)
+    return OUTCOMES.index(out.outcome.value)
 
 
 def result_layout(spec, d):
@@ -137,7 +134,8 @@ def time_grid(spec):
     return np.linspace(0.0, spec.solver.horizon, spec.record.grid)
 
 
-def _summarise(spec, cov0, grid, status, t_final, nfev, cov, t_blowup, covs_on_grid):
+def _summarise(spec, cov0, grid, status, t_final, nfev, cov, t_blowup, covs_on_grid,
+               attention=None, message=""):
     """The recorded quantities of one integrated setting."""
     d = cov0.shape[0]
     out = {"status": STATUSES.index(status), "t_final": t_final, "nfev": nfev}
@@ -150,9 +148,13 @@ def _summarise(spec, cov0, grid, status, t_final, nfev, cov, t_blowup, covs_on_g
     if ok.any():
         eig[ok] = np.linalg.eigvalsh(covs_on_grid[ok])
     out["eigenvalues"] = eig
-    rank0 = limit_rank(cov0, spec.record.rank_threshold)
-    ratio = np.trace(cov) / max(np.trace(cov0), np.finfo(float).tiny)
-    out["outcome"] = classify_outcome(status, rank, rank0, ratio)
+    # the trajectory as stored, up to the stop, and the final state
+    t_traj, c_traj = grid[ok], covs_on_grid[ok]
+    if t_traj.size == 0 or t_final > t_traj[-1]:
+        t_traj, c_traj = np.append(t_traj, t_final), np.concatenate([c_traj, cov[None]])
+    if t_traj[0] > grid[0]:
+        t_traj, c_traj = np.insert(t_traj, 0, grid[0]), np.concatenate([cov0[None], c_traj])
+    out["outcome"] = classify_outcome(t_traj, c_traj, status, t_blowup, attention, message)
     return out
 
 
@@ -164,11 +166,13 @@ def _solve_one(spec, attention, d, draw, grid):
                     rtol=sv.rtol, atol=sv.atol, blowup_threshold=sv.blowup_threshold,
                     steady_tol=sv.steady_tol or None, max_nfev=sv.max_nfev)
     except (ArithmeticError, ValueError, np.linalg.LinAlgError):
-        return {"status": STATUSES.index("error"), "outcome": OUTCOMES.index("failed")}
+        return {"status": STATUSES.index("error"),
+                "outcome": OUTCOMES.index(Outcome.UNDECIDED.value)}
     on_grid = np.full((grid.size, d, d), np.nan)
     on_grid[:sol.t.size] = sol.cov[:grid.size]
     return _summarise(spec, cov0, grid, str(sol.status), sol.t_final, sol.nfev, sol.cov_final,
-                      np.nan if sol.t_blowup is None else sol.t_blowup, on_grid)
+                      np.nan if sol.t_blowup is None else sol.t_blowup, on_grid, att,
+                      sol.message)
 
 
 def _solve_many(spec, attention, d, draws, grid):
@@ -181,7 +185,8 @@ def _solve_many(spec, attention, d, draws, grid):
                       blowup_threshold=sv.blowup_threshold, steady_tol=sv.steady_tol or None,
                       max_nfev=sv.max_nfev)
     return [_summarise(spec, cov0s[i], grid, str(sol.status[i]), sol.t_final[i],
-                       int(sol.nfev[i]), sol.cov_final[i], sol.t_blowup[i], sol.cov[i])
+                       int(sol.nfev[i]), sol.cov_final[i], sol.t_blowup[i], sol.cov[i],
+                       atts[i], sol.message[i])
             for i in range(len(draws))]
 
 

@@ -28,6 +28,7 @@ from gaussian_pde.sweep import (
     compute_batch,
     draw_setting,
     format_summary,
+    limit_rank,
     load_results,
     run_sweep,
     summarize,
@@ -189,12 +190,21 @@ def test_blowup_times_match_the_exact_riccati_solution():
         assert res["limit_rank"][draw] == 1  # blow-up along one direction
 
 
-def test_classify_outcome():
-    assert OUTCOMES[classify_outcome("blowup", 1, 3, 1e9)] == "blowup"
-    assert OUTCOMES[classify_outcome("failed", 3, 3, 1.0)] == "failed"
-    assert OUTCOMES[classify_outcome("finished", 0, 3, 0.0)] == "vanish"
-    assert OUTCOMES[classify_outcome("steady", 2, 3, 0.5)] == "rank_drop"
-    assert OUTCOMES[classify_outcome("finished", 3, 3, 0.5)] == "full_rank"
+def test_classify_outcome_speaks_the_words_of_classify_trajectory():
+    """One vocabulary: the stored codes index gp.Outcome, decided by classify_trajectory."""
+    assert OUTCOMES == tuple(o.value for o in gp.Outcome)
+    t = np.linspace(0.0, 1.0, 5)
+    grow = np.array([np.eye(2) / (1.0 - 0.9 * s) for s in t])
+    assert OUTCOMES[classify_outcome(t, grow, "blowup", 1.11)] == "blowup"
+    assert OUTCOMES[classify_outcome(t, grow, "failed")] == "undecided"
+    assert OUTCOMES[classify_outcome(t, grow, "error")] == "undecided"
+    # settled at rank 1: one eigenvalue constant, the other decaying fast
+    t = np.linspace(0.0, 50.0, 51)
+    line = np.array([np.diag([1.0, np.exp(-s)]) for s in t])
+    out = gp.classify_trajectory(t, line, status="steady")
+    assert OUTCOMES[classify_outcome(t, line, "steady")] == out.outcome.value == "rank"
+    assert limit_rank(line[-1], 1e-4) == gp.analysis.limit_rank(line[-1] / 1.0, rtol=0,
+                                                                 atol=1e-4) == 1
 
 
 # ------------------------------------------------------------------ storage and resumption
@@ -263,7 +273,7 @@ def test_summary_counts(reference, capsys):
         assert sum(row["ranks"]) == 6 and len(row["ranks"]) == row["d"] + 1
         assert sum(row["outcomes"].values()) == pytest.approx(1.0)
     text = format_summary(rows)
-    assert "softmax" in text and "rank_drop" in text
+    assert "softmax" in text and "undecided" in text and "rank" in text
 
 
 def test_cli_run_and_summarize(tmp_path, capsys):
