@@ -270,6 +270,7 @@ class _Watch:
         self.jac = jac
         self.stiff = False
         self.rejects = [0] * REJECT_WINDOW   # rejected steps before each accepted one
+        self.n_rejects = 0                   # their sum
         self.n_accepted = 0
         self.h_last = None            # the last accepted step
 
@@ -280,9 +281,10 @@ class _Watch:
             return 0
         if self.events:
             g_new = [float(g(t, y)) for g in self.events]
-            if any(_crossed(a, b, s) for a, b, s in zip(self.g_prev, g_new, self.dirs)):
-                self.hit = t          # replay [t_prev, t] with dense output
-                return -1
+            for a, b, s in zip(self.g_prev, g_new, self.dirs):
+                if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):   # _crossed
+                    self.hit = t      # replay [t_prev, t] with dense output
+                    return -1
             self.g_prev = g_new
         self.h_last = t - self.t_prev
         self.t_prev, self.y_prev = t, np.array(y, dtype=float)
@@ -296,15 +298,18 @@ class _Watch:
             n = self.nfev()
             extra = n - self.n_prev - _DOP853_ACCEPTED
             self.n_prev = n
-            self.rejects[self.n_accepted % REJECT_WINDOW] = max(
-                0, round(extra / _DOP853_REJECTED))
+            r = (2 * extra + _DOP853_REJECTED) // (2 * _DOP853_REJECTED) if extra > 0 else 0
+            i = self.n_accepted % REJECT_WINDOW
+            self.n_rejects += r - self.rejects[i]
+            self.rejects[i] = r
             self.n_accepted += 1
-            if sum(self.rejects) >= REJECT_STIFF:
+            if self.n_rejects >= REJECT_STIFF:
                 rho = np.max(np.abs(np.linalg.eigvals(self.jac(t, self.y_prev))))
                 if self.h_last * rho >= STIFF_H_RHO:
                     self.stiff = True
                     return -1
                 self.rejects = [0] * REJECT_WINDOW   # not stiff: count afresh
+                self.n_rejects = 0
         return 0
 
 
