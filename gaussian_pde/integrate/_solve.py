@@ -148,7 +148,8 @@ def _mean_scale(attention, mean0, rtol, atol):
     size = float(np.max(np.abs(mean0)))
     if not (size > 0 and np.isfinite(size)):
         return 1.0
-    return float(2.0 ** np.round(np.log2(rtol / atol * size)))
+    exponent = np.round(np.log2(rtol / atol) + np.log2(size))
+    return float(2.0 ** np.clip(exponent, -1000, 1000))
 
 
 def _factor_jacobian(attention, with_mean=False):

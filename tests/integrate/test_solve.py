@@ -406,3 +406,20 @@ def test_zero_mean_costs_like_covariance_only():
     assert np.all(b.mean == 0) and b.status == a.status == "finished"
     assert b.nfev < 1.2 * a.nfev
     assert rel(b.cov_final, a.cov_final) < 1e-8
+
+
+def test_auto_without_an_exact_jacobian():
+    """Sinkhorn has no closed-form Jacobian: the stiff tail goes to LSODA with its own
+    differences (and no rejection trigger, which needs the Jacobian), as accurately."""
+    r = np.random.default_rng(9)
+    Q, G = r.standard_normal((2, 5)), r.standard_normal((5, 5))
+    att, cov0 = gp.Sinkhorn(Q, -Q, G.T @ G, scale=1 / np.sqrt(5)), G @ G.T
+    T = 300.0
+    auto = gp.solve(att, None, cov0, (0, T))
+    dop = gp.solve(att, None, cov0, (0, T), method="DOP853", max_nfev=None)
+    ref = gp.solve(att, None, cov0, (0, T), rtol=1e-12, atol=1e-14, method="LSODA",
+                   max_nfev=None)
+    assert "stiff from t = " in auto.message and "exact Jacobian" not in auto.message
+    assert auto.nfev < 0.7 * dop.nfev
+    assert rel(auto.cov_final, ref.cov_final) < 1e-8
+    assert rel(dop.cov_final, ref.cov_final) < 1e-8
