@@ -198,6 +198,11 @@ class DepthSolution:
     block_mean: np.ndarray | None = None
     block_cov: np.ndarray | None = None
 
+    @property
+    def success(self) -> bool:
+        """``False`` only when the propagation failed."""
+        return Status(self.status).success
+
 
 def _push_nodes(F, mean, cov, h, mode, n_per_dim):
     """Closure of a discrete layer: moments of the images of the Gauss-Hermite nodes.

@@ -91,3 +91,17 @@ def test_exponential_growth_is_not_a_blowup_anywhere():
     att = gp.Sinkhorn(np.eye(2), np.eye(2), 2 * np.eye(2))
     for name, status, tb, _ in _solvers(att, np.eye(2), (0, 15), masked=False):
         assert status in ("finished", "failed") and tb is None, name
+
+
+def test_every_result_type_has_status_message_and_success():
+    import dataclasses
+
+    from gaussian_pde.closure._masked import MaskedClosureSolution
+
+    for cls in (gp.MomentSolution, gp.BatchSolution, gp.ParticleSolution, gp.DepthSolution,
+                gp.MixtureSolution, MaskedClosureSolution):
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert {"status", "message"} <= names and hasattr(cls, "success"), cls.__name__
+    st = gp.Stack(gp.Softmax(np.eye(2), np.eye(2), np.eye(2)), n_layers=1, h=0.1)
+    res = gp.propagate_gaussian(st, np.zeros(2), np.eye(2))
+    assert res.success and res.status == "finished"
