@@ -71,10 +71,10 @@ class StiffnessDOP853(DOP853):
         if ok and not self.stiff:
             h = self.t - t_old
             K = self.K
-            dy = self.y - y_old - h * _dot(_A_LAST, K[:_NS - 1])
+            dy = self.y - y_old - h * _A_LAST.dot(K[:_NS - 1])
             df = K[_NS] - K[_NS - 1]
-            den = float(_dot(dy, dy))
-            self.hlamb = abs(h) * math.sqrt(float(_dot(df, df)) / den) if den > 0 else 0.0
+            den = float(dy.dot(dy))
+            self.hlamb = abs(h) * math.sqrt(float(df.dot(df)) / den) if den > 0 else 0.0
             if self.hlamb > _STIFF_HLAMB:
                 self._nonsti = 0
                 self._iasti += 1
@@ -85,5 +85,3 @@ class StiffnessDOP853(DOP853):
                     self._iasti = 0
         return ok, msg
 
-
-_dot = np.dot

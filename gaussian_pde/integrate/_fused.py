@@ -80,15 +80,18 @@ def _softmax(head, with_mean):
     d, k = head.d, head.k
     m = d + 1 if with_mean else d
     W = np.ascontiguousarray(np.vstack([c * V, K, Q]))
-    # work arrays and their views, made once: an evaluation is three products
+    # work arrays and their views, made once: an evaluation is three products, called as
+    # bound ndarray.dot methods (numpy's module-level dot adds a dispatch layer that costs
+    # about as much as the product of these small matrices)
     P = np.empty((d + 2 * k, m))                 # [cVZ; KZ; QZ]
     G = np.empty((m, m))                         # (KZ)^T QZ, last row replaced below
     X, KZt, QZ = P[:d], P[d:d + k].T, P[d + k:]  # contiguous blocks: no copies in dot
+    w_dot, kzt_dot, x_dot = W.dot, KZt.dot, X.dot
     if not with_mean:
         def term(L):
-            _dot(W, L, out=P)
-            _dot(KZt, QZ, out=G)
-            return _dot(X, G)
+            w_dot(L, out=P)
+            kzt_dot(QZ, out=G)
+            return x_dot(G)
 
         return term
     # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the last
@@ -97,10 +100,10 @@ def _softmax(head, with_mean):
     offset[d] = 1.0 / c
 
     def term(Z):
-        _dot(W, Z, out=P)
-        _dot(KZt, QZ, out=G)
+        w_dot(Z, out=P)
+        kzt_dot(QZ, out=G)
         last[...] = offset
-        return _dot(X, G)
+        return x_dot(G)
 
     return term
 
@@ -126,21 +129,23 @@ def _l2(head, with_mean):
         LAPACK's singular-matrix error.
         """
         if k == 1:
-            return C / (1.0 + float(_dot(B[0], B[0])))
+            return C / (1.0 + float(B[0].dot(B[0])))
         try:
-            return np.linalg.solve(_dot(B, Bt) + eye, C)
+            return np.linalg.solve(B.dot(Bt) + eye, C)
         except np.linalg.LinAlgError:
             return np.full_like(C, np.nan)
 
+    w_dot, bt_dot, x_dot = W.dot, Bt.dot, X.dot
+
     def term(Z):
-        _dot(W, Z, out=P)
+        w_dot(Z, out=P)
         if with_mean:
             rhs = QZ.copy()
             rhs[:, d] -= sKa / s                 # [QL | (Q - K) alpha]
         else:
             rhs = QZ
-        _dot(Bt, solve(rhs), out=Gd)
-        return _dot(X, G)
+        bt_dot(solve(rhs), out=Gd)
+        return x_dot(G)
 
     return term
 

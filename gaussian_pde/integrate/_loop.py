@@ -287,7 +287,7 @@ class _Watch:
                     return -1
             self.g_prev = g_new
         self.h_last = t - self.t_prev
-        self.t_prev, self.y_prev = t, np.array(y, dtype=float)
+        self.t_prev, self.y_prev = t, y.copy()     # the Fortran code reuses its buffer
         if self.ts is not None:
             self.ts.append(t)
             self.ys.append(self.y_prev)

@@ -113,7 +113,7 @@ class _System:
         """``tr(Sigma) = |L|_F^2``."""
         if self.with_mean:
             y = y[self._factor_entries]
-        return float(np.dot(y, y))
+        return float(y.dot(y))
 
     def cov_and_rate(self, y):
         """Covariance and its time derivative at a packed state."""
