@@ -256,9 +256,10 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     max_nfev = opts.max_nfev
     budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
     tr0 = max(system.trace(y0), np.finfo(float).tiny)
-    cov0 = system.mean_and_cov(y0)[1]
-    first = None if ev_opts.rank_tol is None else int(rank_first(cov0, ev_opts.rank_tol))
-    d = cov0.shape[-1]
+    first = d = None
+    if ev_opts.rank_tol is not None:
+        cov0 = system.mean_and_cov(y0)[1]
+        first, d = int(rank_first(cov0, ev_opts.rank_tol)), cov0.shape[-1]
 
     def make_events(limit):
         log_limit = math.log(limit * tr0)
