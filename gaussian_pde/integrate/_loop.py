@@ -24,6 +24,7 @@ import dataclasses
 import warnings
 
 import numpy as np
+from scipy.integrate import BDF, LSODA, Radau
 from scipy.optimize import brentq
 
 __all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compiled",
@@ -218,8 +219,6 @@ def handover_step(h_last, t, t1):
 
 def accepts_jac(solver_cls):
     """Whether the SciPy solver class uses a Jacobian (the implicit ones)."""
-    from scipy.integrate import BDF, LSODA, Radau
-
     return issubclass(solver_cls, (Radau, BDF, LSODA))
 
 
@@ -235,7 +234,9 @@ def use_compiled(method, t_eval, t0):
     """Whether :func:`integrate_compiled` should take the steps (see ``MAX_LANDINGS``)."""
     if not (isinstance(method, str) and method in COMPILED):
         return False
-    return t_eval is None or int(np.sum(np.asarray(t_eval) > t0)) <= MAX_LANDINGS
+    if t_eval is None:
+        return True
+    return sum(1 for tk in np.asarray(t_eval).tolist() if tk > t0) <= MAX_LANDINGS
 
 
 #: ``method="auto"`` on the Fortran path: this many rejected DOP853 steps among the last
@@ -351,24 +352,28 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     ts, ys = [], []
     t_events = [[] for _ in events]
     y_events = [[] for _ in events]
+    # output times to land on (Python floats: a short run is mostly this bookkeeping)
     if t_eval is None:
         ts.append(t0)
         ys.append(np.array(y0, dtype=float))
-        targets, record = np.array([t1]), np.array([False])
+        targets, record = [t1], [False]
     else:
-        ts += [t0] * int(np.sum(t_eval == t0))
+        times = t_eval.tolist()
+        ts += [t0] * times.count(t0)
         ys += [np.array(y0, dtype=float) for _ in ts]
-        targets = t_eval[t_eval > t0]
-        record = np.ones(targets.size, dtype=bool)
-        if targets.size == 0 or targets[-1] < t1:   # integrate to t1 as solve_ivp does
-            targets, record = np.append(targets, t1), np.append(record, False)
+        targets = [tk for tk in times if tk > t0]
+        record = [True] * len(targets)
+        if not targets or targets[-1] < t1:   # integrate to t1 as solve_ivp does
+            targets.append(t1)
+            record.append(False)
+    n_targets = len(targets)
     store = (ts, ys) if t_eval is None else (None, None)
     t_cur, y_cur = t0, np.array(y0, dtype=float)
     status, message, fired = None, "", None
     stiff_from = None
     k = 0
     while status is None:
-        if k >= targets.size:
+        if k >= n_targets:
             status, message = 0, "the solver reached the end of the interval"
             break
         auto = stiff is not None and method == "DOP853"
@@ -382,7 +387,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         solver.set_initial_value(y_cur, t_cur)
         if stiff is not None:   # IWORK(4) = NSTIFF: the stiffness test after every step
             solver._integrator.iwork[3] = 1
-        while k < targets.size:
+        while k < n_targets:
             with warnings.catch_warnings():   # failures are reported in the result
                 warnings.simplefilter("ignore", UserWarning)
                 y_k = solver.integrate(targets[k])
@@ -390,7 +395,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                     or not solver.successful()):
                 break
             if record[k]:
-                ts.append(float(targets[k]))
+                ts.append(targets[k])
                 ys.append(np.array(y_k, dtype=float))
             k += 1
         t_cur, y_cur = watch.t_prev, watch.y_prev
@@ -415,7 +420,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                     -3: "step size becomes too small"}.get(code, f"failed (code {code})")
         if python_to is not None and status is None:
             j = k
-            while j < targets.size and targets[j] <= python_to:
+            while j < n_targets and targets[j] <= python_to:
                 j += 1
             cls, seg_jac, seg_first = METHODS[method], None, None
             if stiff is not None and watch.hit is None:
@@ -424,7 +429,9 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             seg = integrate(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
                             atol=atol, max_step=max_step, events=events, budget=budget,
                             first_step=seg_first,
-                            t_eval=None if t_eval is None else targets[k:j][record[k:j]])
+                            t_eval=None if t_eval is None else np.array(
+                                [tk for tk, r in zip(targets[k:j], record[k:j]) if r],
+                                dtype=float))
             _merge(seg, ts, ys, t_events, y_events, skip_first=t_eval is None)
             t_cur, y_cur = seg.t_final, seg.y_final
             if seg.status in (1, 2, -1):

@@ -57,6 +57,8 @@ from ._results import MomentSolution, Status
 
 __all__ = ["solve", "integrate_system", "Run"]
 
+_TINY = np.finfo(float).tiny
+
 
 class _System:
     """State packing and right-hand side of the factor-form moment ODE.
@@ -255,7 +257,7 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     stiff_from = None
     max_nfev = opts.max_nfev
     budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
-    tr0 = max(system.trace(y0), np.finfo(float).tiny)
+    tr0 = max(system.trace(y0), _TINY)
     first = d = None
     if ev_opts.rank_tol is not None:
         cov0 = system.mean_and_cov(y0)[1]
