@@ -54,16 +54,6 @@ class Segment:
     stiff_from: float | None = None  # where the run handed over to the stiff solver
 
 
-def _crossed(g_old, g_new, direction):
-    up = g_old <= 0 <= g_new
-    down = g_old >= 0 >= g_new
-    if direction > 0:
-        return up
-    if direction < 0:
-        return down
-    return up or down
-
-
 def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
               jac=None, t_eval=None, events=(), budget=None, stiff=None):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
@@ -144,7 +134,9 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
             g_new = [float(g(t, y)) for g in events]
             hits = []
             for i, g in enumerate(events):
-                if _crossed(g_old[i], g_new[i], dirs[i]):
+                a, b, s = g_old[i], g_new[i], dirs[i]
+                # a crossing in the event's direction (both for direction 0)
+                if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
                     if dense is None:
                         dense = solver.dense_output()
                     te = _root(g, dense, t_old, t, g_old[i], g_new[i])
@@ -283,7 +275,8 @@ class _Watch:
         if self.events:
             g_new = [float(g(t, y)) for g in self.events]
             for a, b, s in zip(self.g_prev, g_new, self.dirs):
-                if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):   # _crossed
+                # a crossing in the event's direction (both for direction 0)
+                if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
                     self.hit = t      # replay [t_prev, t] with dense output
                     return -1
             self.g_prev = g_new
