@@ -275,24 +275,36 @@ def moment_jacobian(attention, with_mean):
     n = d * m
     eye = np.eye(d)
 
+    outer = np.multiply.outer
+
     def jac(t, y):
         Z = np.asarray(y, dtype=float).reshape(d, m)
         L = Z[:, :d]
         mean = Z[:, d] if with_mean else None
-        J = np.zeros((d, m, d, m))
-        JL = J[:, :d, :, :d]
+        JL = None                  # (i, a, j, b) and (i, b, a, j) parts of dL'_ij/dL_ab
         for kind, head in zip(kinds, heads):
             M, A, C, N, r = _head_parts(kind, head, L, mean)
             B = C @ L
             U = A @ L
-            T = B.T @ L
-            JL += A[:, None, :, None] * T[None, :, None, :]
-            JL += U[:, None, None, :] * B.T[None, :, :, None]
-            JL += M[:, None, :, None] * eye[None, :, None, :]
-            if with_mean:
-                J[:, d, :, :d] += A[:, :, None] * (L.T @ r)[None, None, :]
-                J[:, d, :, :d] += U[:, None, :] * r[None, :, None]
-                J[:, d, :, d] += N
+            iajb = outer(A, B.T @ L) + outer(M, eye)
+            ibaj = outer(U, B)
+            if JL is None:
+                JL, JL2 = iajb, ibaj
+                if with_mean:
+                    JmL = outer(A, L.T @ r) + outer(U, r).transpose(0, 2, 1)
+                    Jmm = N
+            else:
+                JL, JL2 = JL + iajb, JL2 + ibaj
+                if with_mean:
+                    JmL = JmL + outer(A, L.T @ r) + outer(U, r).transpose(0, 2, 1)
+                    Jmm = Jmm + N
+        factor = JL.transpose(0, 2, 1, 3) + JL2.transpose(0, 3, 2, 1)
+        if not with_mean:
+            return factor.reshape(n, n)
+        J = np.zeros((d, m, d, m))
+        J[:, :d, :, :d] = factor
+        J[:, d, :, :d] = JmL
+        J[:, d, :, d] = Jmm
         return J.reshape(n, n)
 
     return jac
