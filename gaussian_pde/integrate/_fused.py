@@ -47,15 +47,27 @@ _dot = np.dot
 
 
 def _heads(attention):
-    return attention.heads if isinstance(attention, MultiHead) else (attention,)
+    if type(attention) is MultiHead or isinstance(attention, MultiHead):
+        return attention.heads
+    return (attention,)
+
+
+#: kind of each attention class seen (a class-level property: one lookup per solve
+#: instead of the ABC instance checks)
+_KINDS = {}
 
 
 def _kind(head):
     """``"softmax"``, ``"l2"``, ``"sinkhorn"`` (the generated module) or ``None``."""
-    gen = getattr(head, "_generated", None)
-    if not isinstance(head, SingleHeadAttention) or gen is None:
-        return None
-    return gen.__name__.rsplit(".", 1)[-1]
+    cls = type(head)
+    try:
+        return _KINDS[cls]
+    except KeyError:
+        gen = getattr(cls, "_generated", None)
+        kind = (gen.__name__.rsplit(".", 1)[-1]
+                if issubclass(cls, SingleHeadAttention) and gen is not None else None)
+        _KINDS[cls] = kind
+        return kind
 
 
 def head_kinds(attention):

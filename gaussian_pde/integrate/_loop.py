@@ -24,7 +24,8 @@ import dataclasses
 import warnings
 
 import numpy as np
-from scipy.integrate import BDF, LSODA, Radau
+from scipy.integrate import BDF, LSODA, Radau, ode
+from scipy.integrate._ivp.ivp import METHODS
 from scipy.optimize import brentq
 
 __all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compiled",
@@ -338,9 +339,6 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     frequent rejected steps (``REJECT_STIFF`` among ``REJECT_WINDOW``) with
     ``h rho(jac) >= STIFF_H_RHO`` hand over too.
     """
-    from scipy.integrate import ode
-    from scipy.integrate._ivp.ivp import METHODS
-
     n = np.size(y0)
     ts, ys = [], []
     t_events = [[] for _ in events]
