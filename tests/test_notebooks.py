@@ -21,8 +21,13 @@ def test_every_attention_type_has_a_notebook():
     assert all(p.is_file() for p in NOTEBOOKS)
 
 
+#: the two longest quick runs (Sinkhorn's scaling, the mixture study) run with the slow tests
+_SLOW = {"sinkhorn", "clusters"}
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in _SLOW
+                                  else p for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_asserts(path, tmp_path, monkeypatch):
     import matplotlib
 

@@ -109,6 +109,7 @@ def test_sinkhorn_against_discretised_gaussian(k, rng):
     np.testing.assert_allclose(v_disc[inner], v_closed, rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_sinkhorn_against_particles():
     """Particle Sinkhorn (n tokens) converges to the closed form like n^{-1/2}."""
     d = 2

@@ -35,6 +35,8 @@ def _check_examples(out):
     return report
 
 
+# the full main job (about 20 s on an idle machine): in the slow run, next to the quick one
+@pytest.mark.slow
 def test_default_run_writes_reproduction_and_examples(tmp_path, capsys):
     assert main(["--quick", "--out", str(tmp_path)]) == 0
     report = _check_examples(tmp_path)

@@ -210,7 +210,8 @@ def gaussian_cases():
     }
 
 
-@pytest.mark.parametrize("case", list(gaussian_cases()))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.startswith("sinkhorn")
+                                  else c for c in gaussian_cases()])
 def test_particle_moments_match_solve(case):
     """Particles vs gp.solve within 5 sampling standard errors (n = 2000, t <= 0.5).
 
