@@ -140,6 +140,10 @@ def test_failure_is_reported_not_raised():
     assert sol.message
     auto = gp.solve(att, None, cov0, (0, 3.0), max_nfev=20_000)
     assert auto.status == "finished" and "stiff from t = " in auto.message
+    # the trace grows 1e8-fold first (DOP853 rejects a step in two there, with
+    # h rho(J) ~ 0.07: not stiff) and saturates at t = 0.5756, where the run is stiff
+    t_switch = float(auto.message.split("stiff from t = ")[1].split(" ")[0])
+    assert 0.575 < t_switch < 0.58
     ref = gp.solve(att, None, cov0, (0, 3.0), method="Radau", rtol=1e-12, atol=1e-14,
                    max_nfev=None)
     err = np.linalg.norm(auto.cov_final - ref.cov_final) / np.linalg.norm(ref.cov_final)
