@@ -58,7 +58,6 @@ Bures-Wasserstein distance, drops.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import numpy as np
 
@@ -76,6 +75,7 @@ from ..attention._multihead import MultiHead
 from ..integrate._options import solver_options, validate_method, validate_user_events
 from ..integrate._results import Status
 from ..integrate._solve import integrate_system
+from ..particles._simulate import _rng
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 
 __all__ = [
@@ -93,17 +93,6 @@ __all__ = [
 
 # --------------------------------------------------------------------------------------
 # the state
-
-
-def _rng(seed):
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
-        return np.random.default_rng(seed)
-    if isinstance(seed, (tuple, list)) and all(isinstance(s, numbers.Integral) for s in seed):
-        return np.random.default_rng(list(seed))
-    raise TypeError(f"`seed` must be an int, a sequence of ints, a numpy Generator or None, "
-                    f"got {type(seed).__name__}.")
 
 
 class GaussianMixture:
