@@ -47,7 +47,7 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention._base import Attention
-from ..integrate._options import solver_options, validate_method, validate_user_events
+from ..integrate._options import run_options
 from ..integrate._results import MomentSolution
 from ..integrate._solve import integrate_system
 from ._quadrature import gauss_hermite_gaussian
@@ -505,12 +505,10 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     mean0 = validate_vector(mean0, "mean0", size=d)
     cov0 = validate_covariance(cov0, "cov0", d=d)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
-    opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
-                          first_step=first_step, max_nfev=max_nfev,
-                          blowup_threshold=blowup_threshold, steady_tol=steady_tol,
-                          steady_atol=steady_atol, rank_tol=rank_tol)
-    method = validate_method(method)
-    events = validate_user_events(events)
+    opts, method, events = run_options(
+        t_span, method, events, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
+        first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,
+        steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
     system = _ClosureSystem(field, n_per_dim)
     y0 = np.concatenate([mean0, psd_sqrt(cov0).ravel()])
     run = integrate_system(system, y0, opts, method, user_events=events)

@@ -35,7 +35,7 @@ from .._common.validation import (
     validate_quadrature,
 )
 from ..attention._masked import Masked
-from ..integrate._options import solver_options, validate_method, validate_user_events
+from ..integrate._options import run_options
 from ..integrate._results import Status
 from ..integrate._solve import integrate_system
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
@@ -222,12 +222,10 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
     means0, covs0 = validate_blocks(means0, covs0, d)
     B = means0.shape[0]
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
-    opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
-                          first_step=first_step, max_nfev=max_nfev,
-                          blowup_threshold=blowup_threshold, steady_tol=steady_tol,
-                          steady_atol=steady_atol, rank_tol=rank_tol)
-    method = validate_method(method)
-    events = validate_user_events(events)
+    opts, method, events = run_options(
+        t_span, method, events, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
+        first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,
+        steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
     system = _MaskedSystem(attention, B, n_per_dim)
     y0 = np.concatenate([means0.ravel(), psd_sqrt(covs0).ravel()])
     run = integrate_system(system, y0, opts, method, user_events=events)

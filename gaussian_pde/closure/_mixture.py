@@ -72,7 +72,7 @@ from .._common.validation import (
 )
 from ..attention._base import Attention
 from ..attention._multihead import MultiHead
-from ..integrate._options import solver_options, validate_method, validate_user_events
+from ..integrate._options import run_options
 from ..integrate._results import Status
 from ..integrate._solve import integrate_system
 from ..particles._simulate import _rng
@@ -690,12 +690,10 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     mixture = _validate_mixture(mixture, attention.d)
     d = mixture.d
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
-    opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
-                          first_step=first_step, max_nfev=max_nfev,
-                          blowup_threshold=blowup_threshold, steady_tol=steady_tol,
-                          steady_atol=steady_atol, rank_tol=rank_tol)
-    method = validate_method(method)
-    events = validate_user_events(events)
+    opts, method, events = run_options(
+        t_span, method, events, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
+        first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,
+        steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
     if not isinstance(stop_at_merge, (bool, np.bool_)):
         raise TypeError(f"`stop_at_merge` must be a bool, got {type(stop_at_merge).__name__}.")
     system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)

@@ -23,8 +23,8 @@ from .._common.validation import (
 )
 from ._events import EventOptions, event_options
 
-__all__ = ["SolverOptions", "solver_options", "validate_method", "validate_user_events",
-           "METHODS"]
+__all__ = ["SolverOptions", "solver_options", "run_options", "validate_method",
+           "validate_user_events", "METHODS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,3 +115,12 @@ def validate_user_events(events):
         if not callable(ev):
             raise TypeError(f"`events[{i}]` must be callable as event(t, mean, cov).")
     return events
+
+
+def run_options(t_span, method, events, **options):
+    """``(SolverOptions, method, events)``, checked: what every closure solver validates.
+
+    ``options`` are the keyword arguments of :func:`solver_options`.
+    """
+    return (solver_options(t_span, **options), validate_method(method),
+            validate_user_events(events))
