@@ -521,7 +521,10 @@ def print_scalar(e):
 
 
 def _print_bound(b, dims):
-    return dims.get(b, str(b)) if isinstance(b, sp.Symbol) else str(b)
+    """A slice bound: its dimension symbols replaced by their code names in ``dims``."""
+    if isinstance(b, sp.Symbol):
+        return dims.get(b, str(b))
+    return str(b.xreplace({s: sp.Symbol(code) for s, code in dims.items()}))
 
 
 def _print_slice(e, parent, dims, batched):

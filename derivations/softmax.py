@@ -32,32 +32,36 @@ def derive():
     return S.quadratic_score_field(SCORE)
 
 
-#: the stacked weights [K; Q] and their product with the state, P = [K L; Q L]
-KQ = sp.BlockMatrix([[S.K], [S.Q]])
-P = sp.MatrixSymbol("P", 2 * S.k, S.d)
+#: the stacked weights W = [cV; K; Q] and their product with the state,
+#: P = W L = [cVL; KL; QL]
+W = sp.BlockMatrix([[S.scale * S.V], [S.K], [S.Q]])
+P = sp.MatrixSymbol("P", S.d + 2 * S.k, S.d)
 
 
 def kernel_program():
-    r"""The hoisted kernel :math:`L' = (cVL)\,(KL)^T(QL)` as a program of SymPy expressions.
+    r"""The hoisted kernel :math:`L' = \big((cVL)(KL)^T\big)(QL)` as a program of SymPy expressions.
 
-    ``P = [K; Q] L`` (one product gives both thin factors), ``KL = P[:k]``, ``QL = P[k:]``;
-    the products are grouped as the kernels evaluate them. Printed by
+    ``P = [cV; K; Q] L``: one product gives the three factors, ``cVL = P[:d]``,
+    ``KL = P[d:d+k]`` and ``QL = P[d+k:]``; the products are grouped as the kernels
+    evaluate them, the thin ``d x k`` product first. Printed by
     :func:`derivations._symbolic.program_kernel` and checked by :func:`thin_factor_form`.
     """
-    KL, QL = P[:S.k, :], P[S.k:, :]
-    thin = sp.MatMul(sp.Transpose(KL), QL)
-    return S.Program([(P, sp.MatMul(KQ, S.L))], (sp.MatMul(sp.MatMul(S.scale, S.V, S.L), thin),))
+    VL, KL, QL = P[:S.d, :], P[S.d:S.d + S.k, :], P[S.d + S.k:, :]
+    return S.Program([(P, sp.MatMul(W, S.L))],
+                     (sp.MatMul(sp.MatMul(VL, sp.Transpose(KL)), QL),))
 
 
 def thin_factor_form():
-    r"""SymPy check: :math:`L' = cV L L^TK^TQL = (cVL)\,(KL)^T(QL)`, the printed kernel.
+    r"""SymPy check: :math:`L' = cV L L^TK^TQL = \big((cVL)(KL)^T\big)(QL)`, the printed kernel.
 
     The right-hand side is :func:`kernel_program` composed back (its block slices of
-    :math:`[K; Q]L` resolved), i.e. what the hoisted kernels evaluate. Near a steady state
-    (``K = -Q``, :math:`QL \to 0`) the field is tiny while ``L`` is O(1); computing the
-    thin factors :math:`KL` and :math:`QL` directly keeps them (and the field) accurate to
-    rounding, where :math:`(K^TQ)L` or :math:`L^TK^T` loses digits to cancellation.
-    With :math:`[K; Q]` stacked once, one product gives both thin factors.
+    :math:`[cV; K; Q]L` resolved), i.e. what the hoisted kernels evaluate. Near a steady
+    state (``K = -Q``, :math:`QL \to 0`) the field is tiny while ``L`` is O(1); computing
+    the thin factors :math:`KL` and :math:`QL` directly keeps them (and the field) accurate
+    to rounding, where :math:`(K^TQ)L` or :math:`L^TK^T` loses digits to cancellation.
+    With :math:`[cV; K; Q]` stacked once, one product gives all three factors: on stacks
+    of small matrices, where each product's cost is its overhead per matrix, three products
+    per evaluation instead of four.
     """
     field = derive()
     return kernel_program().check(field.M.xreplace({S.Sigma: S.L * S.L.T}) * S.L)
@@ -72,9 +76,10 @@ def functions():
     funcs = S.affine_functions(derive(), TITLE)
     kernel = next(f for f in funcs if isinstance(f, S.Kernel))
     funcs[funcs.index(kernel)] = S.program_kernel(
-        kernel_program(), TITLE, kernel.latex, hoist=(S.scale * S.V, KQ),
-        dims=({S.k: "_k"}, {S.k: "h"}), extra_batched=[("h", "P.shape[-2] // 2")],
-        setup=[("_k", "K.shape[-2]")])
+        kernel_program(), TITLE, kernel.latex, hoist=(W,),
+        dims=({S.d: "_d", S.k: "_k"}, {S.d: "_d", S.k: "_k"}),
+        extra_batched=[("_d", "L.shape[-1]"), ("_k", "(P.shape[-2] - _d) // 2")],
+        setup=[("_d", "V.shape[-1]"), ("_k", "K.shape[-2]")])
     return funcs
 
 

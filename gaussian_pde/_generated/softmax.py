@@ -137,9 +137,8 @@ def factor_weights(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0 = (scale * V)
-    _w1 = np.concatenate([K, Q], axis=-2)
-    return (_w0, _w1)
+    _w0 = np.concatenate([(scale * V), K, Q], axis=-2)
+    return (_w0,)
 
 
 def factor_apply(weights, L):
@@ -154,10 +153,11 @@ def factor_apply(weights, L):
     L : ndarray, shape (..., d, d)
         Factor of the covariance.
     """
-    _w0, _w1 = weights
-    P = (_w1 @ L)
-    h = P.shape[-2] // 2
-    return ((_w0 @ L) @ (_T(P[..., :h, :]) @ P[..., h:, :]))
+    _w0, = weights
+    P = (_w0 @ L)
+    _d = L.shape[-1]
+    _k = (P.shape[-2] - _d) // 2
+    return ((P[..., :_d, :] @ _T(P[..., _d:_d + _k, :])) @ P[..., _d + _k:, :])
 
 
 def factor_kernel(Q, K, V, scale):
@@ -175,12 +175,13 @@ def factor_kernel(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0, _w1 = factor_weights(Q, K, V, scale)
+    _w0, = factor_weights(Q, K, V, scale)
+    _d = V.shape[-1]
     _k = K.shape[-2]
     _dot = np.dot
 
     def kernel(L):
-        P = _dot(_w1, L)
-        return _dot(_dot(_w0, L), _dot(P[:_k].T, P[_k:]))
+        P = _dot(_w0, L)
+        return _dot(_dot(P[:_d], P[_d:_d + _k].T), P[_d + _k:])
 
     return kernel
