@@ -84,6 +84,11 @@ def _wsum(c, K):
     return (c @ K.reshape(s, -1)).reshape(K.shape[1:])
 
 
+def _sq(x):
+    """Squared norm of each row: ``einsum`` is about twice as fast as ``sum`` on rows this short."""
+    return np.einsum("ij,ij->i", x, x)
+
+
 def _guard(Ys, ymax, bad):
     """Mark (in ``bad``) and replace by ``y`` the stage states that are not finite or wild.
 
@@ -92,7 +97,11 @@ def _guard(Ys, ymax, bad):
     by zeros (a harmless state) before it reaches the field. ``ymax`` is ``_WILD`` times
     the largest entry of the step's start.
     """
-    # NaN compares False: caught with the overflowing rows
+    # fast path: two reductions over the whole stack, no temporary, and (rows of 4 to 25
+    # entries being short) much cheaper than a reduction per row. NaN compares False.
+    floor = ymax.min()
+    if Ys.max() <= floor and -Ys.min() <= floor:
+        return Ys
     bad |= ~(np.abs(Ys).max(-1) <= ymax)
     if bad.any():
         Ys[bad] = 0.0
@@ -133,13 +142,13 @@ class DOP853Stepper:
         self.nfev[idx] += _NS
         # Hairer's stiffness indicator h |lambda| from the last stage (c = 1) and y_new
         y_last = y + hc * _wsum(_A[_NS - 1, :_NS - 1], K[:_NS - 1])
-        num = np.sum((f_new - K[_NS - 1]) ** 2, -1)
-        den = np.sum((y_new - y_last) ** 2, -1)
+        num = _sq(f_new - K[_NS - 1])
+        den = _sq(y_new - y_last)
         self.hlamb = np.where(den > 0, h * np.sqrt(num / np.where(den > 0, den, 1.0)), 0.0)
         sc = self.atol + np.maximum(np.abs(y), np.abs(y_new)) * self.rtol
         err5 = _wsum(_E5, K) / sc
         err3 = _wsum(_E3, K) / sc
-        e5, e3 = np.sum(err5 * err5, -1), np.sum(err3 * err3, -1)
+        e5, e3 = _sq(err5), _sq(err3)
         denom = e5 + 0.01 * e3
         err = np.where(denom > 0, h * e5 / np.sqrt(np.where(denom > 0, denom, 1.0) * n), 0.0)
         err[bad] = np.inf
