@@ -58,6 +58,9 @@ from ..integrate._batch import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
 
+#: figures of :func:`regime_figures`: one per attention type and the eigenvalue flows
+N_FIGURES = 5
+
 #: the families, in the order of the figures
 FAMILIES = ("zero", "line", "plane", "two_lines", "blowup", "depends")
 #: attention types drawn for each family (the script's order)
@@ -445,3 +448,135 @@ def outcome_counts(outcomes):
                                 and o.rank is not None else "")
         kinds[key] = kinds.get(key, 0) + 1
     return ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items()))
+
+
+# ----------------------------------------------------------------------------------------
+# figures and report
+# ----------------------------------------------------------------------------------------
+
+def _direction(angle_deg):
+    a = np.radians(angle_deg)
+    return np.array([np.cos(a), np.sin(a)])
+
+
+def regime_figures(out, results, save_figure, progress=None):
+    """``regimes_<type>.png`` (one panel per family of the type) and ``eigenvalue_flows.png``.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        Output folder.
+    results : dict
+        :func:`_run_regimes`'s results.
+    save_figure : callable
+        ``save_figure(fig, path, dpi=...)`` -> path (atomic writes).
+    progress : callable, optional
+        Called after each figure.
+
+    Returns
+    -------
+    dict
+        ``"regimes_<type>"`` and ``"eigenvalue_flows"`` -> path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .. import plotting
+
+    paths = {}
+    types = [n for n in ("softmax", "l2", "multihead", "sinkhorn")
+             if any((f, n) in results for f in FAMILIES)]
+    for name in types:
+        fams = [f for f in FAMILIES if (f, name) in results]
+        fig = plt.figure(figsize=(4.2 * len(fams), 4.8))
+        for j, family in enumerate(fams):
+            r = results[(family, name)]
+            title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
+            if family in CONE:
+                ax = fig.add_subplot(1, len(fams), j + 1, projection="3d")
+                lines = [_direction(a) for a in limit_lines(r["outcomes"])]
+                first = r["line"] if r["line"] is not None else (lines[0] if lines else None)
+                if family in ("zero", "plane"):
+                    first = None
+                plotting.plot_cone_trajectories(r["covs"], ax, limit_direction=first,
+                                                title=title)
+                if family == "two_lines":
+                    top = np.nanmax(np.trace(r["covs"], axis1=-2, axis2=-1))
+                    for u in lines[1:]:
+                        p = plotting._line_direction(u) * 1.05 * top
+                        ax.plot([0, p[0]], [0, p[1]], [0, p[2]], color=plotting.LIMIT_COLOR,
+                                lw=2.5)
+                ax.view_init(elev=20, azim=-60)
+            else:
+                ax = fig.add_subplot(1, len(fams), j + 1)
+                plotting.plot_disk_trajectories(
+                    r["covs"], ax, outcomes=[str(o.outcome) for o in r["outcomes"]],
+                    title=title)
+        fig.suptitle(f"{name}: the families of the paper's 2-D figures (published draws); "
+                     r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=11)
+        fig.tight_layout()
+        fig.subplots_adjust(wspace=0.35)
+        paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
+        plt.close(fig)
+        if progress is not None:
+            progress(f"figure: regimes_{name}.png")
+
+    fams = [f for f in FAMILIES if (f, "softmax") in results]
+    fig, axes = plt.subplots(1, max(len(fams), 1), figsize=(3.6 * max(len(fams), 1), 3.6),
+                             squeeze=False)
+    for ax, family in zip(axes[0], fams):
+        r = results[(family, "softmax")]
+        plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax,
+                                      title=f"softmax, {family}")
+    fig.suptitle(r"Eigenvalue flows of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax; one line per "
+                 r"eigenvalue and $\Sigma_0$)", fontsize=11)
+    fig.tight_layout()
+    paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=90)
+    plt.close(fig)
+    if progress is not None:
+        progress("figure: eigenvalue_flows.png")
+    return paths
+
+
+def report_lines(results, paths):
+    """The regimes section of ``report.md``: a table of outcome counts and the figures.
+
+    Parameters
+    ----------
+    results : dict
+        :func:`_run_regimes`'s results.
+    paths : dict
+        :func:`regime_figures`'s paths.
+
+    Returns
+    -------
+    list of str
+        Markdown lines.
+    """
+    L = ["## 2-D regimes (docs/math.md section 4.4)", "",
+         "The six families of the published `2d_plots.py`, with its draws (NumPy's legacy "
+         "generator, seeds 35, 36, 32 and 33 in the script's order) and the script's grids "
+         "of unit-trace initial covariances (coarser by default). Each family is one "
+         "`solve_batch` call; every trajectory is classified "
+         "(`gaussian_pde.analysis.classify_trajectory`).", "",
+         "| family | type | initial covariances | outcomes | limit lines (deg) |",
+         "|---|---|---|---|---|"]
+    for family in FAMILIES:
+        for name in PANELS[family]:
+            if (family, name) not in results:
+                continue
+            oc = results[(family, name)]["outcomes"]
+            lines = ", ".join(f"{a:.0f}" for a in limit_lines(oc)) or "-"
+            L.append(f"| {family} | {name} | {len(oc)} | {outcome_counts(oc)} | {lines} |")
+    L += ["", "Outcomes: `zero` (Sigma -> 0), `rank r` (converges to a rank-r limit), "
+          "`blowup r` (finite-time, Sigma / tr Sigma tends to rank r), `grows` (the trace "
+          "grew by more than 1e3 and still grows: L2 and Sinkhorn fields are bounded in "
+          "Sigma, so their growth is exponential), `undecided` (the evidence does not "
+          "decide). The multi-head panel of `depends` is the script's multi-head field "
+          "called with one head, i.e. the softmax field.", ""]
+    for key in sorted(k for k in paths if k.startswith("regimes_")):
+        L += [f"![{key[8:]} regimes]({paths[key].name})", ""]
+    L += [f"![eigenvalue flows]({paths['eigenvalue_flows'].name})", ""]
+    return L
