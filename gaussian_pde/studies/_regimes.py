@@ -440,6 +440,19 @@ def limit_lines(outcomes, tol_deg=2.0):
     return lines
 
 
+#: the script's divergence stop: it ends a run when the trace passes 1e3 (its default)
+SCRIPT_STOP = 1e3
+
+
+def passes_script_stop(covs):
+    """Per trajectory: whether the trace passes :data:`SCRIPT_STOP` at a stored sample.
+
+    The script's Euler runs stop there and count as "diverged"; an L2 trajectory of the
+    ``depends`` family can pass it and still converge (to a rank-1 limit of large trace).
+    """
+    return np.nanmax(np.trace(covs, axis1=-2, axis2=-1), axis=1) > SCRIPT_STOP
+
+
 def outcome_counts(outcomes):
     """``"blowup 1: 3, rank 1: 5, ..."``: outcomes (with their rank) and their counts."""
     kinds = {}
@@ -457,6 +470,17 @@ def outcome_counts(outcomes):
 def _direction(angle_deg):
     a = np.radians(angle_deg)
     return np.array([np.cos(a), np.sin(a)])
+
+
+def _draw_plane(ax, r):
+    r"""The plane of steady states :math:`e_1^T\Sigma q = 0` of the ``plane`` panel, in the cone."""
+    q = published_weights()["line"]["q"].ravel()
+    top = float(np.nanmax(np.trace(r["covs"], axis1=-2, axis2=-1)))
+    # a q_1 + c q_2 = 0 with a = (x + z) / 2, c = y / 2: y = -(x + z) q_1 / q_2
+    x, z = np.meshgrid(np.linspace(-top, top, 30), np.linspace(0, top, 30))
+    y = -(x + z) * q[0] / q[1]
+    y = np.where(x ** 2 + y ** 2 <= z ** 2, y, np.nan)
+    ax.plot_surface(x, y, z, color="tab:orange", alpha=0.3, linewidth=0)
 
 
 def regime_figures(out, results, save_figure, progress=None):
@@ -490,7 +514,7 @@ def regime_figures(out, results, save_figure, progress=None):
              if any((f, n) in results for f in FAMILIES)]
     for name in types:
         fams = [f for f in FAMILIES if (f, name) in results]
-        fig = plt.figure(figsize=(4.2 * len(fams), 4.8))
+        fig = plt.figure(figsize=(4.6 * len(fams), 4.8))
         for j, family in enumerate(fams):
             r = results[(family, name)]
             title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
@@ -508,16 +532,20 @@ def regime_figures(out, results, save_figure, progress=None):
                         p = plotting._line_direction(u) * 1.05 * top
                         ax.plot([0, p[0]], [0, p[1]], [0, p[2]], color=plotting.LIMIT_COLOR,
                                 lw=2.5)
+                if family == "plane":
+                    _draw_plane(ax, r)
                 ax.view_init(elev=20, azim=-60)
             else:
                 ax = fig.add_subplot(1, len(fams), j + 1)
-                plotting.plot_disk_trajectories(
-                    r["covs"], ax, outcomes=[str(o.outcome) for o in r["outcomes"]],
-                    title=title)
-        fig.suptitle(f"{name}: the families of the paper's 2-D figures (published draws); "
+                labels = [str(o.outcome) for o in r["outcomes"]]
+                if family == "depends":      # converging, but past the script's stop
+                    labels = [f"rank, tr > {SCRIPT_STOP:g}" if lab == "rank" and big else lab
+                              for lab, big in zip(labels, passes_script_stop(r["covs"]))]
+                plotting.plot_disk_trajectories(r["covs"], ax, outcomes=labels, title=title)
+        fig.suptitle(f"{name}: the paper's 2-D families (published draws)\n"
                      r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=11)
-        fig.tight_layout()
-        fig.subplots_adjust(wspace=0.35)
+        # fixed margins: tight_layout would draw the (slow) 3-D panels once more
+        fig.subplots_adjust(left=0.04, right=0.97, bottom=0.1, top=0.8, wspace=0.45)
         paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
         plt.close(fig)
         if progress is not None:
@@ -530,9 +558,10 @@ def regime_figures(out, results, save_figure, progress=None):
         r = results[(family, "softmax")]
         plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax,
                                       title=f"softmax, {family}")
+        ax.set_ylim(bottom=_VANISHED)        # below: lost in rounding (see _classify)
     fig.suptitle(r"Eigenvalue flows of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax; one line per "
-                 r"eigenvalue and $\Sigma_0$)", fontsize=11)
-    fig.tight_layout()
+                 r"eigenvalue and $\Sigma_0$; cut at $10^{-12}$)", fontsize=11)
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.15, top=0.8, wspace=0.3)
     paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=90)
     plt.close(fig)
     if progress is not None:
@@ -561,21 +590,28 @@ def report_lines(results, paths):
          "of unit-trace initial covariances (coarser by default). Each family is one "
          "`solve_batch` call; every trajectory is classified "
          "(`gaussian_pde.analysis.classify_trajectory`).", "",
-         "| family | type | initial covariances | outcomes | limit lines (deg) |",
-         "|---|---|---|---|---|"]
+         f"| family | type | initial covariances | outcomes | limit lines (deg) | "
+         f"trace passes {SCRIPT_STOP:g} |", "|---|---|---|---|---|---|"]
     for family in FAMILIES:
         for name in PANELS[family]:
             if (family, name) not in results:
                 continue
             oc = results[(family, name)]["outcomes"]
             lines = ", ".join(f"{a:.0f}" for a in limit_lines(oc)) or "-"
-            L.append(f"| {family} | {name} | {len(oc)} | {outcome_counts(oc)} | {lines} |")
+            big = int(passes_script_stop(results[(family, name)]["covs"]).sum())
+            L.append(f"| {family} | {name} | {len(oc)} | {outcome_counts(oc)} | {lines} "
+                     f"| {big} |")
     L += ["", "Outcomes: `zero` (Sigma -> 0), `rank r` (converges to a rank-r limit), "
           "`blowup r` (finite-time, Sigma / tr Sigma tends to rank r), `grows` (the trace "
           "grew by more than 1e3 and still grows: L2 and Sinkhorn fields are bounded in "
           "Sigma, so their growth is exponential), `undecided` (the evidence does not "
-          "decide). The multi-head panel of `depends` is the script's multi-head field "
-          "called with one head, i.e. the softmax field.", ""]
+          "decide). Limit lines: the directions of the rank-1 limits, as angles of the "
+          "top eigenvector. Last column: trajectories whose trace passes "
+          f"{SCRIPT_STOP:g}, where the script stops and counts a divergence; in the L2 "
+          "`depends` panel these converge (to rank-1 limits of large trace), so there the "
+          "only thing that depends on Sigma_0 is the size and direction of the limit. The "
+          "multi-head panel of `depends` is the script's multi-head field called with one "
+          "head, i.e. the softmax field.", ""]
     for key in sorted(k for k in paths if k.startswith("regimes_")):
         L += [f"![{key[8:]} regimes]({paths[key].name})", ""]
     L += [f"![eigenvalue flows]({paths['eigenvalue_flows'].name})", ""]
