@@ -79,7 +79,7 @@ _PUBLISHED_GRID = {"zero": (10, 0.5), "line": (10, 0.5), "plane": (10, 0.5),
 #: smaller grids of the same layout. The depends grid needs enough points near the
 #: boundary of the disk to meet the blow-up sector (a thin band, see docs/math.md 4.4).
 _GRID_SIZES = {"quick": {"zero": 3, "line": 3, "plane": 3, "two_lines": 5, "blowup": 4,
-                         "depends": 12},
+                         "depends": 10},
                "default": {"zero": 6, "line": 6, "plane": 6, "two_lines": 10, "blowup": 8,
                            "depends": 14},
                "published": {f: n for f, (n, _) in _PUBLISHED_GRID.items()}}
