@@ -347,6 +347,18 @@ def _classify(t, cov, attention, status, t_blowup, message, growth_ratio=1e8):
     return oc
 
 
+def _against_conserved(oc, cov0, n):
+    r"""Compare a limit with the one fixed by the conserved :math:`n^T\Sigma^{-1}n` (math.md 4.2).
+
+    For :math:`K = -Q = -q^T` and :math:`n \perp q`, a rank-one limit along :math:`n` is
+    :math:`nn^T/(n^T\Sigma_0^{-1}n)`. The relative distance goes into the message.
+    """
+    pred = np.outer(n, n) / (n @ np.linalg.solve(cov0, n))
+    err = np.linalg.norm(oc.limit - pred) / np.trace(pred)
+    return dataclasses.replace(oc, message=f"{oc.message}; the limit differs from "
+                               f"n n^T / (n^T Sigma_0^-1 n) (conserved) by {err:.1e}")
+
+
 def _run_regimes(grids, n_eval, drawn=None, progress=None):
     """Integrate and classify every panel.
 
@@ -401,10 +413,12 @@ def _run_group(results, family, names, atts, grid, T, n_eval):
             cv = np.concatenate([sol.cov[b, keep], sol.cov_final[b][None]])
             if t[-2] == t[-1]:
                 t, cv = t[:-1], cv[:-1]
-            outcomes.append(_classify(
-                t, cv, att, sol.status[b],
-                None if np.isnan(sol.t_blowup[b]) else sol.t_blowup[b], sol.message[b],
-                growth_ratio=growth))
+            oc = _classify(t, cv, att, sol.status[b],
+                           None if np.isnan(sol.t_blowup[b]) else sol.t_blowup[b],
+                           sol.message[b], growth_ratio=growth)
+            if line is not None and oc.limit is not None:
+                oc = _against_conserved(oc, grid[i], line)
+            outcomes.append(oc)
             traj = np.full((n_eval + 2, 2, 2), np.nan)
             traj[:cv.shape[0]] = cv
             trajs.append(traj)
