@@ -626,7 +626,8 @@ def report_lines(results, paths):
           "only thing that depends on Sigma_0 is the size and direction of the limit. The "
           "multi-head panel of `depends` is the script's multi-head field called with one "
           "head, i.e. the softmax field.", ""]
-    for key in sorted(k for k in paths if k.startswith("regimes_")):
-        L += [f"![{key[8:]} regimes]({paths[key].name})", ""]
+    for name in ("softmax", "l2", "multihead", "sinkhorn"):
+        if f"regimes_{name}" in paths:
+            L += [f"![{name} regimes]({paths[f'regimes_{name}'].name})", ""]
     L += [f"![eigenvalue flows]({paths['eigenvalue_flows'].name})", ""]
     return L
