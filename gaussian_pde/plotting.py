@@ -99,13 +99,18 @@ def plot_cone_trajectories(covs, ax=None, *, limit_direction=None, color="tab:bl
     pts = cone_coordinates(np.nan_to_num(covs, nan=0.0))
     ok = np.isfinite(covs).all(axis=(-2, -1))
     top = max(float(np.nanmax(np.where(ok, pts[..., 2], np.nan))), 1e-12)
+    starts, ends = [], []
     for p, k in zip(pts, ok):
         p = p[k]
         if p.size == 0:
             continue
         ax.plot(p[:, 0], p[:, 1], p[:, 2], color=color, lw=1.0, alpha=0.8)
-        ax.scatter(*p[0], color=START_COLOR, s=12, depthshade=False)
-        ax.scatter(*p[-1], color=END_COLOR, s=8, depthshade=False)
+        starts.append(p[0])
+        ends.append(p[-1])
+    # one collection for all the starts and one for all the ends (drawing is per artist)
+    if starts:
+        ax.scatter(*np.array(starts).T, color=START_COLOR, s=12, depthshade=False)
+        ax.scatter(*np.array(ends).T, color=END_COLOR, s=8, depthshade=False)
     if surface:
         th, h = np.meshgrid(np.linspace(0, 2 * np.pi, 40), np.linspace(0, 1.05 * top, 8))
         ax.plot_wireframe(h * np.cos(th), h * np.sin(th), h, color="0.75", lw=0.4)
@@ -157,7 +162,7 @@ def plot_disk_trajectories(covs, ax=None, *, outcomes=None, limit_direction=None
     if ax is None:
         ax = _new_ax()
     ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="0.4", lw=1))
-    seen = set()
+    seen, starts, ends = set(), [], []
     for i, cv in enumerate(covs):
         cv = cv[np.isfinite(cv).all(axis=(-2, -1))]
         cv = cv[np.trace(cv, axis1=-2, axis2=-1) > 0]
@@ -170,8 +175,11 @@ def plot_disk_trajectories(covs, ax=None, *, outcomes=None, limit_direction=None
             lab = outcomes[i] if outcomes[i] not in seen else None
             seen.add(outcomes[i])
         ax.plot(p[:, 0], p[:, 1], color=col, lw=1.0, alpha=0.85, label=lab)
-        ax.plot(*p[0], "o", color=START_COLOR, ms=3)
-        ax.plot(*p[-1], "o", color=END_COLOR, ms=2)
+        starts.append(p[0])
+        ends.append(p[-1])
+    if starts:   # one artist for all the starts and one for all the ends
+        ax.plot(*np.array(ends).T, "o", color=END_COLOR, ms=2, ls="none")
+        ax.plot(*np.array(starts).T, "o", color=START_COLOR, ms=3, ls="none")
     if limit_direction is not None:
         x = _line_direction(limit_direction)
         ax.plot(x[0], x[1], "*", color=LIMIT_COLOR, ms=14, mec="k", label="limit direction")

@@ -29,9 +29,10 @@ Residual and normalisation stabilisers (docs/math.md section 7)
     :func:`draw_layers` and the per-layer measures of :func:`depth_metrics`.
 
 The paper's Gaussian results (docs/math.md sections 4 and 9)
-    :func:`reproduce` writes the 2-D regimes (:data:`REGIMES` for the attention types
-    :data:`TYPES`, from the initial covariances of :func:`unit_trace_grid`) and the rank
-    histograms, with eigenvalues counted above :data:`PAPER_THRESHOLD` in the paper's
+    :func:`reproduce` writes the 2-D regimes (:data:`REGIMES`: the families of the
+    published ``2d_plots.py`` with its draws and grid layout, for the attention types
+    :data:`TYPES`; :func:`unit_trace_grid` is a polar grid of such initial covariances) and
+    the rank histograms, with eigenvalues counted above :data:`PAPER_THRESHOLD` in the paper's
     protocol. :func:`published_histograms` replays the published histogram protocol of
     section 9 number for number (:func:`write_published_histograms` writes its JSON).
 

@@ -2,10 +2,11 @@ r"""``gaussian-pde reproduce``: the paper's Gaussian figures, and what they look
 
 Writes into an output folder (all files atomically, :mod:`gaussian_pde._common.io`):
 
-* ``regimes_<type>.png`` for softmax, L2, multi-head (2 heads) and Sinkhorn: the 2-D
-  regimes of docs/math.md section 4.4 from a grid of unit-trace initial covariances
-  (convergence to 0 and to a line in the PSD cone, blow-up and the
-  :math:`\Sigma_0`-dependent regime as :math:`\Sigma/\operatorname{tr}\Sigma` in the disk);
+* ``regimes_<type>.png`` for softmax, L2, multi-head and Sinkhorn: the 2-D regimes of
+  docs/math.md section 4.4, the families of the published ``2d_plots.py`` with its draws
+  (:mod:`gaussian_pde.studies._regimes`: convergence to 0, to a line, to a plane and to
+  two lines in the PSD cone, blow-up and the :math:`\Sigma_0`-dependent regime as
+  :math:`\Sigma/\operatorname{tr}\Sigma` in the disk);
 * ``eigenvalue_flows.png``: eigenvalues of :math:`\Sigma/\operatorname{tr}\Sigma` over time;
 * ``rank_histograms.png``: ranks for d = 3, 4, 5, softmax and L2, V = I and
   :math:`V = G^TG`, the paper's protocol next to the accurate one;
@@ -51,15 +52,23 @@ from .._common.linalg import psd_sqrt
 from .._common.validation import validate_int, validate_positive
 from ..analysis import classify_trajectory, limit_rank
 from ..attention._l2 import L2
-from ..attention._multihead import MultiHead
-from ..attention._sinkhorn import Sinkhorn
 from ..attention._softmax import Softmax
 from ..integrate._batch import solve_batch
+from ._regimes import (
+    FAMILIES,
+    N_FIGURES,
+    _run_regimes,
+    draw_all,
+    regime_figures,
+    regime_grids,
+    report_lines,
+    unit_trace_grid,
+)
 
 __all__ = ["reproduce", "unit_trace_grid", "REGIMES", "TYPES", "PAPER_THRESHOLD"]
 
-#: the 2-D regimes, in the order of the figures
-REGIMES = ("zero", "line", "blowup", "depends")
+#: the 2-D regimes (families of the published 2d_plots.py), in the order of the figures
+REGIMES = FAMILIES
 #: attention types of the regime figures
 TYPES = ("softmax", "l2", "multihead", "sinkhorn")
 #: the paper's rank threshold on the eigenvalues of the stopped covariance
@@ -68,8 +77,7 @@ PAPER_THRESHOLD = 0.1
 ACCURATE_RTOL = 1e-6
 #: dimensions of the rank histograms
 _HIST_DS = (3, 4, 5)
-#: horizons
-_HORIZON = {"zero": 1e7, "line": 1e6, "blowup": 50.0, "depends": 30.0}
+#: horizon of the accurate histograms
 _HIST_HORIZON = 1e8
 #: per-trajectory evaluation cap, Jacobian evaluations included (a trajectory that hits it
 #: ends undecided, never guessed). The integrator is solve_batch's default
@@ -84,123 +92,6 @@ _MAX_NFEV = 100_000
 #: 1000 accurate ranks against 1e-7 (seed 0), so 1e-7.
 _PAPER_RTOL = 1e-6
 _ACCURATE_RTOL = 1e-7
-_REGIME_TITLES = {
-    "zero": r"$\Sigma\to 0$: $K=-Q$, $Q_{ij}\sim U[0,1]$, $V=GG^T$",
-    "line": r"collapse to a line: $Q=q^T$, $|q|=1$, $K=-Q$, $V=I$",
-    "blowup": r"blow-up: $A+A^T\succ 0$, $V=I$ ($\Sigma/\mathrm{tr}\,\Sigma$)",
-    "depends": r"$\Sigma_0$-dependent: $A+A^T$ indefinite, $V$ random",
-}
-
-
-def unit_trace_grid(n_radii, n_angles, r_max=0.85):
-    r"""Unit-trace 2 x 2 covariances on a polar grid of the disk, plus its centre.
-
-    :math:`\Sigma = \tfrac12\begin{pmatrix}1 + x & y\\ y & 1 - x\end{pmatrix}` with
-    :math:`(x, y) = r(\cos\theta, \sin\theta)`, :math:`0 < r \le` ``r_max`` :math:`< 1`
-    (full rank). Returns an array of shape ``(1 + n_radii * n_angles, 2, 2)``.
-    """
-    n_radii = validate_int(n_radii, "n_radii", minimum=1)
-    n_angles = validate_int(n_angles, "n_angles", minimum=1)
-    r_max = validate_positive(r_max, "r_max")
-    if r_max >= 1:
-        raise ValueError(f"`r_max` must be smaller than 1 (full-rank covariances), got {r_max}.")
-    r = np.linspace(r_max / n_radii, r_max, n_radii)
-    # alternate rings are rotated by half an angular step so the grid looks even
-    th = (np.linspace(0, 2 * np.pi, n_angles, endpoint=False)[None, :]
-          + (np.arange(n_radii)[:, None] % 2) * np.pi / n_angles)
-    x = np.concatenate([[0.0], (r[:, None] * np.cos(th)).ravel()])
-    y = np.concatenate([[0.0], (r[:, None] * np.sin(th)).ravel()])
-    return 0.5 * np.stack([np.stack([1 + x, y], -1), np.stack([y, 1 - x], -1)], -2)
-
-
-# ----------------------------------------------------------------------------------------
-# the 2-D regimes
-# ----------------------------------------------------------------------------------------
-
-def _regime_attentions(regime, rng):
-    """Name -> (attention, limiting line direction or None) for one regime."""
-    I2 = np.eye(2)
-    out = {}
-    if regime == "zero":
-        Q, G = rng.uniform(0, 1, (2, 2)), rng.standard_normal((2, 2))
-        V = G @ G.T
-        heads = []
-        for _ in range(2):
-            q, g = rng.uniform(0, 1, (1, 2)), rng.standard_normal((2, 2))
-            heads.append(Softmax(q, -q, g @ g.T))
-        out = {"softmax": Softmax(Q, -Q, V), "l2": L2(Q, -Q, V),
-               "multihead": MultiHead(heads), "sinkhorn": Sinkhorn(Q, -Q, V)}
-        return {k: (v, None) for k, v in out.items()}
-    if regime == "line":
-        th = rng.uniform(0, np.pi)
-        q = np.array([[np.cos(th), np.sin(th)]])
-        perp = np.array([-np.sin(th), np.cos(th)])
-        out = {"softmax": Softmax(q, -q, I2), "l2": L2(q, -q, I2),
-               "multihead": MultiHead([Softmax(q, -q, I2), L2(q, -q, I2)]),
-               "sinkhorn": Sinkhorn(q, -q, I2)}
-        return {k: (v, perp) for k, v in out.items()}
-    if regime == "blowup":
-        Q = rng.standard_normal((2, 2))  # K = Q: A + A^T = 2c Q^T Q > 0
-        q1, q2 = rng.standard_normal((1, 2)), rng.standard_normal((1, 2))
-        out = {"softmax": Softmax(Q, Q, I2), "l2": L2(Q, Q, I2),
-               "multihead": MultiHead([Softmax(q1, q1, I2), Softmax(q2, q2, I2)]),
-               "sinkhorn": Sinkhorn(Q, Q, I2)}
-        return {k: (v, None) for k, v in out.items()}
-    # depends: A + A^T indefinite (det < 0), V random
-    while True:
-        Q, K = rng.standard_normal((2, 2)), rng.standard_normal((2, 2))
-        S = K.T @ Q + Q.T @ K
-        if np.linalg.det(S) < -0.1:
-            break
-    V = np.eye(2) + 0.6 * rng.standard_normal((2, 2))
-    V2 = np.eye(2) + 0.6 * rng.standard_normal((2, 2))
-    out = {"softmax": Softmax(Q, K, V), "l2": L2(Q, K, V),
-           "multihead": MultiHead([Softmax(Q[:1], K[:1], V), Softmax(Q[1:], K[1:], V2)]),
-           "sinkhorn": Sinkhorn(Q, K, V)}
-    return {k: (v, None) for k, v in out.items()}
-
-
-def _run_regimes(rng, grid, n_eval, drawn=None, progress=None):
-    """The 2-D regimes.
-
-    ``drawn``: the regimes' attentions, ``{regime: _regime_attentions(regime, rng)}`` in
-    the order of REGIMES (drawn here from ``rng`` when not given; a subset of the
-    regimes runs only those). ``progress``: called after each regime.
-    """
-    results = {}
-    if drawn is None:
-        drawn = {regime: _regime_attentions(regime, rng) for regime in REGIMES}
-    for regime in [r for r in REGIMES if r in drawn]:
-        atts = drawn[regime]
-        T = _HORIZON[regime]
-        t_eval = np.concatenate([[0.0], np.geomspace(1e-3, T, n_eval)])
-        seq = [atts[name][0] for name in TYPES for _ in range(len(grid))]
-        covs = np.concatenate([grid] * len(TYPES))
-        sol = solve_batch(seq, covs, (0.0, T), t_eval=t_eval, rtol=1e-9, atol=1e-12,
-                          max_nfev=20_000)
-        for j, name in enumerate(TYPES):
-            att, line = atts[name]
-            trajs, outcomes = [], []
-            for i in range(len(grid)):
-                b = j * len(grid) + i
-                keep = np.isfinite(sol.cov[b, :, 0, 0])
-                t = np.append(t_eval[keep], sol.t_final[b])
-                cv = np.concatenate([sol.cov[b, keep], sol.cov_final[b][None]])
-                if t[-2] == t[-1]:
-                    t, cv = t[:-1], cv[:-1]
-                oc = classify_trajectory(
-                    t, cv, attention=att, status=sol.status[b],
-                    t_blowup=None if np.isnan(sol.t_blowup[b]) else sol.t_blowup[b],
-                    message=sol.message[b])
-                traj = np.full((n_eval + 2, 2, 2), np.nan)
-                traj[:cv.shape[0]] = cv
-                trajs.append(traj)
-                outcomes.append(oc)
-            results[(regime, name)] = dict(attention=att, line=line, covs=np.array(trajs),
-                                           outcomes=outcomes, t_eval=t_eval)
-        if progress is not None:
-            progress(f"regimes: {regime}")
-    return results
 
 
 # ----------------------------------------------------------------------------------------
@@ -312,44 +203,7 @@ def _figures(out, regimes, hists, ds, progress=None):
 
     from .. import plotting
 
-    paths = {}
-    for name in TYPES:
-        fig = plt.figure(figsize=(16, 4.4))
-        for j, regime in enumerate(REGIMES):
-            r = regimes[(regime, name)]
-            counts = _outcome_counts(r["outcomes"])
-            title = f"{_REGIME_TITLES[regime]}\n{counts}"
-            if regime in ("zero", "line"):
-                ax = fig.add_subplot(1, 4, j + 1, projection="3d")
-                plotting.plot_cone_trajectories(r["covs"], ax, limit_direction=r["line"],
-                                                title=title)
-                ax.view_init(elev=18, azim=-60)
-            else:
-                ax = fig.add_subplot(1, 4, j + 1)
-                plotting.plot_disk_trajectories(
-                    r["covs"], ax, outcomes=[str(o.outcome) for o in r["outcomes"]],
-                    title=title)
-        fig.suptitle(f"{name}: Gaussian covariance trajectories from a grid of unit-trace "
-                     r"$\Sigma_0$ (red dots)", fontsize=11)
-        fig.tight_layout()
-        fig.subplots_adjust(wspace=0.4)  # room for the 3-D panels' z labels
-        paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
-        plt.close(fig)
-        if progress is not None:
-            progress(f"figure: regimes_{name}.png")
-
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    for ax, regime in zip(axes, REGIMES):
-        r = regimes[(regime, "softmax")]
-        plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax,
-                                      title=f"softmax, {regime}")
-    fig.suptitle(r"Eigenvalue flows of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax; one line per "
-                 r"eigenvalue and $\Sigma_0$)", fontsize=11)
-    fig.tight_layout()
-    paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=90)
-    plt.close(fig)
-    if progress is not None:
-        progress("figure: eigenvalue_flows.png")
+    paths = regime_figures(out, regimes, save_figure, progress=progress)
 
     fig, axes = plt.subplots(len(ds), 4, figsize=(16, 3.2 * len(ds)), squeeze=False)
     for i, d in enumerate(ds):
@@ -390,24 +244,8 @@ def _report(cfg, regimes, hists, ds, paths, timing):
          f"Seed {cfg['seed']}, {'quick' if cfg['quick'] else 'full'} run, "
          f"{timing['compute_s']:.2f} s of compute ({timing['cpu_s']:.2f} s CPU), "
          f"{timing['wall_s']:.2f} s wall including figures.", "",
-         "## 2-D regimes (docs/math.md section 4.4)", "",
-         f"Each panel integrates {len(next(iter(regimes.values()))['outcomes'])} unit-trace "
-         "initial covariances (a polar grid of the unit disk) in one batch "
-         "(`solve_batch`) and classifies every trajectory "
-         "(`gaussian_pde.analysis.classify_trajectory`).", "",
-         "| type | " + " | ".join(REGIMES) + " |", "|---" * (len(REGIMES) + 1) + "|"]
-    for name in TYPES:
-        L.append(f"| {name} | " + " | ".join(_outcome_counts(regimes[(r, name)]["outcomes"])
-                                             for r in REGIMES) + " |")
-    L += ["", "Outcomes: `zero` (Sigma -> 0), `rank r` (converges to a rank-r limit), "
-          "`blowup` (finite-time), `grows` (unbounded growth without a finite-time "
-          "singularity: L2 and Sinkhorn fields are bounded in Sigma, so their growth is "
-          "exponential), `undecided` (the evidence within the horizon does not decide; e.g. "
-          "an eigenvalue still moving at the horizon, or a solver failure).", ""]
-    for name in TYPES:
-        L += [f"![{name} regimes]({paths[f'regimes_{name}'].name})", ""]
-    L += [f"![eigenvalue flows]({paths['eigenvalue_flows'].name})", "",
-          "## Rank histograms", "",
+         *report_lines(regimes, paths)]
+    L += ["## Rank histograms", "",
           f"{cfg['n_settings']} settings per dimension: Q in R^(floor(d/2) x d) standard "
           "normal, K = -Q, Sigma_0 = G G^T, V = I or V = G^T G (the same G), scale "
           "1/sqrt(d).", "",
@@ -495,7 +333,7 @@ def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel, progress=N
     try:
         future = (pool.submit(_histograms_many, [settings[d] for d in child_ds], paper_tol)
                   if pool is not None else None)
-        regimes = _run_regimes(rng, grid, n_eval, drawn, progress=progress)
+        regimes = _run_regimes(grid, n_eval, drawn, progress=progress)
         hists = _histograms_many([settings[d] for d in ds if d not in child_ds], paper_tol,
                                  progress=progress)
         if future is not None:
@@ -519,7 +357,7 @@ def progress_steps():
 
     One per regime, per histogram dimension and per figure.
     """
-    return len(REGIMES) + len(_HIST_DS) + len(TYPES) + 2
+    return len(REGIMES) + len(_HIST_DS) + N_FIGURES + 1
 
 
 def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
@@ -543,13 +381,13 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
     seed = validate_int(seed, "seed", minimum=0)
     paper_tol = validate_positive(paper_tol, "paper_tol")
     rng = np.random.default_rng(seed)
-    grid = unit_trace_grid(1, 4) if quick else unit_trace_grid(3, 8)
+    grid = regime_grids("quick" if quick else "default")   # family -> initial covariances
     n_eval = 30 if quick else 80
     n_settings = 10 if quick else 100
     ds = _HIST_DS
     w0, c0 = time.perf_counter(), _cpu_time()
-    # every random draw first, in the order of the serial computation
-    drawn = {regime: _regime_attentions(regime, rng) for regime in REGIMES}
+    # every random draw first: the regimes' are the published script's (fixed seeds)
+    drawn = draw_all()
     settings = {d: _hist_settings(rng, d, n_settings) for d in ds}
     regimes, hists = _compute(rng, grid, n_eval, drawn, settings, paper_tol,
                               parallel=not quick, progress=progress)
@@ -557,7 +395,7 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
     paths = _figures(out, regimes, hists, ds, progress=progress)
     wall_s = time.perf_counter() - w0
     cfg = dict(seed=seed, quick=quick, paper_tol=paper_tol, n_settings=n_settings,
-               n_grid=len(grid))
+               n_grid={f: len(g) for f, g in grid.items()})
     timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s)
     text, summary = _report(cfg, regimes, hists, ds, paths, timing)
     arrays = {}

@@ -50,9 +50,10 @@ def test_default_run_writes_reproduction_and_examples(tmp_path, capsys):
     assert [line.split("] ")[0] for line in lines] == [f"[{k:>2}/{steps}" for k in
                                                        range(1, steps + 1)]
     messages = [line.split("] ", 1)[1].rsplit(" (", 1)[0] for line in lines]
-    assert messages[:4] == [f"regimes: {r}" for r in REGIMES]
-    assert messages[4:7] == [f"histograms: d = {d}" for d in (3, 4, 5)]
-    assert messages[7] == "figure: regimes_softmax.png"
+    n = len(REGIMES)
+    assert messages[:n] == [f"regimes: {r}" for r in REGIMES]
+    assert messages[n:n + 3] == [f"histograms: d = {d}" for d in (3, 4, 5)]
+    assert messages[n + 3] == "figure: regimes_softmax.png"
     assert messages[-1] == "figure: covariance_trajectories.png"
 
 

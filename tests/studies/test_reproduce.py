@@ -51,8 +51,8 @@ def test_histogram_counts_and_outcomes(quick_run):
         if key.startswith("softmax_I_"):
             assert np.all(np.array(h["accurate"]) == d - d // 2)
     kinds = {o.value for o in Outcome}
-    for trajs in res["regimes"].values():
-        assert len(trajs) == res["config"]["n_grid"]
+    for key, trajs in res["regimes"].items():
+        assert len(trajs) == res["config"]["n_grid"][key.split("/")[0]]
         assert all(t["outcome"] in kinds and t["message"] for t in trajs)
 
 
@@ -92,19 +92,15 @@ def test_grid_validation():
 def test_parallel_equals_serial():
     # the two-process split of the full run (one child integrates some of the histograms)
     # gives the serial results bit for bit: every draw is made before the split
-    from gaussian_pde.studies._reproduce import (
-        REGIMES,
-        _compute,
-        _hist_settings,
-        _regime_attentions,
-    )
+    from gaussian_pde.studies._regimes import _regime_attentions
+    from gaussian_pde.studies._reproduce import _compute, _hist_settings
 
     def run(parallel):
         rng = np.random.default_rng(5)
-        drawn = {r: _regime_attentions(r, rng) for r in REGIMES}
-        drawn = {"depends": drawn["depends"]}       # the quickest regime suffices here
+        drawn = {"plane": _regime_attentions("plane")}   # the quickest family suffices here
         settings = {d: _hist_settings(rng, d, 2) for d in (3, 4)}
-        return _compute(rng, unit_trace_grid(1, 1)[:1], 3, drawn, settings, 1e-3, parallel)
+        grid = {"plane": unit_trace_grid(1, 1)[:1]}
+        return _compute(rng, grid, 3, drawn, settings, 1e-3, parallel)
 
     (reg_s, hist_s), (reg_p, hist_p) = run(False), run(True)
     assert list(hist_s) == list(hist_p)

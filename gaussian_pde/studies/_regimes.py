@@ -1,0 +1,633 @@
+r"""The 2-D regimes of the paper's ``2d_plots.py``, with its draws, integrated accurately.
+
+Six families (docs/math.md section 4.4), each for the attention types the paper draws it
+for, with the parameters of the published script (NumPy's legacy generator
+``RandomState``, seeded and consumed in the script's order):
+
+=============  ==================================  ========================================
+family         types                               parameters (seed)
+=============  ==================================  ========================================
+``zero``       softmax, L2, multi-head, Sinkhorn   :math:`Q_{ij}\sim U[0,1]`, :math:`K=-Q`,
+                                                   :math:`V = GG^T` (35)
+``line``       softmax, L2                         :math:`Q = q^T`, :math:`|q| = 1`,
+                                                   :math:`K = -Q`, :math:`V = I` (36)
+``plane``      multi-head                          the same :math:`q`, two heads (36)
+``two_lines``  softmax, L2                         :math:`A + A^T` indefinite (36),
+                                                   :math:`V` standard normal (32)
+``blowup``     softmax, multi-head, L2, Sinkhorn   :math:`A + A^T \succ 0` (33), :math:`V = I`
+``depends``    softmax, L2, multi-head             the ``two_lines`` :math:`Q, K`, another
+                                                   :math:`V` (35)
+=============  ==================================  ========================================
+
+The published right-hand sides, in the package's conventions (checked in
+tests/studies/test_regimes.py against a transcription of the script's formulas):
+
+* softmax: ``Softmax(Q, K, V, scale=1/sqrt(2))`` (:math:`A = K^TQ/\sqrt d`, also for the
+  one-row :math:`Q` of ``line``, where the package default would be 1);
+* L2: ``L2(Q, K, V / sqrt(2), scale=1)`` (the quadratic part :math:`2K^TK` is not scaled,
+  docs/math.md section 9.4);
+* multi-head with ``H`` heads: head ``h`` takes rows ``h`` of ``Q`` and ``K`` (for
+  ``H = 2``, ``d = 2``) and the value :math:`e_he_h^TV` (row ``h`` of ``V``), scale
+  :math:`1/\sqrt{d/H}`. For ``plane`` the script's ``Q`` has one row, so its second head
+  is empty: one head ``Softmax(q, -q, e_1 e_1^T, scale=1)`` remains. For ``depends`` the
+  script calls the multi-head field without ``H``, so ``H = 1``: one head equal to the
+  softmax field (the panel repeats the softmax one);
+* Sinkhorn: ``Sinkhorn(Q, K, V, scale=1)`` (the script's :math:`A = K^TQ`, unscaled).
+
+Every trajectory is integrated with :func:`gaussian_pde.integrate._batch.solve_batch` to a
+horizon per family and classified by :func:`gaussian_pde.analysis.classify_trajectory`
+(exact rate from the attention), with one refinement (:func:`_classify`): an eigenvalue
+that has fallen below ``1e-12`` of the largest (exponential collapse of a direction) is
+below what the integration resolves, so its rate is rounding; it counts as vanished
+instead of leaving the trajectory undecided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .._common.validation import validate_int, validate_positive
+from ..analysis import Outcome, classify_trajectory
+from ..attention._l2 import L2
+from ..attention._multihead import MultiHead
+from ..attention._sinkhorn import Sinkhorn
+from ..attention._softmax import Softmax
+from ..integrate._batch import solve_batch
+
+__all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
+
+#: figures of :func:`regime_figures`: one per attention type and the eigenvalue flows
+N_FIGURES = 5
+
+#: the families, in the order of the figures
+FAMILIES = ("zero", "line", "plane", "two_lines", "blowup", "depends")
+#: attention types drawn for each family (the script's order)
+PANELS = {"zero": ("softmax", "l2", "multihead", "sinkhorn"),
+          "line": ("softmax", "l2"),
+          "plane": ("multihead",),
+          "two_lines": ("softmax", "l2"),
+          "blowup": ("softmax", "multihead", "l2", "sinkhorn"),
+          "depends": ("softmax", "l2", "multihead")}
+#: families drawn in the PSD cone (the others as Sigma / tr Sigma in the unit disk)
+CONE = ("zero", "line", "plane", "two_lines")
+#: the script's initial grids: (points per side, half-width of the square of
+#: ((a - b), 2c) at trace 1); the grid keeps the points inside the unit disk
+_PUBLISHED_GRID = {"zero": (10, 0.5), "line": (10, 0.5), "plane": (10, 0.5),
+                   "two_lines": (20, 1.0), "blowup": (40, 1.0), "depends": (30, 1.0)}
+#: smaller grids of the same layout. The depends grid needs enough points near the
+#: boundary of the disk to meet the blow-up sector (a thin band, see docs/math.md 4.4).
+_GRID_SIZES = {"quick": {"zero": 3, "line": 3, "plane": 3, "two_lines": 5, "blowup": 4,
+                         "depends": 10},
+               "default": {"zero": 6, "line": 6, "plane": 6, "two_lines": 10, "blowup": 8,
+                           "depends": 14},
+               "published": {f: n for f, (n, _) in _PUBLISHED_GRID.items()}}
+#: integration horizons. K = -Q converges algebraically (like 1/t), so the cone families
+#: run long (the integrator turns implicit on the stiff tail, so this is cheap); softmax
+#: blow-ups end at the solver's confirmed blow-up.
+_HORIZON = {"zero": 1e4, "line": 1e6, "plane": 1e6, "two_lines": 1e6, "blowup": 200.0,
+            "depends": 1e6}
+#: the L2 and Sinkhorn "blow-up" panels grow exponentially (their fields are bounded in
+#: Sigma: no finite-time singularity, docs/math.md 3.3 and 4.3). Followed far, the
+#: growing covariance becomes so elongated that the steps crawl (at traces of 1e9 to 1e16
+#: on the published grid), so these panels stop at a time where every trajectory of the
+#: published grid has grown by more than _GROWTH but (almost) none crawls yet.
+_HORIZON_PANEL = {("blowup", "l2"): 30.0, ("blowup", "sinkhorn"): 12.0}
+#: trace growth that counts as divergence in the blow-up family (the script stops at
+#: a trace of 1e3 or 1e4); the trace must also still grow, t tr'/tr >= 1
+_GROWTH = 1e3
+#: eigenvalues below this fraction of the largest count as vanished (see _classify)
+_VANISHED = 1e-12
+_SQRT2 = np.sqrt(2.0)
+_E = (np.diag([1.0, 0.0]), np.diag([0.0, 1.0]))
+
+_TITLES = {
+    "zero": r"$\Sigma\to 0$: $K=-Q$, $Q_{ij}\sim U[0,1]$, $V=GG^T$",
+    "line": r"line: $Q=q^T$, $K=-Q$, $V=I$",
+    "plane": r"plane: $Q=q^T$, $K=-Q$, 2 heads",
+    "two_lines": r"two lines: $A+A^T$ indefinite, $V$ random",
+    "blowup": r"blow-up: $A+A^T\succ 0$, $V=I$",
+    "depends": r"$\Sigma_0$-dependent: $A+A^T$ indefinite",
+}
+
+
+# ----------------------------------------------------------------------------------------
+# grids
+# ----------------------------------------------------------------------------------------
+
+def _from_disk(x, y):
+    """Unit-trace covariances at the points ``(x, y) = ((a - b), 2c)`` of the disk."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    return 0.5 * np.stack([np.stack([1 + x, y], -1), np.stack([y, 1 - x], -1)], -2)
+
+
+def published_grid(n, limit):
+    r"""The script's grid of unit-trace initial covariances (its ``init_grid``).
+
+    Parameters
+    ----------
+    n : int
+        Points per side of the square :math:`[-\ell, \ell]^2` of
+        :math:`(a - b, 2c)` at trace one.
+    limit : float
+        Half-width :math:`\ell` of the square.
+
+    Returns
+    -------
+    ndarray, shape (m, 2, 2)
+        The covariances :math:`\tfrac12\begin{pmatrix}1+x & y\\ y & 1-x\end{pmatrix}` for
+        the grid points strictly inside the unit disk (full rank), ``x`` varying slowest.
+    """
+    n = validate_int(n, "n", minimum=1)
+    limit = validate_positive(limit, "limit")
+    u = np.linspace(-limit, limit, n)
+    x, y = (a.ravel() for a in np.meshgrid(u, u, indexing="ij"))
+    inside = x ** 2 + y ** 2 < 1
+    return _from_disk(x[inside], y[inside])
+
+
+def unit_trace_grid(n_radii, n_angles, r_max=0.85):
+    r"""Unit-trace 2 x 2 covariances on a polar grid of the disk, plus its centre.
+
+    Parameters
+    ----------
+    n_radii, n_angles : int
+        Rings and points per ring.
+    r_max : float
+        Radius of the outer ring, below 1.
+
+    Returns
+    -------
+    ndarray, shape (1 + n_radii * n_angles, 2, 2)
+        :math:`\Sigma = \tfrac12\begin{pmatrix}1 + x & y\\ y & 1 - x\end{pmatrix}` with
+        :math:`(x, y) = r(\cos\theta, \sin\theta)`, :math:`0 < r \le` ``r_max``
+        :math:`< 1` (full rank).
+    """
+    n_radii = validate_int(n_radii, "n_radii", minimum=1)
+    n_angles = validate_int(n_angles, "n_angles", minimum=1)
+    r_max = validate_positive(r_max, "r_max")
+    if r_max >= 1:
+        raise ValueError(f"`r_max` must be smaller than 1 (full-rank covariances), got {r_max}.")
+    r = np.linspace(r_max / n_radii, r_max, n_radii)
+    # alternate rings are rotated by half an angular step so the grid looks even
+    th = (np.linspace(0, 2 * np.pi, n_angles, endpoint=False)[None, :]
+          + (np.arange(n_radii)[:, None] % 2) * np.pi / n_angles)
+    x = np.concatenate([[0.0], (r[:, None] * np.cos(th)).ravel()])
+    y = np.concatenate([[0.0], (r[:, None] * np.sin(th)).ravel()])
+    return _from_disk(x, y)
+
+
+def regime_grids(size="default"):
+    """Initial covariances per family: the script's layout at a given size.
+
+    Parameters
+    ----------
+    size : {"quick", "default", "published"}
+        ``"published"``: the script's grids (10 x 10 in the cone, 20, 40 and 30 per side
+        in the disk); the others are coarser grids of the same squares.
+
+    Returns
+    -------
+    dict
+        Family -> array of shape (m, 2, 2).
+    """
+    if size not in _GRID_SIZES:
+        raise ValueError(f"`size` must be one of {sorted(_GRID_SIZES)}, got {size!r}.")
+    return {f: published_grid(_GRID_SIZES[size][f], _PUBLISHED_GRID[f][1]) for f in FAMILIES}
+
+
+# ----------------------------------------------------------------------------------------
+# the published draws
+# ----------------------------------------------------------------------------------------
+
+def _indefinite_or_positive(seed, positive):
+    """The script's loop: ``Q, K`` standard normal until ``A + A^T`` has the wanted sign."""
+    rs = np.random.RandomState(seed)
+    for _ in range(1000):
+        Q, K = rs.randn(2, 2), rs.randn(2, 2)
+        e = np.linalg.eigvalsh(K.T @ Q + Q.T @ K)
+        if (e[0] > 0) if positive else (e[0] * e[1] < 0):
+            break
+    return Q, K
+
+
+def published_weights():
+    """The matrices of ``2d_plots.py``, drawn as the script draws them.
+
+    Returns
+    -------
+    dict
+        ``zero``: ``Q``, ``V``; ``line`` (also ``plane``): ``q`` (1 x 2, unit norm) and
+        ``direction`` (the script's limit line, perpendicular to ``q``); ``two_lines``,
+        ``blowup`` and ``depends``: ``Q``, ``K`` (and ``V`` for the first and the last).
+    """
+    out = {}
+    rs = np.random.RandomState(35)
+    Q = rs.rand(2, 2)
+    G = rs.randn(2, 2)
+    out["zero"] = dict(Q=Q, V=G @ G.T)
+    rs = np.random.RandomState(36)
+    q = rs.randn(1, 2)
+    q = q / np.linalg.norm(q)
+    rs.randn(2, 2)                      # the script's unused V
+    w = rs.randn(1, 2)                  # compute_dir_mat: a draw projected off q
+    w = w / np.linalg.norm(w)
+    w = w - np.inner(w, q) * q
+    out["line"] = dict(q=q, direction=(w / np.linalg.norm(w)).ravel())
+    Q, K = _indefinite_or_positive(36, positive=False)
+    out["two_lines"] = dict(Q=Q, K=K, V=np.random.RandomState(32).randn(2, 2))
+    out["blowup"] = dict(zip("QK", _indefinite_or_positive(33, positive=True)))
+    rs = np.random.RandomState(35)
+    rs.randn(8, 7)                      # the script discards these
+    out["depends"] = dict(Q=Q, K=K, V=rs.randn(2, 2))
+    return out
+
+
+def _softmax(Q, K, V):
+    return Softmax(Q, K, V, scale=1 / _SQRT2)
+
+
+def _l2(Q, K, V):
+    return L2(Q, K, V / _SQRT2, scale=1.0)
+
+
+def _multihead(Q, K, V, H=2):
+    """The script's ``rhs_multihead`` for d = 2 (rows of Q, K per head; row h of V)."""
+    if H == 1:
+        return MultiHead([Softmax(Q, K, V, scale=1 / _SQRT2)])
+    heads = [Softmax(Q[h:h + 1], K[h:h + 1], _E[h] @ V, scale=1.0)
+             for h in range(min(H, Q.shape[0]))]       # rows beyond Q's are empty heads
+    return MultiHead(heads)
+
+
+def _sinkhorn(Q, K, V):
+    return Sinkhorn(Q, K, V, scale=1.0)
+
+
+def _regime_attentions(regime):
+    """Type -> (attention, limit-line direction or None) for one family, as published."""
+    w = published_weights()
+    I2 = np.eye(2)
+    if regime == "zero":
+        Q, V = w["zero"]["Q"], w["zero"]["V"]
+        atts = {"softmax": _softmax(Q, -Q, V), "l2": _l2(Q, -Q, V),
+                "multihead": _multihead(Q, -Q, V), "sinkhorn": _sinkhorn(Q, -Q, V)}
+        return {k: (v, None) for k, v in atts.items()}
+    if regime in ("line", "plane"):
+        q, u = w["line"]["q"], w["line"]["direction"]
+        if regime == "plane":
+            return {"multihead": (_multihead(q, -q, I2), None)}
+        return {"softmax": (_softmax(q, -q, I2), u), "l2": (_l2(q, -q, I2), u)}
+    Q, K = w[regime]["Q"], w[regime]["K"]
+    if regime == "blowup":
+        atts = {"softmax": _softmax(Q, K, I2), "multihead": _multihead(Q, K, I2),
+                "l2": _l2(Q, K, I2), "sinkhorn": _sinkhorn(Q, K, I2)}
+    elif regime == "two_lines":
+        V = w[regime]["V"]
+        atts = {"softmax": _softmax(Q, K, V), "l2": _l2(Q, K, V)}
+    elif regime == "depends":
+        V = w[regime]["V"]
+        atts = {"softmax": _softmax(Q, K, V), "l2": _l2(Q, K, V),
+                "multihead": _multihead(Q, K, V, H=1)}
+    else:
+        raise ValueError(f"unknown regime {regime!r}; one of {FAMILIES}.")
+    return {k: (v, None) for k, v in atts.items()}
+
+
+def draw_all():
+    """``{family: _regime_attentions(family)}`` for every family."""
+    return {f: _regime_attentions(f) for f in FAMILIES}
+
+
+# ----------------------------------------------------------------------------------------
+# integration and classification
+# ----------------------------------------------------------------------------------------
+
+def _classify(t, cov, attention, status, t_blowup, message, growth_ratio=1e8):
+    r""":func:`classify_trajectory`, with eigenvalues lost in rounding counted as vanished.
+
+    When the package's rules leave the trajectory undecided and the trace neither fell
+    to zero nor grew without bound, the eigenvalues at or below ``_VANISHED`` times the
+    largest (a direction that collapsed exponentially: the integration keeps no digit
+    of it, and its rate is rounding) are set aside, and the remaining ones are judged
+    by the same rules: the trace fell below a tenth and all of them decay
+    (:math:`t\lambda'/\lambda \le -1/2`) gives ``zero``; all settled gives ``rank r``;
+    otherwise it stays undecided.
+    """
+    oc = classify_trajectory(t, cov, attention=attention, status=status,
+                             t_blowup=t_blowup, message=message, growth_ratio=growth_ratio)
+    if oc.outcome != Outcome.UNDECIDED or str(status) == "failed":
+        return oc
+    cf = cov[-1]
+    lam, U = np.linalg.eigh(cf)
+    lam, U = lam[::-1], U[:, ::-1]
+    ratio = np.trace(cf) / np.trace(cov[0])
+    if not lam[0] > 0 or ratio >= 1e8:
+        return oc
+    small = lam <= _VANISHED * lam[0]
+    if not small.any():
+        return oc
+    rate = attention.cov_rhs(cf)
+    gamma = t[-1] * np.einsum("ji,jk,ki->i", U, 0.5 * (rate + rate.T), U)[~small] / lam[~small]
+    if ratio <= 0.1 and np.all(gamma <= -0.5):
+        return dataclasses.replace(
+            oc, outcome=Outcome.ZERO, rank=0, limit=np.zeros_like(cf),
+            message=f"trace fell by {1 / ratio:.3g}; the eigenvalues decay (log-log slopes "
+                    f"<= {gamma.max():.3g}) or vanished (below {_VANISHED:g} of the largest)")
+    kept = lam[~small] > 1e-4 * lam[0]
+    if np.all(np.abs(gamma[kept]) <= 1e-2) and np.all(gamma[~kept] <= 1e-2):
+        r = int(kept.sum())
+        Uk = U[:, ~small][:, kept]
+        return dataclasses.replace(
+            oc, outcome=Outcome.RANK, rank=r, limit=(Uk * lam[~small][kept]) @ Uk.T,
+            message=f"{r} eigenvalue(s) settled (|t lambda'/lambda| <= "
+                    f"{np.abs(gamma[kept]).max():.2g}); {int(small.sum())} vanished "
+                    f"(below {_VANISHED:g} of the largest, exponential collapse)")
+    return oc
+
+
+def _against_conserved(oc, cov0, n):
+    r"""Compare a limit with the one fixed by the conserved :math:`n^T\Sigma^{-1}n` (math.md 4.2).
+
+    For :math:`K = -Q = -q^T` and :math:`n \perp q`, a rank-one limit along :math:`n` is
+    :math:`nn^T/(n^T\Sigma_0^{-1}n)`. The relative distance goes into the message.
+    """
+    pred = np.outer(n, n) / (n @ np.linalg.solve(cov0, n))
+    err = np.linalg.norm(oc.limit - pred) / np.trace(pred)
+    return dataclasses.replace(oc, message=f"{oc.message}; the limit differs from "
+                               f"n n^T / (n^T Sigma_0^-1 n) (conserved) by {err:.1e}")
+
+
+def _run_regimes(grids, n_eval, drawn=None, progress=None):
+    """Integrate and classify every panel.
+
+    Parameters
+    ----------
+    grids : dict
+        Family -> initial covariances (:func:`regime_grids`).
+    n_eval : int
+        Stored samples per trajectory (geometric in time, for the figures).
+    drawn : dict, optional
+        ``{family: _regime_attentions(family)}``; a subset runs only those families.
+    progress : callable, optional
+        Called after each family.
+
+    Returns
+    -------
+    dict
+        ``(family, type)`` -> dict with ``attention``, ``line``, ``covs`` (n, n_eval + 2,
+        2, 2; NaN after the stop), ``outcomes``, ``t_eval``.
+    """
+    if drawn is None:
+        drawn = draw_all()
+    results = {}
+    for family in [f for f in FAMILIES if f in drawn]:
+        atts, grid = drawn[family], grids[family]
+        names = [n for n in PANELS[family] if n in atts]
+        horizons = {}
+        for name in names:
+            horizons.setdefault(_HORIZON_PANEL.get((family, name), _HORIZON[family]),
+                                []).append(name)
+        for T, group in horizons.items():
+            _run_group(results, family, group, atts, grid, T, n_eval)
+        if progress is not None:
+            progress(f"regimes: {family}")
+    return results
+
+
+def _run_group(results, family, names, atts, grid, T, n_eval):
+    """One :func:`solve_batch` call for the panels ``names`` of a family (horizon ``T``)."""
+    growth = _GROWTH if family == "blowup" else 1e8
+    t_eval = np.concatenate([[0.0], np.geomspace(1e-3, T, n_eval)])
+    seq = [atts[name][0] for name in names for _ in range(len(grid))]
+    sol = solve_batch(seq, np.concatenate([grid] * len(names)), (0.0, T), t_eval=t_eval,
+                      rtol=1e-9, atol=1e-12, max_nfev=20_000)
+    for j, name in enumerate(names):
+        att, line = atts[name]
+        trajs, outcomes = [], []
+        for i in range(len(grid)):
+            b = j * len(grid) + i
+            keep = np.isfinite(sol.cov[b, :, 0, 0])
+            t = np.append(t_eval[keep], sol.t_final[b])
+            cv = np.concatenate([sol.cov[b, keep], sol.cov_final[b][None]])
+            if t[-2] == t[-1]:
+                t, cv = t[:-1], cv[:-1]
+            oc = _classify(t, cv, att, sol.status[b],
+                           None if np.isnan(sol.t_blowup[b]) else sol.t_blowup[b],
+                           sol.message[b], growth_ratio=growth)
+            if line is not None and oc.limit is not None:
+                oc = _against_conserved(oc, grid[i], line)
+            outcomes.append(oc)
+            traj = np.full((n_eval + 2, 2, 2), np.nan)
+            traj[:cv.shape[0]] = cv
+            trajs.append(traj)
+        results[(family, name)] = dict(attention=att, line=line, covs=np.array(trajs),
+                                       outcomes=outcomes, t_eval=t_eval,
+                                       t_final=sol.t_final[j * len(grid):(j + 1) * len(grid)])
+
+
+def limit_lines(outcomes, tol_deg=2.0):
+    """The distinct limit lines (angles in degrees, in [0, 180)) of rank-1 outcomes.
+
+    Parameters
+    ----------
+    outcomes : sequence of TrajectoryOutcome
+        Classified trajectories (the rank-1 ones count).
+    tol_deg : float
+        Angles closer than this are one line.
+
+    Returns
+    -------
+    list of float
+        Representative angles, sorted.
+    """
+    angles = []
+    for o in outcomes:
+        if o.outcome == Outcome.RANK and o.rank == 1 and o.limit is not None:
+            v = np.linalg.eigh(o.limit)[1][:, -1]
+            angles.append(float(np.degrees(np.arctan2(v[1], v[0])) % 180.0))
+    lines = []
+    for a in sorted(angles):
+        if not any(min(abs(a - b), 180 - abs(a - b)) < tol_deg for b in lines):
+            lines.append(a)
+    return lines
+
+
+#: the script's divergence stop: it ends a run when the trace passes 1e3 (its default)
+SCRIPT_STOP = 1e3
+
+
+def passes_script_stop(covs):
+    """Per trajectory: whether the trace passes :data:`SCRIPT_STOP` at a stored sample.
+
+    The script's Euler runs stop there and count as "diverged"; an L2 trajectory of the
+    ``depends`` family can pass it and still converge (to a rank-1 limit of large trace).
+    """
+    return np.nanmax(np.trace(covs, axis1=-2, axis2=-1), axis=1) > SCRIPT_STOP
+
+
+def outcome_counts(outcomes):
+    """``"blowup 1: 3, rank 1: 5, ..."``: outcomes (with their rank) and their counts."""
+    kinds = {}
+    for o in outcomes:
+        key = str(o.outcome) + (f" {o.rank}" if o.outcome in ("rank", "blowup")
+                                and o.rank is not None else "")
+        kinds[key] = kinds.get(key, 0) + 1
+    return ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items()))
+
+
+# ----------------------------------------------------------------------------------------
+# figures and report
+# ----------------------------------------------------------------------------------------
+
+def _direction(angle_deg):
+    a = np.radians(angle_deg)
+    return np.array([np.cos(a), np.sin(a)])
+
+
+def _draw_plane(ax, r):
+    r"""The plane of steady states :math:`e_1^T\Sigma q = 0` of the ``plane`` panel, in the cone."""
+    q = published_weights()["line"]["q"].ravel()
+    top = float(np.nanmax(np.trace(r["covs"], axis1=-2, axis2=-1)))
+    # a q_1 + c q_2 = 0 with a = (x + z) / 2, c = y / 2: y = -(x + z) q_1 / q_2
+    x, z = np.meshgrid(np.linspace(-top, top, 30), np.linspace(0, top, 30))
+    y = -(x + z) * q[0] / q[1]
+    y = np.where(x ** 2 + y ** 2 <= z ** 2, y, np.nan)
+    ax.plot_surface(x, y, z, color="tab:orange", alpha=0.3, linewidth=0)
+
+
+def regime_figures(out, results, save_figure, progress=None):
+    """``regimes_<type>.png`` (one panel per family of the type) and ``eigenvalue_flows.png``.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        Output folder.
+    results : dict
+        :func:`_run_regimes`'s results.
+    save_figure : callable
+        ``save_figure(fig, path, dpi=...)`` -> path (atomic writes).
+    progress : callable, optional
+        Called after each figure.
+
+    Returns
+    -------
+    dict
+        ``"regimes_<type>"`` and ``"eigenvalue_flows"`` -> path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .. import plotting
+
+    paths = {}
+    types = [n for n in ("softmax", "l2", "multihead", "sinkhorn")
+             if any((f, n) in results for f in FAMILIES)]
+    for name in types:
+        fams = [f for f in FAMILIES if (f, name) in results]
+        fig = plt.figure(figsize=(4.6 * len(fams), 4.8))
+        for j, family in enumerate(fams):
+            r = results[(family, name)]
+            title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
+            if family in CONE:
+                ax = fig.add_subplot(1, len(fams), j + 1, projection="3d")
+                lines = [_direction(a) for a in limit_lines(r["outcomes"])]
+                first = r["line"] if r["line"] is not None else (lines[0] if lines else None)
+                if family in ("zero", "plane"):
+                    first = None
+                plotting.plot_cone_trajectories(r["covs"], ax, limit_direction=first,
+                                                title=title)
+                if family == "two_lines":
+                    top = np.nanmax(np.trace(r["covs"], axis1=-2, axis2=-1))
+                    for u in lines[1:]:
+                        p = plotting._line_direction(u) * 1.05 * top
+                        ax.plot([0, p[0]], [0, p[1]], [0, p[2]], color=plotting.LIMIT_COLOR,
+                                lw=2.5)
+                if family == "plane":
+                    _draw_plane(ax, r)
+                ax.view_init(elev=20, azim=-60)
+            else:
+                ax = fig.add_subplot(1, len(fams), j + 1)
+                labels = [str(o.outcome) for o in r["outcomes"]]
+                if family == "depends":      # converging, but past the script's stop
+                    labels = [f"rank, tr > {SCRIPT_STOP:g}" if lab == "rank" and big else lab
+                              for lab, big in zip(labels, passes_script_stop(r["covs"]))]
+                plotting.plot_disk_trajectories(r["covs"], ax, outcomes=labels, title=title)
+        fig.suptitle(f"{name}: the paper's 2-D families (published draws)\n"
+                     r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=11)
+        # fixed margins: tight_layout would draw the (slow) 3-D panels once more
+        fig.subplots_adjust(left=0.04, right=0.97, bottom=0.1, top=0.8, wspace=0.45)
+        paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
+        plt.close(fig)
+        if progress is not None:
+            progress(f"figure: regimes_{name}.png")
+
+    fams = [f for f in FAMILIES if (f, "softmax") in results]
+    fig, axes = plt.subplots(1, max(len(fams), 1), figsize=(3.6 * max(len(fams), 1), 3.6),
+                             squeeze=False)
+    for ax, family in zip(axes[0], fams):
+        r = results[(family, "softmax")]
+        plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax,
+                                      title=f"softmax, {family}")
+        ax.set_ylim(bottom=_VANISHED)        # below: lost in rounding (see _classify)
+    fig.suptitle(r"Eigenvalue flows of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax; one line per "
+                 r"eigenvalue and $\Sigma_0$; cut at $10^{-12}$)", fontsize=11)
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.15, top=0.8, wspace=0.3)
+    paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=90)
+    plt.close(fig)
+    if progress is not None:
+        progress("figure: eigenvalue_flows.png")
+    return paths
+
+
+def report_lines(results, paths):
+    """The regimes section of ``report.md``: a table of outcome counts and the figures.
+
+    Parameters
+    ----------
+    results : dict
+        :func:`_run_regimes`'s results.
+    paths : dict
+        :func:`regime_figures`'s paths.
+
+    Returns
+    -------
+    list of str
+        Markdown lines.
+    """
+    L = ["## 2-D regimes (docs/math.md section 4.4)", "",
+         "The six families of the published `2d_plots.py`, with its draws (NumPy's legacy "
+         "generator, seeds 35, 36, 32 and 33 in the script's order) and the script's grids "
+         "of unit-trace initial covariances (coarser by default). Each family is one "
+         "`solve_batch` call; every trajectory is classified "
+         "(`gaussian_pde.analysis.classify_trajectory`).", "",
+         f"| family | type | initial covariances | outcomes | limit lines (deg) | "
+         f"trace passes {SCRIPT_STOP:g} |", "|---|---|---|---|---|---|"]
+    for family in FAMILIES:
+        for name in PANELS[family]:
+            if (family, name) not in results:
+                continue
+            oc = results[(family, name)]["outcomes"]
+            lines = ", ".join(f"{a:.0f}" for a in limit_lines(oc)) or "-"
+            big = int(passes_script_stop(results[(family, name)]["covs"]).sum())
+            L.append(f"| {family} | {name} | {len(oc)} | {outcome_counts(oc)} | {lines} "
+                     f"| {big} |")
+    L += ["", "Outcomes: `zero` (Sigma -> 0), `rank r` (converges to a rank-r limit), "
+          "`blowup r` (finite-time, Sigma / tr Sigma tends to rank r), `grows` (the trace "
+          "grew by more than 1e3 and still grows: L2 and Sinkhorn fields are bounded in "
+          "Sigma, so their growth is exponential), `undecided` (the evidence does not "
+          "decide). Limit lines: the directions of the rank-1 limits, as angles of the "
+          "top eigenvector. Last column: trajectories whose trace passes "
+          f"{SCRIPT_STOP:g}, where the script stops and counts a divergence; in the L2 "
+          "`depends` panel these converge (to rank-1 limits of large trace), so there the "
+          "only thing that depends on Sigma_0 is the size and direction of the limit. The "
+          "multi-head panel of `depends` is the script's multi-head field called with one "
+          "head, i.e. the softmax field.", ""]
+    for name in ("softmax", "l2", "multihead", "sinkhorn"):
+        if f"regimes_{name}" in paths:
+            L += [f"![{name} regimes]({paths[f'regimes_{name}'].name})", ""]
+    L += [f"![eigenvalue flows]({paths['eigenvalue_flows'].name})", ""]
+    return L
