@@ -202,8 +202,8 @@ def test_invariants_2000_trajectories():
         params = draw_params(rng)
         try:
             statuses[check_trajectory(*_build(params), known=known)] += 1
-        except AssertionError as exc:
-            failures.append((i, params, str(exc).splitlines()[0][:300]))
+        except Exception as exc:   # noqa: BLE001 - an exception is a finding too
+            failures.append((i, params, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"))
     print(f"\n2000 settings, statuses {dict(statuses)}, known {dict(known)}, "
           f"{len(failures)} failures")
     for f in failures:
