@@ -24,7 +24,12 @@ import enum
 import numpy as np
 
 from ._common.gaussian import bures_wasserstein
-from ._common.validation import validate_array, validate_positive, validate_threshold
+from ._common.validation import (
+    validate_array,
+    validate_covariance,
+    validate_positive,
+    validate_threshold,
+)
 from .attention._base import Attention
 from .integrate._events import blowup_signature
 from .integrate._results import Status
@@ -49,7 +54,9 @@ def _covariances(cov, name="cov"):
         raise ValueError(f"`{name}` must have shape (..., d, d) with d >= 1, got {arr.shape}.")
     if arr.size == 0:
         raise ValueError(f"`{name}` must not be empty, got shape {arr.shape}.")
-    return 0.5 * (arr + np.swapaxes(arr, -1, -2))
+    # symmetric positive semi-definite, checked like every covariance argument of the
+    # package (an asymmetric or indefinite matrix would give silently wrong ranks)
+    return validate_covariance(arr, name, batch=True)
 
 
 def _eigh_descending(cov):
@@ -325,6 +332,12 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
         raise TypeError("`attention` must be an attention instance (e.g. gp.Softmax(Q, K, V)), "
                         f"got {type(attention).__name__}.")
     d = cov.shape[-1]
+    if attention is not None and attention.d != d:
+        raise ValueError(f"`attention` has dimension d = {attention.d}, but `cov` holds "
+                         f"{d} x {d} covariances.")
+    if attention is not None and not attention.gaussian_preserving:
+        raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians: it has "
+                        "no exact covariance rate; give `rate` instead.")
     tr = np.trace(cov, axis1=-2, axis2=-1)
     tr0, tf, cf = tr[0], float(t[-1]), cov[-1]
     if not tr0 > 0:

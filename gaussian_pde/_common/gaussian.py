@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .linalg import psd_sqrt
-from .validation import validate_array, validate_covariance
+from .validation import validate_array, validate_covariance, validate_flag
 
 __all__ = ["bures_wasserstein"]
 
@@ -60,8 +60,9 @@ def bures_wasserstein(mean1, cov1, mean2, cov2, squared=False):
     c1 = validate_array(cov1, "cov1", ndim=None)
     c2 = validate_array(cov2, "cov2", ndim=None)
     for name, c in (("cov1", c1), ("cov2", c2)):
-        if c.ndim < 2 or c.shape[-1] != c.shape[-2]:
-            raise ValueError(f"`{name}` must have shape (..., d, d), got {c.shape}.")
+        if c.ndim < 2 or c.shape[-1] != c.shape[-2] or c.size == 0:
+            raise ValueError(f"`{name}` must have shape (..., d, d) with d >= 1 (not empty), "
+                             f"got {c.shape}.")
         # symmetric PSD, checked like every covariance argument (an indefinite matrix
         # would have its negative eigenvalues clipped into a silently wrong distance)
         flat = c.reshape(-1, *c.shape[-2:])
@@ -73,10 +74,18 @@ def bures_wasserstein(mean1, cov1, mean2, cov2, squared=False):
     for name, m in (("mean1", m1), ("mean2", m2)):
         if m.ndim < 1 or m.shape[-1] != d:
             raise ValueError(f"`{name}` must have shape (..., {d}), got {m.shape}.")
+    squared = validate_flag(squared, "squared")
+    # W2 is homogeneous, W2(c m, c^2 S) = c W2(m, S): computed on inputs scaled to order
+    # one, so that means near 1e200 or covariances near 1e300 do not overflow the squares
+    dm = m1 - m2
+    c = max(float(np.max(np.abs(dm), initial=0.0)), float(np.sqrt(np.max(np.abs(c1)))),
+            float(np.sqrt(np.max(np.abs(c2)))))
+    c = 1.0 if not (np.isfinite(c) and c > 0) else c
+    dm, c1, c2 = dm / c, c1 / c / c, c2 / c / c     # (c * c would overflow first)
     r1 = psd_sqrt(c1)
     cross = psd_sqrt(r1 @ c2 @ r1)
-    w2 = (np.sum((m1 - m2) ** 2, axis=-1) + np.trace(c1, axis1=-2, axis2=-1)
+    w2 = (np.sum(dm ** 2, axis=-1) + np.trace(c1, axis1=-2, axis2=-1)
           + np.trace(c2, axis1=-2, axis2=-1) - 2.0 * np.trace(cross, axis1=-2, axis2=-1))
     w2 = np.clip(w2, 0.0, None)
-    out = w2 if squared else np.sqrt(w2)
+    out = w2 * c * c if squared else np.sqrt(w2) * c
     return float(out) if np.ndim(out) == 0 else out

@@ -25,6 +25,7 @@ __all__ = [
     "validate_int",
     "validate_particles",
     "validate_positions",
+    "validate_flag",
 ]
 
 
@@ -48,6 +49,9 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
         raise TypeError(f"`{name}` must be an array of numbers, got {type(value).__name__}.")
     try:
         raw = np.asarray(value)
+        if raw.dtype.kind in "USO" and _holds_text(raw):
+            # NumPy would parse "0.1" as a number without a word
+            raise TypeError(f"`{name}` must be an array of numbers, got text entries.")
         if np.iscomplexobj(raw) and not np.issubdtype(np.dtype(dtype), np.complexfloating):
             # casting would drop the imaginary part without a word
             if np.any(raw.imag != 0):
@@ -67,6 +71,23 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
     if finite and not np.all(np.isfinite(arr)):
         raise ValueError(f"`{name}` must contain only finite values (found NaN or inf).")
     return arr
+
+
+def _holds_text(raw):
+    """Whether an array of dtype str, bytes or object holds text (strings or bytes)."""
+    if raw.dtype.kind in "US":
+        return True
+    return any(isinstance(v, (str, bytes)) for v in raw.ravel())
+
+
+def validate_flag(value, name):
+    """A boolean option: ``True`` or ``False`` (NumPy booleans too), nothing else.
+
+    ``if value:`` would take ``"no"`` or ``2`` for ``True`` without a word.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False, got {value!r}.")
+    return bool(value)
 
 
 def _memory_bytes():

@@ -45,14 +45,17 @@ import numpy as np
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
+    validate_allocation,
     validate_array,
     validate_covariance,
     validate_int,
     validate_particles,
     validate_positions,
+    validate_positive,
     validate_quadrature,
     validate_same_dimension,
     validate_step,
+    validate_tolerance,
     validate_vector,
 )
 from ..attention._base import Attention
@@ -128,7 +131,8 @@ class Stack:
         else:
             if n_layers is None:
                 raise ValueError("`n_layers` is required when `layers` is a single field.")
-            n_layers = validate_int(n_layers, "n_layers", minimum=1)
+            n_layers = validate_allocation(validate_int(n_layers, "n_layers", minimum=1),
+                                           "n_layers")
             fields = [_as_layer(layers, "layers")] * n_layers
         self.d = validate_same_dimension(fields, "layers")
         masked = [_is_block_causal(f) for f in fields]
@@ -321,6 +325,8 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
                  validate_covariance(cov0, "cov0", d=stack.d))
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=stack.d)
     blowup_threshold = event_options(blowup_threshold).blowup_threshold
+    rtol = validate_tolerance(rtol, "rtol")
+    atol = validate_positive(atol, "atol")
 
     def moments(st):
         return mixture_moments(*st) if stack.masked else st
@@ -435,6 +441,7 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
     n = x.shape[0]
     steps_per_layer = validate_int(steps_per_layer, "steps_per_layer", minimum=1)
     n_directions = validate_int(n_directions, "n_directions", minimum=1)
+    validate_allocation(n * n_directions, "n_directions")
     blowup_threshold = event_options(blowup_threshold).blowup_threshold
     block = None
     if n_blocks is not None:
@@ -456,10 +463,14 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
         return m, c, np.array(bm), np.array(bc)
 
     rec = [record(x)]
+    if not np.all(np.isfinite(rec[0][1])):
+        raise ValueError("`x0` is too large: the covariance of the tokens overflows float64 "
+                         f"(largest |entry| {np.max(np.abs(x)):.3g}); rescale the tokens.")
     tr0 = max(float(np.trace(rec[0][1])), 1e-300)
     ng = [sliced_wasserstein_to_gaussian(x, n_directions)]
     status, message, t_blowup = Status.FINISHED, "all layers applied", None
     for i, F in enumerate(stack.layers):
+        x_prev = x
         if stack.masked:
             def v(y, F=F):
                 return F.particle_velocity(y, positions=positions)[0]
@@ -480,7 +491,9 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
         else:
             x = v(x)
         if not np.all(np.isfinite(x)):
+            # x_final keeps the last finite tokens (those after the previous layer)
             status, message = Status.FAILED, f"non-finite tokens after layer {i + 1}"
+            x = x_prev
             break
         rec.append(record(x))
         ng.append(sliced_wasserstein_to_gaussian(x, n_directions))

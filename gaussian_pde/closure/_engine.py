@@ -150,7 +150,10 @@ def as_field(obj, name="field"):
     if isinstance(obj, Field):
         return obj
     if isinstance(obj, Attention):
-        return AttentionField(obj)
+        try:
+            return AttentionField(obj)
+        except TypeError as exc:   # the message names `attention`: say which argument
+            raise TypeError(f"`{name}`: {exc}") from None
     raise TypeError(f"`{name}` must be a gaussian_pde field (attention, feed-forward, PreNorm "
                     f"or a sum of them), got {type(obj).__name__}.")
 
@@ -418,9 +421,28 @@ def closure_moment_rhs(field, mean, cov, n_per_dim=DEFAULT_N_PER_DIM):
     cov = validate_covariance(cov, "cov", d=field.d)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=field.d)
     L = psd_sqrt(cov)
-    dm, G = field.closure_terms(mean, L, n_per_dim)
+    dm, G = _finite_terms(field, mean, L, n_per_dim, "mean", "cov")
     C = L @ G.T
     return dm, C + C.T
+
+
+def _finite_terms(field, mean, L, n_per_dim, mean_name, cov_name):
+    """The closure terms at ``(mean, L)``; a clear error when they overflow float64.
+
+    The field at the quadrature nodes of a huge Gaussian overflows (scores past 1e308);
+    at the start of a solve, a non-finite right-hand side would stall the step control.
+    """
+    with np.errstate(all="ignore"):
+        try:
+            dm, G = field.closure_terms(mean, L, n_per_dim)
+        except ValueError:   # the one-dimensional expectations refuse non-finite scores
+            dm = G = np.array(np.nan)
+    if not (np.all(np.isfinite(dm)) and np.all(np.isfinite(G))):
+        raise ValueError(f"`{cov_name}` and `{mean_name}` are too large for the closure: the "
+                         "field at the quadrature nodes overflows float64 (largest "
+                         f"|entry| of `{cov_name}` {float(np.max(np.abs(L @ L.T))):.3g}); "
+                         "rescale the data or the weights.")
+    return dm, G
 
 
 class _ClosureSystem:
@@ -510,7 +532,9 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,
         steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
     system = _ClosureSystem(field, n_per_dim)
-    y0 = np.concatenate([mean0, psd_sqrt(cov0).ravel()])
+    L0 = psd_sqrt(cov0)
+    _finite_terms(field, mean0, L0, n_per_dim, "mean0", "cov0")
+    y0 = np.concatenate([mean0, L0.ravel()])
     run = integrate_system(system, y0, opts, method, user_events=events)
     Ls = run.y[:, d:].reshape(-1, d, d)
     mean_f, cov_f = system.mean_and_cov(run.y_final)

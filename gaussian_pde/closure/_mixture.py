@@ -356,7 +356,13 @@ def mixture_velocity(attention, mixture, x):
     x = validate_array(x, "x", ndim=2)
     if x.shape[1] != mixture.d:
         raise ValueError(f"`x` must have shape (n, {mixture.d}), got {x.shape}.")
-    return _velocity(heads, np.log(mixture.weights), mixture.means, mixture.covs, x)
+    with np.errstate(all="ignore"):
+        v = _velocity(heads, np.log(mixture.weights), mixture.means, mixture.covs, x)
+    if not np.all(np.isfinite(v)):
+        raise ValueError("`x` (or `mixture`) is too large: the scores overflow float64 and "
+                         f"the velocity is not finite (largest |x| {np.max(np.abs(x)):.3g}); "
+                         "rescale the tokens or the mixture.")
+    return v
 
 
 def _closure(heads, logw, means, L, Z, W):
@@ -701,6 +707,11 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         merge_tol = validate_positive(merge_tol, "merge_tol")
         events = events + tuple(_merge_events(system, merge_tol, bool(stop_at_merge)))
     y0 = system.pack(mixture.means, mixture.factors())
+    with np.errstate(all="ignore"):
+        f0 = system.rates(y0)[2:]
+    if not all(np.all(np.isfinite(f)) for f in f0):
+        raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
+                         "nodes overflows float64; rescale the data or the weights.")
     run = integrate_system(system, y0, opts, method, user_events=events)
     means, L = system.split(run.y)
     mf, Lf = system.split(run.y_final)

@@ -128,7 +128,10 @@ def scalar_solution(attention, mean0, var0, t):
     if attention.d != 1:
         raise ValueError(f"`attention` must have d = 1 for the scalar solution, got d = {attention.d}.")
     s0 = validate_positive(var0, "var0")
-    m0 = float(validate_array(mean0, "mean0", ndim=(0, 1)).reshape(-1)[0])
+    m0 = validate_array(mean0, "mean0", ndim=(0, 1))
+    if m0.size != 1:
+        raise ValueError(f"`mean0` must be one number (d = 1), got shape {m0.shape}.")
+    m0 = float(m0.reshape(-1)[0])
     t = validate_array(t, "t", ndim=(0, 1))
     if isinstance(attention, MultiHead):
         if not all(type(h) is Softmax for h in attention.heads):

@@ -175,7 +175,8 @@ def build_field(attentions_or_weights, n):
                             f"got {type(a).__name__}.")
     dims = {a.d for a in atts}
     if len(dims) != 1:
-        raise ValueError(f"all attentions must have the same dimension d, got {sorted(dims)}.")
+        raise ValueError(f"all `attentions_or_weights` must have the same dimension d, got "
+                         f"{sorted(dims)}.")
     by_sig = {}
     for i, a in enumerate(atts):
         by_sig.setdefault(_signature(a), []).append(i)
@@ -189,11 +190,16 @@ def build_field(attentions_or_weights, n):
 def _field_from_weights(w, n):
     unknown = set(w) - {"kind", "Q", "K", "V", "scale"}
     if unknown or not {"kind", "Q", "K", "V"} <= set(w):
-        raise ValueError("stacked weights must be a mapping with keys 'kind', 'Q', 'K', 'V' "
-                         f"and optionally 'scale', got keys {sorted(w)}.")
-    cls = get_attention(w["kind"])
+        raise ValueError("`attentions_or_weights` (stacked weights) must be a mapping with "
+                         "keys 'kind', 'Q', 'K', 'V' and optionally 'scale', got keys "
+                         f"{sorted(w)}.")
+    try:
+        cls = get_attention(w["kind"])
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"`attentions_or_weights['kind']`: {exc}") from None
     if not (issubclass(cls, SingleHeadAttention) and cls._generated is not None):
-        raise ValueError(f"stacked weights need a single-head kind, got {w['kind']!r}.")
+        raise ValueError("`attentions_or_weights['kind']` must be a single-head kind with "
+                         f"exact moment equations, got {w['kind']!r}.")
     Q = validate_array(w["Q"], "Q", ndim=(2, 3))
     Q = Q[None] if Q.ndim == 2 else Q
     k, d = Q.shape[-2:]

@@ -195,7 +195,19 @@ def _root(g, dense, t_old, t, g_lo, g_hi):
         return t_old
     if g_hi == 0:
         return t
-    return brentq(lambda s: g(s, dense(s)), t_old, t, xtol=4 * _EPS, rtol=4 * _EPS)
+
+    def f(s):
+        return g(s, dense(s))
+
+    a, b = f(t_old), f(t)
+    if a == 0 or b == 0:
+        return t_old if a == 0 else t
+    if (a > 0) == (b > 0):
+        # the sign change is between the step's ends, but the dense output's ends differ
+        # from them by rounding and show none: the crossing lies within that rounding of
+        # an end (brentq would raise "f(a) and f(b) must have different signs")
+        return t if abs(b) <= abs(a) else t_old
+    return brentq(f, t_old, t, xtol=4 * _EPS, rtol=4 * _EPS)
 
 
 def handover_step(h_last, t, t1):

@@ -85,6 +85,12 @@ def solver_options(t_span, *, t_eval=None, rtol=1e-10, atol=1e-12, max_step=np.i
                              f"{t1 - t0!r}; got {first_step!r}.")
     if max_nfev is not None:
         max_nfev = validate_int(max_nfev, "max_nfev", minimum=1)
+        # every step costs at least one evaluation: a run that cannot reach t1 within the
+        # budget would only burn it (for minutes) before failing
+        if (t1 - t0) / max_step > max_nfev:
+            raise ValueError(f"`max_step` = {max_step!r} needs at least "
+                             f"{(t1 - t0) / max_step:.3g} steps over `t_span`, more than "
+                             f"`max_nfev` = {max_nfev} right-hand-side evaluations allow.")
     events = event_options(blowup_threshold, steady_tol, steady_atol, rank_tol)
     return SolverOptions(float(t0), float(t1), t_eval, rtol, atol, max_step, first_step,
                          max_nfev, events)

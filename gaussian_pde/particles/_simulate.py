@@ -27,6 +27,7 @@ from .._common.linalg import psd_sqrt
 from .._common.validation import (
     validate_allocation,
     validate_covariance,
+    validate_flag,
     validate_int,
     validate_particles,
     validate_positions,
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 _ADAPTIVE = {"RK45": RK45, "RK23": RK23, "DOP853": DOP853}
+#: the ``method`` values of :func:`simulate_particles`
+PARTICLE_METHODS = (*sorted(_ADAPTIVE), "rk4")
 
 
 class ParticleDegeneracyWarning(UserWarning):
@@ -166,10 +169,15 @@ class ParticleSolution:
 def _rng(seed):
     if isinstance(seed, np.random.Generator):
         return seed
-    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
-        return np.random.default_rng(seed)
-    if isinstance(seed, (tuple, list)) and all(isinstance(s, numbers.Integral) for s in seed):
-        return np.random.default_rng(list(seed))
+    if seed is None:
+        return np.random.default_rng()
+    ints = [seed] if isinstance(seed, numbers.Integral) else seed
+    if (isinstance(seed, (numbers.Integral, tuple, list))
+            and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in ints)):
+        if any(s < 0 for s in ints):
+            raise ValueError(f"`seed` must be a non-negative integer (or a sequence of them), "
+                             f"got {seed!r}.")
+        return np.random.default_rng(list(ints) if isinstance(seed, (tuple, list)) else int(seed))
     raise TypeError(f"`seed` must be an int, a sequence of ints, a numpy Generator or None, "
                     f"got {type(seed).__name__}.")
 
@@ -435,6 +443,24 @@ def _run_adaptive(run, solver, t_eval, idx, max_steps):
     return status, message, solver.t, solver.y
 
 
+def _check_initial_state(attention, x0, opts):
+    """Refuse tokens whose moments or velocities overflow float64 before any step.
+
+    A non-finite velocity at the start gives SciPy's step-size control a NaN step, with
+    which its step loop never ends; a non-finite covariance makes every event meaningless.
+    """
+    with np.errstate(all="ignore"):
+        cov = particle_moments(x0)[1]
+        v, _ = attention._particle_velocity(x0, opts)
+    if not np.all(np.isfinite(cov)):
+        raise ValueError("`x0` is too large: the covariance of the tokens overflows float64 "
+                         f"(largest |entry| {np.max(np.abs(x0)):.3g}); rescale the tokens.")
+    if not np.all(np.isfinite(v)):
+        raise ValueError("`x0` and `attention` give non-finite velocities at the initial tokens "
+                         "(the attention scores overflow float64); rescale the tokens or the "
+                         "weights.")
+
+
 def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=None,
                        rtol=1e-6, atol=1e-8, positions=None, chunk_size=None,
                        dtype=np.float64, keep_positions=True, blowup_threshold=1e8,
@@ -517,7 +543,12 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
     atol = validate_positive(atol, "atol")
     ev = event_options(blowup_threshold, steady_tol, steady_atol, rank_tol)
     max_steps = validate_int(max_steps, "max_steps", minimum=1)
+    if dt is not None and (t1 - t0) / dt > max_steps:
+        raise ValueError(f"`dt` = {dt!r} needs at least {(t1 - t0) / dt:.3g} steps over "
+                         f"`t_span`, more than `max_steps` = {max_steps} allow.")
     ess_threshold = validate_positive(ess_threshold, "ess_threshold", allow_zero=True)
+    keep_positions = validate_flag(keep_positions, "keep_positions")
+    warn = validate_flag(warn, "warn")
     if positions is None and attention.uses_positions:
         positions = default_positions(n)
     state = {}
@@ -526,6 +557,7 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
                         sinkhorn_max_iter=sinkhorn_max_iter, warn=False)
     diag_opts = dataclasses.replace(opts, want_ess=True)
 
+    _check_initial_state(attention, x0, opts)
     run = _Run(attention, n, d, opts, diag_opts, ev, x0, keep_positions)
     y = x0.ravel().copy()
     idx = 0

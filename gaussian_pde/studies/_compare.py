@@ -28,10 +28,20 @@ import warnings
 import numpy as np
 
 from .._common.gaussian import bures_wasserstein
-from .._common.validation import validate_array, validate_covariance, validate_int, validate_vector
+from .._common.validation import (
+    validate_allocation,
+    validate_array,
+    validate_covariance,
+    validate_int,
+    validate_positive,
+    validate_tolerance,
+    validate_vector,
+)
+from ..attention._kernels import make_options
 from ..attention._moments import validate_attention
 from ..integrate._solve import solve
 from ..particles._simulate import (
+    PARTICLE_METHODS,
     ParticleDegeneracyWarning,
     SinkhornConvergenceWarning,
     sample_gaussian,
@@ -229,7 +239,9 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
         mean0 = validate_vector(mean0, "mean0", size=d)
     ns = np.array([validate_int(v, "n", minimum=2) for v in np.atleast_1d(n).tolist()],
                   dtype=int)
-    seeds = np.array([validate_int(s, "seeds") for s in seeds], dtype=int)
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+        raise TypeError(f"`seeds` must be a sequence of non-negative integers, got {seeds!r}.")
+    seeds = np.array([validate_int(s, "seeds", minimum=0) for s in seeds], dtype=int)
     if seeds.size == 0 or ns.size == 0:
         raise ValueError("`n` and `seeds` must not be empty.")
     t_eval = np.linspace(0.0, 1.0, 11) if t_eval is None else validate_array(t_eval, "t_eval",
@@ -240,6 +252,18 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
     if positions is not None and not callable(positions):
         raise TypeError("`positions` must be None or a callable positions(n) -> (n,).")
     n_directions = validate_int(n_directions, "n_directions", minimum=1)
+    validate_allocation(int(ns.max()) * n_directions, "n_directions")
+    ode_rtol = validate_tolerance(ode_rtol, "ode_rtol")
+    ode_atol = validate_positive(ode_atol, "ode_atol")
+    # the particle runs' options, checked before the moment ODE runs (not after it)
+    if not isinstance(method, str) or method not in PARTICLE_METHODS:
+        raise ValueError(f"`method` must be one of {list(PARTICLE_METHODS)}, got {method!r}.")
+    if dt is not None:
+        validate_positive(dt, "dt")
+    validate_tolerance(rtol, "rtol")
+    validate_positive(atol, "atol")
+    make_options(2, chunk_size=chunk_size, dtype=dtype, sinkhorn_tol=sinkhorn_tol,
+                 sinkhorn_max_iter=sinkhorn_max_iter)
 
     with_ode = attention.gaussian_preserving and not callable(mean0)
     T, N, S = t_eval.size, ns.size, seeds.size

@@ -362,8 +362,12 @@ class SweepStore:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ValueError(f"{path} exists and is not a sweep results folder (no "
                              "manifest.json); choose a new --out folder.")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.init-", dir=path.parent))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.init-", dir=path.parent))
+        except OSError as exc:   # e.g. below /proc, or a read-only file system
+            raise ValueError(f"`out` cannot be created as a sweep results folder: {path} "
+                             f"({exc.strerror or exc}).") from None
         try:
             meta = self._metadata()
             root = _open_group(self._zarr, tmp / _ZARR, "w")

@@ -1,0 +1,187 @@
+"""Bad command lines: one line on stderr, exit status 2, no traceback, for every subcommand.
+
+Every case runs ``gaussian_pde.cli.main(argv)`` in a forked process with a time limit
+(a bad value that slipped through would start a long study instead of failing), in a
+fresh temporary folder that holds the input files the cases name.
+"""
+
+import multiprocessing
+import os
+import pathlib
+import sys
+
+import pytest
+
+from gaussian_pde.cli._main import main
+
+TIMEOUT = 30.0
+
+GOOD_SPEC = """
+[sweep]
+attention = ["l2"]
+dims = [2]
+draws = 2
+batch_size = 2
+
+[solver]
+horizon = 1.0
+
+[record]
+grid = 3
+"""
+
+#: file name -> contents, written into the case's folder
+FILES = {
+    "good.toml": GOOD_SPEC,
+    "syntax.toml": "[sweep\nattention = ['l2']\n",
+    "unknown_table.toml": GOOD_SPEC + "\n[solvr]\nrtol = 1e-6\n",
+    "unknown_key.toml": GOOD_SPEC.replace("draws = 2", "draws = 2\ndraw = 3"),
+    "wrong_type.toml": GOOD_SPEC.replace("draws = 2", 'draws = "two"'),
+    "negative.toml": GOOD_SPEC.replace("draws = 2", "draws = -2"),
+    "float_int.toml": GOOD_SPEC.replace("draws = 2", "draws = 2.5"),
+    "bad_attention.toml": GOOD_SPEC.replace('["l2"]', '["relu"]'),
+    "sigmoid.toml": GOOD_SPEC.replace('["l2"]', '["sigmoid"]'),
+    "nan_horizon.toml": GOOD_SPEC.replace("horizon = 1.0", "horizon = nan"),
+    "inf_rtol.toml": GOOD_SPEC.replace("horizon = 1.0", "horizon = 1.0\nrtol = inf"),
+    "bad_method.toml": GOOD_SPEC.replace("horizon = 1.0", 'horizon = 1.0\nmethod = "Euler"'),
+    "no_sweep.toml": "[solver]\nhorizon = 1.0\n",
+    "empty.toml": "",
+    "binary.toml": "\x00\x01\x02",
+    "table_as_value.toml": GOOD_SPEC.replace("horizon = 1.0", "horizon = {a = 1}"),
+    "dims_empty.toml": GOOD_SPEC.replace("dims = [2]", "dims = []"),
+    "weights.json": '{"Q": [[1, 0]], "K": [[1, 0]], "V": [[1, 0], [0, 1]]}',
+    "weights_bad.json": '{"Q": [[1, 0]], "K": "x", "V": [[1, 0], [0, 1]]}',
+    "weights_nan.json": '{"Q": [[NaN, 0]], "K": [[1, 0]], "V": [[1, 0], [0, 1]]}',
+    "weights_syntax.json": '{"Q": [[1, 0]',
+    "a_file": "not a folder",
+}
+
+COMPARE = ["compare", "--attention", "l2", "--n", "20", "--seeds", "1", "--num-times", "2",
+           "--t-end", "0.1"]
+
+#: id -> argv; every case must exit with status 2 and one line on stderr
+CASES = {
+    # flags the parser refuses
+    "unknown-subcommand": ["nope"],
+    "unknown-flag": ["compare", "--nope"],
+    "unknown-global-flag": ["--nope"],
+    "compare-n-text": ["compare", "--n", "abc"],
+    "compare-n-missing": ["compare", "--n"],
+    "compare-attention": ["compare", "--attention", "relu"],
+    "compare-method": ["compare", "--method", "Euler"],
+    "compare-seeds-float": ["compare", "--seeds", "1.5"],
+    "stabilizers-seed-text": ["stabilizers", "--seed", "x"],
+    "clusters-n-text": ["clusters", "--n", "many"],
+    "reproduce-protocol": ["reproduce", "--protocol", "paper"],
+    "reproduce-paper-tol-text": ["reproduce", "--paper-tol", "tight"],
+    "sweep-no-action": ["sweep"],
+    "sweep-run-no-spec": ["sweep", "run"],
+    "sweep-both-places": ["sweep", "run", "good.toml", "--inprocess", "--scheduler", "x:1"],
+    # values the parser takes but the run refuses (before any work)
+    "compare-n-one": COMPARE[:4] + ["1"] + COMPARE[5:],
+    "compare-n-negative": COMPARE[:4] + ["-20"] + COMPARE[5:],
+    "compare-seeds-zero": COMPARE[:6] + ["0"] + COMPARE[7:],
+    "compare-seeds-negative": COMPARE[:6] + ["-1"] + COMPARE[7:],
+    "compare-num-times-zero": COMPARE[:8] + ["0"] + COMPARE[9:],
+    "compare-t-end-nan": COMPARE[:10] + ["nan"],
+    "compare-t-end-inf": COMPARE[:10] + ["inf"],
+    "compare-t-end-negative": COMPARE[:10] + ["-1"],
+    "compare-t-end-zero": COMPARE[:10] + ["0"],
+    "compare-dt-zero": COMPARE + ["--dt", "0"],
+    "compare-dt-nan": COMPARE + ["--dt", "nan"],
+    "compare-chunk-size-zero": COMPARE + ["--chunk-size", "0"],
+    "compare-weights-missing": COMPARE + ["--weights", "no_such.json"],
+    "compare-weights-bad": COMPARE + ["--weights", "weights_bad.json"],
+    "compare-weights-nan": COMPARE + ["--weights", "weights_nan.json"],
+    "compare-weights-syntax": COMPARE + ["--weights", "weights_syntax.json"],
+    "compare-weights-folder": COMPARE + ["--weights", "."],
+    "clusters-n-zero": ["clusters", "--quick", "--n", "0"],
+    "stabilizers-seed-negative": ["stabilizers", "--quick", "--seed", "-1"],
+    "reproduce-paper-tol-negative": ["reproduce", "--quick", "--paper-tol", "-1"],
+    "reproduce-paper-tol-nan": ["reproduce", "--quick", "--paper-tol", "nan"],
+    # bad TOML
+    "toml-missing-file": ["sweep", "run", "no_such.toml", "--inprocess", "--out", "res"],
+    "toml-folder": ["sweep", "run", ".", "--inprocess", "--out", "res"],
+    **{f"toml-{name[:-5]}": ["sweep", "run", name, "--inprocess", "--out", "res"]
+       for name in FILES if name.endswith(".toml") and name != "good.toml"},
+    "sweep-workers-zero": ["sweep", "run", "good.toml", "--workers", "0", "--out", "res"],
+    "sweep-timeout-negative": ["sweep", "run", "good.toml", "--connect-timeout", "-1",
+                               "--out", "res"],
+    "summarize-missing": ["sweep", "summarize", "no_such_results"],
+    "summarize-file": ["sweep", "summarize", "a_file"],
+    # output folders that cannot be used (root ignores permissions: a path below a file,
+    # or in /proc, is unusable whoever runs it)
+    **{f"out-{where}-{cmd}": [*argv, "--out", path]
+       for cmd, argv in {"run": ["--quick"], "compare": COMPARE, "stabilizers": ["stabilizers", "--quick"],
+                         "clusters": ["clusters", "--quick"], "reproduce": ["reproduce", "--quick"],
+                         "sweep": ["sweep", "run", "good.toml", "--inprocess"]}.items()
+       for where, path in {"file": "a_file", "below-file": "a_file/sub",
+                           "proc": "/proc/gaussian_pde_out"}.items()},
+    "summarize-plot-below-file": ["sweep", "summarize", "a_file", "--plot", "a_file/x.png"],
+}
+
+#: known failures fixed at the root elsewhere (the numerics' validation of sweep specs)
+KNOWN = {"toml-bad_method": "unknown method in sweep specs: validated when the spec is run"}
+
+
+def _child(argv, folder, err_path, code_path):
+    os.chdir(folder)
+    # pytest's capture replaced sys.stderr: write the child's to a file of its own
+    fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    sys.stderr = os.fdopen(os.dup(fd), "w", buffering=1)
+    sys.stdout = open(os.devnull, "w")
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:        # noqa: BLE001 - a traceback is the finding
+        import traceback
+
+        traceback.print_exc()
+        code = "exception"
+    sys.stderr.flush()
+    pathlib.Path(code_path).write_text(str(code))
+    os._exit(0)
+
+
+def run_cli(argv, folder):
+    """``(exit code or None on timeout, stderr)`` of ``main(argv)`` run in ``folder``."""
+    err, code = folder / "stderr.txt", folder / "code.txt"
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(target=_child, args=(argv, folder, err, code))
+    proc.start()
+    proc.join(TIMEOUT)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return None, err.read_text() if err.exists() else ""
+    return (code.read_text() if code.exists() else f"died ({proc.exitcode})"), err.read_text()
+
+
+@pytest.fixture
+def folder(tmp_path):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(argv, id=name, marks=[pytest.mark.xfail(strict=False, reason=KNOWN[name])]
+                 if name in KNOWN else []) for name, argv in CASES.items()])
+def test_bad_command_line(argv, folder):
+    code, err = run_cli(argv, folder)
+    assert code is not None, f"still running after {TIMEOUT} s: {argv}\n{err}"
+    assert "Traceback" not in err, err
+    assert code == "2", f"exit status {code}, stderr:\n{err}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"{len(lines)} lines on stderr:\n{err}"
+    assert lines[0].startswith("gaussian-pde"), lines[0]
+    assert "error" in lines[0], lines[0]
+
+
+def test_good_spec_runs(folder):
+    """The baseline the TOML cases perturb is a valid sweep (so each case tests one thing)."""
+    code, err = run_cli(["-q", "sweep", "run", "good.toml", "--inprocess", "--out", "res"],
+                        folder)
+    assert code == "0", err

@@ -1,0 +1,230 @@
+"""Invariants along random trajectories of every Gaussian-preserving type.
+
+Random settings: a type of the registry with exact moment equations (softmax, L2,
+Sinkhorn, multi-head), d = 1..6, k = 1..d, a rank-deficient Sigma_0 (any rank 1..d), a
+singular interaction matrix A = scale K^T Q (a zero row of Q, k < d), weight and
+covariance scales from 1e-6 to 1e6. Along the trajectory :func:`gaussian_pde.solve`
+returns (it stops at a blow-up):
+
+* ``t`` strictly increasing, every number finite;
+* every covariance symmetric and positive semi-definite, of the rank of Sigma_0 (the
+  factor form keeps it exactly: :math:`\\Sigma(t) = F\\Sigma_0F^T`, F invertible);
+* :func:`gaussian_pde.solve_batch` agrees with it: the same status, the same blow-up
+  time and, where both finished, the same final covariance.
+
+The default run draws ``max_examples=40`` settings with hypothesis (derandomized, so CI
+sees the same ones); ``-m slow`` runs a seeded loop of 2,000 settings and prints the
+statuses it saw.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gaussian_pde as gp
+from gaussian_pde.attention._registry import names_with
+
+#: the types under test: every registered type with exact moment equations
+TYPES = names_with(gaussian_preserving=True)
+SINGLE = [n for n in TYPES if issubclass(gp.ATTENTIONS[n], gp.SingleHeadAttention)]
+
+T_END = 20.0
+#: the solvers' tolerances: rtol = 1e-10 per step on the entries of L; over a trajectory
+#: of up to ~1e3 steps whose linearisation grows errors by at most the trace ratio, a
+#: relative 1e-5 on the final covariance leaves a margin of ~100 over the expected error
+RTOL_COV = 1e-5
+#: blow-up times: solve locates the threshold crossing, solve_batch takes the end of the
+#: step past it; both extrapolate 1/tr, whose error is second order in the step there
+RTOL_TB = 1e-3
+#: relative size of a singular value of L counted as zero (rank)
+RANK_TOL = 1e-7
+
+
+def make_setting(rng, kind, d, k, rank, w_exp, c_exp, singular):
+    """``(attention, cov0)`` of one random setting (all draws from ``rng``)."""
+    def head(name):
+        Q = rng.standard_normal((k, d))
+        K = rng.standard_normal((k, d))
+        if singular:
+            Q[0] = 0.0 if k > 1 else Q[0]
+            K[:, -1] = 0.0              # A = K^T Q then has a zero row: det A = 0
+        V = rng.standard_normal((d, d)) / np.sqrt(d)
+        w = 10.0 ** (w_exp / 2)         # A scales like w^2
+        return gp.ATTENTIONS[name](w * Q, w * K, V)
+
+    if kind == "multihead":
+        names = [SINGLE[i] for i in rng.integers(0, len(SINGLE), size=2)]
+        att = gp.MultiHead([head(n) for n in names])
+    else:
+        att = head(kind)
+    G = rng.standard_normal((d, rank))
+    return att, 10.0 ** c_exp * (G @ G.T) / max(rank, 1)
+
+
+def _rank(L, top):
+    s = np.linalg.svd(L, compute_uv=False)
+    return int(np.sum(s > RANK_TOL * top))
+
+
+def horizon(att, cov0):
+    """``T_END`` natural time units: the field's rate is about |V| (1 + |A||Sigma_0|)."""
+    heads = att.heads if isinstance(att, gp.MultiHead) else (att,)
+    c = np.linalg.norm(cov0, 2)
+    rate = sum(np.linalg.norm(h.V, 2) * (1 + np.linalg.norm(h.A, 2) * c
+                                         + h.scale * np.linalg.norm(h.K, 2) ** 2 * c)
+               for h in heads)
+    return T_END / max(rate, 1e-300)
+
+
+#: the solvers' evaluation budget (a run that spends it reports "failed")
+BUDGET = 50_000
+
+
+def _spent(message):
+    return "right-hand-side evaluations" in message
+
+
+def check_trajectory(att, cov0, known=None):
+    """Run both solvers on one setting; assert the invariants; return the status.
+
+    ``known`` (a Counter) collects the known failures seen instead of asserting them.
+    """
+    known = collections.Counter() if known is None else known
+    t1 = horizon(att, cov0)
+    sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    t, cov, L = sol.t, sol.cov, sol.factor
+    top0 = np.linalg.svd(L[0], compute_uv=False)[0]
+    r0 = _rank(L[0], top0)      # the rank of the solver's initial factor psd_sqrt(cov0)
+    where = f"{att!r}, status {sol.status}: {sol.message}"
+    assert sol.status in set(gp.Status)
+    assert np.all(np.isfinite(t)) and np.all(np.isfinite(cov)), f"non-finite trajectory: {where}"
+    assert np.all(np.isfinite(sol.cov_final)) and np.isfinite(sol.t_final), f"non-finite end: {where}"
+    steps = np.diff(t)
+    if np.any(steps <= 0) and sol.status in (gp.Status.BLOWUP, gp.Status.FAILED):
+        # known, fixed at the root elsewhere: times stored twice near a blow-up
+        # (test_known_non_increasing_t_at_a_blowup below)
+        known["non-increasing t at a blow-up"] += 1
+    else:
+        assert np.all(steps > 0), f"t not strictly increasing: {where}"
+    if sol.t_final > t1:
+        # seen: the end stored one rounding past t_span[1] (reported, not fixed here)
+        known["t_final past t1 by rounding"] += 1
+    assert t[0] == 0.0 and sol.t_final <= t1 * (1 + 4e-16), (
+        f"t from {t[0]} to {sol.t_final} > {t1}: {where}")
+    top = np.max(np.abs(cov), axis=(-2, -1))
+    asym = np.max(np.abs(cov - np.swapaxes(cov, -1, -2)), axis=(-2, -1))
+    assert np.all(asym <= 1e-12 * top), f"asymmetric covariance: {where}"
+    eig = np.linalg.eigvalsh(cov)
+    assert np.all(eig[:, 0] >= -1e-10 * eig[:, -1]), f"indefinite covariance: {where}"
+    for Lj in L:
+        s = np.linalg.svd(Lj, compute_uv=False)
+        assert _rank(Lj, s[0]) <= r0, f"rank grew past {r0}: {where}"
+        # the surviving directions: rank r0 while Sigma is not close to singular
+        if s[0] > 0 and s[r0 - 1] > 1e-4 * s[0]:
+            assert _rank(Lj, s[0]) == r0, f"rank changed from {r0}: {where}"
+    if sol.status == gp.Status.BLOWUP:
+        assert sol.t_blowup is not None and 0 < sol.t_blowup < np.inf, f"t_blowup: {where}"
+
+    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
+    assert np.all(np.isfinite(bat.cov_final)), f"solve_batch: non-finite end: {where}"
+    if _spent(sol.message) or _spent(bat.message[0]):
+        # one solver spent its budget: solve_batch counts the Jacobian's evaluations
+        # (d^2 + 6 per RODAS4 step), solve's LSODA does not, so the budgets differ
+        # (documented on solve_batch); no comparison
+        known["budget spent"] += 1
+        return str(sol.status)
+    if (sol.status == gp.Status.FAILED and "step size becomes too small" in sol.message
+            and str(bat.status[0]) == "blowup"):
+        # known (with the repeated times): a blow-up whose steps reach the rounding of t
+        # before the second estimate confirms it (test_known_blowup_reported_failed)
+        known["blow-up reported failed by solve"] += 1
+        return str(sol.status)
+    assert str(bat.status[0]) == str(sol.status), (
+        f"solve: {sol.status} ({sol.message}); solve_batch: {bat.status[0]} ({bat.message[0]}); "
+        f"{att!r}")
+    if sol.status == gp.Status.BLOWUP:
+        assert abs(bat.t_blowup[0] - sol.t_blowup) <= RTOL_TB * sol.t_blowup, (
+            f"t_blowup {sol.t_blowup} vs {bat.t_blowup[0]}: {where}")
+    elif sol.status == gp.Status.FINISHED:
+        err = np.linalg.norm(bat.cov_final[0] - sol.cov_final) / np.linalg.norm(sol.cov_final)
+        assert err <= RTOL_COV, f"final covariances differ by {err:.3g} (relative): {where}"
+    return str(sol.status)
+
+
+@st.composite
+def settings_(draw):
+    kind = draw(st.sampled_from(TYPES))
+    d = draw(st.integers(1, 6))
+    k = draw(st.integers(1, d))
+    rank = draw(st.integers(1, d))
+    w_exp = draw(st.floats(-6, 6))
+    c_exp = draw(st.floats(-6, 6))
+    singular = draw(st.booleans())
+    seed = draw(st.integers(0, 2**32 - 1))
+    return kind, d, k, rank, w_exp, c_exp, singular, seed
+
+
+def _build(params):
+    kind, d, k, rank, w_exp, c_exp, singular, seed = params
+    return make_setting(np.random.default_rng(seed), kind, d, k, rank, w_exp, c_exp, singular)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(settings_())
+def test_invariants_along_random_trajectories(params):
+    check_trajectory(*_build(params))
+
+
+def draw_params(rng):
+    """The seeded loop's draw of the same parameters as :func:`settings_`."""
+    kind = TYPES[rng.integers(len(TYPES))]
+    d = int(rng.integers(1, 7))
+    k = int(rng.integers(1, d + 1))
+    rank = int(rng.integers(1, d + 1))
+    return (kind, d, k, rank, float(rng.uniform(-6, 6)), float(rng.uniform(-6, 6)),
+            bool(rng.integers(2)), int(rng.integers(2**32)))
+
+
+@pytest.mark.xfail(strict=False, reason="overflow-safe fields pending: non-increasing t "
+                   "near a blow-up")
+def test_known_non_increasing_t_at_a_blowup():
+    """A 2-D softmax blow-up at t* = 3.1e-8 (trace 1e8 x in 3e-8): the stop time repeats."""
+    att, cov0 = _build(("softmax", 2, 1, 1, 3.4585596206616565, 5.6077989999480895, False,
+                        1476113762))
+    sol = gp.solve(att, None, cov0, (0.0, 1.0), max_nfev=BUDGET)
+    assert sol.status == gp.Status.BLOWUP
+    assert np.all(np.diff(sol.t) > 0)
+
+
+@pytest.mark.xfail(strict=False, reason="overflow-safe fields pending: a blow-up at "
+                   "t* = 4.7e-8 whose steps reach the rounding of t")
+def test_known_blowup_reported_failed():
+    """solve_batch confirms the blow-up; solve's DOP853 stops with a too small step."""
+    att, cov0 = _build(("softmax", 6, 5, 4, 3.4290745947177683, 3.2071556293344514, True,
+                        393439244))
+    t1 = horizon(att, cov0)
+    sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
+    assert str(bat.status[0]) == "blowup"
+    assert sol.status == gp.Status.BLOWUP, sol.message
+
+
+@pytest.mark.slow
+def test_invariants_2000_trajectories():
+    rng = np.random.default_rng(20261201)
+    statuses, known, failures = collections.Counter(), collections.Counter(), []
+    for i in range(2000):
+        params = draw_params(rng)
+        try:
+            statuses[check_trajectory(*_build(params), known=known)] += 1
+        except Exception as exc:   # noqa: BLE001 - an exception is a finding too
+            failures.append((i, params, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"))
+    print(f"\n2000 settings, statuses {dict(statuses)}, known {dict(known)}, "
+          f"{len(failures)} failures")
+    for f in failures:
+        print("  ", *f)
+    assert not failures, f"{len(failures)} of 2000 settings break an invariant: {failures[:5]}"
