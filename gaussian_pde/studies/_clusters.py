@@ -11,19 +11,26 @@ by :func:`gaussian_pde.simulate_particles`, and the mixture by
   sliced; its **Monte Carlo floor** is the same estimate between two independent samples
   of the mixture, which is what the distance would be if the closure were exact;
 * **per-component errors**: the Bures-Wasserstein distance between the moments of the
-  particles with label :math:`k` and :math:`\mathcal N(\alpha_k(t),\Sigma_k(t))`; these
-  shrink like :math:`n^{-1/2}` where the closure is exact;
+  particles with label :math:`k` and :math:`\mathcal N(\alpha_k(t),\Sigma_k(t))`, pooled
+  over components (:func:`moment_errors`); where the closure is exact (one component,
+  softmax) these are pure Monte Carlo and shrink like :math:`n^{-1/2}`
+  (:func:`error_scaling`, slope with a bootstrap interval, :func:`slope_with_interval`);
 * **clusters**: the number of clusters of the mixture (single linkage of the components
   on their pairwise Bures-Wasserstein distances, tolerance ``merge_tol``,
-  :func:`mixture_cluster_counts`), and of the particles (single linkage of the points
-  with a distance threshold, clusters holding at least ``min_fraction`` of the tokens,
-  :func:`particle_cluster_counts`, :mod:`scipy.cluster.hierarchy`); the merge times and
-  the metastable plateaus between them (:func:`merge_times`, :func:`plateaus`).
+  :func:`mixture_cluster_counts`), and of the particles by the same rule and tolerance on
+  the components of a Gaussian mixture fitted to the point cloud by EM, warm-started over
+  depth (:func:`particle_clusters`, :func:`fit_gaussian_mixture`): both sides count
+  clusters in the same statistic and units, with no threshold of its own for the
+  particles; the merge times are the first crossings of the merge heights on the same
+  output times (:func:`crossing_times`, :func:`merge_time_gap`), and the metastable
+  plateaus between them (:func:`plateaus`). (:func:`particle_cluster_counts`, single
+  linkage of the points at a distance threshold, is kept for reference: its threshold has
+  no counterpart in the closure.)
 
-The study (:func:`run_clusters`, command ``gaussian-pde clusters``) runs 2 to 8
-components in ``d = 2`` and 3, random and symmetric starting configurations, softmax /
-L2 / multi-head attention with ``V = I`` and ``V`` random, and writes figures and a
-Markdown report (:func:`write_clusters`).
+The study (:func:`run_clusters`, command ``gaussian-pde clusters``) runs the starting
+mixtures :data:`CLUSTER_MIXTURES` (2 to 8 components, random and symmetric) in ``d = 2``
+and 3, softmax / L2 / multi-head attention with ``V = I`` and ``V`` random (72 cases),
+and writes figures and a Markdown report (:func:`write_clusters`).
 
 Attention families (:func:`cluster_attention`). With :math:`Q` random of scale ``q``:
 ``softmax``: :math:`K = -Q`, values :math:`V` (each cluster attends to the clusters on
