@@ -386,7 +386,7 @@ def plateaus(t, counts):
 
 
 def fit_gaussian_mixture(x, n_components, *, init=None, max_iter=200, tol=1e-9,
-                         reg_covar=1e-6, seed=0):
+                         reg_covar=1e-6, seed=0, n_init=10):
     r"""Maximum-likelihood Gaussian mixture of a point cloud by expectation-maximisation.
 
     The standard EM iteration with full covariances (as scikit-learn's
@@ -400,15 +400,19 @@ def fit_gaussian_mixture(x, n_components, *, init=None, max_iter=200, tol=1e-9,
     n_components : int
         Number of Gaussians.
     init : (weights, means, covs), optional
-        Starting fit (a warm start, e.g. the fit at the previous time); else k-means++
-        centres (:func:`scipy.cluster.vq.kmeans2`) and their cluster moments.
+        Starting fit (a warm start, e.g. the fit at the previous time); else ``n_init``
+        k-means++ starts (:func:`scipy.cluster.vq.kmeans2`, their cluster moments), of
+        which the fit of the highest likelihood is kept (scikit-learn's ``n_init``: one
+        k-means++ start often joins two nearby clusters and splits another).
     max_iter, tol : int, float
         Stop after ``max_iter`` iterations or when the mean log-likelihood gains less
         than ``tol``.
     reg_covar : float
         Added to the diagonal of each covariance.
     seed : int
-        Seed of the k-means++ start.
+        Seed of the first k-means++ start (then ``seed + 1``, ...).
+    n_init : int
+        Number of k-means++ starts without ``init``.
 
     Returns
     -------
@@ -416,6 +420,15 @@ def fit_gaussian_mixture(x, n_components, *, init=None, max_iter=200, tol=1e-9,
     means : ndarray, shape (K, d)
     covs : ndarray, shape (K, d, d)
     """
+    if init is None and n_init > 1:
+        fits = [_em(x, n_components, None, max_iter, tol, reg_covar, seed + i)
+                for i in range(n_init)]
+        return max(fits, key=lambda f: f[3])[:3]
+    return _em(x, n_components, init, max_iter, tol, reg_covar, seed)[:3]
+
+
+def _em(x, n_components, init, max_iter, tol, reg_covar, seed):
+    """EM from ``init`` or one k-means++ start: ``(weights, means, covs, mean log-likelihood)``."""
     from scipy.cluster.vq import kmeans2
 
     x = np.asarray(x, float)
@@ -451,7 +464,7 @@ def fit_gaussian_mixture(x, n_components, *, init=None, max_iter=200, tol=1e-9,
         if cur - prev < tol:
             break
         prev = cur
-    return w, m, C
+    return w, m, C, cur
 
 
 def particle_clusters(x, merge_tol, n_components, *, seed=0):
@@ -459,7 +472,7 @@ def particle_clusters(x, merge_tol, n_components, *, seed=0):
 
     At each time a Gaussian mixture of ``n_components`` (the starting number of
     components) is fitted by EM (:func:`fit_gaussian_mixture`, warm-started from the fit
-    at the previous time, k-means++ at the first); the fitted components are then joined
+    at the previous time, the best of ten k-means++ starts at the first); the fitted components are then joined
     by the rule of :func:`gaussian_pde.solve_mixture`: single linkage on their
     Bures-Wasserstein distances at tolerance ``merge_tol``. A merged cluster, fitted with
     several Gaussians, is split by EM into pieces whose distances are of the order of its
