@@ -1,6 +1,7 @@
 """``gaussian-pde clusters``: the Gaussian-mixture closure against particles.
 
-Writes ``ellipses.png``, ``cluster_counts.png``, ``merge_times.png``, ``summary.json`` and
+Writes ``ellipses_d2.png``, ``ellipses_d3.png`` (and ``ellipses_all_*.png``),
+``cluster_counts.png``, ``merge_times.png``, ``scaling.png``, ``summary.json`` and
 ``report.md`` into ``--out`` (default ``./gaussian_pde_output/clusters``; see
 :mod:`gaussian_pde.studies._clusters`). Progress: one line on stderr per case, unless
 ``--quiet``.
@@ -20,9 +21,10 @@ def add_arguments(parser):
     """Options of the subcommand."""
     add_out_argument(parser, DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
-                        help="three cases, 300 particles, depth 2 (instead of the full grid)")
+                        help="three cases, 150 particles, depth 2, a small n^-1/2 check "
+                             "(instead of the full grid of 72 cases)")
     parser.add_argument("--n", type=int, default=None,
-                        help="particles per case (default 800, 300 with --quick)")
+                        help="particles per case (default 400, 150 with --quick)")
 
 
 def run(args) -> int:

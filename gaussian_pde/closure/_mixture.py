@@ -315,12 +315,41 @@ def component_log_partition(A, H, means, covs, X):
 
 
 def _head_velocity(head, logw, means, covs, X):
-    r"""One head's :math:`V\sum_k\pi_k(x)m_k(x)` at points ``X`` (N, d)."""
-    logZ, m = component_log_partition(head.A, head.H, means, covs, X)
-    logit = logw[:, None] + logZ
-    pi = np.exp(logit - logit.max(axis=0))                      # log-domain softmax over k
-    pi /= pi.sum(axis=0)
-    return np.sum(pi[:, :, None] * m, axis=0) @ head.V.T
+    r"""One head's :math:`V\sum_k\pi_k(x)m_k(x)` at points ``X`` (N, d).
+
+    :math:`\log Z_k(x) - r(x)` is a quadratic polynomial in :math:`x` and :math:`m_k(x)`
+    is affine, so both are evaluated as products of the features
+    :math:`(1, x, x\otimes x)` with per-component coefficients (:math:`O(K)` small
+    matrices, then two matrix products over all points), never forming the
+    ``(K, N, d)`` array of tilted means:
+
+    .. math::
+
+        \log Z_k(x) - r(x) = a_k + b_k^Tx + x^TM_kx,\qquad
+        \sum_k\pi_km_k(x) = \sum_k\pi_kc_k + \Big(\sum_k\pi_kB_k\Big)x,
+
+    :math:`a_k = -\frac12\log\det P_k - \frac12\alpha_k^THc_k`,
+    :math:`b_k = \frac12A^T(c_k + \alpha_k) - \frac12B_k^TH\alpha_k`,
+    :math:`M_k = \frac12B_k^TA` (:func:`component_log_partition`, expanded).
+    """
+    A, H = head.A, head.H
+    c, B, logdet = component_terms(A, H, means, covs)
+    K, d = means.shape
+    a = -0.5 * logdet
+    b = 0.5 * (c + means) @ A                                    # rows: A^T (c_k + alpha_k)
+    if H is not None:
+        Ha = means @ H                                           # rows: alpha_k^T H
+        a = a - 0.5 * np.sum(Ha * c, axis=1)
+        b = b - 0.5 * np.einsum("kji,kj->ki", B, Ha)
+    M = 0.5 * np.swapaxes(B, 1, 2) @ A                           # (K, d, d)
+    N = X.shape[0]
+    quad = (X[:, :, None] * X[:, None, :]).reshape(N, d * d)
+    logit = (logw + a) + X @ b.T + quad @ M.reshape(K, d * d).T  # (N, K)
+    pi = np.exp(logit - logit.max(axis=1, keepdims=True))       # log-domain softmax over k
+    pi /= pi.sum(axis=1, keepdims=True)
+    Bbar = (pi @ B.reshape(K, d * d)).reshape(N, d, d)
+    mbar = pi @ c + np.einsum("nij,nj->ni", Bbar, X)
+    return mbar @ head.V.T
 
 
 def _velocity(heads, logw, means, covs, X):
