@@ -118,8 +118,15 @@ def l2_gain(B):
     magnitude (far above a solver's tolerances, which then crawl), and is singular in
     floating point once :math:`s^2` swamps the identity. The SVD keeps the result at
     rounding level for every ``B``, singular or of any scale. Leading axes broadcast;
-    shape ``(..., d, k)``.
+    shape ``(..., d, k)``. A complex ``B`` (the complex step of a Jacobian check) goes
+    through the solve, which is analytic in ``B``; the SVD is not.
     """
+    if np.iscomplexobj(B):
+        # complex-step differentiation (``Attention.exact_jacobian``): the same analytic
+        # function through a solve, plain transposes (no conjugates), so that
+        # Im F(L + i h E) / h is its derivative
+        d = B.shape[-1]
+        return np.linalg.solve(np.eye(d) + T(B) @ B, T(B))
     return l2_gain_parts(B)[0]
 
 

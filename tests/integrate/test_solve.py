@@ -523,3 +523,23 @@ def test_a_numerical_rank_drop_is_stated_in_the_message():
     stopped = run_within(60, gp.solve, att, None, C @ C.T, (0, 10), rank_tol=1e-12)
     assert stopped.status == "rank_collapse"
     assert np.linalg.matrix_rank(stopped.cov_final) == 4
+
+
+def test_two_l2_heads_with_identity_values_end_with_an_answer():
+    """Regression (partly fixed): a 6-D multi-head of two L2 heads with V = I and an
+    independent K grows exponentially until the covariance spans 15 orders of magnitude.
+    Its field's rounding then exceeds rtol and the steps shrink: the run used to spend
+    the whole budget with noise of 1e-7 in the field and a Jacobian off by O(1000); it
+    still ends at ``max_nfev``, but with status failed, finite arrays, and a message that
+    says the numerical rank was lost."""
+    from tests._helpers import run_within
+
+    r = np.random.default_rng(0)
+    d = 6
+    Q = r.standard_normal((d, d))
+    heads = [gp.L2(Q, r.standard_normal((d, d)), np.eye(d)),
+             gp.L2(r.standard_normal((d, d)), r.standard_normal((d, d)), np.eye(d))]
+    sol = run_within(120, gp.solve, gp.MultiHead(heads), None, np.eye(d), (0, 10),
+                     max_nfev=10_000)
+    assert sol.status == "failed" and "right-hand-side evaluations" in sol.message
+    assert_all_finite(sol)
