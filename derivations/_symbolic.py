@@ -22,7 +22,8 @@ key token ``y`` into the affine velocity field of docs/math.md section 3.2:
 
 :class:`Program` and :func:`numpy_code` print a straight-line program of matrix
 assignments as batched NumPy code (leading axes broadcast; inverses become solves).
-Matrix functions the printer knows (:class:`PsdSqrt`, :class:`PseudoInverse` and
+Matrix functions the printer knows (:class:`PsdSqrt`, :class:`PseudoInverse`,
+:class:`RegularizedGain`, :math:`(I + B^TB)^{-1}B^T` through the SVD of ``B``, and
 :class:`GramFunctionCross`, :math:`B f(B^TB)` through the SVD of ``B`` with the scalar
 ``f`` printed from its SymPy expression) are SymPy nodes, so a program is checked by
 composing it back into one expression (:meth:`Program.composed`).
@@ -114,6 +115,29 @@ class PseudoInverse(MatrixCall):
         return sp.Inverse(self.arg)
 
 
+class RegularizedGain(MatrixCall):
+    r""":math:`(I + B^TB)^{-1}B^T` of a ``k x d`` matrix ``B`` (shape ``d x k``).
+
+    Printed as a call of ``gaussian_pde._common.linalg.l2_gain``, which forms it from the
+    thin SVD of ``B``, :math:`W\operatorname{diag}(s/(1 + s^2))U^T`, accurate to rounding
+    for every ``B`` (an LU solve with :math:`I + B^TB` is not, once :math:`s_{\max}^2`
+    passes :math:`1/\sqrt{\varepsilon}`, and is singular in floating point once it
+    swamps the identity). :meth:`expanded` is the definition, for the checks.
+    """
+
+    code = "_l2_gain({})"
+    latex_name = r"\operatorname{gain}"
+
+    @property
+    def shape(self):
+        rows, cols = self.arg.shape
+        return (cols, rows)
+
+    def expanded(self):
+        B = self.arg
+        return sp.Inverse(sp.Identity(B.shape[1]) + B.T * B) * B.T
+
+
 class MatrixFunction(MatrixExpr):
     r""":math:`f(G)` for a symmetric PSD ``G`` through the functional calculus.
 
@@ -187,6 +211,7 @@ def expand_nodes(expr):
     is the inverse).
     """
     expr = expr.replace(lambda e: isinstance(e, GramFunctionCross), lambda e: e.expanded())
+    expr = expr.replace(lambda e: isinstance(e, RegularizedGain), lambda e: e.expanded())
     return expr.replace(lambda e: isinstance(e, PseudoInverse), lambda e: e.as_inverse())
 
 
@@ -801,6 +826,7 @@ PRELUDE = '''\
 import numpy as np
 
 from .._common.linalg import T as _T
+from .._common.linalg import l2_gain as _l2_gain
 from .._common.linalg import psd_sqrt as _psd_sqrt
 from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi

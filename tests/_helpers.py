@@ -34,3 +34,43 @@ def accelerating_sinkhorn_case():
                    [0.5041, 0.2783, 0.931, 0, 0], [-0.1653, 0.6607, 0.4812, 0.2635, 0],
                    [0.3672, 1.0122, -0.3535, -0.9132, 0.3724]])
     return gp.Sinkhorn(Q, -Q, V), L0 @ L0.T
+
+
+def run_within(seconds, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, failing the test if it has not returned after ``seconds``.
+
+    The call runs in a daemon thread, so a hang fails the test instead of blocking the
+    run (the thread is left behind; the process ends with the test session). An
+    exception raised by ``fn`` is raised again here.
+    """
+    import threading
+
+    out = {}
+
+    def target():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not return within "
+                             f"{seconds} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def assert_all_finite(sol):
+    """Every float array of a solution (dataclass) is finite, and ``t`` strictly increases."""
+    import dataclasses
+
+    for f in dataclasses.fields(sol):
+        v = getattr(sol, f.name)
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f" and f.name != "t_blowup":
+            assert np.all(np.isfinite(v)), f"`{f.name}` holds inf or NaN"
+    t = np.asarray(sol.t)
+    assert t.ndim != 1 or np.all(np.diff(t) > 0), "`t` is not strictly increasing"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross"]
+__all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross", "l2_gain",
+           "l2_gain_parts", "psd_factor", "numerical_rank"]
 
 
 def T(X):
@@ -37,6 +38,39 @@ def psd_sqrt(S):
     cut = S.shape[-1] * np.finfo(float).eps * np.max(np.abs(w), axis=-1, keepdims=True)
     w = np.sqrt(np.where(w > cut, w, 0.0))
     return (U * w[..., None, :]) @ T(U)
+
+
+def psd_factor(S):
+    r"""A factor :math:`L` with :math:`LL^T = S` that keeps a null space exactly (stack).
+
+    The principal square root :func:`psd_sqrt` where ``S`` has full numerical rank (the
+    same cut); otherwise :math:`U\operatorname{diag}(w^{1/2})` from the eigenvectors, so
+    that the columns of the null directions are exact zeros. The flows in factor form,
+    :math:`L' = M(LL^T)L`, keep a zero column zero in floating point too, so the rank of
+    the covariance is kept exactly; a null space spanned by generic vectors (the
+    principal root's) is kept only up to rounding, which the flow can amplify (a
+    Sinkhorn run at scale ``1e4`` grew a spurious eigenvalue of ``4e-8`` relative).
+    """
+    w, U = np.linalg.eigh(sym(S))
+    cut = S.shape[-1] * np.finfo(float).eps * np.max(np.abs(w), axis=-1, keepdims=True)
+    keep = w > cut
+    r = np.sqrt(np.where(keep, w, 0.0))
+    root = (U * r[..., None, :]) @ T(U)
+    if keep.all():
+        return root
+    full = keep.all(axis=-1)[..., None, None]
+    return np.where(full, root, U * r[..., None, :])
+
+
+def numerical_rank(S):
+    r"""Eigenvalues of a PSD ``S`` (stack) above ``d * eps`` times its trace.
+
+    Below that an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` is lost in the
+    rounding of the covariance's entries (what ``numpy.linalg.matrix_rank`` counts).
+    """
+    w = np.linalg.eigvalsh(sym(S))
+    tr = np.maximum(np.sum(w, axis=-1, keepdims=True), np.finfo(float).tiny)
+    return np.sum(w > S.shape[-1] * np.finfo(float).eps * tr, axis=-1)
 
 
 def sinkhorn_phi(G):
@@ -69,3 +103,56 @@ def sinkhorn_cross(B):
     U, s, Wt = np.linalg.svd(B)
     f = 2.0 * s / (1.0 + np.sqrt(1.0 + 4.0 * s * s))
     return (U * f[..., None, :]) @ Wt
+
+
+def l2_gain(B):
+    r"""The regularised gain :math:`(I + B^TB)^{-1}B^T` of a ``k x d`` matrix ``B`` (stack).
+
+    With the thin SVD :math:`B = U\,\mathrm{diag}(s)\,W^T` it is
+    :math:`W\,\mathrm{diag}\big(s/(1 + s^2)\big)\,U^T`, with :math:`s/(1 + s^2)`
+    evaluated as :math:`1/(s + 1/s)` for :math:`s > 1` so that :math:`s^2` never
+    overflows. This is the L2 attention's solve (docs/math.md section 3.3,
+    :math:`B = \sqrt{2c}\,KL`): the matrix :math:`I + B^TB` has condition number
+    :math:`1 + s_{\max}^2`, and an LU solve with it leaves relative errors of
+    :math:`10^{-7}` in the field once the covariance spreads over eight orders of
+    magnitude (far above a solver's tolerances, which then crawl), and is singular in
+    floating point once :math:`s^2` swamps the identity. The SVD keeps the result at
+    rounding level for every ``B``, singular or of any scale. Leading axes broadcast;
+    shape ``(..., d, k)``. A complex ``B`` (the complex step of a Jacobian check) goes
+    through the solve, which is analytic in ``B``; the SVD is not.
+    """
+    if np.iscomplexobj(B):
+        # complex-step differentiation (``Attention.exact_jacobian``): the same analytic
+        # function through a solve, plain transposes (no conjugates), so that
+        # Im F(L + i h E) / h is its derivative
+        d = B.shape[-1]
+        return np.linalg.solve(np.eye(d) + T(B) @ B, T(B))
+    return l2_gain_parts(B)[0]
+
+
+def l2_gain_parts(B):
+    r""":func:`l2_gain` ``G`` and the complement :math:`E = (I_k + BB^T)^{-1} = I_k - BG`.
+
+    Both from one thin SVD :math:`B = U\,\mathrm{diag}(s)\,W^T`:
+    :math:`E = U\,\mathrm{diag}\big(1/(1 + s^2)\big)U^T + (I_k - UU^T)`. Formed as
+    :math:`I_k - BG` it would lose all its digits where :math:`s \gg 1` (the exact
+    entries are :math:`1/s^2`, the rounding of :math:`I_k - BG` is :math:`\varepsilon`);
+    the exact Jacobian of the L2 field multiplies it by the factor, so that rounding
+    would grow with the covariance.
+
+    Returns
+    -------
+    G : ndarray, shape (..., d, k)
+    E : ndarray, shape (..., k, k)
+    """
+    U, s, Wt = np.linalg.svd(B, full_matrices=False)
+    with np.errstate(divide="ignore", over="ignore"):
+        big = s > 1.0
+        f = np.where(big, 1.0 / (s + 1.0 / np.where(big, s, 1.0)), s / (1.0 + s * s))
+        e = 1.0 / (1.0 + s * s)
+    G = (T(Wt) * f[..., None, :]) @ T(U)
+    E = (U * e[..., None, :]) @ T(U)
+    k = B.shape[-2]
+    if U.shape[-1] < k:          # k > d: the directions outside the range of B
+        E = E + (np.eye(k) - U @ T(U))
+    return G, E

@@ -13,6 +13,7 @@ State layout: mean ``alpha`` of shape (..., d); covariance ``Sigma`` and its fac
 import numpy as np
 
 from .._common.linalg import T as _T
+from .._common.linalg import l2_gain as _l2_gain
 from .._common.linalg import psd_sqrt as _psd_sqrt
 from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
@@ -22,7 +23,9 @@ __all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"
 
 
 def field_matrix(Q, K, V, scale, Sigma):
-    r"""L2 attention: linear part of the affine field, :math:`M = 2 c V \left(2 c \Sigma K^{T} K + \mathbb{I}\right)^{-1} \Sigma K^{T} Q`.
+    r"""L2 attention: linear part of the affine field, :math:`M = 2 c V \left(2 c \Sigma K^{T} K + \mathbb{I}\right)^{-1} \Sigma K^{T} Q`,
+    computed as :math:`M = \sqrt{2c}\,VRGQ` with :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KR`,
+    :math:`R = \Sigma^{1/2}` (no solve with the ill-conditioned :math:`I + 2c\,\Sigma K^TK`).
 
     Parameters
     ----------
@@ -35,13 +38,17 @@ def field_matrix(Q, K, V, scale, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    _eye = np.eye(Sigma.shape[-1])
-    M = (2*scale * (V @ _solve(((2*scale * (Sigma @ _T(K) @ K)) + _eye), (Sigma @ _T(K) @ Q))))
+    R = _psd_sqrt(Sigma)
+    B = (np.sqrt(2)*np.sqrt(scale) * (K @ R))
+    G = _l2_gain(B)
+    M = (np.sqrt(2)*np.sqrt(scale) * (V @ R @ G @ Q))
     return M
 
 
 def field_offset(Q, K, V, scale, alpha, Sigma):
-    r"""L2 attention: constant part of the affine field, :math:`b = V \left(2 c \Sigma K^{T} K + \mathbb{I}\right)^{-1} \alpha`.
+    r"""L2 attention: constant part of the affine field, :math:`b = V \left(2 c \Sigma K^{T} K + \mathbb{I}\right)^{-1} \alpha`,
+    computed as :math:`b = V(\alpha - \sqrt{2c}\,RGK\alpha)` with :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KR`,
+    :math:`R = \Sigma^{1/2}` (no solve with the ill-conditioned :math:`I + 2c\,\Sigma K^TK`).
 
     Parameters
     ----------
@@ -56,14 +63,15 @@ def field_offset(Q, K, V, scale, alpha, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    _eye = np.eye(Sigma.shape[-1])
-    alpha = alpha[..., None]
-    b = (V @ _solve(((2*scale * (Sigma @ _T(K) @ K)) + _eye), alpha))
-    return b[..., 0]
+    R = _psd_sqrt(Sigma)
+    B = (np.sqrt(2)*np.sqrt(scale) * (K @ R))
+    G = _l2_gain(B)
+    return ((V @ alpha[..., None]) + (-np.sqrt(2)*np.sqrt(scale) * (V @ R @ G @ K @ alpha[..., None])))[..., 0]
 
 
 def moment_rhs(Q, K, V, scale, alpha, Sigma):
-    r"""L2 attention: :math:`\alpha' = M \alpha + b`, :math:`\Sigma' = M \Sigma + \Sigma M^{T}`.
+    r"""L2 attention: :math:`\alpha' = M \alpha + b`, :math:`\Sigma' = M \Sigma + \Sigma M^{T}`;
+    :math:`M` and :math:`b` as in ``field_matrix`` and ``field_offset``, :math:`M\Sigma = (MR)R^T`.
 
     Parameters
     ----------
@@ -78,17 +86,16 @@ def moment_rhs(Q, K, V, scale, alpha, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    _eye = np.eye(Sigma.shape[-1])
-    alpha = alpha[..., None]
-    M = (2*scale * (V @ _solve(((2*scale * (Sigma @ _T(K) @ K)) + _eye), (Sigma @ _T(K) @ Q))))
-    b = (V @ _solve(((2*scale * (Sigma @ _T(K) @ K)) + _eye), alpha))
-    dalpha = ((M @ alpha) + b)
-    dSigma = ((M @ Sigma) + (Sigma @ _T(M)))
-    return dalpha[..., 0], dSigma
+    R = _psd_sqrt(Sigma)
+    B = (np.sqrt(2)*np.sqrt(scale) * (K @ R))
+    G = _l2_gain(B)
+    M = (np.sqrt(2)*np.sqrt(scale) * (V @ R @ G @ Q))
+    MR = (M @ R)
+    return ((M @ alpha[..., None]) + (V @ alpha[..., None]) + (-np.sqrt(2)*np.sqrt(scale) * (V @ R @ G @ K @ alpha[..., None])))[..., 0], ((MR @ _T(R)) + (R @ _T(MR)))
 
 
 def cov_rhs(Q, K, V, scale, Sigma):
-    r"""L2 attention: covariance equation :math:`\Sigma' = M \Sigma + \Sigma M^{T}`.
+    r"""L2 attention: covariance equation :math:`\Sigma' = M \Sigma + \Sigma M^{T}`, :math:`M\Sigma = (MR)R^T`.
 
     Parameters
     ----------
@@ -101,14 +108,17 @@ def cov_rhs(Q, K, V, scale, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    _eye = np.eye(Sigma.shape[-1])
-    M = (2*scale * (V @ _solve(((2*scale * (Sigma @ _T(K) @ K)) + _eye), (Sigma @ _T(K) @ Q))))
-    dSigma = ((M @ Sigma) + (Sigma @ _T(M)))
-    return dSigma
+    R = _psd_sqrt(Sigma)
+    B = (np.sqrt(2)*np.sqrt(scale) * (K @ R))
+    G = _l2_gain(B)
+    M = (np.sqrt(2)*np.sqrt(scale) * (V @ R @ G @ Q))
+    MR = (M @ R)
+    return ((MR @ _T(R)) + (R @ _T(MR)))
 
 
 def factor_rhs(Q, K, V, scale, L):
-    r"""L2 attention: factor form :math:`L' = M L` with :math:`\Sigma = LL^T`;
+    r"""L2 attention: factor form :math:`L' = M L` with :math:`\Sigma = LL^T`, computed as :math:`L' = \sqrt{2c}\,VL\,G\,QL`,
+    :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KL`;
     it keeps :math:`\Sigma` symmetric PSD and its rank.
 
     Parameters
@@ -122,13 +132,15 @@ def factor_rhs(Q, K, V, scale, L):
     L : ndarray, shape (..., d, d)
         Factor of the covariance.
     """
-    _eye = np.eye(L.shape[-1])
-    M = (2*scale * (V @ _solve(((2*scale * ((L @ _T(L)) @ _T(K) @ K)) + _eye), ((L @ _T(L)) @ _T(K) @ Q))))
-    return M @ L
+    B = (np.sqrt(2)*np.sqrt(scale) * (K @ L))
+    G = _l2_gain(B)
+    QL = (Q @ L)
+    X = (G @ QL)
+    return (np.sqrt(2)*np.sqrt(scale) * (V @ L @ X))
 
 
 def factor_weights(Q, K, V, scale):
-    r"""L2 attention: the weight-only products of :math:`L' = 2 c V \left(2 c L L^{T} K^{T} K + \mathbb{I}\right)^{-1} L L^{T} K^{T} Q L`.
+    r"""L2 attention: the weight-only products of :math:`L' = \sqrt{2c}\,V L\,G\,Q L,\ G = (I + B^TB)^{-1}B^T,\ B = \sqrt{2c}\,K L`.
 
     Computed once per set of weights (leading axes broadcast) and passed to
     ``factor_apply``.
@@ -142,16 +154,14 @@ def factor_weights(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0 = _T(K)
-    _w1 = Q
-    _w2 = (2*scale * _T(K))
-    _w3 = K
-    _w4 = (2*scale * V)
-    return (_w0, _w1, _w2, _w3, _w4)
+    _w0 = (np.sqrt(2)*np.sqrt(scale) * K)
+    _w1 = (np.sqrt(2)*np.sqrt(scale) * V)
+    _w2 = Q
+    return (_w0, _w1, _w2)
 
 
 def factor_apply(weights, L):
-    r"""L2 attention: :math:`L' = 2 c V \left(2 c L L^{T} K^{T} K + \mathbb{I}\right)^{-1} L L^{T} K^{T} Q L` from the products of ``factor_weights``.
+    r"""L2 attention: :math:`L' = \sqrt{2c}\,V L\,G\,Q L,\ G = (I + B^TB)^{-1}B^T,\ B = \sqrt{2c}\,K L` from the products of ``factor_weights``.
 
     Same numbers as ``factor_rhs`` up to rounding (the order of the products differs).
 
@@ -162,9 +172,12 @@ def factor_apply(weights, L):
     L : ndarray, shape (..., d, d)
         Factor of the covariance.
     """
-    _w0, _w1, _w2, _w3, _w4 = weights
-    _eye = np.eye(L.shape[-1])
-    return (_w4 @ _solve(((((L @ _T(L)) @ _w2) @ _w3) + _eye), ((((L @ _T(L)) @ _w0) @ _w1) @ L)))
+    _w0, _w1, _w2 = weights
+    B = (_w0 @ L)
+    G = _l2_gain(B)
+    QL = (_w2 @ L)
+    X = (G @ QL)
+    return ((_w1 @ L) @ X)
 
 
 def factor_kernel(Q, K, V, scale):
@@ -182,12 +195,14 @@ def factor_kernel(Q, K, V, scale):
     scale : float
         Score scale.
     """
-    _w0, _w1, _w2, _w3, _w4 = factor_weights(Q, K, V, scale)
-    _eye = np.eye(V.shape[-1])
+    _w0, _w1, _w2 = factor_weights(Q, K, V, scale)
     _dot = np.dot
-    _solve2 = np.linalg.solve
 
     def kernel(L):
-        return _dot(_w4, _solve2((_dot(_dot(_dot(L, L.T), _w2), _w3) + _eye), _dot(_dot(_dot(_dot(L, L.T), _w0), _w1), L)))
+        B = _dot(_w0, L)
+        G = _l2_gain(B)
+        QL = _dot(_w2, L)
+        X = _dot(G, QL)
+        return _dot(_dot(_w1, L), X)
 
     return kernel

@@ -13,6 +13,7 @@ State layout: mean ``alpha`` of shape (..., d); covariance ``Sigma`` and its fac
 import numpy as np
 
 from .._common.linalg import T as _T
+from .._common.linalg import l2_gain as _l2_gain
 from .._common.linalg import psd_sqrt as _psd_sqrt
 from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi

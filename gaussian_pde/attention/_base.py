@@ -57,8 +57,9 @@ class Attention(abc.ABC):
         Whether the factor-form field :math:`L' = F(L)` has an exact (closed-form)
         Jacobian that the stiff integrators of :mod:`gaussian_pde.integrate` use instead
         of finite differences. Its right-hand side is then analytic in :math:`L` (sums,
-        products and solves, no eigen- or singular-value decomposition), so the complex
-        step :math:`\operatorname{Im} F(L + i\delta E)/\delta` is exact too. ``True``
+        products and solves, no eigen- or singular-value decomposition; L2 evaluates its
+        solve through an SVD for accuracy, but takes the solve for a complex argument),
+        so the complex step :math:`\operatorname{Im} F(L + i\delta E)/\delta` is exact too. ``True``
         for softmax and L2, ``False`` for Sinkhorn (its :math:`\varphi` uses an SVD), for
         the non-Gaussian-preserving types, and by default: a new type leaves it
         ``False`` (the closed forms cover the softmax and L2 heads only).

@@ -10,6 +10,8 @@ For a Gaussian-preserving attention type with affine field :math:`b + Mx` agains
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._common.validation import validate_covariance, validate_vector
 from ._base import Attention
 
@@ -46,9 +48,24 @@ def moment_rhs(attention, mean, cov):
         :math:`\alpha' = b + M\alpha`.
     dcov : ndarray, shape (d, d)
         :math:`\Sigma' = M\Sigma + \Sigma M^T` (symmetric).
+
+    Raises
+    ------
+    ValueError
+        If the rates overflow float64 (a covariance near the top of the floating-point
+        range, e.g. ``1e300`` for softmax): never an array with ``inf`` or NaN.
     """
     validate_attention(attention)
     mean = validate_vector(mean, "mean", size=attention.d)
     cov = validate_covariance(cov, "cov", d=attention.d)
-    dmean, dcov = attention.moment_rhs(mean, cov)
-    return dmean, 0.5 * (dcov + dcov.T)
+    with np.errstate(over="ignore", invalid="ignore"):
+        dmean, dcov = attention.moment_rhs(mean, cov)
+        dcov = 0.5 * (dcov + dcov.T)
+    if not (np.isfinite(dmean).all() and np.isfinite(dcov).all()):
+        # the rates are not representable (e.g. softmax's Sigma' = M Sigma + Sigma M^T
+        # with M ~ Sigma grows like Sigma^2): an error, never inf or NaN as an answer
+        raise ValueError("the moment rates overflow float64 at this `mean` and `cov` "
+                         f"(largest |cov| entry {np.abs(cov).max():.3g}, |mean| "
+                         f"{np.abs(mean).max() if mean.size else 0.0:.3g}); rescale the "
+                         "problem (the field is scale-covariant in the weights).")
+    return dmean, dcov

@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 
-from .._common.linalg import psd_sqrt
+from .._common.linalg import psd_factor
 from .._common.validation import validate_array, validate_covariance
 from ._events import (
     blowup_extrapolate,
@@ -41,9 +41,11 @@ from ._events import (
     blowup_verdict,
     rank_first,
     rank_gap,
+    rank_note,
     steady_gap,
 )
 from ._field import build_field, cov_rate
+from ._loop import overflow_message
 from ._options import solver_options
 from ._results import BatchSolution, Status
 from ._steppers import MIN_FACTOR, SAFETY, DOP853Stepper, MixedStep, RosenbrockStepper, rms
@@ -184,6 +186,12 @@ class _Record:
         for k in np.atleast_1d(g):
             self.status[k], self.message[k] = status, message
         self.t_final[g], self.L_final[g] = t, L
+
+    def note_rank(self, cov0s):
+        """Say in the messages where a covariance lost rank in rounding (``rank_note``)."""
+        cov_final = self.L_final @ np.swapaxes(self.L_final, -1, -2)
+        for b in range(cov0s.shape[0]):
+            self.message[b] += rank_note(cov0s[b], cov_final[b], self.status[b])
 
     def result(self, t_eval, ncalls):
         cov_final = self.L_final @ np.swapaxes(self.L_final, -1, -2)
@@ -393,7 +401,7 @@ def _integrate(field, cov0s, opts, method):
     nfev = rec.nfev
     idx = np.arange(nb)
     field.set_active(idx)
-    y = psd_sqrt(cov0s).reshape(nb, n).copy()
+    y = psd_factor(cov0s).reshape(nb, n).copy()
     tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
     f = field(y.reshape(nb, d, d)).reshape(nb, n)
     nfev += 1
@@ -414,6 +422,15 @@ def _integrate(field, cov0s, opts, method):
     # a finite-time estimate (t*, t) awaiting confirmation further up, as in solve
     suspected = [None] * nb
     max_nfev = opts.max_nfev
+    # a field that overflows at the initial covariance: no step can be taken
+    bad = ~np.isfinite(f).all(axis=1)
+    if bad.any():
+        rec.stop(idx[bad], Status.FAILED,
+                 f"the field is not finite at t = {t0:.10g}: the rate of the initial "
+                 "covariance overflows float64", t0, y[bad].reshape(-1, d, d))
+        act.compact(~bad)
+        ros.compact(~bad)
+        field.set_active(act.idx)
 
     while act.idx.size:
         m = act.idx.size
@@ -424,11 +441,15 @@ def _integrate(field, cov0s, opts, method):
         y_new, err, step = _attempt(act, h, dop, ros)
         acc = _control(act, err, dop, ros)
         done = np.zeros(m, dtype=bool)
-        too_small = ~acc & (act.h_abs < min_step)
+        # (a NaN step size, from a rate that overflowed, counts as too small too)
+        too_small = ~acc & ~(act.h_abs >= min_step)
         if too_small.any():
-            rec.stop(act.idx[too_small], Status.FAILED,
-                     "step size too small (required step below rounding)",
-                     act.t[too_small], act.y[too_small].reshape(-1, d, d))
+            overflow = ~np.isfinite(y_new).all(axis=1)
+            for r in np.flatnonzero(too_small):
+                msg = ("step size too small (required step below rounding)"
+                       + ("; the trial states leave the floating-point range (overflow)"
+                          if overflow[r] else ""))
+                rec.stop(act.idx[r], Status.FAILED, msg, act.t[r], act.y[r].reshape(d, d))
             done |= too_small
 
         a = np.flatnonzero(acc)
@@ -438,6 +459,16 @@ def _integrate(field, cov0s, opts, method):
             t_new = t_old + h[a]
             t_new = np.where(t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1), t1, t_new)
             f_new = step.rate(a)
+            # an accepted state whose rate overflows: stop at the last finite state
+            lost = ~(np.isfinite(f_new).all(axis=1) & np.isfinite(y_new[a]).all(axis=1))
+            if lost.any():
+                for r in np.flatnonzero(lost):
+                    rec.stop(g[r], Status.FAILED, overflow_message(t_old[r], t_new[r]),
+                             t_old[r], y_old[r].reshape(d, d))
+                done[a[lost]] = True
+                a, g, t_old, y_old, f_old, t_new, f_new = (
+                    x[~lost] for x in (a, g, t_old, y_old, f_old, t_new, f_new))
+        if a.size:
             Ln, dLn = y_new[a].reshape(-1, d, d), f_new.reshape(-1, d, d)
             rec.nsteps[g] += 1
             interp = step.dense(a, y_old, f_old)
@@ -480,4 +511,5 @@ def _integrate(field, cov0s, opts, method):
             act.compact(keep)
             ros.compact(keep)
             field.set_active(act.idx)
+    rec.note_rank(cov0s)
     return rec.result(t_eval, field.calls)

@@ -31,10 +31,11 @@ import dataclasses
 
 import numpy as np
 
+from .._common.linalg import numerical_rank
 from .._common.validation import validate_positive, validate_tolerance
 from ._results import Status
 
-__all__ = ["EventOptions", "event_options", "blowup_probe_step", "blowup_signature",
+__all__ = ["EventOptions", "event_options", "rank_note", "blowup_probe_step", "blowup_signature",
            "blowup_extrapolate",
            "blowup_verdict", "steady_gap", "rank_first", "rank_gap",
            "MAX_GROWTH", "CONFIRM_GROWTH", "CONFIRM_TOL"]
@@ -142,10 +143,15 @@ def blowup_extrapolate(t, tr, dtr, tr2, dtr2, h):
         Where the trace grows with a finite-time signature (:math:`p < 0.9`).
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        u, du = 1.0 / tr, -dtr / tr**2
-        du2 = (-dtr2 / tr2**2 - du) / h
+        # (dtr / tr) / tr, not dtr / tr**2: the square of a trace past 1e154 overflows
+        tr, dtr, tr2, dtr2 = (np.asarray(x, dtype=float) for x in (tr, dtr, tr2, dtr2))
+        u, du = 1.0 / tr, -(dtr / tr) / tr
+        du2 = (-(dtr2 / tr2) / tr2 - du) / h
     t_star, _, finite = blowup_signature(t, u, du, du2)
-    return t_star, finite & (np.asarray(dtr) > 0)
+    finite = finite & (dtr > 0) & np.isfinite(du2)
+    if np.ndim(finite) == 0:
+        return t_star, bool(finite)
+    return t_star, finite
 
 
 def blowup_verdict(t_star, finite, t, limit, suspected):
@@ -217,3 +223,22 @@ def rank_gap(cov, first, rank_tol):
     j = np.minimum(np.asarray(first), d - 1)
     wj = np.take_along_axis(w, np.broadcast_to(j, w.shape[:-1])[..., None], axis=-1)[..., 0]
     return wj / np.maximum(w.sum(-1), 1e-300) - rank_tol
+
+
+def rank_note(cov0, cov_final, status):
+    r"""What the message adds when the covariance lost rank in rounding (else ``""``).
+
+    The factor form keeps the rank exactly, but an eigenvalue of
+    :math:`\Sigma/\operatorname{tr}\Sigma` that decays (a true, asymptotic rank
+    collapse) can fall below ``d * eps``, where the returned covariance no longer
+    resolves it. Without ``rank_tol`` no event stops there, so the status stays what the
+    dynamics gave, and the message says so.
+    """
+    if status == Status.RANK_COLLAPSE or not np.all(np.isfinite(cov_final)):
+        return ""
+    r0, r1 = int(numerical_rank(cov0)), int(numerical_rank(cov_final))
+    if r1 >= r0:
+        return ""
+    return (f"; the covariance's numerical rank fell from {r0} to {r1} (an eigenvalue of "
+            "cov / tr(cov) decayed below d * eps, where rounding no longer resolves it; "
+            "pass rank_tol to stop with status 'rank_collapse' instead)")

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .._common.linalg import l2_gain_parts
 from .._common.validation import validate_array
 from ..attention._base import Attention, SingleHeadAttention
 from ..attention._multihead import MultiHead
@@ -203,6 +204,11 @@ def _field_from_weights(w, n):
     Q = validate_array(w["Q"], "Q", ndim=(2, 3))
     Q = Q[None] if Q.ndim == 2 else Q
     k, d = Q.shape[-2:]
+    if k == 0 or d == 0:
+        # as the attention classes: a head needs at least one query row (the default
+        # scale 1/sqrt(k) is infinite at k = 0) and one dimension
+        raise ValueError(f"stacked weights `Q` must have shape (B, k, d) with k >= 1 and "
+                         f"d >= 1, got {Q.shape}.")
     K = validate_array(w["K"], "K", ndim=(2, 3))
     V = validate_array(w["V"], "V", ndim=(2, 3))
     K, V = (K[None] if K.ndim == 2 else K), (V[None] if V.ndim == 2 else V)
@@ -212,8 +218,8 @@ def _field_from_weights(w, n):
     scale = w.get("scale")
     scale = np.full(1, 1.0 / np.sqrt(k)) if scale is None else validate_array(
         scale, "scale", ndim=(0, 1)).reshape(-1)
-    if np.any(scale <= 0):
-        raise ValueError("`scale` must be positive.")
+    if not np.all((scale > 0) & np.isfinite(scale)):
+        raise ValueError(f"`scale` must be positive and finite, got {scale}.")
     for name, arr in (("Q", Q), ("K", K), ("V", V), ("scale", scale)):
         if arr.shape[0] not in (1, n):
             raise ValueError(f"stacked `{name}` must have 1 or {n} (= len(cov0s)) entries "
@@ -229,7 +235,9 @@ def _head_jacobian(kind, Q, K, V, s, L):
     Both fields have :math:`dM[d\Sigma] = A\,d\Sigma\,C`: softmax
     :math:`M = sV\Sigma K^TQ`, :math:`A = sV`, :math:`C = K^TQ`; L2
     :math:`M = 2sVX^{-1}\Sigma K^TQ`, :math:`X = 2s\Sigma K^TK + I`,
-    :math:`A = 2sVX^{-1}`, :math:`C = K^TQ - 2sK^TKX^{-1}\Sigma K^TQ`. With
+    :math:`A = 2sVX^{-1}`, :math:`C = K^TQ - 2sK^TKX^{-1}\Sigma K^TQ = K^T(I_k + 2sK\Sigma
+    K^T)^{-1}Q`, all from the SVD of :math:`\sqrt{2s}\,KL`
+    (:func:`~gaussian_pde._common.linalg.l2_gain_parts`). With
     :math:`d\Sigma = EL^T + LE^T` and :math:`B = CL`,
     :math:`dF[E] = ME + AEL^TB + ALE^TB`, so for :math:`E = e_ae_b^T`
     :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`.
@@ -244,12 +252,18 @@ def _head_jacobian(kind, Q, K, V, s, L):
         C = KtQ
         M = A @ S @ KtQ
     else:
-        X = (2 * s) * (S @ (Kt @ K)) + np.eye(d)
-        Xi = np.linalg.inv(X)
-        P = Xi @ (S @ KtQ)
+        # from the gain G = (I + B^T B)^{-1} B^T of B = sqrt(2s) K L and
+        # E = (I_k + B B^T)^{-1} (one SVD, no inverse of X): X^{-1} = I - sqrt(2s) L G K,
+        # X^{-1} Sigma K^T Q = L G Q / sqrt(2s), C = K^T E Q (the difference
+        # K^T Q - 2s K^T K X^{-1} Sigma K^T Q would bury C's small entries in rounding)
+        r2 = np.sqrt(2 * s)
+        G, E = l2_gain_parts(r2 * (K @ L))
+        LG = L @ G
+        Xi = np.eye(d) - r2 * (LG @ K)
+        P = (LG @ Q) / r2
         A = (2 * s) * (V @ Xi)
         M = (2 * s) * (V @ P)
-        C = KtQ - (2 * s) * ((Kt @ K) @ P)
+        C = Kt @ (E @ Q)
     B = C @ L
     J = np.empty((r, d, d, d, d))
     J[...] = np.einsum("ria,rbj->rijab", A, Lt @ B)

@@ -18,9 +18,12 @@ product ``P = W Z`` gives every projection that the field needs:
   three products, the mean's :math:`V\alpha` riding in the last row of ``G``; near a
   steady state (``QL -> 0``) the field stays accurate to rounding;
 * **L2**: by the push-through identity,
-  :math:`ML = 2cVL\,B^T(I_k + 2cBB^T)^{-1}QL` with :math:`B = KL` (a ``k x k`` solve
-  instead of a ``d x d`` one), and
-  :math:`N\alpha = V\alpha + 2cVL\,B^T(I_k + 2cBB^T)^{-1}(Q - K)\alpha`;
+  :math:`ML = \sqrt{2c}\,VL\,G\,QL` with the gain :math:`G = (I + B^TB)^{-1}B^T` of
+  :math:`B = \sqrt{2c}\,KL`, computed from the SVD of ``B``
+  (:func:`~gaussian_pde._common.linalg.l2_gain`: an LU solve with :math:`I + B^TB` leaves
+  errors of order its condition number times rounding, which stall the step control
+  once the covariance spreads over many orders of magnitude), and
+  :math:`N\alpha = V\alpha + \sqrt{2c}\,VL\,G(Q - K)\alpha`;
 * **Sinkhorn**: :math:`L' = VL\,B\varphi(B^TB)`, :math:`B = L^TAL`, and
   :math:`\alpha' = V\alpha`.
 
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._common.linalg import sinkhorn_cross
+from .._common.linalg import l2_gain, l2_gain_parts, sinkhorn_cross
 from ..attention._base import SingleHeadAttention
 from ..attention._multihead import MultiHead
 
@@ -130,24 +133,22 @@ def _l2(head, with_mean):
     G = np.zeros((m, m))
     if with_mean:
         G[d, d] = 1.0 / s      # s V alpha / s = V alpha
-    X, B, Bt, QZ, Gd = P[:d], P[d:d + k, :d], P[d:d + k, :d].T, P[d + k:], G[:d]
+    X, B, QZ, Gd = P[:d], P[d:d + k, :d], P[d + k:], G[:d]
     sKa = P[d:d + k, d] if with_mean else None
-    eye = np.eye(k)
 
-    def solve(C):
-        """``(I_k + B B^T)^{-1} C``.
+    def gain():
+        """``B^T (I_k + B B^T)^{-1} = (I_d + B^T B)^{-1} B^T`` from the SVD of ``B``.
 
         NaN for a non-finite trial state (the step is then rejected) instead of
-        LAPACK's singular-matrix error.
+        LAPACK's convergence error.
         """
         if k == 1:
-            return C / (1.0 + float(B[0].dot(B[0])))
-        try:
-            return np.linalg.solve(B.dot(Bt) + eye, C)
-        except np.linalg.LinAlgError:
-            return np.full_like(C, np.nan)
+            b = B[0]
+            n2 = float(b.dot(b))
+            return (b / (1.0 + n2))[:, None] if n2 < 1e300 else _gain(B)
+        return _gain(B)
 
-    w_dot, bt_dot, x_dot = W.dot, Bt.dot, X.dot
+    w_dot, x_dot = W.dot, X.dot
 
     def term(Z):
         w_dot(Z, out=P)
@@ -156,10 +157,27 @@ def _l2(head, with_mean):
             rhs[:, d] -= sKa / s                 # [QL | (Q - K) alpha]
         else:
             rhs = QZ
-        bt_dot(solve(rhs), out=Gd)
+        _dot(gain(), rhs, out=Gd)
         return x_dot(G)
 
     return term
+
+
+def _gain(B):
+    """:func:`l2_gain`; NaN for a non-finite trial state (the step is rejected)."""
+    try:
+        return l2_gain(B)
+    except np.linalg.LinAlgError:
+        return np.full(B.shape[::-1], np.nan)
+
+
+def _gain_parts(B):
+    """:func:`l2_gain_parts`; NaN for a non-finite state."""
+    try:
+        return l2_gain_parts(B)
+    except np.linalg.LinAlgError:
+        k, d = B.shape
+        return np.full((d, k), np.nan), np.full((k, k), np.nan)
 
 
 def _sinkhorn(head, with_mean):
@@ -256,16 +274,24 @@ def _head_parts(kind, head, L, mean):
         if mean is None:
             return M, A, C, None, None
         return M, A, C, V + M, KtQ @ mean
-    KtK = K.T @ K
-    Xi = np.linalg.inv((2 * c) * (S @ KtK) + np.eye(d))   # P^{-1}
-    P = Xi @ (S @ KtQ)
+    # with the gain G = (I + B^T B)^{-1} B^T of B = sqrt(2c) K L (SVD, no inverse):
+    # P^{-1} = I - L G sqrt(2c) K and P^{-1} Sigma K^T Q = L G Q / sqrt(2c)
+    # with the gain G = (I + B^T B)^{-1} B^T of B = sqrt(2c) K L and E = (I_k + B B^T)^{-1}
+    # (one SVD, no inverse): P^{-1} = I - L G sqrt(2c) K, P^{-1} Sigma K^T Q = L G Q /
+    # sqrt(2c) and C = K^T Q - 2c K^T K P^{-1} Sigma K^T Q = K^T E Q, whose entries
+    # (down to 1/s^2) the difference would bury under its rounding
+    s = np.sqrt(2 * c)
+    G, E = _gain_parts(s * (K @ L))
+    LG = L @ G
+    Xi = np.eye(d) - s * (LG @ K)                    # P^{-1}
+    P = (LG @ Q) / s
     A = (2 * c) * (V @ Xi)
     M = (2 * c) * (V @ P)
-    C = KtQ - (2 * c) * (KtK @ P)
+    C = K.T @ (E @ Q)
     if mean is None:
         return M, A, C, None, None
-    x = Xi @ (mean + (2 * c) * (S @ (KtQ @ mean)))
-    return M, A, C, V @ Xi + M, KtQ @ mean - KtK @ x
+    # r = K^T Q alpha - K^T K P^{-1}(alpha + 2c Sigma K^T Q alpha) = K^T E (Q - K) alpha
+    return M, A, C, V @ Xi + M, K.T @ (E @ ((Q - K) @ mean))
 
 
 def moment_jacobian(attention, with_mean):

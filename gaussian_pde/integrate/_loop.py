@@ -32,6 +32,7 @@ __all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compile
            "use_compiled"]
 
 _EPS = np.finfo(float).eps
+_TINY = np.finfo(float).tiny
 
 
 @dataclasses.dataclass
@@ -129,6 +130,11 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
             status, message = -1, msg or "the solver failed"
             break
         t_old, t, y = solver.t_old, solver.t, solver.y
+        if not np.isfinite(y).all():
+            # an accepted step that left the floating-point range (an implicit method can
+            # accept one): stop at the last finite state, never store inf or NaN
+            status, message = -1, overflow_message(t_old, t)
+            break
         dense = None
         t_stop, y_stop = t, y
         if events:
@@ -195,7 +201,6 @@ def _root(g, dense, t_old, t, g_lo, g_hi):
         return t_old
     if g_hi == 0:
         return t
-
     def f(s):
         return g(s, dense(s))
 
@@ -207,7 +212,19 @@ def _root(g, dense, t_old, t, g_lo, g_hi):
         # from them by rounding and show none: the crossing lies within that rounding of
         # an end (brentq would raise "f(a) and f(b) must have different signs")
         return t if abs(b) <= abs(a) else t_old
-    return brentq(f, t_old, t, xtol=4 * _EPS, rtol=4 * _EPS)
+    # the absolute tolerance scales with the step: an absolute 4 eps exceeds the whole
+    # step near a singularity at t* ~ 1e-4, and the root would land on t_old (a repeated
+    # time in the output)
+    xtol = max(4 * _EPS * (t - t_old), _TINY)
+    te = brentq(f, t_old, t, xtol=xtol, rtol=4 * _EPS)
+    return min(max(te, float(np.nextafter(t_old, t))), t)
+
+
+def overflow_message(t_last, t_next):
+    """The message of a run whose state left the floating-point range."""
+    return (f"the state left the floating-point range (overflow to inf or NaN) after "
+            f"t = {t_last:.10g}, before t = {t_next:.10g}: the covariance or the mean "
+            "outgrows float64 there")
 
 
 def handover_step(h_last, t, t1):
@@ -279,12 +296,16 @@ class _Watch:
         self.n_rejects = 0                   # their sum
         self.n_accepted = 0
         self.h_last = None            # the last accepted step
+        self.overflow = None          # end of an accepted step with a non-finite state
 
     def __call__(self, t, y):
         if t <= self.t_prev:          # the initial call
             if self.nfev is not None:
                 self.n_prev = self.nfev()
             return 0
+        if not np.isfinite(y).all():  # left the floating-point range: stop before it
+            self.overflow = t
+            return -1
         if self.events:
             g_new = [float(g(t, y)) for g in self.events]
             for a, b, s in zip(self.g_prev, g_new, self.dirs):
@@ -404,6 +425,8 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         t_cur, y_cur = watch.t_prev, watch.y_prev
         if watch.spent:
             status, message = 2, "evaluation budget spent"
+        elif watch.overflow is not None:
+            status, message = -1, overflow_message(t_cur, watch.overflow)
         python_to = None   # the Python solver takes over up to this time
         if watch.hit is not None:
             python_to = watch.hit

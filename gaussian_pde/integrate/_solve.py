@@ -37,7 +37,7 @@ import warnings
 
 import numpy as np
 
-from .._common.linalg import psd_sqrt
+from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
 from ..attention._moments import validate_attention
 from ._auto import STIFF_SOLVER
@@ -48,6 +48,7 @@ from ._events import (
     blowup_verdict,
     rank_first,
     rank_gap,
+    rank_note,
     steady_gap,
 )
 from ._fused import mean_is_linear, moment_field, moment_jacobian
@@ -195,7 +196,7 @@ def _blowup_estimate(system, t, y):
     """:func:`blowup_extrapolate` at a state: ``u''`` from a probe step along the flow."""
     cov, dcov = system.cov_and_rate(y)
     tr, dtr = float(np.trace(cov)), float(np.trace(dcov))
-    if not dtr > 0:
+    if not (dtr > 0 and math.isfinite(dtr) and math.isfinite(tr)):
         return None, False
     h = float(blowup_probe_step(tr, dtr))
     cov2, dcov2 = system.cov_and_rate(y + h * system(t, y))
@@ -351,10 +352,27 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
                     + (" with the exact Jacobian" if jac is not None else ""))
     t_all = np.concatenate(ts) if ts else np.empty(0)
     y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
+    t_all, y_all = _strictly_increasing(t_all, y_all)
     return Run(t=t_all, y=y_all, status=status, message=message, t_blowup=t_blowup,
                t_final=float(t_final), y_final=np.asarray(y_final),
                t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev,
                stiff_from=None if stiff_from is None else float(stiff_from))
+
+
+def _strictly_increasing(t, y):
+    """Drop a stored row whose time repeats the one before it (an event at a step end).
+
+    The loop stores each step end once and an event time strictly inside its step
+    (:func:`gaussian_pde.integrate._loop._root`), so this keeps the invariant of the
+    result (``t`` strictly increasing) against rounding only.
+    """
+    if t.size < 2:
+        return t, y
+    keep = np.ones(t.size, dtype=bool)
+    keep[1:] = np.diff(t) > 0
+    if keep.all():
+        return t, y
+    return t[keep], y[keep]
 
 
 def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e-10,
@@ -467,7 +485,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     auto = isinstance(method, str) and method == "auto"
     system = _System(attention, with_mean, mean_scale=_mean_scale(
         attention, mean0, opts.rtol, opts.atol) if auto else 1.0)
-    y0 = system.pack(mean0, psd_sqrt(cov0))
+    y0 = system.pack(mean0, psd_factor(cov0))
     if auto:
         jac = moment_jacobian(attention, with_mean)
     else:
@@ -478,8 +496,9 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     means, Ls = system.split(run.y)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
     mean_f, L_f = system.split(run.y_final)
+    message = run.message + rank_note(cov0, L_f @ L_f.T, run.status)
     return MomentSolution(
-        t=run.t, mean=means, cov=covs, factor=Ls, status=run.status, message=run.message,
+        t=run.t, mean=means, cov=covs, factor=Ls, status=run.status, message=message,
         t_blowup=run.t_blowup, t_final=run.t_final,
         mean_final=mean_f, cov_final=L_f @ L_f.T,
         t_events=run.t_events, nfev=run.nfev)

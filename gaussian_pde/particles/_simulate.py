@@ -355,9 +355,14 @@ class _Run:
     def check(self, t, y):
         """The package's events at a step end (docs/math.md section 10): None to go on."""
         if not np.all(np.isfinite(y)):
-            return Status.FAILED, f"non-finite token positions at t = {t:.10g}"
+            return Status.FAILED, (f"non-finite token positions at t = {t:.10g}: the state "
+                                   "left the floating-point range")
         ev, blow = self.ev, self.blow
-        cov = particle_moments(y.reshape(self.n, self.d))[1]
+        with np.errstate(over="ignore", invalid="ignore"):
+            cov = particle_moments(y.reshape(self.n, self.d))[1]
+        if not np.all(np.isfinite(cov)):
+            return Status.FAILED, (f"the covariance of the tokens overflows float64 at "
+                                   f"t = {t:.10g}: the state left the floating-point range")
         if float(np.trace(cov)) > blow["limit"] * self.tr0:
             # one verdict per step: the same state never confirms itself
             c1, dc1, v = self.cov_and_rate(t, y)
@@ -399,10 +404,13 @@ def _run_rk4(run, t_cur, y, t_eval, h_max, max_steps):
             k2 = fun(t_cur + h / 2, y + h / 2 * k1)
             k3 = fun(t_cur + h / 2, y + h / 2 * k2)
             k4 = fun(t_cur + h, y + h * k3)
-            y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-            t_cur = te if k == m_steps - 1 else t_cur + h
+            y_new = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            t_new = te if k == m_steps - 1 else t_cur + h
             steps += 1
-            stop = run.check(t_cur, y)
+            stop = run.check(t_new, y_new)
+            if stop is not None and not np.all(np.isfinite(y_new)):
+                break       # left the floating-point range: end at the last finite state
+            t_cur, y = t_new, y_new
             if stop is None and steps >= max_steps and t_cur < t_eval[-1]:
                 stop = Status.FAILED, f"gave up after `max_steps` = {max_steps} steps"
             if stop is not None:

@@ -47,12 +47,16 @@ import math
 import numbers
 import pathlib
 
+from scipy.integrate._ivp.ivp import METHODS as _SCIPY_METHODS
+
 __all__ = ["SweepSpec", "WeightSpec", "InitialSpec", "SolverSpec", "RecordSpec"]
 
 _DISTRIBUTIONS = ("normal", "uniform")
 _KEYS = ("minus_query", "query", "independent")
 _VALUES = ("identity", "gram", "gram_t", "random")
 _INITIAL = ("wishart", "identity")
+#: the method names :func:`gaussian_pde.solve` accepts (a spec is checked against them)
+SOLVE_METHODS = ("auto", "rosenbrock") + tuple(sorted(_SCIPY_METHODS))
 
 
 def _usable_types():
@@ -203,7 +207,9 @@ class SolverSpec:
     horizon : float
         Integrate over ``(0, horizon)``.
     method : str
-        Any :func:`scipy.integrate.solve_ivp` method.
+        A method of :func:`gaussian_pde.solve` by name: a
+        :func:`scipy.integrate.solve_ivp` method, ``"auto"`` or ``"rosenbrock"``
+        (an unknown name is refused when the spec is built, not when a task runs).
     rtol, atol : float
         Solver tolerances (on the entries of the factor ``L``).
     blowup_threshold : float
@@ -227,6 +233,9 @@ class SolverSpec:
         s(self, "horizon", _check_float(self.horizon, "solver.horizon"))
         if not isinstance(self.method, str):
             _fail("solver.method", f"must be a string, got {self.method!r}.", TypeError)
+        if self.method not in SOLVE_METHODS:
+            _fail("solver.method", f"must be one of {list(SOLVE_METHODS)}, got "
+                  f"{self.method!r}.")
         s(self, "rtol", _check_float(self.rtol, "solver.rtol"))
         if self.rtol >= 1:
             _fail("solver.rtol", f"must be smaller than 1, got {self.rtol!r}.")

@@ -156,3 +156,45 @@ def test_sinkhorn_rank_deficient_covariance(rng):
     dL = head.factor_rhs(L)
     assert np.abs(np.array([-u[1], u[0]]) @ L).max() < 1e-15
     np.testing.assert_allclose(dL @ np.array([-u[1], u[0]]), 0.0, atol=1e-15)
+
+
+def test_l2_field_at_a_covariance_of_1e300_is_finite_and_exact():
+    """Regression: ``moment_rhs`` for L2 at a covariance of 1e300 raised LinAlgError
+    (``I + 2c Sigma K^T K`` is singular in floating point there). The SVD gain gives the
+    large-covariance limit: for ``V = I``, ``Q = K`` (k = 1), ``M`` is the projection
+    ``Sigma K^T (K Sigma K^T)^{-1} K`` to rounding."""
+    K = np.array([[1.0, 1.0]])
+    att = gp.L2(K, K, np.eye(2), scale=0.5)
+    cov = 1e300 * np.diag([1.0, 1e-6])
+    M = att.field_matrix(cov)
+    assert np.allclose(M, cov @ K.T @ np.linalg.inv(K @ cov @ K.T) @ K, rtol=0, atol=1e-12)
+    dmean, dcov = gp.moment_rhs(gp.L2.example(2, 0), np.zeros(2), 1e300 * np.eye(2))
+    assert np.all(np.isfinite(dmean)) and np.all(np.isfinite(dcov))
+
+
+def test_l2_field_is_accurate_when_the_covariance_spans_many_scales(rng):
+    """The L2 field through the SVD gain keeps rounding-level relative accuracy where an LU
+    solve with ``I + 2c Sigma K^T K`` left 1e-7 (a covariance over 12 orders of magnitude;
+    the reference is the push-through form in extended precision)."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+    d = 4
+    Q, K = rng.standard_normal((d, d)), rng.standard_normal((d, d))
+    att = gp.L2(Q, K, np.eye(d))
+    U, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    L = U * np.sqrt(np.logspace(6, -6, d))
+    Lm, Km, Qm = (mp.matrix(a.tolist()) for a in (L, K, Q))
+    c = mp.mpf(att.scale)
+    S = Lm * Lm.T
+    ref = 2 * c * mp.inverse(mp.eye(d) + 2 * c * S * Km.T * Km) * S * Km.T * Qm * Lm
+    ref = np.array(ref.tolist(), dtype=float)
+    for got in (att.factor_rhs(L), att.factor_kernel()(L)):
+        assert np.linalg.norm(got - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+def test_moment_rhs_that_overflows_raises():
+    """Regression: softmax at a covariance of 1e300 returned ``-inf`` rates
+    (``Sigma' = M Sigma + Sigma M^T`` is ~1e600)."""
+    att = gp.Softmax.example(2, 0)
+    with pytest.raises(ValueError, match="overflow float64"):
+        gp.moment_rhs(att, np.zeros(2), 1e300 * np.eye(2))

@@ -286,3 +286,49 @@ def test_batch_confirms_blowups_like_solve(method):
     assert bs.status[0] == "finished" and np.isnan(bs.t_blowup[0])
     # softmax, V = I, Sigma_0 = I: t* = 1 / lambda_max(A + A^T) = 1/2
     assert bs.status[1] == "blowup" and bs.t_blowup[1] == pytest.approx(0.5, rel=1e-6)
+
+
+# ------------------------------------------------------------------ extreme scales
+
+
+def test_batch_covariance_of_1e300_ends_quickly():
+    """Regression: an L2 covariance of 1e300 spent max_nfev (over 20 s) on rejected steps
+    with a NaN step size. The field is finite there now (SVD gain); the run stops with a
+    status and a message and no inf/NaN."""
+    from tests._helpers import run_within
+
+    for att in (gp.L2.example(2, 0), gp.Softmax.example(2, 0)):
+        sol = run_within(20, solve_batch, att, 1e300 * np.eye(2)[None], (0, 1))
+        assert sol.message[0]
+        assert np.all(np.isfinite(sol.cov_final)) and np.all(np.isfinite(sol.factor_final))
+        assert sol.status[0] in ("failed", "blowup", "finished")
+
+
+def test_batch_rate_that_overflows_at_the_start_fails_at_once():
+    """A field that is not finite at the initial covariance stops the row at t0 (status
+    failed, with a message) instead of attempting steps until max_nfev."""
+    att = gp.Softmax.example(2, 0)
+    sol = solve_batch(att, np.stack([np.eye(2), 1e300 * np.eye(2)]), (0, 0.1))
+    assert sol.status[0] == "finished" and sol.status[1] == "failed"
+    assert "not finite" in sol.message[1] and sol.nfev[1] < 10
+
+
+def test_batch_weights_with_k_zero_are_refused():
+    """Regression: stacked weights with k = 0 (Q, K of shape (0, d)) gave an infinite
+    default scale and NaN rates, and the batch hung on rejected steps."""
+    Z = np.zeros((0, 3))
+    for kind in ("l2", "softmax"):
+        with pytest.raises(ValueError, match=r"`Q`.*k >= 1"):
+            solve_batch({"kind": kind, "Q": Z, "K": Z, "V": np.eye(3)}, np.eye(3)[None],
+                        (0, 1))
+    with pytest.raises(ValueError, match="scale"):
+        solve_batch({"kind": "l2", "Q": np.eye(3), "K": np.eye(3), "V": np.eye(3),
+                     "scale": np.inf}, np.eye(3)[None], (0, 1))
+
+
+def test_batch_singular_covariance_keeps_its_null_space_exactly(rng):
+    """The batch factors a singular covariance with exact zero columns, as solve does."""
+    C = rng.standard_normal((4, 2))
+    att = gp.Sinkhorn.example(4, 1)
+    sol = solve_batch(att, (C @ C.T)[None], (0, 1))
+    assert np.sum(np.all(sol.factor_final[0] == 0, axis=0)) == 2

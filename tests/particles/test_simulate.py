@@ -449,3 +449,18 @@ def test_memory_n100k_d8_within_2GB():
                              check=True, timeout=170)
     peak_mib = int(out.stdout.strip()) / 1024  # ru_maxrss is in KiB on Linux
     assert peak_mib < 2048, peak_mib
+
+
+def test_particles_that_leave_the_floating_point_range_end_failed_and_finite():
+    """A run whose tokens overflow (values of 1e150) ends with status failed and a message,
+    with no inf/NaN in any returned array, for the adaptive and the fixed-step scheme."""
+    from tests._helpers import assert_all_finite, run_within
+
+    x0 = np.random.default_rng(0).standard_normal((20, 2))
+    att = gp.L2(np.eye(2), np.eye(2), 1e150 * np.eye(2))
+    for kw in ({"method": "RK45"}, {"method": "rk4", "dt": 0.01}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sol = run_within(30, gp.simulate_particles, att, x0, (0, 1), **kw)
+        assert sol.status == "failed" and sol.message
+        assert_all_finite(sol)

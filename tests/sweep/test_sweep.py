@@ -428,3 +428,18 @@ def test_cli_unreachable_scheduler(tmp_path):
         text=True, timeout=60)
     assert proc.returncode == 3
     assert f"no Dask scheduler answered at {address}" in proc.stderr
+
+
+def test_unknown_solver_method_is_refused_when_the_spec_is_built():
+    """Regression: a spec with a misspelt solver method was accepted (and failed, or ran
+    something else, only when a task ran)."""
+    data = SweepSpec.from_toml_string(SMALL).to_dict()
+    data["solver"]["method"] = "RK99"
+    with pytest.raises(ValueError, match=r"solver\.method.*'RK99'"):
+        SweepSpec.from_dict(data)
+    with pytest.raises(ValueError, match=r"solver\.method"):
+        SweepSpec.from_toml_string(SMALL.replace("horizon = 5.0",
+                                                 'horizon = 5.0\nmethod = "dop853"'))
+    for method in ("DOP853", "LSODA", "auto", "rosenbrock"):
+        data["solver"]["method"] = method
+        assert SweepSpec.from_dict(data).solver.method == method
