@@ -484,8 +484,8 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
     ----------
     attentions : sequence of Attention
         Softmax or L2 heads, or :class:`~gaussian_pde.MultiHead` sums of them.
-    cov0s : array_like, shape (n, d, d)
-        Initial covariances, positive definite.
+    cov0s : sequence of array_like, each (d, d)
+        Initial covariances, positive definite (dimensions may differ between rows).
     t_max : float
         Horizon; the checkpoints are :math:`t = 0` and :math:`t = 10^j \le` ``t_max``.
     rtol : float
@@ -500,10 +500,11 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
     -------
     list of CertifiedLimit
     """
-    cov0s = np.asarray(cov0s, dtype=float)
     attentions = list(attentions)
-    if cov0s.ndim != 3 or cov0s.shape[0] != len(attentions):
-        raise ValueError("`cov0s` must have shape (len(attentions), d, d).")
+    cov0s = [np.asarray(c, dtype=float) for c in cov0s]
+    if len(cov0s) != len(attentions) or any(c.ndim != 2 or c.shape[0] != c.shape[1]
+                                            for c in cov0s):
+        raise ValueError("`cov0s` must hold one (d, d) covariance per attention.")
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
     ck_t = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
     if ck_t[-1] < t_max:
@@ -511,13 +512,14 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
     groups = {}
     for i, att in enumerate(attentions):
         heads = _heads(att)
-        key = (cov0s.shape[-1], tuple(h[0] for h in heads), _frame(heads, cov0s.shape[-1])[1])
+        d = cov0s[i].shape[-1]
+        key = (d, tuple(h[0] for h in heads), _frame(heads, d)[1])
         groups.setdefault(key, []).append(i)
     out = [None] * len(attentions)
     for (d, _, _), rows in groups.items():
         atts = [attentions[i] for i in rows]
         field, U, rq, lyap = _build(atts, d)
-        S0 = np.einsum("rji,rjk,rkl->ril", U, cov0s[rows], U)
+        S0 = np.einsum("rji,rjk,rkl->ril", U, np.array([cov0s[i] for i in rows]), U)
         if np.any(np.linalg.eigvalsh(S0)[:, 0] <= 0):
             raise ValueError("certified_limit needs positive definite initial covariances.")
         P0 = np.linalg.inv(S0)
