@@ -285,7 +285,7 @@ def _integrate(field, P0, checkpoints, rtol, atol):
     """RODAS4 on ``P' = F(P)``; returns P at every checkpoint (NaN where not reached)."""
     nb, d = P0.shape[0], P0.shape[-1]
     n = d * d
-    nck = len(checkpoints)
+    nck = checkpoints.shape[1]
     rec = np.full((nb, nck, d, d), np.nan)
     steps = np.zeros(nb, dtype=int)
     stop = np.array([""] * nb, dtype=object)
@@ -294,18 +294,17 @@ def _integrate(field, P0, checkpoints, rtol, atol):
     y = P0.reshape(nb, n).copy()
     t = np.zeros(nb)
     ck = np.zeros(nb, dtype=int)
-    if checkpoints[0] == 0.0:
-        rec[:, 0] = P0
-        ck[:] = 1
+    rec[:, 0] = P0          # checkpoints[:, 0] is t = 0
+    ck[:] = 1
     f0 = field(P0)
     h = 1e-3 * np.linalg.norm(P0, axis=(1, 2)) / (np.linalg.norm(f0, axis=(1, 2)) + 1e-300)
-    h = np.minimum(h, checkpoints[ck])
+    h = np.minimum(h, checkpoints[np.arange(nb), ck])
     fld = field
     tr0 = np.trace(np.linalg.inv(P0), axis1=1, axis2=2)
     eye = np.eye(n)
     while idx.size:
         m = idx.size
-        target = checkpoints[ck[idx]]
+        target = checkpoints[idx, ck[idx]]
         hh = np.minimum(h, target - t)
         land = hh >= target - t
         P = y.reshape(m, d, d)
@@ -469,7 +468,7 @@ def _blowup_verdict(att, cov0, t_max):
     """The package's covariance solver and its finite-time blow-up verdict."""
     from ..integrate._solve import solve
 
-    sol = solve(att, cov0, (0.0, t_max), mean0=None, method="auto")
+    sol = solve(att, None, cov0, (0.0, t_max))
     st = str(sol.status)
     if st == "blowup":
         return "blowup", float(sol.t_blowup), f"blow-up confirmed at t* = {sol.t_blowup:.6g}"
@@ -489,12 +488,14 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
     cov0s : sequence of array_like, each (d, d)
         Initial covariances, positive definite (dimensions may differ between rows).
     t_max : float
-        Horizon; the checkpoints are :math:`t = 0` and :math:`t = 10^j \le` ``t_max``.
+        Horizon in units of the setting's own time scale
+        :math:`t_s = \max(1, \lVert P_0\rVert_F/\lVert P'(0)\rVert_F)` (the time in which
+        :math:`P` changes by its own size); the checkpoints are :math:`t = 0` and
+        :math:`t = t_s10^j`, :math:`10^{-2} \le 10^j \le` ``t_max``.
     rtol : float
         Relative tolerance on each entry :math:`P_{ij}`.
     fit_decades : float
-        The exponents are fitted over :math:`[t_{\max}10^{-\mathrm{fit\_decades}},
-        t_{\max}]`.
+        The exponents are fitted over the last ``fit_decades`` decades of checkpoints.
     drift_tol : float
         Largest relative drift of :math:`N^TPN` accepted. The floor that the surviving
         eigenvalues obey is :math:`1/\max_t\lambda_{\max}(N^TP(t)N)` over the computed
@@ -511,9 +512,9 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
                                             for c in cov0s):
         raise ValueError("`cov0s` must hold one (d, d) covariance per attention.")
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
-    ck_t = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
-    if ck_t[-1] < t_max:
-        ck_t = np.append(ck_t, t_max)
+    base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
+    if base[-1] < t_max:
+        base = np.append(base, t_max)
     groups = {}
     for i, att in enumerate(attentions):
         heads = _heads(att)
@@ -529,17 +530,25 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
             raise ValueError("certified_limit needs positive definite initial covariances.")
         P0 = np.linalg.inv(S0)
         P0 = 0.5 * (P0 + np.swapaxes(P0, -1, -2))
+        # the setting's own time scale: P changes by O(P) in |P0| / |P'(0)| (for V = I,
+        # K = -Q: |Sigma_0^-1| / |2c Q^T Q|, where the 1/t decay starts); the checkpoints
+        # are that scale (at least 1) times 0, 1e-2, ..., t_max
+        f0 = field(P0)
+        t_s = np.maximum(1.0, np.linalg.norm(P0, axis=(1, 2))
+                         / (np.linalg.norm(f0, axis=(1, 2)) + 1e-300))
+        t_s = np.minimum(t_s, 1e12)
+        ck_t = t_s[:, None] * base[None, :]
         rec, steps, stop, t_last = _integrate(field, P0, ck_t, rtol, 0.0)
         for j, i in enumerate(rows):
             if stop[j] in ("growth",):
-                oc, tb, msg = _blowup_verdict(attentions[i], cov0s[i], t_max)
+                oc, tb, msg = _blowup_verdict(attentions[i], cov0s[i], t_max * t_s[j])
                 res = dict(outcome=oc, rank=None, bound=d - int(rq[j]),
                            exponents=np.full(d, np.nan), decay_rates=np.empty(0),
                            conserved_drift=np.nan, lyapunov_increase=None,
                            t_final=float(t_last[j]), t_blowup=tb, limit=None,
                            eigenvalues=np.full(d, np.nan), steps=int(steps[j]), message=msg)
             else:
-                res = _decide(rec[j], ck_t, steps[j], stop[j], t_last[j], U[j], rq[j],
+                res = _decide(rec[j], ck_t[j], steps[j], stop[j], t_last[j], U[j], rq[j],
                               lyap[j], fit_decades, drift_tol)
             out[i] = CertifiedLimit(**res)
     return out

@@ -428,3 +428,17 @@ def test_cli_unreachable_scheduler(tmp_path):
         text=True, timeout=60)
     assert proc.returncode == 3
     assert f"no Dask scheduler answered at {address}" in proc.stderr
+
+
+def test_example_softmax_d2_certified_rank_one():
+    # examples/sweep_small.toml: softmax, d = 2, K = -Q, V = I, horizon 20. At the horizon
+    # most covariances still look full rank (the vanishing eigenvalue decays like 1/t);
+    # the recorded limit rank is the certified one: d - rank(Q) = 1 for every setting.
+    from gaussian_pde.sweep import OUTCOMES, compute_batch
+
+    spec = SweepSpec.from_toml(ROOT / "examples" / "sweep_small.toml")
+    assert spec.task(0)[:2] == ("softmax", 2)
+    arrays = compute_batch(spec, 0)
+    assert arrays["limit_rank"].size == spec.batch_size
+    assert np.all(arrays["limit_rank"] == 1)
+    assert np.all(arrays["outcome"] == OUTCOMES.index("rank"))
