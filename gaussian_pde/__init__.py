@@ -44,6 +44,7 @@ from .particles._simulate import (
     sample_gaussian,
     simulate_particles,
 )
+from .studies._certified import CertifiedLimit, certified_limit, certified_limits
 from .studies._compare import CompareReport, compare
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Attention",
     "AttentionField",
     "BatchSolution",
+    "CertifiedLimit",
     "CompareReport",
     "DepthSolution",
     "Field",
@@ -85,6 +87,8 @@ __all__ = [
     "classify_solution",
     "classify_trajectory",
     "closure_moment_rhs",
+    "certified_limit",
+    "certified_limits",
     "compare",
     "exact_covariance",
     "get_attention",

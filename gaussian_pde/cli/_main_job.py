@@ -92,8 +92,6 @@ def add_arguments(parser):
     add_out_argument(parser, DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="a small, fast report")
-    parser.add_argument("--paper-tol", type=float, default=1e-3,
-                        help="the paper protocol's stopping tolerance (default: %(default)s)")
     parser.add_argument("--examples", action="store_true",
                         help="run the built-in 2-D examples instead of the reproduction")
 

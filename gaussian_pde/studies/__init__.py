@@ -34,7 +34,9 @@ The paper's Gaussian results (docs/math.md sections 4 and 9)
     :data:`TYPES`; :func:`unit_trace_grid` is a polar grid of such initial covariances) and
     the rank histograms, with eigenvalues counted above :data:`PAPER_THRESHOLD` in the paper's
     protocol. :func:`published_histograms` replays the published histogram protocol of
-    section 9 number for number (:func:`write_published_histograms` writes its JSON).
+    section 9 number for number (:func:`write_published_histograms` writes its JSON), and
+    :func:`certified_limit` / :func:`certified_limits` decide the limit rank of a
+    :math:`K = -Q` setting from the growth of :math:`\Sigma^{-1}` (docs/math.md 4.5).
 
 Examples
 --------
@@ -43,6 +45,7 @@ Examples
 -0.5
 """
 
+from ._certified import CertifiedLimit, certified_limit, certified_limits
 from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
 from ._clusters import ClusterRun, error_scaling, run_clusters, write_clusters
 from ._compare import CompareReport, compare, fit_slope, mean_field_check_failures
@@ -67,8 +70,11 @@ __all__ = [
     "STUDY_MODES",
     "STUDY_NORMS",
     "TYPES",
+    "CertifiedLimit",
     "CompareReport",
     "all_figures",
+    "certified_limit",
+    "certified_limits",
     "closure_case",
     "compare",
     "depth_metrics",

@@ -9,25 +9,27 @@ Writes into an output folder (all files atomically, :mod:`gaussian_pde._common.i
   :math:`\Sigma/\operatorname{tr}\Sigma` in the disk);
 * ``eigenvalue_flows.png``: eigenvalues of :math:`\Sigma/\operatorname{tr}\Sigma` over time;
 * ``rank_histograms.png``: ranks for d = 3, 4, 5, softmax and L2, V = I and
-  :math:`V = G^TG`, the paper's protocol next to the accurate one;
+  :math:`V = R^TR` (:math:`R` independent of :math:`\Sigma_0`): the published replay next
+  to the true limit;
 * ``report.md`` (embeds the figures), ``results.json`` and ``histograms.npz``.
 
-The two protocols for the histograms (settings: :math:`Q \in \mathbb R^{\lfloor d/2\rfloor
-\times d}` standard normal, :math:`K = -Q`, :math:`\Sigma_0 = GG^T`, scale
-:math:`1/\sqrt d`):
+Histogram settings: :math:`Q \in \mathbb R^{\lfloor d/2\rfloor \times d}` standard normal,
+:math:`K = -Q`, :math:`\Sigma_0 = GG^T`, :math:`V = R^TR`, scale :math:`1/\sqrt d`.
 
-*paper*
-    integrate until :math:`\|\Sigma'\|_F <` ``paper_tol`` and count the eigenvalues of
-    :math:`\Sigma` above 0.1;
-*accurate*
-    the rank of the true limit: for softmax with :math:`V = I` from the exact solution
-    :math:`\Sigma(t) = \Sigma_0^{1/2}(I - tC)^{-1}\Sigma_0^{1/2}`,
-    :math:`C = \Sigma_0^{1/2}(A + A^T)\Sigma_0^{1/2} \preceq 0`, whose limit is
-    :math:`\Sigma_0^{1/2}\Pi_{\ker C}\Sigma_0^{1/2}`; otherwise by integrating to
-    ``t = 1e8`` with :func:`gaussian_pde.integrate._batch.solve_batch` (DOP853, switching to the
-    L-stable Rosenbrock method RODAS4 where a trajectory turns stiff) and classifying with
-    :func:`gaussian_pde.analysis.classify_trajectory` (undecided trajectories are
-    reported as such, never guessed).
+*published*
+    the published script's counts, replayed number for number by
+    ``gaussian-pde reproduce --protocol published`` into the same folder
+    (:func:`gaussian_pde.studies.published_histograms`, minutes); the report reads
+    ``published_histograms.json`` and, setting by setting, ``published_certified.json``
+    when they are there, so the default run stays fast;
+*true*
+    for softmax with :math:`V = I` the exact limit
+    :math:`\Sigma_0^{1/2}\Pi_{\ker C}\Sigma_0^{1/2}`; otherwise the covariance integrated
+    to ``t = 1e8`` with :func:`gaussian_pde.integrate._batch.solve_batch` and classified
+    by :func:`gaussian_pde.analysis.classify_trajectory` where that gives the rank
+    :math:`d - \operatorname{rank}Q` proved in docs/math.md 4.5, and the certified limit
+    (:func:`gaussian_pde.certified_limits`, the growth of :math:`\Sigma^{-1}`) for every
+    other setting.
 
 Speed: per ``d`` one :func:`~gaussian_pde.integrate._batch.solve_batch` call per protocol holds all
 four panels (their slow tails share iterations), and the full run splits over two
@@ -49,11 +51,12 @@ import numpy as np
 
 from .._common.io import ensure_output_dir, save_figure, write_npz, write_text
 from .._common.linalg import psd_sqrt
-from .._common.validation import validate_int, validate_positive
+from .._common.validation import validate_int
 from ..analysis import classify_trajectory, limit_rank
 from ..attention._l2 import L2
 from ..attention._softmax import Softmax
 from ..integrate._batch import solve_batch
+from ._certified import certified_limits
 from ._regimes import (
     FAMILIES,
     N_FIGURES,
@@ -86,11 +89,9 @@ _HIST_HORIZON = 1e8
 #: the L-stable Rosenbrock method RODAS4, whose steps are not stability-limited: every
 #: histogram trajectory reaches t = 1e8 well within the cap.
 _MAX_NFEV = 100_000
-#: tolerances of the histogram runs. The paper protocol only counts eigenvalues above 0.1
-#: at the stop. The accurate protocol classifies eigenvalues at 1e-6 of the largest at
-#: t = 1e8, which is sensitive near the "settled" border: rtol 1e-6 changed 34 of the
-#: 1000 accurate ranks against 1e-7 (seed 0), so 1e-7.
-_PAPER_RTOL = 1e-6
+#: tolerance of the histogram runs. The classification at t = 1e8 thresholds eigenvalues
+#: at 1e-6 of the largest, which is sensitive near the "settled" border: rtol 1e-6 changed
+#: 34 of the 1000 ranks against 1e-7 (seed 0), so 1e-7.
 _ACCURATE_RTOL = 1e-7
 
 
@@ -99,10 +100,16 @@ _ACCURATE_RTOL = 1e-7
 # ----------------------------------------------------------------------------------------
 
 def _hist_settings(rng, d, n):
+    r"""Settings of one ``d``: :math:`Q` (``(n, d // 2, d)``), :math:`G` and :math:`R`.
+
+    :math:`\Sigma_0 = GG^T` and :math:`V = R^TR` with :math:`R` drawn *independently* of
+    :math:`G` (docs/math.md 4.4), all from ``rng`` in this order.
+    """
     k = d // 2
     Qs = rng.standard_normal((n, k, d))
     Gs = rng.standard_normal((n, d, d))
-    return Qs, Gs
+    Rs = rng.standard_normal((n, d, d))
+    return Qs, Gs, Rs
 
 
 def _exact_limit_softmax_identity(Q, cov0, scale):
@@ -114,79 +121,100 @@ def _exact_limit_softmax_identity(Q, cov0, scale):
     return R @ null @ null.T @ R
 
 
-_PANELS = (("softmax", "I"), ("softmax", "GtG"), ("l2", "I"), ("l2", "GtG"))
+_PANELS = (("softmax", "I"), ("softmax", "RtR"), ("l2", "I"), ("l2", "RtR"))
 
 
-def _histograms_many(settings, paper_tol, progress=None):
-    """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs), ...]``.
+def _histograms_many(settings, progress=None):
+    """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs, Rs), ...]``.
 
     ``progress``: called after each ``d``.
     """
     out = {}
-    for Qs, Gs in settings:
-        out.update(_histograms_d(Qs, Gs, paper_tol))
+    for Qs, Gs, Rs in settings:
+        out.update(_histograms_d(Qs, Gs, Rs))
         if progress is not None:
             progress(f"histograms: d = {Qs.shape[-1]}")
     return out
 
 
-def _histograms_d(Qs, Gs, paper_tol):
-    """The four rank-histogram panels of one ``d`` for settings ``Qs``, ``Gs``."""
+def _histograms_d(Qs, Gs, Rs):
+    r"""The four rank-histogram panels of one ``d``.
+
+    The true rank of a setting: for softmax with :math:`V = I` from the exact limit
+    (docs/math.md 4.1); otherwise the classification of the covariance integrated to
+    :math:`t = 10^8` where it gives the rank :math:`d - \operatorname{rank}Q` (proved for
+    these panels in docs/math.md 4.5), and the certified limit of
+    :func:`gaussian_pde.certified_limits` (the growth of :math:`\Sigma^{-1}`) for every
+    other setting.
+    """
     out = {}
     panels = _PANELS
     n_settings, d = Qs.shape[0], Qs.shape[-1]
     cov0s = Gs @ np.swapaxes(Gs, -1, -2)
     scale = 1.0 / np.sqrt(d)
-    Vs = {"I": np.broadcast_to(np.eye(d), Gs.shape), "GtG": np.swapaxes(Gs, -1, -2) @ Gs}
+    Vs = {"I": np.broadcast_to(np.eye(d), Gs.shape), "RtR": np.swapaxes(Rs, -1, -2) @ Rs}
     cls = {"softmax": Softmax, "l2": L2}
     atts = {(kind, vname): [cls[kind](Q, -Q, V, scale=scale) for Q, V in zip(Qs, Vs[vname])]
             for kind, vname in panels}
-    # one batch per protocol for all the panels of this d (rows: panel by panel), so
-    # the slow tails of the panels share their iterations
-    paper_all = solve_batch([a for p in panels for a in atts[p]],
-                            np.concatenate([cov0s] * len(panels)), (0.0, _HIST_HORIZON),
-                            rtol=_PAPER_RTOL, atol=1e-12, steady_atol=paper_tol,
-                            max_nfev=_MAX_NFEV)
+    bound = d - np.array([np.linalg.matrix_rank(Q) for Q in Qs])
     acc_panels = [p for p in panels if p != ("softmax", "I")]   # softmax V = I: exact
     acc_all = solve_batch([a for p in acc_panels for a in atts[p]],
                           np.concatenate([cov0s] * len(acc_panels)), (0.0, _HIST_HORIZON),
                           rtol=_ACCURATE_RTOL, atol=1e-14, max_nfev=_MAX_NFEV)
+    res = {}
     for kind, vname in panels:
-        pi = panels.index((kind, vname))
-        rows = np.arange(pi * n_settings, (pi + 1) * n_settings)
-        paper_rank = np.array([
-            limit_rank(paper_all.cov_final[b], rtol=0.0, atol=PAPER_THRESHOLD)
-            if paper_all.status[b] == "steady" else -1 for b in rows])
-        exact_limit = None
         if kind == "softmax" and vname == "I":
             lims = np.array([_exact_limit_softmax_identity(Q, c, scale)
                              for Q, c in zip(Qs, cov0s)])
-            true_rank = np.array([limit_rank(x, rtol=1e-8) for x in lims])
-            exact_limit = lims
-            outcome = ["rank (exact solution)"] * n_settings
-            limits = lims
-        else:
-            ai = acc_panels.index((kind, vname))
-            true_rank, outcome, limits = [], [], []
-            for i, b in enumerate(range(ai * n_settings, (ai + 1) * n_settings)):
-                oc = classify_trajectory(
-                    np.array([0.0, acc_all.t_final[b]]),
-                    np.array([cov0s[i], acc_all.cov_final[b]]),
-                    attention=atts[(kind, vname)][i], status=acc_all.status[b],
-                    message=acc_all.message[b], rtol=ACCURATE_RTOL)
-                outcome.append(str(oc.outcome))
-                true_rank.append(oc.rank if oc.outcome in ("rank", "zero") else -1)
-                limits.append(oc.limit if oc.limit is not None
-                              else np.full((d, d), np.nan))
-            true_rank, limits = np.array(true_rank), np.array(limits)
-        lim_thr = np.array([limit_rank(x, rtol=0.0, atol=PAPER_THRESHOLD)
-                            if np.isfinite(x).all() else -1 for x in limits])
-        # lower bound of the limit from the conserved N^T Sigma^-1 N (K = -Q):
-        bound = d - np.array([np.linalg.matrix_rank(Q) for Q in Qs])
-        out[(kind, vname, d)] = dict(
-            paper=paper_rank, accurate=true_rank, limit_paper_threshold=lim_thr,
-            outcome=outcome, bound=bound, t_paper=paper_all.t_final[rows],
-            exact=exact_limit is not None)
+            res[(kind, vname)] = dict(
+                accurate=np.array([limit_rank(x, rtol=1e-8) for x in lims]),
+                outcome=["rank (exact solution)"] * n_settings, limits=lims)
+            continue
+        ai = acc_panels.index((kind, vname))
+        ranks, outcome, limits = [], [], []
+        for i, b in enumerate(range(ai * n_settings, (ai + 1) * n_settings)):
+            oc = classify_trajectory(
+                np.array([0.0, acc_all.t_final[b]]),
+                np.array([cov0s[i], acc_all.cov_final[b]]),
+                attention=atts[(kind, vname)][i], status=acc_all.status[b],
+                message=acc_all.message[b], rtol=ACCURATE_RTOL)
+            outcome.append(str(oc.outcome))
+            ranks.append(oc.rank if oc.outcome in ("rank", "zero") else -1)
+            limits.append(oc.limit if oc.limit is not None else np.full((d, d), np.nan))
+        res[(kind, vname)] = dict(accurate=np.array(ranks), outcome=outcome,
+                                  limits=np.array(limits))
+    # the certified limit wherever the classification at t = 1e8 does not give the rank
+    # d - rank(Q) that docs/math.md 4.5 proves for these panels (V = I or V = R^T R > 0):
+    # undecided, below the bound, or above it (a vanishing eigenvalue still above the
+    # relative threshold at t = 1e8; seen at d = 5)
+    todo = [(p, i) for p in acc_panels for i in range(n_settings)
+            if res[p]["accurate"][i] != bound[i]]
+    t0 = time.perf_counter()
+    cert = certified_limits([atts[p][i] for p, i in todo], np.array([cov0s[i] for _, i in todo])
+                            ) if todo else []
+    cert_s = time.perf_counter() - t0
+    for kind, vname in panels:
+        r = res[(kind, vname)]
+        true = r["accurate"].copy()
+        source = np.array(["exact" if kind == "softmax" and vname == "I" else "classified"]
+                          * n_settings, dtype=object)
+        out[(kind, vname, d)] = dict(r, true=true, source=source, bound=bound,
+                                     certified_s=0.0, n_certified=0)
+    for (p, i), c in zip(todo, cert):
+        h = out[(p[0], p[1], d)]
+        h["true"][i] = c.rank if c.outcome in ("rank", "zero") else -1
+        h["source"][i] = "certified"
+        h["outcome"][i] = f"certified {c.outcome}: {c.message}"
+        h["n_certified"] += 1
+        if c.limit is not None:
+            h["limits"][i] = c.limit
+    for (kind, vname) in panels:
+        h = out[(kind, vname, d)]
+        h["certified_s"] = cert_s * h["n_certified"] / max(len(todo), 1)
+        h["limit_paper_threshold"] = np.array(
+            [limit_rank(x, rtol=0.0, atol=PAPER_THRESHOLD) if np.isfinite(x).all() else -1
+             for x in h.pop("limits")])
+        h["exact"] = kind == "softmax" and vname == "I"
     return out
 
 
@@ -194,7 +222,7 @@ def _histograms_d(Qs, Gs, paper_tol):
 # figures and report
 # ----------------------------------------------------------------------------------------
 
-def _figures(out, regimes, hists, ds, progress=None):
+def _figures(out, regimes, hists, ds, progress=None, published=None):
     """Write the figures; ``progress``: called after each."""
     import matplotlib
 
@@ -207,14 +235,17 @@ def _figures(out, regimes, hists, ds, progress=None):
 
     fig, axes = plt.subplots(len(ds), 4, figsize=(16, 3.2 * len(ds)), squeeze=False)
     for i, d in enumerate(ds):
-        for j, (kind, vname) in enumerate((("softmax", "I"), ("softmax", "GtG"),
-                                           ("l2", "I"), ("l2", "GtG"))):
+        for j, (kind, vname) in enumerate(_PANELS):
             h = hists[(kind, vname, d)]
+            series = {}
+            pub = (published or {}).get(_PUB_KEY[(kind, vname)] + (str(d),))
+            if pub is not None:
+                series["published"] = np.repeat(np.arange(len(pub)), pub)
+            series["true"] = h["true"]
             plotting.plot_rank_histogram(
-                {"paper": h["paper"],
-                 "accurate": h["accurate"]}, d, axes[i, j],
-                title=f"{kind}, V = {'I' if vname == 'I' else 'G^T G'}, d = {d}")
-    fig.suptitle("Rank of the stationary covariance: the paper's protocol vs the true limit "
+                series, d, axes[i, j],
+                title=f"{kind}, V = {'I' if vname == 'I' else 'R^T R'}, d = {d}")
+    fig.suptitle("Rank of the stationary covariance: the published replay vs the true limit "
                  "(? = undecided)", fontsize=11)
     fig.tight_layout()
     paths["rank_histograms"] = save_figure(fig, out / "rank_histograms.png", dpi=80)
@@ -232,74 +263,111 @@ def _outcome_counts(outcomes):
     return ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items()))
 
 
-def _disagreement(h):
-    dis = h["paper"] != h["accurate"]
-    thr = h["limit_paper_threshold"] != h["accurate"]
-    stop = h["paper"] != h["limit_paper_threshold"]
-    return int(dis.sum()), int((dis & thr).sum()), int((dis & stop).sum())
+_PUB_KEY = {("softmax", "I"): ("softmax", "identity"), ("softmax", "RtR"): ("softmax", "random"),
+            ("l2", "I"): ("l2", "identity"), ("l2", "RtR"): ("l2", "random")}
 
 
-def _report(cfg, regimes, hists, ds, paths, timing):
+def _read_published(out):
+    """Counts of ``published_histograms.json`` in ``out`` as ``{(type, values, d): counts}``."""
+    path = pathlib.Path(out) / "published_histograms.json"
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    return {(k, v, d): c for k, vv in raw.items() for v, dd in vv.items() for d, c in dd.items()}
+
+
+def _read_published_certified(out):
+    """``published_certified.json`` (written by ``reproduce --protocol published``)."""
+    path = pathlib.Path(out) / "published_certified.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _counts(r, d):
+    c = np.bincount(np.where(np.asarray(r) < 0, d + 1, r), minlength=d + 2)
+    return " ".join(str(x) for x in c[:d + 1]) + (f" ?{c[-1]}" if c[-1] else "")
+
+
+def _report(cfg, regimes, hists, ds, paths, timing, published=None, pub_cert=None):
     L = ["# gaussian-pde reproduce: the Gaussian results of Castin et al.", "",
          f"Seed {cfg['seed']}, {'quick' if cfg['quick'] else 'full'} run, "
          f"{timing['compute_s']:.2f} s of compute ({timing['cpu_s']:.2f} s CPU), "
          f"{timing['wall_s']:.2f} s wall including figures.", "",
          *report_lines(regimes, paths)]
     L += ["## Rank histograms", "",
-          f"{cfg['n_settings']} settings per dimension: Q in R^(floor(d/2) x d) standard "
-          "normal, K = -Q, Sigma_0 = G G^T, V = I or V = G^T G (the same G), scale "
-          "1/sqrt(d).", "",
-          f"* **paper protocol**: integrate until the Frobenius norm of the right-hand side "
-          f"is below {cfg['paper_tol']:g} (the published script uses 1e-4 or 5e-5 per panel "
-          "with explicit Euler steps, docs/math.md section 9.5; `--paper-tol` changes it), "
-          "count eigenvalues above 0.1;",
-          "* **accurate protocol**: the rank of the true limit: for softmax with V = I from "
-          "the exact solution (docs/math.md section 4.1), otherwise integrating to t = 1e8 "
-          "(`solve_batch`: DOP853, switching per trajectory to the L-stable Rosenbrock "
-          f"method RODAS4 once stiff; rtol {_ACCURATE_RTOL:g}) and "
-          f"classifying (relative rank threshold {ACCURATE_RTOL:g}); `?` = undecided.", "",
-          "| type | V | d | paper counts (rank 0..d) | accurate counts | disagree | "
-          "of which: threshold 0.1 | of which: early stop |", "|---" * 8 + "|"]
+          f"{cfg['n_settings']} settings per dimension and panel: Q in R^(floor(d/2) x d) "
+          "standard normal, K = -Q, Sigma_0 = G G^T, V = I or V = R^T R with R independent "
+          "of G, scale 1/sqrt(d).", "",
+          "* **published**: the published script replayed number for number "
+          "(`gaussian-pde reproduce --protocol published`, docs/math.md section 9; its own "
+          "settings, seeds 40/26/27/41), read from `published_histograms.json` in this "
+          "folder when that run was made here;",
+          "* **true**: for softmax with V = I the exact limit (docs/math.md 4.1); otherwise "
+          "the covariance integrated to t = 1e8 (`solve_batch`) and classified (relative "
+          f"threshold {ACCURATE_RTOL:g}) where that gives d - rank(Q), and the "
+          "certified limit (`gaussian_pde.certified_limits`: the growth of Sigma^-1, "
+          "docs/math.md 4.5) for every other setting; `?` = undecided.", "",
+          "| type | V | d | published counts (rank 0..d) | true counts | settings certified "
+          "| below d - rank Q |", "|---" * 7 + "|"]
     summary = {}
-    for kind in ("softmax", "l2"):
-        for vname in ("I", "GtG"):
-            for d in ds:
-                h = hists[(kind, vname, d)]
-
-                def cnt(r, d=d):
-                    c = np.bincount(np.where(r < 0, d + 1, r), minlength=d + 2)
-                    return " ".join(str(x) for x in c[:d + 1]) + (f" ?{c[-1]}" if c[-1] else "")
-
-                dis, thr, stop = _disagreement(h)
-                summary[f"{kind}_{vname}_{d}"] = dict(disagree=dis, threshold=thr, early_stop=stop,
-                                                      n=int(h["paper"].size))
-                L.append(f"| {kind} | {'I' if vname == 'I' else 'G^T G'} | {d} | {cnt(h['paper'])} "
-                         f"| {cnt(h['accurate'])} | {dis}/{h['paper'].size} | {thr} | {stop} |")
-    tot = sum(v["disagree"] for v in summary.values())
-    below = sum(int(((h["accurate"] >= 0) & (h["accurate"] < h["bound"])).sum())
-                for h in hists.values())
-    n_all = sum(v["n"] for v in summary.values())
-    L += ["", f"The protocols disagree on {tot} of {n_all} settings. Why:", "",
-          "* **threshold 0.1**: the limit covariance has eigenvalues that are non-zero but "
-          "below 0.1 (Sigma_0 = G G^T has eigenvalues spread over orders of magnitude), "
-          "so an absolute threshold counts them as zero: the rank is under-counted even "
-          "with the exact limit (column: the exact/accurate limit counted with the 0.1 "
-          "threshold differs from its true rank).",
-          "* **early stop**: for K = -Q the covariance converges algebraically (like 1/t, "
-          "docs/math.md section 4.1: Sigma(t) = (Sigma_0^-1 + 2ct Q^T Q)^-1 for V = I), so "
-          "|Sigma'| = O(1/t^2) falls below the tolerance while a vanishing eigenvalue is "
-          "still O(sqrt(tol)), possibly above 0.1: the rank is over-counted (column: the "
-          "stopped state and the true limit, both counted above 0.1, differ).", "",
-          "**True histogram for V = I**: the exact solution gives the limit "
-          "Sigma_0^(1/2) Pi_ker(C) Sigma_0^(1/2), of rank d - rank(Q) = d - floor(d/2) for "
-          "every full-rank Sigma_0: all settings have rank "
-          + ", ".join(f"{d - d // 2} (d = {d})" for d in ds) + ". For K = -Q the quantity "
-          "N^T Sigma^-1 N (N a basis of ker Q) is conserved for softmax and L2 with any V "
-          "(Sigma^-1 changes only in the range of Q^T Q), so no limit can have rank below "
-          "d - rank(Q). Accurate ranks below this bound (a true eigenvalue under the "
-          f"relative threshold {ACCURATE_RTOL:g}): {below}.", "",
-          f"![rank histograms]({paths['rank_histograms'].name})", ""]
+    for kind, vname in _PANELS:
+        for d in ds:
+            h = hists[(kind, vname, d)]
+            pub = (published or {}).get(_PUB_KEY[(kind, vname)] + (str(d),))
+            below = int(((h["true"] >= 0) & (h["true"] < h["bound"])).sum())
+            und = int((h["true"] < 0).sum())
+            summary[f"{kind}_{vname}_{d}"] = dict(
+                n=int(h["true"].size), undecided=und, below_bound=below,
+                certified=int(h["n_certified"]), certified_s=float(h["certified_s"]),
+                published=pub, true=np.bincount(np.clip(h["true"], 0, None)[h["true"] >= 0],
+                                                minlength=d + 1).tolist())
+            L.append(f"| {kind} | {'I' if vname == 'I' else 'R^T R'} | {d} | "
+                     f"{' '.join(map(str, pub)) if pub is not None else 'not run'} | "
+                     f"{_counts(h['true'], d)} | {h['n_certified']} | {below} |")
+    und = sum(v["undecided"] for v in summary.values())
+    below = sum(v["below_bound"] for v in summary.values())
+    L += ["", f"Undecided: {und}; ranks below d - rank(Q): {below}. By docs/math.md 4.2 and "
+          "4.5 every setting here (V = I or V symmetric positive definite, K = -Q) has a limit "
+          "of rank exactly d - rank(Q) = " + ", ".join(f"{d - d // 2} (d = {d})" for d in ds)
+          + ".", ""]
+    L += _published_section(pub_cert)
+    L += [f"![rank histograms]({paths['rank_histograms'].name})", ""]
     return "\n".join(L), summary
+
+
+def _published_section(pub_cert):
+    """The published replay against the certified limits of its own settings."""
+    L = ["## Published histograms against the true limit, setting by setting", ""]
+    if pub_cert is None:
+        return L + ["Not run in this folder: `gaussian-pde reproduce --protocol published "
+                    "--out <this folder>` replays the published script (minutes) and "
+                    "certifies the limit of each of its settings.", ""]
+    L += ["Each recorded setting of the replay (its Q, V and the Sigma_0 of its converged "
+          "attempt) integrated by `certified_limits`. Reasons: **threshold** (the limit's "
+          "surviving eigenvalue is below 0.1: the true limit counted at 0.1 gives the "
+          "published rank), **early stop** (the stop test |r|_F < tol fired while a "
+          "vanishing eigenvalue was still above 0.1), **scheme** (the Euler iterate, with "
+          "its clipping, differs from the limit otherwise).", "",
+          "| panel | d | published | true (certified) | undecided | disagree | threshold | "
+          "early stop | scheme | not recorded (rank > ceil(d/2)) | certified s |",
+          "|---" * 11 + "|"]
+    rows = []
+    for key, p in pub_cert["panels"].items():
+        L.append(f"| {p['type']} V={p['values']} | {p['d']} | {' '.join(map(str, p['published']))} "
+                 f"| {' '.join(map(str, p['true']))} | {p['undecided']} | {p['disagree']} | "
+                 f"{p['reasons'].get('threshold', 0)} | {p['reasons'].get('early stop', 0)} | "
+                 f"{p['reasons'].get('scheme', 0)} | {p['not_recorded']} | "
+                 f"{p['certified_s']:.1f} |")
+        rows += [(key, r) for r in p["settings"] if r["reason"] != "agree"]
+    L += ["", f"Certified limits of the {pub_cert['n']} settings: {pub_cert['certified_s']:.1f} s "
+          f"= {pub_cert['certified_over_step']:.3g} published steps (one step "
+          f"{pub_cert['step_us']:.1f} us in the same run).", "",
+          "Disagreeing settings:", "",
+          "| panel | setting | draw | published rank | true rank | limit at 0.1 | reason |",
+          "|---" * 7 + "|"]
+    for key, r in rows:
+        L.append(f"| {key} | {r['setting']} | {r['draw']} | {r['published']} | {r['true']} | "
+                 f"{r['limit_at_0.1']} | {r['reason']} |")
+    return L + [""]
 
 
 def _cpu_time():
@@ -308,7 +376,7 @@ def _cpu_time():
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel, progress=None):
+def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None):
     """The regimes and the histograms; on two cores when ``parallel`` (and fork exists).
 
     The work splits into independent solves: one child process integrates the
@@ -331,10 +399,10 @@ def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel, progress=N
     if pool is None:
         child_ds = []
     try:
-        future = (pool.submit(_histograms_many, [settings[d] for d in child_ds], paper_tol)
+        future = (pool.submit(_histograms_many, [settings[d] for d in child_ds])
                   if pool is not None else None)
         regimes = _run_regimes(grid, n_eval, drawn, progress=progress)
-        hists = _histograms_many([settings[d] for d in ds if d not in child_ds], paper_tol,
+        hists = _histograms_many([settings[d] for d in ds if d not in child_ds],
                                  progress=progress)
         if future is not None:
             try:
@@ -343,7 +411,7 @@ def _compute(rng, grid, n_eval, drawn, settings, paper_tol, parallel, progress=N
                     for d in child_ds:
                         progress(f"histograms: d = {d} (worker process)")
             except concurrent.futures.process.BrokenProcessPool:   # the child died: here
-                hists.update(_histograms_many([settings[d] for d in child_ds], paper_tol,
+                hists.update(_histograms_many([settings[d] for d in child_ds],
                                               progress=progress))
     finally:
         if pool is not None:
@@ -360,7 +428,7 @@ def progress_steps():
     return len(REGIMES) + len(_HIST_DS) + N_FIGURES + 1
 
 
-def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
+def reproduce(out, *, seed=0, quick=False, progress=None):
     """Run the reproduction into folder ``out``; returns a summary dict.
 
     Parameters
@@ -371,15 +439,12 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
         Seed of every random draw.
     quick : bool
         Small grids and 10 settings per dimension (for tests).
-    paper_tol : float
-        Stopping tolerance of the paper's protocol on the Frobenius norm of the rhs.
     progress : callable or None
         Called with a short message (e.g. ``"regimes: blowup"``) after each long step
         (:func:`progress_steps` calls in all); ``None`` (the default): silent.
     """
     out = ensure_output_dir(out, "out")
     seed = validate_int(seed, "seed", minimum=0)
-    paper_tol = validate_positive(paper_tol, "paper_tol")
     rng = np.random.default_rng(seed)
     grid = regime_grids("quick" if quick else "default")   # family -> initial covariances
     n_eval = 30 if quick else 80
@@ -389,18 +454,20 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
     # every random draw first: the regimes' are the published script's (fixed seeds)
     drawn = draw_all()
     settings = {d: _hist_settings(rng, d, n_settings) for d in ds}
-    regimes, hists = _compute(rng, grid, n_eval, drawn, settings, paper_tol,
+    regimes, hists = _compute(rng, grid, n_eval, drawn, settings,
                               parallel=not quick, progress=progress)
     compute_s, cpu_s = time.perf_counter() - w0, _cpu_time() - c0
-    paths = _figures(out, regimes, hists, ds, progress=progress)
+    published = _read_published(out)
+    pub_cert = _read_published_certified(out)
+    paths = _figures(out, regimes, hists, ds, progress=progress, published=published)
     wall_s = time.perf_counter() - w0
-    cfg = dict(seed=seed, quick=quick, paper_tol=paper_tol, n_settings=n_settings,
+    cfg = dict(seed=seed, quick=quick, n_settings=n_settings,
                n_grid={f: len(g) for f, g in grid.items()})
     timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s)
-    text, summary = _report(cfg, regimes, hists, ds, paths, timing)
+    text, summary = _report(cfg, regimes, hists, ds, paths, timing, published, pub_cert)
     arrays = {}
     for (kind, vname, d), h in hists.items():
-        for key in ("paper", "accurate", "limit_paper_threshold", "bound"):
+        for key in ("true", "accurate", "limit_paper_threshold", "bound"):
             arrays[f"{kind}_{vname}_d{d}_{key}"] = h[key]
     write_npz(out / "histograms.npz", **arrays)
     regime_json = {f"{r}/{n}": [dict(outcome=str(o.outcome), rank=o.rank, t_blowup=o.t_blowup,
@@ -408,8 +475,9 @@ def reproduce(out, *, seed=0, quick=False, paper_tol=1e-3, progress=None):
                    for (r, n), v in regimes.items()}
     write_text(out / "results.json", json.dumps(dict(
         config=cfg, timing=timing, histograms=summary, regimes=regime_json,
-        histogram_counts={f"{k}_{v}_{d}": dict(paper=h["paper"].tolist(),
+        histogram_counts={f"{k}_{v}_{d}": dict(true=h["true"].tolist(),
                                                accurate=h["accurate"].tolist(),
+                                               source=list(h["source"]),
                                                outcome=list(h["outcome"]))
                           for (k, v, d), h in hists.items()}), indent=1) + "\n")
     report = write_text(out / "report.md", text)

@@ -217,8 +217,45 @@ def compute_batch(spec, task_index):
         rows = _solve_many(spec, attention, d, draws, grid)
     else:
         rows = [_solve_one(spec, attention, d, draw, grid) for draw in draws]
+    _certify(spec, attention, d, draws, rows)
     for row, values in enumerate(rows):
         for name, value in values.items():
             if name in arrays:
                 arrays[name][row] = value
     return arrays
+
+
+def _certify(spec, attention, d, draws, rows):
+    r"""Certified limit rank and outcome of the :math:`K = -Q` softmax / L2 settings.
+
+    For :math:`K = -Q` the covariance converges like :math:`1/t`, so the rank of
+    :math:`\Sigma(T)/\operatorname{tr}\Sigma(T)` at the horizon over-counts (a vanishing
+    eigenvalue is still large at any practical horizon). For these settings the recorded
+    ``limit_rank`` and ``outcome`` are those of :func:`gaussian_pde.certified_limits`
+    (docs/math.md 4.5), whatever the horizon; other settings keep the horizon's
+    classification. A certified run that stays undecided records ``"undecided"`` and rank
+    -1, never the horizon's guess. ``rows`` is updated in place.
+    """
+    if spec.weights.key != "minus_query":
+        return
+    from ..studies._certified import _heads, certified_limits
+
+    picked, atts, covs = [], [], []
+    for j, draw in enumerate(draws):
+        if rows[j].get("status") == STATUSES.index("error"):
+            continue
+        att, cov0 = draw_setting(spec, attention, d, draw)
+        try:
+            _heads(att)
+        except TypeError:
+            return
+        if np.linalg.eigvalsh(cov0)[0] <= 0:
+            continue
+        picked.append(j)
+        atts.append(att)
+        covs.append(cov0)
+    if not picked:
+        return
+    for j, res in zip(picked, certified_limits(atts, covs)):
+        rows[j]["outcome"] = OUTCOMES.index(res.outcome)
+        rows[j]["limit_rank"] = res.rank if res.rank is not None else -1

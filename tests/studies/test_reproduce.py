@@ -2,7 +2,9 @@
 
 Numbers checked are derived, not pinned: histogram counts must sum to the number of
 settings (10 per dimension in --quick, gaussian_pde.studies.reproduce), and for softmax
-with V = I the accurate rank is the exact d - rank(Q) = d - floor(d/2) (docs/math.md section 4.1).
+with V = I the accurate rank is the exact d - rank(Q) = d - floor(d/2) (docs/math.md section 4.1),
+and every true rank (certified where the classification at t = 1e8 does not decide) is
+d - rank(Q) (docs/math.md 4.5).
 """
 
 import json
@@ -42,7 +44,7 @@ def test_histogram_counts_and_outcomes(quick_run):
     n = res["config"]["n_settings"]
     for key, h in res["histogram_counts"].items():
         d = int(key.rsplit("_", 1)[1])
-        for proto in ("paper", "accurate"):
+        for proto in ("true", "accurate"):
             r = np.array(h[proto])
             assert r.size == n                               # counts sum to the settings
             assert np.bincount(np.where(r < 0, d + 1, r), minlength=d + 2).sum() == n
@@ -50,6 +52,11 @@ def test_histogram_counts_and_outcomes(quick_run):
         assert len(h["outcome"]) == n and all(h["outcome"])  # every trajectory classified
         if key.startswith("softmax_I_"):
             assert np.all(np.array(h["accurate"]) == d - d // 2)
+        # V = I or V = R^T R (SPD), K = -Q: the true limit has rank d - rank(Q) exactly
+        # (docs/math.md 4.5); every decided true rank is that one, never below it. A few
+        # settings can still be undecided (the certified integration's step cap).
+        t = np.array(h["true"])
+        assert np.all(t[t >= 0] == d - d // 2), (key, h["true"], h["source"])
     kinds = {o.value for o in Outcome}
     for key, trajs in res["regimes"].items():
         assert len(trajs) == res["config"]["n_grid"][key.split("/")[0]]
@@ -62,6 +69,24 @@ def test_deterministic_given_seed(quick_run, tmp_path):
     a = json.loads((quick_run / "results.json").read_text())["histogram_counts"]
     b = json.loads((tmp_path / "results.json").read_text())["histogram_counts"]
     assert a == b
+
+
+def test_v_independent_of_sigma0():
+    # V = R^T R is drawn from its own matrix R, not from the G of Sigma_0 = G G^T
+    from gaussian_pde.studies._reproduce import _hist_settings
+
+    Qs, Gs, Rs = _hist_settings(np.random.default_rng(0), 4, 5)
+    assert Qs.shape == (5, 2, 4) and Gs.shape == Rs.shape == (5, 4, 4)
+    assert not np.allclose(Gs, Rs)
+
+
+def test_report_reads_published_counts(tmp_path):
+    from gaussian_pde.studies._reproduce import _read_published
+
+    assert _read_published(tmp_path) is None
+    (tmp_path / "published_histograms.json").write_text(
+        json.dumps({"softmax": {"identity": {"3": [3, 48, 49, 0]}}}))
+    assert _read_published(tmp_path) == {("softmax", "identity", "3"): [3, 48, 49, 0]}
 
 
 def test_unwritable_output_folder(tmp_path):
@@ -100,12 +125,12 @@ def test_parallel_equals_serial():
         drawn = {"plane": _regime_attentions("plane")}   # the quickest family suffices here
         settings = {d: _hist_settings(rng, d, 2) for d in (3, 4)}
         grid = {"plane": unit_trace_grid(1, 1)[:1]}
-        return _compute(rng, grid, 3, drawn, settings, 1e-3, parallel)
+        return _compute(rng, grid, 3, drawn, settings, parallel)
 
     (reg_s, hist_s), (reg_p, hist_p) = run(False), run(True)
     assert list(hist_s) == list(hist_p)
     for k in hist_s:
-        for key in ("paper", "accurate", "limit_paper_threshold", "bound", "t_paper"):
+        for key in ("true", "accurate", "limit_paper_threshold", "bound"):
             np.testing.assert_array_equal(hist_s[k][key], hist_p[k][key])
         assert hist_s[k]["outcome"] == hist_p[k]["outcome"]
     for k in reg_s:

@@ -443,3 +443,17 @@ def test_unknown_solver_method_is_refused_when_the_spec_is_built():
     for method in ("DOP853", "LSODA", "auto", "rosenbrock"):
         data["solver"]["method"] = method
         assert SweepSpec.from_dict(data).solver.method == method
+
+
+def test_example_softmax_d2_certified_rank_one():
+    # examples/sweep_small.toml: softmax, d = 2, K = -Q, V = I, horizon 20. At the horizon
+    # most covariances still look full rank (the vanishing eigenvalue decays like 1/t);
+    # the recorded limit rank is the certified one: d - rank(Q) = 1 for every setting.
+    from gaussian_pde.sweep import OUTCOMES, compute_batch
+
+    spec = SweepSpec.from_toml(ROOT / "examples" / "sweep_small.toml")
+    assert spec.task(0)[:2] == ("softmax", 2)
+    arrays = compute_batch(spec, 0)
+    assert arrays["limit_rank"].size == spec.batch_size
+    assert np.all(arrays["limit_rank"] == 1)
+    assert np.all(arrays["outcome"] == OUTCOMES.index("rank"))
