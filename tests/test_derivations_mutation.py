@@ -186,12 +186,12 @@ def test_fixed_point_check_sees_a_wrong_equation():
 
 
 def test_softmax_wrong_kernel_program_is_caught(monkeypatch):
-    """(QL)^T (KL) instead of (KL)^T (QL): a transpose in the printed thin-factor kernel."""
+    """((cVL)(QL)^T)(KL) instead of ((cVL)(KL)^T)(QL): a transpose in the printed kernel."""
     def mutated():
-        P = softmax.P
-        thin = sp.MatMul(sp.Transpose(P[S.k:, :]), P[:S.k, :])
-        return S.Program([(P, sp.MatMul(softmax.KQ, L))],
-                         (sp.MatMul(sp.MatMul(S.scale, V, L), thin),))
+        P, d, k = softmax.P, S.d, S.k
+        VL, KL, QL = P[:d, :], P[d:d + k, :], P[d + k:, :]
+        return S.Program([(P, sp.MatMul(softmax.W, L))],
+                         (sp.MatMul(sp.MatMul(VL, sp.Transpose(QL)), KL),))
 
     assert softmax.thin_factor_form()
     monkeypatch.setattr(softmax, "kernel_program", mutated)
