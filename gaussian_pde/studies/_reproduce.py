@@ -124,28 +124,32 @@ def _exact_limit_softmax_identity(Q, cov0, scale):
 _PANELS = (("softmax", "I"), ("softmax", "RtR"), ("l2", "I"), ("l2", "RtR"))
 
 
-def _histograms_many(settings, progress=None):
+def _histograms_many(settings, progress=None, certify=False):
     """:func:`_histograms_d` for several ``d``: ``settings`` is ``[(Qs, Gs, Rs), ...]``.
 
     ``progress``: called after each ``d``.
     """
     out = {}
     for Qs, Gs, Rs in settings:
-        out.update(_histograms_d(Qs, Gs, Rs))
+        out.update(_histograms_d(Qs, Gs, Rs, certify=certify))
         if progress is not None:
             progress(f"histograms: d = {Qs.shape[-1]}")
     return out
 
 
-def _histograms_d(Qs, Gs, Rs):
+def _histograms_d(Qs, Gs, Rs, certify=False):
     r"""The four rank-histogram panels of one ``d``.
 
     The true rank of a setting: for softmax with :math:`V = I` from the exact limit
     (docs/math.md 4.1); otherwise the classification of the covariance integrated to
-    :math:`t = 10^8` where it gives the rank :math:`d - \operatorname{rank}Q` (proved for
-    these panels in docs/math.md 4.5), and the certified limit of
-    :func:`gaussian_pde.certified_limits` (the growth of :math:`\Sigma^{-1}`) for every
-    other setting.
+    :math:`t = 10^8` where it gives the rank :math:`d - \operatorname{rank}Q`. Every other
+    setting (the classification is undecided, or an eigenvalue still decays above its
+    threshold at :math:`t = 10^8`) is integrated by :func:`gaussian_pde.certified_limits`
+    (the growth of :math:`\Sigma^{-1}`) when ``certify``; what that leaves undecided, or
+    everything when not ``certify``, takes the rank :math:`d - \operatorname{rank}Q` of
+    the theorem of docs/math.md 4.5 where its hypotheses are checked on the setting
+    (:math:`K = -Q`, :math:`V` symmetric positive definite, :math:`\Sigma_0` full rank),
+    with ``source`` ``"theorem"``; otherwise it stays undecided.
     """
     out = {}
     panels = _PANELS
@@ -191,7 +195,7 @@ def _histograms_d(Qs, Gs, Rs):
             if res[p]["accurate"][i] != bound[i]]
     t0 = time.perf_counter()
     cert = certified_limits([atts[p][i] for p, i in todo], np.array([cov0s[i] for _, i in todo])
-                            ) if todo else []
+                            ) if todo and certify else []
     cert_s = time.perf_counter() - t0
     for kind, vname in panels:
         r = res[(kind, vname)]
@@ -199,7 +203,7 @@ def _histograms_d(Qs, Gs, Rs):
         source = np.array(["exact" if kind == "softmax" and vname == "I" else "classified"]
                           * n_settings, dtype=object)
         out[(kind, vname, d)] = dict(r, true=true, source=source, bound=bound,
-                                     certified_s=0.0, n_certified=0)
+                                     certified_s=0.0, n_certified=0, n_theorem=0)
     for (p, i), c in zip(todo, cert):
         h = out[(p[0], p[1], d)]
         h["true"][i] = c.rank if c.outcome in ("rank", "zero") else -1
@@ -208,6 +212,20 @@ def _histograms_d(Qs, Gs, Rs):
         h["n_certified"] += 1
         if c.limit is not None:
             h["limits"][i] = c.limit
+    # docs/math.md 4.5: K = -Q, V symmetric positive definite and Sigma_0 full rank give the
+    # limit rank d - rank(Q) exactly; checked per setting, with a margin for rounding
+    full_rank = np.linalg.eigvalsh(cov0s)[:, 0] > 1e-10 * np.linalg.eigvalsh(cov0s)[:, -1]
+    for p, i in todo:
+        h = out[(p[0], p[1], d)]
+        V = atts[p][i].V
+        spd = (np.allclose(V, V.T, rtol=0, atol=1e-12 * np.abs(V).max())
+               and np.linalg.eigvalsh(0.5 * (V + V.T))[0] > 1e-10 * np.abs(V).max())
+        if h["true"][i] != bound[i] and spd and full_rank[i]:
+            h["outcome"][i] = (f"theorem (docs/math.md 4.5): rank {bound[i]}; numerically "
+                               f"{h['outcome'][i]}")
+            h["true"][i] = bound[i]
+            h["source"][i] = "theorem"
+            h["n_theorem"] += 1
     for (kind, vname) in panels:
         h = out[(kind, vname, d)]
         h["certified_s"] = cert_s * h["n_certified"] / max(len(todo), 1)
@@ -303,11 +321,14 @@ def _report(cfg, regimes, hists, ds, paths, timing, published=None, pub_cert=Non
           "folder when that run was made here;",
           "* **true**: for softmax with V = I the exact limit (docs/math.md 4.1); otherwise "
           "the covariance integrated to t = 1e8 (`solve_batch`) and classified (relative "
-          f"threshold {ACCURATE_RTOL:g}) where that gives d - rank(Q), and the "
-          "certified limit (`gaussian_pde.certified_limits`: the growth of Sigma^-1, "
-          "docs/math.md 4.5) for every other setting; `?` = undecided.", "",
-          "| type | V | d | published counts (rank 0..d) | true counts | settings certified "
-          "| below d - rank Q |", "|---" * 7 + "|"]
+          f"threshold {ACCURATE_RTOL:g}) where that gives d - rank(Q); every other setting "
+          "is integrated by the certified limit (`gaussian_pde.certified_limits`: the "
+          "growth of Sigma^-1) when `--certify` is given, and what is still open takes "
+          "the rank d - rank(Q) that docs/math.md 4.5 proves for K = -Q, V symmetric "
+          "positive definite and Sigma_0 full rank (hypotheses checked on each setting; "
+          "column *by 4.5*); `?` = undecided.", "",
+          "| type | V | d | published counts (rank 0..d) | true counts | at t = 1e8 or exact "
+          "| certified | by 4.5 | below d - rank Q |", "|---" * 9 + "|"]
     summary = {}
     for kind, vname in _PANELS:
         for d in ds:
@@ -318,11 +339,14 @@ def _report(cfg, regimes, hists, ds, paths, timing, published=None, pub_cert=Non
             summary[f"{kind}_{vname}_{d}"] = dict(
                 n=int(h["true"].size), undecided=und, below_bound=below,
                 certified=int(h["n_certified"]), certified_s=float(h["certified_s"]),
+                theorem=int(h["n_theorem"]),
                 published=pub, true=np.bincount(np.clip(h["true"], 0, None)[h["true"] >= 0],
                                                 minlength=d + 1).tolist())
             L.append(f"| {kind} | {'I' if vname == 'I' else 'R^T R'} | {d} | "
                      f"{' '.join(map(str, pub)) if pub is not None else 'not run'} | "
-                     f"{_counts(h['true'], d)} | {h['n_certified']} | {below} |")
+                     f"{_counts(h['true'], d)} | "
+                     f"{h['true'].size - h['n_certified'] - h['n_theorem']} | "
+                     f"{h['n_certified']} | {h['n_theorem']} | {below} |")
     und = sum(v["undecided"] for v in summary.values())
     below = sum(v["below_bound"] for v in summary.values())
     L += ["", f"Undecided: {und}; ranks below d - rank(Q): {below}. By docs/math.md 4.2 and "
@@ -376,7 +400,7 @@ def _cpu_time():
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None):
+def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None, certify=False):
     """The regimes and the histograms; on two cores when ``parallel`` (and fork exists).
 
     The work splits into independent solves: one child process integrates the
@@ -399,11 +423,11 @@ def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None):
     if pool is None:
         child_ds = []
     try:
-        future = (pool.submit(_histograms_many, [settings[d] for d in child_ds])
+        future = (pool.submit(_histograms_many, [settings[d] for d in child_ds], None, certify)
                   if pool is not None else None)
         regimes = _run_regimes(grid, n_eval, drawn, progress=progress)
         hists = _histograms_many([settings[d] for d in ds if d not in child_ds],
-                                 progress=progress)
+                                 progress=progress, certify=certify)
         if future is not None:
             try:
                 hists.update(future.result())
@@ -412,7 +436,7 @@ def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None):
                         progress(f"histograms: d = {d} (worker process)")
             except concurrent.futures.process.BrokenProcessPool:   # the child died: here
                 hists.update(_histograms_many([settings[d] for d in child_ds],
-                                              progress=progress))
+                                              progress=progress, certify=certify))
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -428,7 +452,7 @@ def progress_steps():
     return len(REGIMES) + len(_HIST_DS) + N_FIGURES + 1
 
 
-def reproduce(out, *, seed=0, quick=False, progress=None):
+def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
     """Run the reproduction into folder ``out``; returns a summary dict.
 
     Parameters
@@ -439,6 +463,10 @@ def reproduce(out, *, seed=0, quick=False, progress=None):
         Seed of every random draw.
     quick : bool
         Small grids and 10 settings per dimension (for tests).
+    certify : bool
+        Integrate every histogram setting that the classification at :math:`t = 10^8`
+        leaves open with :func:`gaussian_pde.certified_limits` (tens of seconds); by
+        default those settings take the rank proved in docs/math.md 4.5.
     progress : callable or None
         Called with a short message (e.g. ``"regimes: blowup"``) after each long step
         (:func:`progress_steps` calls in all); ``None`` (the default): silent.
@@ -455,7 +483,7 @@ def reproduce(out, *, seed=0, quick=False, progress=None):
     drawn = draw_all()
     settings = {d: _hist_settings(rng, d, n_settings) for d in ds}
     regimes, hists = _compute(rng, grid, n_eval, drawn, settings,
-                              parallel=not quick, progress=progress)
+                              parallel=not quick, progress=progress, certify=certify)
     compute_s, cpu_s = time.perf_counter() - w0, _cpu_time() - c0
     published = _read_published(out)
     pub_cert = _read_published_certified(out)
