@@ -40,7 +40,7 @@ def _param(case, timeout):
     marks = []
     if case.id in corpus.KNOWN:
         timeout = TIMEOUT_KNOWN
-        marks.append(pytest.mark.xfail(strict=False, reason="overflow-safe fields pending: "
+        marks.append(pytest.mark.xfail(strict=False, reason="known: "
                                        + corpus.KNOWN[case.id]))
     return pytest.param(case, timeout, id=case.id, marks=marks)
 

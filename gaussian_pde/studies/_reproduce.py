@@ -57,6 +57,7 @@ from ..attention._l2 import L2
 from ..attention._softmax import Softmax
 from ..integrate._batch import solve_batch
 from ._certified import certified_limits
+from ._published_certified import _step_seconds
 from ._regimes import (
     FAMILIES,
     N_FIGURES,
@@ -93,6 +94,9 @@ _MAX_NFEV = 100_000
 #: at 1e-6 of the largest, which is sensitive near the "settled" border: rtol 1e-6 changed
 #: 34 of the 1000 ranks against 1e-7 (seed 0), so 1e-7.
 _ACCURATE_RTOL = 1e-7
+#: the published scripts' run time and the cost of one step of their scheme (d = 5,
+#: projected Euler) on the machine where it was measured: the speed-up is a ratio of steps
+PUBLISHED_SCRIPTS_S, PUBLISHED_STEP_S = 708.0, 27.5e-6
 
 
 # ----------------------------------------------------------------------------------------
@@ -309,7 +313,12 @@ def _report(cfg, regimes, hists, ds, paths, timing, published=None, pub_cert=Non
     L = ["# gaussian-pde reproduce: the Gaussian results of Castin et al.", "",
          f"Seed {cfg['seed']}, {'quick' if cfg['quick'] else 'full'} run, "
          f"{timing['compute_s']:.2f} s of compute ({timing['cpu_s']:.2f} s CPU), "
-         f"{timing['wall_s']:.2f} s wall including figures.", "",
+         f"{timing['wall_s']:.2f} s wall including figures. One step of the published "
+         f"scheme (d = 5, projected Euler) took {timing['published_step_us']:.1f} us in this "
+         f"run, so the published scripts ({PUBLISHED_SCRIPTS_S:g} s at "
+         f"{PUBLISHED_STEP_S * 1e6:g} us per step) would take "
+         f"{timing['published_scripts_s']:.0f} s here: {timing['speedup_compute']:.0f}x "
+         f"(compute) and {timing['speedup_wall']:.0f}x (with figures) faster.", "",
          *report_lines(regimes, paths)]
     L += ["## Rank histograms", "",
           f"{cfg['n_settings']} settings per dimension and panel: Q in R^(floor(d/2) x d) "
@@ -491,7 +500,13 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
     wall_s = time.perf_counter() - w0
     cfg = dict(seed=seed, quick=quick, n_settings=n_settings,
                n_grid={f: len(g) for f, g in grid.items()})
-    timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s)
+    # the speed against the published scripts, as a ratio: they take PUBLISHED_SCRIPTS_S
+    # where one step of their scheme costs PUBLISHED_STEP_S; that step is timed here
+    step_s = _step_seconds(500 if quick else 2000)
+    scripts_s = PUBLISHED_SCRIPTS_S * step_s / PUBLISHED_STEP_S
+    timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s,
+                  published_step_us=step_s * 1e6, published_scripts_s=scripts_s,
+                  speedup_compute=scripts_s / compute_s, speedup_wall=scripts_s / wall_s)
     text, summary = _report(cfg, regimes, hists, ds, paths, timing, published, pub_cert)
     arrays = {}
     for (kind, vname, d), h in hists.items():

@@ -121,7 +121,7 @@ CASES = {
 }
 
 #: known failures fixed at the root elsewhere (the numerics' validation of sweep specs)
-KNOWN = {"toml-bad_method": "unknown method in sweep specs: validated when the spec is run"}
+KNOWN = {}
 
 
 def _child(argv, folder, err_path, code_path):
