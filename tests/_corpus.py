@@ -153,6 +153,18 @@ def entries():
                        {"attention": "gattention", "mean0": "opt_vector", "cov0": "cov",
                         **SOLVER_KINDS, "method": "method", "first_step": "opt_pos",
                         "events": "events"})
+    E["certified_limit"] = Entry(
+        gp.certified_limit,
+        lambda: {"attention": gp.Softmax(np.array([[1.0, 0.5]]), np.array([[-1.0, -0.5]]),
+                                         np.eye(2)),
+                 "cov0": _cov(), "t_max": 1e3},
+        {"attention": "gattention", "cov0": "cov", "t_max": "pos", "rtol": "tol"})
+    E["certified_limits"] = Entry(
+        gp.certified_limits,
+        lambda: {"attentions": [gp.Softmax(np.array([[1.0, 0.5]]), np.array([[-1.0, -0.5]]),
+                                           np.eye(2))],
+                 "cov0s": _cov()[None], "t_max": 1e3},
+        {"attentions": "batch_attention", "cov0s": "covs", "t_max": "pos", "rtol": "tol"})
     E["solve_batch"] = Entry(gp.solve_batch,
                              lambda: {"attentions_or_weights": _softmax(),
                                       "cov0s": np.stack([_cov(), np.eye(2)]),
@@ -579,6 +591,8 @@ NAN_FIELDS = {
                       "bw_relative", "sliced_w2", "kurtosis", "ess_min", "ess_median",
                       "sinkhorn_error", "slopes", "slope_sem"},
     "TrajectoryOutcome": {"limit"},
+    # documented: NaN where a growth or blow-up verdict leaves no limit to fit
+    "CertifiedLimit": {"exponents", "conserved_drift", "eigenvalues"},
 }
 #: where a result may be +inf: documented (blowup_time: no blow-up; condition_number: singular)
 INF_OK = {"blowup_time", "analysis.condition_number"}

@@ -22,6 +22,7 @@ NOT_IN_CORPUS = {
     # result and record types: built by the solvers, not by users
     "BatchSolution", "CompareReport", "DepthSolution", "MixtureSolution", "MomentSolution",
     "ParticleDiagnostics", "ParticleSolution", "TrajectoryOutcome", "Outcome", "Status",
+    "CertifiedLimit",
     "ParticleDegeneracyWarning", "SinkhornConvergenceWarning",
     # abstract bases
     "Attention", "SingleHeadAttention", "Field",

@@ -261,7 +261,7 @@ def test_completing_the_square_mutation_is_caught(monkeypatch):
 
 @pytest.mark.parametrize("name, old, new", [
     ("softmax", "(V @ Sigma @ _T(K) @ Q)", "(V @ Sigma @ _T(Q) @ K)"),     # a transpose
-    ("l2", "(2*scale * (Sigma @ _T(K) @ K))", "(-2*scale * (Sigma @ _T(K) @ K))"),  # a sign
+    ("l2", "(V @ R @ G @ Q)", "(V @ R @ G @ K)"),                    # a wrong factor
 ])
 def test_printed_text_mutation_is_caught(name, old, new, rng):
     """An error planted in the printed code fails the comparison with lambdify of the

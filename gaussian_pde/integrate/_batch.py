@@ -45,9 +45,8 @@ from ._events import (
     steady_gap,
 )
 from ._field import build_field, cov_rate
-from ._loop import overflow_message
 from ._options import solver_options
-from ._results import BatchSolution, Status
+from ._results import BatchSolution, Status, overflow_message
 from ._steppers import MIN_FACTOR, SAFETY, DOP853Stepper, MixedStep, RosenbrockStepper, rms
 
 __all__ = ["solve_batch"]

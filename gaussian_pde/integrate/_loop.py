@@ -28,6 +28,8 @@ from scipy.integrate import BDF, LSODA, Radau, ode
 from scipy.integrate._ivp.ivp import METHODS
 from scipy.optimize import brentq
 
+from ._results import overflow_message
+
 __all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compiled",
            "use_compiled"]
 
@@ -219,12 +221,6 @@ def _root(g, dense, t_old, t, g_lo, g_hi):
     te = brentq(f, t_old, t, xtol=xtol, rtol=4 * _EPS)
     return min(max(te, float(np.nextafter(t_old, t))), t)
 
-
-def overflow_message(t_last, t_next):
-    """The message of a run whose state left the floating-point range."""
-    return (f"the state left the floating-point range (overflow to inf or NaN) after "
-            f"t = {t_last:.10g}, before t = {t_next:.10g}: the covariance or the mean "
-            "outgrows float64 there")
 
 
 def handover_step(h_last, t, t1):

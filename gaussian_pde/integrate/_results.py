@@ -166,3 +166,10 @@ class BatchSolution:
             message=self.message[i], t_blowup=tb, t_final=float(self.t_final[i]),
             mean_final=None, cov_final=self.cov_final[i], t_events={},
             nfev=int(self.nfev[i]))
+
+
+def overflow_message(t_last, t_next):
+    """The message of a run whose state left the floating-point range."""
+    return (f"the state left the floating-point range (overflow to inf or NaN) after "
+            f"t = {t_last:.10g}, before t = {t_next:.10g}: the covariance or the mean "
+            "outgrows float64 there")

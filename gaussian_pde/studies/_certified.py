@@ -47,6 +47,8 @@ import dataclasses
 import numpy as np
 
 from .._common.linalg import psd_sqrt
+from .._common.validation import validate_covariance, validate_positive, validate_tolerance
+from ..attention._base import Attention
 from ..attention._l2 import L2
 from ..attention._multihead import MultiHead
 from ..attention._softmax import Softmax
@@ -124,8 +126,10 @@ class CertifiedLimit:
 # heads and coordinates
 # ----------------------------------------------------------------------------------------
 
-def _heads(att):
+def _heads(att, name="attention"):
     """``[(kind, Q, K, V, scale)]`` for softmax / L2 heads; ``TypeError`` otherwise."""
+    if not isinstance(att, Attention):
+        raise TypeError(f"`{name}` must be an attention type, got {type(att).__name__}.")
     heads = att.heads if isinstance(att, MultiHead) else [att]
     out = []
     for h in heads:
@@ -135,8 +139,8 @@ def _heads(att):
             kind = "softmax"
         else:
             raise TypeError(
-                "certified_limit supports softmax and L2 heads (and their sums), for which "
-                f"N^T Sigma^-1 N is conserved; got {type(h).__name__}.")
+                f"`{name}`: certified_limit supports softmax and L2 heads (and their sums), "
+                f"for which N^T Sigma^-1 N is conserved; got {type(h).__name__}.")
         out.append((kind, np.asarray(h.Q, float), np.asarray(h.K, float),
                     np.asarray(h.V, float), float(h.scale)))
     return out
@@ -506,11 +510,32 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
     -------
     list of CertifiedLimit
     """
+    if (isinstance(attentions, (Attention, str, bytes, np.ndarray))
+            or not hasattr(attentions, "__len__")):
+        raise TypeError("`attentions` must be a sequence of attention types, got "
+                        f"{type(attentions).__name__}.")
     attentions = list(attentions)
-    cov0s = [np.asarray(c, dtype=float) for c in cov0s]
-    if len(cov0s) != len(attentions) or any(c.ndim != 2 or c.shape[0] != c.shape[1]
-                                            for c in cov0s):
-        raise ValueError("`cov0s` must hold one (d, d) covariance per attention.")
+    if isinstance(cov0s, np.ndarray) and cov0s.ndim == 3:
+        cov0s = list(cov0s)
+    if isinstance(cov0s, (str, bytes)) or not hasattr(cov0s, "__len__"):
+        raise TypeError(f"`cov0s` must be a sequence of (d, d) covariances, got "
+                        f"{type(cov0s).__name__}.")
+    if len(cov0s) != len(attentions):
+        raise ValueError(f"`cov0s` must hold one covariance per entry of `attentions`: got "
+                         f"{len(cov0s)} for {len(attentions)}.")
+    cov0s = [validate_covariance(c, f"cov0s[{i}]") for i, c in enumerate(cov0s)]
+    for i, (att, c) in enumerate(zip(attentions, cov0s)):
+        _heads(att, f"attentions[{i}]")
+        if att.d != c.shape[-1]:
+            raise ValueError(f"`cov0s[{i}]` is {c.shape[-1]}-dimensional but `attentions[{i}]` "
+                             f"acts in d = {att.d}.")
+    t_max = validate_positive(t_max, "t_max")
+    if not 1.0 <= t_max <= 1e12:
+        raise ValueError(f"`t_max` must lie in [1, 1e12] (units of the setting's time "
+                         f"scale), got {t_max:g}.")
+    rtol = validate_tolerance(rtol, "rtol")
+    fit_decades = validate_positive(fit_decades, "fit_decades")
+    drift_tol = validate_positive(drift_tol, "drift_tol")
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
     base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
     if base[-1] < t_max:
@@ -577,8 +602,13 @@ def certified_limit(attention, cov0, *, t_max=1e6, rtol=1e-6, fit_decades=2.0,
     >>> res.outcome, res.rank, res.bound
     ('rank', 2, 2)
     """
-    return certified_limits([attention], np.asarray(cov0, dtype=float)[None], t_max=t_max,
-                            rtol=rtol, fit_decades=fit_decades, drift_tol=drift_tol)[0]
+    _heads(attention)
+    cov0 = validate_covariance(cov0, "cov0")
+    if attention.d != cov0.shape[-1]:
+        raise ValueError(f"`cov0` is {cov0.shape[-1]}-dimensional but `attention` acts in "
+                         f"d = {attention.d}.")
+    return certified_limits([attention], [cov0], t_max=t_max, rtol=rtol,
+                            fit_decades=fit_decades, drift_tol=drift_tol)[0]
 
 
 def exact_precision_softmax(Q, cov0, scale, t):

@@ -71,7 +71,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 def fake_reproduce(calls):
     """A stand-in for :func:`gaussian_pde.studies.reproduce` that records its folder."""
-    def reproduce(out, *, seed=0, quick=False, progress=None):
+    def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
         out = pathlib.Path(out)
         calls.append(out)
         if progress is not None:
@@ -79,7 +79,7 @@ def fake_reproduce(calls):
         report = out / "report.md"
         report.write_text("# gaussian-pde reproduce (stand-in)\n")
         return dict(report=report, figures={},
-                    timing=dict(compute_s=0.0, cpu_s=0.0, wall_s=0.0))
+                    timing=dict(compute_s=0.0, cpu_s=0.0, wall_s=0.0, speedup_wall=0.0))
     return reproduce
 
 
