@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 
-from .._common.linalg import psd_factor
+from .._common.linalg import numerical_rank, psd_factor
 from .._common.validation import validate_array, validate_covariance
 from ._events import (
     blowup_extrapolate,
@@ -189,7 +189,14 @@ class _Record:
     def note_rank(self, cov0s):
         """Say in the messages where a covariance lost rank in rounding (``rank_note``)."""
         cov_final = self.L_final @ np.swapaxes(self.L_final, -1, -2)
-        for b in range(cov0s.shape[0]):
+        # the ranks of the whole stack in two batched eigvalsh calls; rank_note words
+        # the few rows whose rank fell
+        finite = np.all(np.isfinite(cov_final), axis=(-2, -1))
+        fell = np.zeros(finite.shape, dtype=bool)
+        if finite.any():
+            fell[finite] = (numerical_rank(cov_final[finite])
+                            < numerical_rank(cov0s[finite]))
+        for b in np.flatnonzero(fell):
             self.message[b] += rank_note(cov0s[b], cov_final[b], self.status[b])
 
     def result(self, t_eval, ncalls):

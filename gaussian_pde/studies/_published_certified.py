@@ -88,7 +88,7 @@ def certify_published(paths, progress=None):
                            else L2(q, -q, v / np.sqrt(d), scale=1.0))
                     jobs.append((kind, val, d, rec, att, draws[rec["draw"]]))
     t0 = time.perf_counter()
-    cert = certified_limits([j[4] for j in jobs], np.array([j[5] for j in jobs])) if jobs else []
+    cert = certified_limits([j[4] for j in jobs], [j[5] for j in jobs]) if jobs else []
     cert_s = time.perf_counter() - t0
     step_s = _step_seconds()
     panels = {}
