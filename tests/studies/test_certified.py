@@ -70,3 +70,21 @@ def test_rejects_sinkhorn():
     Q = np.array([[1.0, 0.0]])
     with pytest.raises(TypeError, match="softmax and L2"):
         gp.certified_limit(gp.Sinkhorn(Q, -Q, np.eye(2)), np.eye(2))
+
+
+def test_certify_published_mixes_dimensions():
+    """The replay's settings of several d go to certified_limits together (regression: an
+    np.array of their covariances raised on the ragged shapes)."""
+    from gaussian_pde.studies._published_certified import certify_published
+
+    paths = {"softmax": {"identity": {
+        "3": [dict(status="converged", setting=0, draw=0, rank=1),
+              dict(status="diverged", setting=1, draw=1, rank=None)],
+        "4": [dict(status="converged", setting=0, draw=0, rank=2)]}}}
+    res = certify_published(paths)
+    assert res["n"] == 2
+    p3, p4 = res["panels"]["softmax_identity_d3"], res["panels"]["softmax_identity_d4"]
+    # softmax with V = I and K = -Q: the true limit has rank d - rank(Q) = 2 for d = 3, 4
+    assert p3["settings"][0]["true"] == 2 and p4["settings"][0]["true"] == 2
+    assert p3["published"][1] == 1 and p4["published"][2] == 1
+    assert res["step_us"] > 0
