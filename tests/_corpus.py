@@ -161,9 +161,9 @@ def entries():
         {"attention": "gattention", "cov0": "cov", "t_max": "pos", "rtol": "tol"})
     E["certified_limits"] = Entry(
         gp.certified_limits,
-        lambda: {"attentions": [gp.Softmax(np.array([[1.0, 0.5]]), np.array([[-1.0, -0.5]]),
-                                           np.eye(2))],
-                 "cov0s": _cov()[None], "t_max": 1e3},
+        lambda: {"attentions": gp.Softmax(np.array([[1.0, 0.5]]), np.array([[-1.0, -0.5]]),
+                                          np.eye(2)),
+                 "cov0s": np.stack([_cov(), np.eye(2)]), "t_max": 1e3},
         {"attentions": "batch_attention", "cov0s": "covs", "t_max": "pos", "rtol": "tol"})
     E["solve_batch"] = Entry(gp.solve_batch,
                              lambda: {"attentions_or_weights": _softmax(),

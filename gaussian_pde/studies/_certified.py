@@ -487,8 +487,9 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
 
     Parameters
     ----------
-    attentions : sequence of Attention
-        Softmax or L2 heads, or :class:`~gaussian_pde.MultiHead` sums of them.
+    attentions : Attention or sequence of Attention
+        Softmax or L2 heads, or :class:`~gaussian_pde.MultiHead` sums of them; one
+        attention applies to every covariance.
     cov0s : sequence of array_like, each (d, d)
         Initial covariances, positive definite (dimensions may differ between rows).
     t_max : float
@@ -510,20 +511,29 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
     -------
     list of CertifiedLimit
     """
-    if (isinstance(attentions, (Attention, str, bytes, np.ndarray))
-            or not hasattr(attentions, "__len__")):
-        raise TypeError("`attentions` must be a sequence of attention types, got "
-                        f"{type(attentions).__name__}.")
-    attentions = list(attentions)
     if isinstance(cov0s, np.ndarray) and cov0s.ndim == 3:
         cov0s = list(cov0s)
     if isinstance(cov0s, (str, bytes)) or not hasattr(cov0s, "__len__"):
         raise TypeError(f"`cov0s` must be a sequence of (d, d) covariances, got "
                         f"{type(cov0s).__name__}.")
+    if len(cov0s) == 0:
+        raise ValueError("`cov0s` must hold at least one covariance.")
+    if isinstance(attentions, Attention):      # one attention for every covariance
+        attentions = [attentions] * len(cov0s)
+    if isinstance(attentions, (str, bytes, np.ndarray)) or not hasattr(attentions, "__len__"):
+        raise TypeError("`attentions` must be an attention type or a sequence of them, got "
+                        f"{type(attentions).__name__}.")
+    attentions = list(attentions)
     if len(cov0s) != len(attentions):
         raise ValueError(f"`cov0s` must hold one covariance per entry of `attentions`: got "
                          f"{len(cov0s)} for {len(attentions)}.")
     cov0s = [validate_covariance(c, f"cov0s[{i}]") for i, c in enumerate(cov0s)]
+    for i, c in enumerate(cov0s):
+        w = np.linalg.eigvalsh(c)
+        if not w[0] > 1e-12 * max(w[-1], 0.0):
+            raise ValueError(f"`cov0s[{i}]` must be positive definite (the precision "
+                             f"Sigma^-1 is integrated); its eigenvalues span "
+                             f"[{w[0]:.3g}, {w[-1]:.3g}].")
     for i, (att, c) in enumerate(zip(attentions, cov0s)):
         _heads(att, f"attentions[{i}]")
         if att.d != c.shape[-1]:
@@ -604,6 +614,10 @@ def certified_limit(attention, cov0, *, t_max=1e6, rtol=1e-6, fit_decades=2.0,
     """
     _heads(attention)
     cov0 = validate_covariance(cov0, "cov0")
+    w = np.linalg.eigvalsh(cov0)
+    if not w[0] > 1e-12 * max(w[-1], 0.0):
+        raise ValueError(f"`cov0` must be positive definite (the precision Sigma^-1 is "
+                         f"integrated); its eigenvalues span [{w[0]:.3g}, {w[-1]:.3g}].")
     if attention.d != cov0.shape[-1]:
         raise ValueError(f"`cov0` is {cov0.shape[-1]}-dimensional but `attention` acts in "
                          f"d = {attention.d}.")
