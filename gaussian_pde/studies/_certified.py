@@ -544,6 +544,9 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
         raise ValueError(f"`t_max` must lie in [1, 1e12] (units of the setting's time "
                          f"scale), got {t_max:g}.")
     rtol = validate_tolerance(rtol, "rtol")
+    if rtol < 1e-13:
+        raise ValueError(f"`rtol` must be at least 1e-13 (rounding bounds what each entry of "
+                         f"Sigma^-1 can resolve), got {rtol:g}.")
     fit_decades = validate_positive(fit_decades, "fit_decades")
     drift_tol = validate_positive(drift_tol, "drift_tol")
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
