@@ -1,6 +1,6 @@
 r"""Adaptive integration of the Gaussian moment ODEs with events.
 
-The covariance is integrated in factor form (MATH.md section 3): with
+The covariance is integrated in factor form (docs/math.md section 3): with
 :math:`\Sigma = LL^T`,
 
 .. math:: L' = M(\Sigma)\,L,\qquad \alpha' = b(\alpha, \Sigma) + M(\Sigma)\,\alpha,
@@ -385,7 +385,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         \alpha' = b + M\alpha,\qquad L' = ML,\qquad \Sigma = LL^T,
 
     with :math:`b + Mx` the attention's affine field against
-    :math:`\mathcal N(\alpha,\Sigma)` (MATH.md section 3).
+    :math:`\mathcal N(\alpha,\Sigma)` (docs/math.md section 3).
 
     Parameters
     ----------
