@@ -113,6 +113,19 @@ def paper_case(seed, d=5):
     return gp.Softmax(Q, -Q, R.T @ R, scale=1 / np.sqrt(d)), G @ G.T
 
 
+def stable_baseline(att, cov0, h, tol):
+    """The baseline to its steady state at the largest step ``h / 2^j`` that does not diverge.
+
+    Returns its run time, final time ``T``, covariance, step count and step.
+    """
+    while True:
+        try:
+            t_run, (T, cov, n) = timed(lambda h=h: euler_psd(att, cov0, h, steady_tol=tol), 1)
+            return t_run, T, cov, n, h
+        except FloatingPointError:
+            h /= 2
+
+
 def paper_workload(seed, d=5, h=0.02, tol=5e-5):
     """Rank-histogram setting of the paper, to steady state (mean grows, so cov-only mode).
 
@@ -123,12 +136,7 @@ def paper_workload(seed, d=5, h=0.02, tol=5e-5):
     defaults (rtol = 1e-10, atol = 1e-12) that a user gets without tuning.
     """
     att, cov0 = paper_case(seed, d)
-    while True:
-        try:
-            t_base, (T, cov_b, n) = timed(lambda h=h: euler_psd(att, cov0, h, steady_tol=tol), 1)
-            break
-        except FloatingPointError:
-            h /= 2
+    t_base, T, cov_b, n, h = stable_baseline(att, cov0, h, tol)
     ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-13, atol=1e-16).cov[-1]
 
     def run(method, rtol, atol):
@@ -176,12 +184,7 @@ def paper_defaults(seed, d=5, h=0.02, tol=5e-5, repeat=9):
     sides of the ratio alike: baseline time = best time per step x steps.
     """
     att, cov0 = paper_case(seed, d)
-    while True:
-        try:
-            t_full, (T, cov_b, n) = timed(lambda h=h: euler_psd(att, cov0, h, steady_tol=tol), 1)
-            break
-        except FloatingPointError:
-            h /= 2
+    t_full, T, cov_b, n, h = stable_baseline(att, cov0, h, tol)
     ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-13, atol=1e-16,
                    method="DOP853", max_nfev=None).cov[-1]
     mean0 = np.zeros(d)
