@@ -126,6 +126,15 @@ class CertifiedLimit:
 # heads and coordinates
 # ----------------------------------------------------------------------------------------
 
+def _check_definite(cov, name):
+    """``cov`` itself if it is positive definite (``Sigma^-1`` is integrated), else ``ValueError``."""
+    w = np.linalg.eigvalsh(cov)
+    if not w[0] > 1e-12 * max(w[-1], 0.0):
+        raise ValueError(f"`{name}` must be positive definite (the precision Sigma^-1 is "
+                         f"integrated); its eigenvalues span [{w[0]:.3g}, {w[-1]:.3g}].")
+    return cov
+
+
 def _heads(att, name="attention"):
     """``[(kind, Q, K, V, scale)]`` for softmax / L2 heads; ``TypeError`` otherwise."""
     if not isinstance(att, Attention):
@@ -529,11 +538,7 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
                          f"{len(cov0s)} for {len(attentions)}.")
     cov0s = [validate_covariance(c, f"cov0s[{i}]") for i, c in enumerate(cov0s)]
     for i, c in enumerate(cov0s):
-        w = np.linalg.eigvalsh(c)
-        if not w[0] > 1e-12 * max(w[-1], 0.0):
-            raise ValueError(f"`cov0s[{i}]` must be positive definite (the precision "
-                             f"Sigma^-1 is integrated); its eigenvalues span "
-                             f"[{w[0]:.3g}, {w[-1]:.3g}].")
+        _check_definite(c, f"cov0s[{i}]")
     for i, (att, c) in enumerate(zip(attentions, cov0s)):
         _heads(att, f"attentions[{i}]")
         if att.d != c.shape[-1]:
@@ -616,11 +621,7 @@ def certified_limit(attention, cov0, *, t_max=1e6, rtol=1e-6, fit_decades=2.0,
     ('rank', 2, 2)
     """
     _heads(attention)
-    cov0 = validate_covariance(cov0, "cov0")
-    w = np.linalg.eigvalsh(cov0)
-    if not w[0] > 1e-12 * max(w[-1], 0.0):
-        raise ValueError(f"`cov0` must be positive definite (the precision Sigma^-1 is "
-                         f"integrated); its eigenvalues span [{w[0]:.3g}, {w[-1]:.3g}].")
+    cov0 = _check_definite(validate_covariance(cov0, "cov0"), "cov0")
     if attention.d != cov0.shape[-1]:
         raise ValueError(f"`cov0` is {cov0.shape[-1]}-dimensional but `attention` acts in "
                          f"d = {attention.d}.")
