@@ -21,15 +21,6 @@ import numpy as np
 from gaussian_pde.studies import _published as pub
 
 
-def step_time(n=2000):
-    """Seconds per step of the published scheme, one d = 5 trajectory (never stopping)."""
-    qs, _ = pub.published_settings("softmax")[5]
-    s0 = pub._sigma0_draws(5, 1)[0]
-    t = time.perf_counter()
-    pub.reference_attempt("softmax", qs[0], np.eye(5), s0, 0.02, 0.0, n)
-    return (time.perf_counter() - t) / n
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", nargs="+", default=["softmax", "l2"])
@@ -37,7 +28,7 @@ def main():
     ap.add_argument("--ds", nargs="+", type=int, default=[3, 4, 5])
     ap.add_argument("--sample", type=int, default=3, help="loop attempts per panel")
     args = ap.parse_args()
-    step_s = step_time()
+    step_s = pub.step_seconds()
     t = time.perf_counter()
     res = pub.published_histograms(types=args.types, ds=args.ds, values=args.values,
                                    return_paths=True, progress=print)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +185,21 @@ def reference_attempt(kind, q, v, sigma0, h, tol, max_iter):
         s = s_new
     return {"status": "max_iter", "iterations": max_iter, "norm": nrm, "rank": None,
             "eigenvalues": None}
+
+
+def step_seconds(n=2000, repeat=3):
+    """Seconds per step of the published scheme: one d = 5 softmax trajectory, never stopping.
+
+    The best of ``repeat`` runs of ``n`` steps: load on a shared machine only slows a run.
+    """
+    qs, _ = published_settings("softmax")[5]
+    s0 = _sigma0_draws(5, 1)[0]
+    best = np.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        reference_attempt("softmax", qs[0], np.eye(5), s0, 0.02, 0.0, n)
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
 
 
 class _Pool:

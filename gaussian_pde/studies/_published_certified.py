@@ -38,21 +38,6 @@ from ._certified import certified_limits
 __all__ = ["certify_published", "write_published_certified"]
 
 
-def _step_seconds(n=2000, repeat=3):
-    """One step of the published scheme (d = 5, softmax), as in benchmarks/bench_published.py.
-
-    The best of ``repeat`` runs of ``n`` steps: load on a shared machine only slows a run.
-    """
-    qs, _ = pub.published_settings("softmax")[5]
-    s0 = pub._sigma0_draws(5, 1)[0]
-    best = np.inf
-    for _ in range(repeat):
-        t = time.perf_counter()
-        pub.reference_attempt("softmax", qs[0], np.eye(5), s0, 0.02, 0.0, n)
-        best = min(best, (time.perf_counter() - t) / n)
-    return best
-
-
 def certify_published(paths, progress=None):
     r"""Certified limits of the published replay's settings, panel by panel.
 
@@ -90,7 +75,7 @@ def certify_published(paths, progress=None):
     t0 = time.perf_counter()
     cert = certified_limits([j[4] for j in jobs], [j[5] for j in jobs]) if jobs else []
     cert_s = time.perf_counter() - t0
-    step_s = _step_seconds()
+    step_s = pub.step_seconds()
     panels = {}
     for (kind, val, d, rec, _, _), c in zip(jobs, cert):
         key = f"{kind}_{val}_d{d}"

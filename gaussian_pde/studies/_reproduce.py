@@ -57,7 +57,7 @@ from ..attention._l2 import L2
 from ..attention._softmax import Softmax
 from ..integrate._batch import solve_batch
 from ._certified import certified_limits
-from ._published_certified import _step_seconds
+from ._published import step_seconds
 from ._regimes import (
     FAMILIES,
     N_FIGURES,
@@ -502,7 +502,7 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
                n_grid={f: len(g) for f, g in grid.items()})
     # the speed against the published scripts, as a ratio: they take PUBLISHED_SCRIPTS_S
     # where one step of their scheme costs PUBLISHED_STEP_S; that step is timed here
-    step_s = _step_seconds(500 if quick else 2000)
+    step_s = step_seconds(500 if quick else 2000)
     scripts_s = PUBLISHED_SCRIPTS_S * step_s / PUBLISHED_STEP_S
     timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s,
                   published_step_us=step_s * 1e6, published_scripts_s=scripts_s,
