@@ -1,6 +1,9 @@
 """``gaussian-pde clusters``: the Gaussian-mixture closure against particles.
 
-Writes ``ellipses_d2.png``, ``ellipses_d3.png`` (and ``ellipses_all_*.png``),
+With ``--trust``: the trust map of the closure's bias instead (``trust.md``,
+``trust_map.png``, ``trust.json``; :mod:`gaussian_pde.studies._trust`).
+
+Otherwise writes ``ellipses_d2.png``, ``ellipses_d3.png`` (and ``ellipses_all_*.png``),
 ``cluster_counts.png``, ``merge_times.png``, ``scaling.png``, ``summary.json`` and
 ``report.md`` into ``--out`` (default ``./gaussian_pde_output/clusters``; see
 :mod:`gaussian_pde.studies._clusters`). Progress: one line on stderr per case, unless
@@ -25,6 +28,11 @@ def add_arguments(parser):
                              "(instead of the full grid of 72 cases)")
     parser.add_argument("--n", type=int, default=None,
                         help="particles per case (default 400, 150 with --quick)")
+    parser.add_argument("--trust", action="store_true",
+                        help="instead of the grid: the trust map of the closure's bias "
+                             "(softmax / L2 / multi-head x attention scale x separation x d, "
+                             "writes trust.md, trust_map.png, trust.json) and, without "
+                             "--quick, the bias of the study's softmax cases")
 
 
 def run(args) -> int:
@@ -34,10 +42,30 @@ def run(args) -> int:
     out = output_dir(args.out)
     if args.n is not None and args.n < 20:
         raise ValueError(f"`--n` must be at least 20, got {args.n}.")
+    if args.trust:
+        return _run_trust(args, out)
     progress = progress_for(args, len(_cases(args.quick)) + 2)
     res = run_clusters(quick=args.quick, n=args.n, progress=progress)
     summary = write_clusters(res, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if progress is not None:
         progress(f"report: {out / 'report.md'}")
+    return 0
+
+
+def _run_trust(args, out) -> int:
+    """``--trust``: :func:`gaussian_pde.studies._trust.run_trust` and its report."""
+    from ..studies._clusters import _cases
+    from ..studies._trust import TRUST_GRID, remeasure_study, run_trust, write_trust
+
+    grid = {} if args.n is None else {"n": args.n}
+    n_cells = len(TRUST_GRID["kinds"]) * (2 * 2 if args.quick else len(TRUST_GRID["q"])
+                                          * len(TRUST_GRID["radius"]) * len(TRUST_GRID["d"]))
+    n_study = 0 if args.quick else sum(c["kind"] == "softmax" for c in _cases(False))
+    progress = progress_for(args, n_cells + n_study + 1)
+    res = run_trust(quick=args.quick, grid=grid, progress=progress)
+    study = None if args.quick else remeasure_study(progress=progress)
+    write_trust(res, out, study=study)
+    if progress is not None:
+        progress(f"report: {out / 'trust.md'}")
     return 0

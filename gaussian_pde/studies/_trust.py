@@ -1,0 +1,554 @@
+r"""Where the Gaussian-mixture closure can be trusted: its bias, separated from Monte Carlo.
+
+The measure (:func:`closure_bias`). For one attention and one starting mixture
+:math:`\mu_0 = \sum_k w_k\mathcal N(\alpha_k, \Sigma_k)`, each run ``s`` at ``n`` tokens
+
+1. samples ``n`` labelled tokens (stratified, :meth:`~gaussian_pde.GaussianMixture.sample`);
+2. starts the closure (:func:`gaussian_pde.solve_mixture`) from the tokens' *own*
+   labelled moments :math:`\hat w_k = n_k/n`, :math:`\hat m_k`, :math:`\hat C_k`
+   (:func:`empirical_start`), so that closure and particles agree exactly at
+   :math:`t = 0`: no initial Monte Carlo offset is carried and amplified by the flow;
+3. moves the tokens (classical RK4 on the particle system, all runs of one ``n`` as one
+   batch, :func:`batched_particle_velocity`) and records, at each output time, the
+   relative moment deviation of the labelled tokens from the closure's components
+   (:func:`relative_deviation`)
+
+   .. math::
+
+       \delta = \Big(\sqrt{w_k}\,\frac{\hat m_k - \alpha_k}{s},\
+                \sqrt{w_k}\,\frac{\hat C_k - \Sigma_k}{2s\sqrt{\operatorname{tr}\Sigma_k/d}}
+                \Big)_k,\qquad s^2 = \sum_kw_k\operatorname{tr}\Sigma_k,
+
+   whose norm is the linearised pooled Gaussian-fit W2 of the components, in units of
+   their own size :math:`s` (the flow can grow or shrink the cloud exponentially; an
+   absolute error would follow the scale, not the closure).
+
+Over the runs, :math:`\mathbb E\,\delta(n) = b + b_1/n + \dots`: the closure's bias
+:math:`b` (deterministic, what does not shrink with ``n``), while the Monte Carlo part has
+mean zero and spread :math:`O(n^{-1/2})`. Runs at ``n`` and ``4n`` give the
+extrapolated mean :math:`\hat b = (4\bar\delta(4n) - \bar\delta(n))/3` and
+
+.. math::
+
+    \hat\beta^2 = |\hat b|^2 - \operatorname{tr}\widehat{\operatorname{Var}}\,\hat b,\qquad
+    \widehat{\operatorname{Var}}\,\hat b = \frac{16\,\widehat{\operatorname{Var}}\,\delta(4n)/S_4
+    + \widehat{\operatorname{Var}}\,\delta(n)/S_1}{9},
+
+an unbiased estimate of :math:`|b|^2`, reported as the signed root
+:math:`\hat\beta = \operatorname{sign}(\hat\beta^2)|\hat\beta^2|^{1/2}` with a percentile
+bootstrap interval (runs resampled at each size independently). Where the closure is exact
+the interval holds 0; where it is not, :math:`\hat\beta` is the closure's relative error
+in the limit :math:`n\to\infty`. The Monte Carlo level of one run of ``4n`` tokens on the
+same scale is :math:`\mathrm{mc} = (\overline{|\delta(4n)|^2} - \hat\beta^2)^{1/2}`; the
+resolution of :math:`\hat\beta` is about :math:`\mathrm{mc}/S^{1/2}`. Averaging the
+signed deviations (rather than their norms) is what makes the bias visible below the
+Monte Carlo level of a single run.
+
+The map (:func:`run_trust`, command ``gaussian-pde clusters --trust``): two symmetric
+components (means :math:`\pm\text{radius}\,e_1`, covariances :math:`0.3^2I`), softmax /
+L2 / multi-head of :func:`~gaussian_pde.studies._clusters.cluster_attention` with
+:math:`V = I`, over the attention scale ``q``, the radius (separation
+:math:`2\,\text{radius}/0.3` standard deviations) and ``d`` in {2, 3}
+(:func:`write_trust`: table and heat map); for softmax, also the exact control (one
+Gaussian with the mixture's total mean and covariance, same attention). :func:`remeasure_study`
+applies the measure to the cases of the clusters study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import numpy as np
+
+from ..closure._mixture import GaussianMixture, _heads, solve_mixture
+from ._clusters import _cases, cluster_attention, cluster_mixture, labelled_moments
+
+__all__ = [
+    "empirical_start",
+    "batched_particle_velocity",
+    "relative_deviation",
+    "ClosureBias",
+    "closure_bias",
+    "TRUST_GRID",
+    "run_trust",
+    "remeasure_study",
+    "write_trust",
+]
+
+
+def empirical_start(x, labels, K):
+    r"""The mixture of the tokens' labelled moments: :math:`(n_k/n,\ \hat m_k,\ \hat C_k)`.
+
+    Parameters
+    ----------
+    x : array_like, shape (n, d)
+        Tokens.
+    labels : array_like of int, shape (n,)
+        Component of each token, in ``0..K-1``, every label present.
+    K : int
+        Number of components.
+
+    Returns
+    -------
+    GaussianMixture
+        Covariances with the ``1/n_k`` normalisation (:func:`labelled_moments`).
+    """
+    labels = np.asarray(labels)
+    counts = np.bincount(labels, minlength=K)
+    if counts.size != K or np.any(counts == 0):
+        raise ValueError(f"`labels` must hold every component 0..{K - 1} at least once, got "
+                         f"counts {counts.tolist()}.")
+    m, C = labelled_moments(x, labels, K)
+    return GaussianMixture(counts / counts.sum(), m, 0.5 * (C + np.swapaxes(C, 1, 2)))
+
+
+def batched_particle_velocity(heads, x):
+    r"""Particle velocities of a stack of independent token clouds.
+
+    For every head with score :math:`s(x, y) = -\tfrac12y^THy + y^TAx + r(x)` (the
+    quadratic form of :func:`gaussian_pde.closure._mixture._heads`; :math:`r` cancels),
+
+    .. math:: v_i = \sum_{\text{heads}} V\sum_j\operatorname{softmax}_j\big(s(x_i, x_j)\big)\,x_j,
+
+    within each cloud. Agrees with :meth:`~gaussian_pde.attention._base.Attention.particle_velocity`
+    cloud by cloud (tested), in one batched product.
+
+    Parameters
+    ----------
+    heads : list of _Head
+        From :func:`~gaussian_pde.closure._mixture._heads`.
+    x : ndarray, shape (S, n, d)
+        ``S`` clouds of ``n`` tokens.
+
+    Returns
+    -------
+    ndarray, shape (S, n, d)
+    """
+    out = np.zeros_like(x)
+    for h in heads:
+        logit = (x @ h.A.T) @ np.swapaxes(x, 1, 2)                   # [s, i, j]: y_j^T A x_i
+        if h.H is not None:
+            logit -= 0.5 * np.sum((x @ h.H) * x, axis=2)[:, None, :]
+        logit -= logit.max(axis=2, keepdims=True)
+        p = np.exp(logit)
+        p /= p.sum(axis=2, keepdims=True)
+        out += (p @ x) @ h.V.T
+    return out
+
+
+def _rk4_batch(heads, x, t_eval, dt):
+    """RK4 with equal steps of at most ``dt`` between the output times: (T, S, n, d)."""
+    out = [x]
+    for a, b in zip(t_eval[:-1], t_eval[1:]):
+        steps = max(1, int(np.ceil((b - a) / dt - 1e-12)))
+        h = (b - a) / steps
+        for _ in range(steps):
+            k1 = batched_particle_velocity(heads, x)
+            k2 = batched_particle_velocity(heads, x + 0.5 * h * k1)
+            k3 = batched_particle_velocity(heads, x + 0.5 * h * k2)
+            k4 = batched_particle_velocity(heads, x + h * k3)
+            x = x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        out.append(x)
+    return np.stack(out)
+
+
+def relative_deviation(means, covs, ref_means, ref_covs, weights):
+    r"""The relative moment deviation :math:`\delta` of per-component moments (module docstring).
+
+    .. math::
+
+        \delta = \Big(\sqrt{w_k}\,\frac{m_k - \alpha_k}{s},\
+                 \sqrt{w_k}\,\frac{C_k - \Sigma_k}{2s\,\sqrt{\operatorname{tr}\Sigma_k/d}}
+                 \Big)_{k=1..K},\qquad s^2 = \sum_kw_k\operatorname{tr}\Sigma_k,
+
+    so that :math:`|\delta|` is the linearised pooled Gaussian-fit W2 (exact for the means,
+    and for isotropic :math:`\Sigma_k` to first order in :math:`C_k - \Sigma_k`) in units
+    of the components' size :math:`s`.
+
+    Parameters
+    ----------
+    means, covs : array_like, (..., K, d) and (..., K, d, d)
+        Moments (e.g. of the labelled particles).
+    ref_means, ref_covs : array_like, (..., K, d) and (..., K, d, d)
+        The reference (the closure); leading axes broadcast.
+    weights : array_like, shape (K,) or (..., K)
+        Component weights.
+
+    Returns
+    -------
+    ndarray, shape (..., K (d + d^2))
+    """
+    means, covs = np.asarray(means, float), np.asarray(covs, float)
+    ref_means, ref_covs = np.asarray(ref_means, float), np.asarray(ref_covs, float)
+    w = np.asarray(weights, float)
+    d = means.shape[-1]
+    tr = np.trace(ref_covs, axis1=-2, axis2=-1)                      # (..., K)
+    s = np.sqrt(np.sum(w * tr, axis=-1))[..., None, None]            # (..., 1, 1)
+    sw = np.sqrt(w)[..., None]
+    dm = sw * (means - ref_means) / s
+    flat = (covs - ref_covs).reshape(covs.shape[:-2] + (d * d,))
+    dc = sw * flat / (2 * s * np.sqrt(tr / d)[..., None])
+    lead = dm.shape[:-2]
+    return np.concatenate([dm.reshape(lead + (-1,)), dc.reshape(lead + (-1,))], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClosureBias:
+    r"""Result of :func:`closure_bias`.
+
+    Attributes
+    ----------
+    t : ndarray, shape (T,)
+        Output times.
+    ns : (int, int)
+        The two sizes ``n`` and ``4n``.
+    delta : (ndarray, ndarray)
+        The runs' relative deviations :math:`\delta`, shapes (S, T, D) at each size.
+    bias : ndarray, shape (T,)
+        :math:`\hat\beta`, the signed root of the debiased :math:`|\hat b|^2` (relative to
+        the components' size).
+    interval : ndarray, shape (T, 2)
+        Percentile bootstrap interval of ``bias``.
+    rms : ndarray, shape (2, T)
+        :math:`(\overline{|\delta|^2})^{1/2}` at each size: the typical error of one run
+        (Monte Carlo and bias together).
+    seconds : float
+        Process time of the runs.
+    """
+
+    t: np.ndarray
+    ns: tuple
+    delta: tuple
+    bias: np.ndarray
+    interval: np.ndarray
+    rms: np.ndarray
+    seconds: float
+
+    @property
+    def mc(self):
+        r"""Monte Carlo level of one run at ``4n``, shape (T,).
+
+        :math:`\big(\max(\overline{|\delta|^2}(4n) - \hat\beta^2, 0)\big)^{1/2}`.
+        """
+        return np.sqrt(np.maximum(self.rms[1] ** 2 - np.sign(self.bias) * self.bias ** 2, 0))
+
+    def at(self, i=-1):
+        """``(bias, (lo, hi), mc)`` at output index ``i``."""
+        return (float(self.bias[i]), tuple(float(v) for v in self.interval[i]),
+                float(self.mc[i]))
+
+
+def _signed_sqrt(v):
+    return np.sign(v) * np.sqrt(np.abs(v))
+
+
+def _bias_squared(d1, d4):
+    r"""Debiased :math:`|\hat b|^2` from the deviations at n (S1, T, D) and 4n (S4, T, D).
+
+    :math:`\hat b = (4\bar\delta(4n) - \bar\delta(n))/3`, minus the trace of its estimated
+    covariance :math:`(16\,\widehat{\mathrm{Var}}_4/S_4 + \widehat{\mathrm{Var}}_1/S_1)/9`.
+    """
+    b = (4 * d4.mean(axis=0) - d1.mean(axis=0)) / 3
+    v1 = np.sum(d1.var(axis=0, ddof=1), axis=-1) / d1.shape[0]
+    v4 = np.sum(d4.var(axis=0, ddof=1), axis=-1) / d4.shape[0]
+    return np.sum(b * b, axis=-1) - (16 * v4 + v1) / 9
+
+
+def closure_bias(attention, mixture, t_eval, *, n=64, seeds=16, dt=0.1, n_per_dim=None,
+                 n_boot=1000, level=0.9, seed=0):
+    r"""Bias of the mixture closure against particles, separated from Monte Carlo.
+
+    The procedure of the module docstring: ``seeds`` runs at ``n`` and at ``4n`` tokens,
+    each closure started from its own tokens' labelled moments; the bias
+    :math:`\hat\beta` from the mean relative deviations, extrapolated in :math:`1/n`, with
+    a bootstrap interval.
+
+    Parameters
+    ----------
+    attention : Softmax, L2 or MultiHead of them
+        The attention.
+    mixture : GaussianMixture
+        The mixture the tokens are drawn from.
+    t_eval : array_like, shape (T,)
+        Output times, increasing, from the start ``t_eval[0]``.
+    n : int
+        The smaller size (at least ``4 K``); the larger is ``4 n``.
+    seeds : int
+        Runs per size (at least 3).
+    dt : float
+        Largest RK4 step of the particles (0.1: its error is far below the Monte Carlo
+        error of the sizes used, checked against 0.05 on the map's strongest cells).
+    n_per_dim : int, optional
+        Gauss-Hermite nodes of the closure (default 6 in d = 2, 5 above).
+    n_boot : int
+        Bootstrap resamples.
+    level : float
+        Coverage of the interval, in (0, 1).
+    seed : int
+        Base seed; run ``j`` at size ``m`` draws with ``[seed, m, j]``.
+
+    Returns
+    -------
+    ClosureBias
+    """
+    if not isinstance(mixture, GaussianMixture):
+        raise TypeError(f"`mixture` must be a GaussianMixture, got {type(mixture).__name__}.")
+    heads = _heads(attention)
+    t_eval = np.asarray(t_eval, float)
+    if t_eval.ndim != 1 or t_eval.size < 2 or np.any(np.diff(t_eval) <= 0):
+        raise ValueError("`t_eval` must be an increasing 1-D array of at least two times.")
+    if not (isinstance(n, (int, np.integer)) and n >= 4 * mixture.K):
+        raise ValueError(f"`n` must be an int >= 4 K = {4 * mixture.K}, got {n!r}.")
+    if not (isinstance(seeds, (int, np.integer)) and seeds >= 3):
+        raise ValueError(f"`seeds` must be an int >= 3, got {seeds!r}.")
+    if not (np.isfinite(dt) and dt > 0):
+        raise ValueError(f"`dt` must be positive, got {dt!r}.")
+    if not 0 < level < 1:
+        raise ValueError(f"`level` must lie in (0, 1), got {level!r}.")
+    if n_per_dim is None:
+        n_per_dim = 6 if mixture.d == 2 else 5
+    K, T = mixture.K, len(t_eval)
+    t0 = time.process_time()
+    deltas = []
+    for m in (int(n), 4 * int(n)):
+        xs, labs, rows = [], [], []
+        for j in range(seeds):
+            x0, lab = mixture.sample(m, seed=[int(seed), m, j])
+            start = empirical_start(x0, lab, K)
+            sol = solve_mixture(attention, start, (t_eval[0], t_eval[-1]), t_eval=t_eval,
+                                n_per_dim=n_per_dim, rtol=1e-8, atol=1e-10)
+            if len(sol.t) != T:
+                raise ValueError(f"the closure stopped at t = {sol.t_final:.3g} "
+                                 f"({sol.status}) before t_eval[-1]; shorten `t_eval`.")
+            xs.append(x0)
+            labs.append(lab)
+            rows.append(sol)
+        X = _rk4_batch(heads, np.stack(xs), t_eval, dt)           # (T, S, m, d)
+        out = []
+        for j, sol in enumerate(rows):
+            pm, pc = zip(*(labelled_moments(X[i, j], labs[j], K) for i in range(T)))
+            out.append(relative_deviation(np.asarray(pm), np.asarray(pc), sol.means,
+                                          sol.covs, sol.weights))
+        deltas.append(np.asarray(out))                            # (S, T, D)
+    d1, d4 = deltas
+    rng = np.random.default_rng(seed)
+    boot = np.empty((n_boot, T))
+    for i in range(n_boot):
+        boot[i] = _signed_sqrt(_bias_squared(d1[rng.integers(0, seeds, seeds)],
+                                             d4[rng.integers(0, seeds, seeds)]))
+    q = (1 - level) / 2
+    interval = np.stack([np.quantile(boot, q, axis=0), np.quantile(boot, 1 - q, axis=0)], 1)
+    rms = np.sqrt(np.stack([np.mean(np.sum(v * v, axis=-1), axis=0) for v in deltas]))
+    return ClosureBias(t=t_eval, ns=(int(n), 4 * int(n)), delta=(d1, d4),
+                       bias=_signed_sqrt(_bias_squared(d1, d4)), interval=interval, rms=rms,
+                       seconds=time.process_time() - t0)
+
+
+# --------------------------------------------------------------------------------------
+# the map
+
+
+#: the controlled grid: attention scale, radius of the two means (spread 0.3), dimension;
+#: ``control``: the families whose cells also run the one-Gaussian control
+TRUST_GRID = dict(kinds=("softmax", "l2", "multihead"), q=(0.5, 1.0, 2.0, 4.0),
+                  radius=(0.5, 1.0, 2.0), d=(2, 3), spread=0.3, t_end=2.0, n=64,
+                  seeds=16, control=("softmax",))
+
+
+def run_trust(*, quick=False, grid=None, value="identity", progress=None):
+    r"""The trust map: :func:`closure_bias` over :data:`TRUST_GRID`.
+
+    Parameters
+    ----------
+    quick : bool
+        ``d = 2`` only, ``q`` in {0.5, 2}, radius in {0.5, 2}.
+    grid : dict, optional
+        Overrides of :data:`TRUST_GRID` entries.
+    value : {"identity", "random"}
+        The value matrix of :func:`cluster_attention`.
+    progress : callable, optional
+        Called with one line per cell.
+
+    Returns
+    -------
+    dict
+        ``{"cells": [dict...], "grid": dict, "value": str, "seconds": float}``; each cell
+        has ``kind, d, q, radius, bias, lo, hi, mc, rms_n, rms_4n`` (at ``t_end``), the
+        curves ``bias_t``, ``t``, and ``control_bias, control_lo, control_hi,
+        control_mc``: the same measure on the exact control, one Gaussian with the
+        mixture's total mean and covariance under the same attention (its bias must be
+        0 within its interval; its ``mc`` is the Monte Carlo level where the closure is
+        exact), for the families in ``grid["control"]`` (NaN otherwise).
+    """
+    g = dict(TRUST_GRID)
+    if quick:
+        g.update(q=(0.5, 2.0), radius=(0.5, 2.0), d=(2,))
+    g.update(grid or {})
+    t_eval = np.linspace(0.0, g["t_end"], 5)
+    t0 = time.process_time()
+    cells = []
+    for d in g["d"]:
+        for kind in g["kinds"]:
+            for q in g["q"]:
+                att = cluster_attention(kind, d, value=value, q=q, seed=0)
+                for radius in g["radius"]:
+                    mix = cluster_mixture(2, d, config="symmetric", radius=radius,
+                                          spread=g["spread"])
+                    res = closure_bias(att, mix, t_eval, n=g["n"], seeds=g["seeds"])
+                    b, (lo, hi), mc = res.at(-1)
+                    cb = clo = chi = cmc = float("nan")
+                    ctl_seconds = 0.0
+                    if kind in g["control"]:
+                        one = GaussianMixture([1.0], [mix.total_mean], [mix.total_cov])
+                        ctl = closure_bias(att, one, t_eval, n=g["n"], seeds=g["seeds"],
+                                           seed=1)
+                        cb, (clo, chi), cmc = ctl.at(-1)
+                        ctl_seconds = ctl.seconds
+                    cells.append(dict(kind=kind, d=d, q=q, radius=radius, bias=b, lo=lo,
+                                      hi=hi, mc=mc, rms_n=float(res.rms[0, -1]),
+                                      rms_4n=float(res.rms[1, -1]),
+                                      bias_t=[float(v) for v in res.bias],
+                                      t=[float(v) for v in res.t], control_bias=cb,
+                                      control_lo=clo, control_hi=chi, control_mc=cmc,
+                                      seconds=res.seconds + ctl_seconds))
+                    if progress is not None:
+                        progress(f"{kind} d={d} q={q} radius={radius}: bias {b:.3f} "
+                                 f"[{lo:.3f}, {hi:.3f}], mc(4n) {mc:.3f}; one-Gaussian "
+                                 f"control {cb:.3f} [{clo:.3f}, {chi:.3f}], mc {cmc:.3f}")
+    return {"cells": cells, "grid": g, "value": value, "seconds": time.process_time() - t0}
+
+
+def remeasure_study(*, kinds=("softmax",), quick=False, n=64, seeds=16, t_end=4.0,
+                    progress=None):
+    r""":func:`closure_bias` on the cases of the clusters study (same attention and start).
+
+    Returns a list of ``{name, bias, lo, hi, mc, bias_t, t}`` (at the depth ``t_end``).
+    """
+    out = []
+    for c in _cases(quick):
+        if c["kind"] not in kinds:
+            continue
+        att = cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
+        mix = cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])
+        res = closure_bias(att, mix, np.linspace(0.0, t_end, 5), n=max(n, 4 * c["K"]),
+                           seeds=seeds, seed=c["seed"])
+        b, (lo, hi), mc = res.at(-1)
+        out.append(dict(name=c["name"], bias=b, lo=lo, hi=hi, mc=mc,
+                        bias_t=[float(v) for v in res.bias], t=[float(v) for v in res.t],
+                        seconds=res.seconds))
+        if progress is not None:
+            progress(f"{c['name']}: bias {b:.3f} [{lo:.3f}, {hi:.3f}], mc(4n) {mc:.3f}")
+    return out
+
+
+def _verdict(c, tol):
+    if c["hi"] < tol:
+        return "trusted"
+    if c["lo"] > tol:
+        return "not trusted"
+    return "unresolved"
+
+
+def write_trust(result, out, *, tol=0.05, study=None):
+    r"""``trust.md``, ``trust_map.png`` and ``trust.json`` of :func:`run_trust` in ``out``.
+
+    Verdict per cell at the relative tolerance ``tol``: *trusted* when the upper end of the
+    bias interval is below ``tol``, *not trusted* when its lower end is above, else
+    *unresolved*. ``study`` (:func:`remeasure_study`) adds a table. Returns the JSON dict.
+    """
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    g, cells = result["grid"], result["cells"]
+    kinds, ds, qs, rs = g["kinds"], g["d"], g["q"], g["radius"]
+    fig, axes = plt.subplots(len(ds), len(kinds), figsize=(3.3 * len(kinds), 2.9 * len(ds)),
+                             squeeze=False)
+    vmax = 0.5
+    for row, d in zip(axes, ds):
+        for ax, kind in zip(row, kinds):
+            M = np.full((len(qs), len(rs)), np.nan)
+            for c in cells:
+                if c["kind"] == kind and c["d"] == d:
+                    M[qs.index(c["q"]), rs.index(c["radius"])] = max(c["bias"], 0.0)
+            im = ax.imshow(M, origin="lower", cmap="magma_r", vmin=0, vmax=vmax,
+                           aspect="auto")
+            for c in cells:
+                if c["kind"] == kind and c["d"] == d:
+                    i, j = qs.index(c["q"]), rs.index(c["radius"])
+                    mark = {"trusted": "", "not trusted": "x", "unresolved": "?"}[
+                        _verdict(c, tol)]
+                    ax.text(j, i, f"{c['bias']:.2f}{mark}", ha="center", va="center",
+                            fontsize=7, color="w" if max(c["bias"], 0) > 0.6 * vmax else "k")
+            ax.set_xticks(range(len(rs)))
+            ax.set_xticklabels([f"{r:g}\n({2 * r / g['spread']:.0f} sd)" for r in rs],
+                               fontsize=6)
+            ax.set_yticks(range(len(qs)))
+            ax.set_yticklabels([f"{q:g}" for q in qs], fontsize=7)
+            ax.set_title(f"{kind}, d = {d}", fontsize=8)
+            ax.set_xlabel("radius (mean distance / spread)", fontsize=6)
+            ax.set_ylabel("attention scale q", fontsize=6)
+    cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+    cb.set_label(f"relative closure bias at t = {g['t_end']:g} (x: > {tol:g} resolved)",
+                 fontsize=7)
+    fig.suptitle(f"Mixture closure bias (n -> infinity), K = 2 symmetric, V = {result['value']}",
+                 fontsize=9)
+    fig.savefig(out / "trust_map.png", dpi=110)
+    plt.close(fig)
+    lines = ["# Where the mixture closure can be trusted", "",
+             "Measure (`gaussian_pde.studies._trust.closure_bias`): each closure starts from "
+             "its own tokens' labelled moments (no initial Monte Carlo offset); the error is "
+             "the pooled Gaussian-fit W2 of the labelled components against the closure, "
+             "relative to the components' size, r^2 = sum_k w_k W2_k^2 / sum_k w_k tr "
+             "Sigma_k; from runs at n and 4n the bias is beta^2 = (4 r^2(4n) - r^2(n)) / 3 "
+             "(the part that does not shrink like n^-1/2), with a 90% bootstrap interval "
+             "over the runs; mc is the Monte Carlo level of 4n tokens on the same scale.", "",
+             f"Grid: K = 2 symmetric components at +-radius e_1, spread {g['spread']}, "
+             f"V = {result['value']}, depth t = {g['t_end']:g}, n = {g['n']} and "
+             f"{4 * g['n']}, {g['seeds']} runs each. Verdict at tolerance {tol:g}: trusted "
+             "(interval below), not trusted (interval above), unresolved.", "",
+             "Control: the same measure on one Gaussian with the mixture's total mean and "
+             "covariance under the same attention, where the closure is exact: its bias "
+             "interval should hold 0, and its mc is the Monte Carlo level of the flow "
+             "itself.", "",
+             "| attention | d | q | radius | bias | 90% interval | mc(4n) | verdict | "
+             "control bias | control interval | control mc(4n) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        lines.append(f"| {c['kind']} | {c['d']} | {c['q']:g} | {c['radius']:g} | "
+                     f"{c['bias']:.3f} | [{c['lo']:.3f}, {c['hi']:.3f}] | {c['mc']:.3f} | "
+                     f"{_verdict(c, tol)} | " + (
+                         f"{c['control_bias']:.3f} | [{c['control_lo']:.3f}, "
+                         f"{c['control_hi']:.3f}] | {c['control_mc']:.3f} |"
+                         if np.isfinite(c["control_bias"]) else "- | - | - |"))
+    lines += ["", "| attention | d | trusted | not trusted | unresolved | max bias | "
+              "controls holding 0 |", "|---|---|---|---|---|---|---|"]
+    for kind in kinds:
+        for d in ds:
+            sel = [c for c in cells if c["kind"] == kind and c["d"] == d]
+            v = [_verdict(c, tol) for c in sel]
+            ctl = [c for c in sel if np.isfinite(c["control_bias"])]
+            held = sum(c["control_lo"] <= 0 <= c["control_hi"] for c in ctl)
+            lines.append(f"| {kind} | {d} | {v.count('trusted')} | {v.count('not trusted')} | "
+                         f"{v.count('unresolved')} | {max(c['bias'] for c in sel):.3f} | "
+                         f"{f'{held}/{len(ctl)}' if ctl else '-'} |")
+    if study:
+        lines += ["", "## The study's cases, re-measured", "",
+                  "Same attention (q = 0.7) and starting mixture as the clusters study, depth "
+                  f"{study[0]['t'][-1]:g}.", "",
+                  "| case | bias | 90% interval | mc(4n) | verdict |", "|---|---|---|---|---|"]
+        for c in study:
+            lines.append(f"| {c['name']} | {c['bias']:.3f} | [{c['lo']:.3f}, {c['hi']:.3f}] | "
+                         f"{c['mc']:.3f} | {_verdict(c, tol)} |")
+    lines += ["", f"Process time: {result['seconds']:.0f} s. Figure: `trust_map.png`."]
+    (out / "trust.md").write_text("\n".join(lines) + "\n")
+    summary = dict(result, study=study, tol=tol)
+    (out / "trust.json").write_text(json.dumps(summary, indent=1))
+    return summary
