@@ -56,16 +56,25 @@ def run(args) -> int:
 def _run_trust(args, out) -> int:
     """``--trust``: :func:`gaussian_pde.studies._trust.run_trust` and its report."""
     from ..studies._clusters import _cases
-    from ..studies._trust import TRUST_GRID, remeasure_study, run_trust, write_trust
+    from ..studies._trust import (
+        TRUST_GRID,
+        growth_study,
+        remeasure_study,
+        run_trust,
+        write_trust,
+    )
 
     grid = {} if args.n is None else {"n": args.n}
     n_cells = len(TRUST_GRID["kinds"]) * (2 * 2 if args.quick else len(TRUST_GRID["q"])
                                           * len(TRUST_GRID["radius"]) * len(TRUST_GRID["d"]))
     n_study = 0 if args.quick else sum(c["kind"] == "softmax" for c in _cases(False))
-    progress = progress_for(args, n_cells + n_study + 1)
+    progress = progress_for(args, n_cells + 2 * n_study + 1)
     res = run_trust(quick=args.quick, grid=grid, progress=progress)
-    study = None if args.quick else remeasure_study(progress=progress)
-    write_trust(res, out, study=study)
+    study = growth = None
+    if not args.quick:
+        study = remeasure_study(progress=progress)
+        growth = growth_study(progress=progress)
+    write_trust(res, out, study=study, growth=growth)
     if progress is not None:
         progress(f"report: {out / 'trust.md'}")
     return 0
