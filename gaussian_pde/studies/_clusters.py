@@ -985,10 +985,16 @@ def write_clusters(result, out):
                      f"{_fmt_times(row['merges_mixture'])} | "
                      f"{_fmt_times(row['merges_particles'])} | {row['merge_gap']:.2f} | "
                      f"{r.seconds_closure:.2f} | {r.seconds_particles:.2f} |")
-    # where the closure holds: growth of the error over its Monte Carlo start, by group
-    lines += ["", "## Where the closure is trustworthy", "",
-              "Ratio max bw / bw(0) (1: the error stays at its Monte Carlo level; large: the "
-              "closure leaves the particles), median and maximum over the cases of each group.",
+    # growth of the error over its Monte Carlo start, by group: not a closure error
+    lines += ["", "## Growth of the error over its starting Monte Carlo level", "",
+              "Ratio max bw / bw(0), median and maximum over the cases of each group. This is "
+              "*not* a measure of the closure's error: bw(0) is the sample's Monte Carlo "
+              "offset from the true starting mixture, which the flow carries and can amplify "
+              "(with softmax and V = I the cloud moves and stretches exponentially); for an "
+              "exact closure (one Gaussian, the same softmax attention) the ratio is as large "
+              "or larger. Where the closure can be trusted is measured by its bias, separated "
+              "from Monte Carlo, in `trust.md` (`gaussian-pde clusters --trust`, "
+              "`gaussian_pde.studies._trust`).",
               "", "| group | cases | median ratio | max ratio | median merge gap |",
               "|---|---|---|---|---|"]
     groups = {}

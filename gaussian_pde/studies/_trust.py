@@ -224,6 +224,9 @@ class ClosureBias:
         (Monte Carlo and bias together).
     seconds : float
         Process time of the runs.
+    bias_mean, bias_cov : ndarray, shape (T,)
+        The same estimate on the mean entries and on the covariance entries of
+        :math:`\delta` alone (:math:`\hat\beta^2` is their sum).
     """
 
     t: np.ndarray
@@ -233,6 +236,8 @@ class ClosureBias:
     interval: np.ndarray
     rms: np.ndarray
     seconds: float
+    bias_mean: np.ndarray = None
+    bias_cov: np.ndarray = None
 
     @property
     def mc(self):
@@ -349,9 +354,12 @@ def closure_bias(attention, mixture, t_eval, *, n=64, seeds=16, dt=0.1, n_per_di
     q = (1 - level) / 2
     interval = np.stack([np.quantile(boot, q, axis=0), np.quantile(boot, 1 - q, axis=0)], 1)
     rms = np.sqrt(np.stack([np.mean(np.sum(v * v, axis=-1), axis=0) for v in deltas]))
+    nm = K * mixture.d                                            # mean entries first
     return ClosureBias(t=t_eval, ns=(int(n), 4 * int(n)), delta=(d1, d4),
                        bias=_signed_sqrt(_bias_squared(d1, d4)), interval=interval, rms=rms,
-                       seconds=time.process_time() - t0)
+                       seconds=time.process_time() - t0,
+                       bias_mean=_signed_sqrt(_bias_squared(d1[..., :nm], d4[..., :nm])),
+                       bias_cov=_signed_sqrt(_bias_squared(d1[..., nm:], d4[..., nm:])))
 
 
 # --------------------------------------------------------------------------------------
@@ -417,6 +425,8 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
                     cells.append(dict(kind=kind, d=d, q=q, radius=radius, bias=b, lo=lo,
                                       hi=hi, mc=mc, rms_n=float(res.rms[0, -1]),
                                       rms_4n=float(res.rms[1, -1]),
+                                      bias_mean=float(res.bias_mean[-1]),
+                                      bias_cov=float(res.bias_cov[-1]),
                                       bias_t=[float(v) for v in res.bias],
                                       t=[float(v) for v in res.t], control_bias=cb,
                                       control_lo=clo, control_hi=chi, control_mc=cmc,
@@ -432,7 +442,11 @@ def remeasure_study(*, kinds=("softmax",), quick=False, n=64, seeds=16, t_end=4.
                     progress=None):
     r""":func:`closure_bias` on the cases of the clusters study (same attention and start).
 
-    Returns a list of ``{name, bias, lo, hi, mc, bias_t, t}`` (at the depth ``t_end``).
+    Returns a list of ``{name, bias, lo, hi, mc, bias_mean, bias_cov, size, travel, bias_t,
+    t}`` at the depth ``t_end``: ``bias_mean`` and ``bias_cov`` split the bias into its
+    mean and covariance parts, ``size`` is the closure's component size :math:`s` there
+    and ``travel`` the distance the cloud's mean moved (the bias times ``size`` is the
+    absolute error).
     """
     out = []
     for c in _cases(quick):
@@ -443,7 +457,12 @@ def remeasure_study(*, kinds=("softmax",), quick=False, n=64, seeds=16, t_end=4.
         res = closure_bias(att, mix, np.linspace(0.0, t_end, 5), n=max(n, 4 * c["K"]),
                            seeds=seeds, seed=c["seed"])
         b, (lo, hi), mc = res.at(-1)
+        sol = solve_mixture(att, mix, (0.0, t_end), n_per_dim=6 if c["d"] == 2 else 5)
+        size = float(np.sqrt(sol.weights @ np.trace(sol.covs_final, axis1=1, axis2=2)))
         out.append(dict(name=c["name"], bias=b, lo=lo, hi=hi, mc=mc,
+                        bias_mean=float(res.bias_mean[-1]), bias_cov=float(res.bias_cov[-1]),
+                        size=size, travel=float(np.linalg.norm(sol.total_mean[-1]
+                                                               - sol.total_mean[0])),
                         bias_t=[float(v) for v in res.bias], t=[float(v) for v in res.t],
                         seconds=res.seconds))
         if progress is not None:
@@ -606,14 +625,16 @@ def write_trust(result, out, *, tol=0.05, study=None, growth=None):
                   "tokens, 400 tokens, `offset_growth`); exact control: the same ratio for "
                   "one Gaussian with the case's total moments under the same attention, "
                   "where the closure is exact.", "",
-                  "| case | bias | 90% interval | mc(4n) | verdict | former ratio | "
-                  "former ratio, exact control |", "|---|---|---|---|---|---|---|"]
+                  "| case | bias | 90% interval | mc(4n) | verdict | mean part | cov part | "
+                  "size s | travel | former ratio | former ratio, exact control |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in study:
             g_ = grow.get(c["name"])
             tail = (f"{g_['growth']:.1f} | {g_['growth_control']:.1f} |" if g_
                     else "- | - |")
             lines.append(f"| {c['name']} | {c['bias']:.3f} | [{c['lo']:.3f}, {c['hi']:.3f}] | "
-                         f"{c['mc']:.3f} | {_verdict(c, tol)} | {tail}")
+                         f"{c['mc']:.3f} | {_verdict(c, tol)} | {c['bias_mean']:.3f} | "
+                         f"{c['bias_cov']:.3f} | {c['size']:.3f} | {c['travel']:.1f} | {tail}")
         b = np.array([c["bias"] for c in study])
         his = np.array([c["hi"] for c in study])
         lines += ["", f"Bias over the {len(study)} cases: median {np.median(b):.3f}, largest "
