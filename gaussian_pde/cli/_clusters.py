@@ -32,7 +32,8 @@ def add_arguments(parser):
                         help="instead of the grid: the trust map of the closure's bias "
                              "(softmax / L2 / multi-head x attention scale x separation x d, "
                              "writes trust.md, trust_map.png, trust.json) and, without "
-                             "--quick, the bias of the study's softmax cases")
+                             "--quick, the bias, former ratio and merge-gap sources of the "
+                             "study's softmax cases")
 
 
 def run(args) -> int:
@@ -59,6 +60,7 @@ def _run_trust(args, out) -> int:
     from ..studies._trust import (
         TRUST_GRID,
         growth_study,
+        merge_gap_sources,
         remeasure_study,
         run_trust,
         write_trust,
@@ -68,13 +70,14 @@ def _run_trust(args, out) -> int:
     n_cells = len(TRUST_GRID["kinds"]) * (2 * 2 if args.quick else len(TRUST_GRID["q"])
                                           * len(TRUST_GRID["radius"]) * len(TRUST_GRID["d"]))
     n_study = 0 if args.quick else sum(c["kind"] == "softmax" for c in _cases(False))
-    progress = progress_for(args, n_cells + 2 * n_study + 1)
+    progress = progress_for(args, n_cells + 3 * n_study + 1)
     res = run_trust(quick=args.quick, grid=grid, progress=progress)
-    study = growth = None
+    study = growth = merges = None
     if not args.quick:
         study = remeasure_study(progress=progress)
         growth = growth_study(progress=progress)
-    write_trust(res, out, study=study, growth=growth)
+        merges = merge_gap_sources(progress=progress)
+    write_trust(res, out, study=study, growth=growth, merges=merges)
     if progress is not None:
         progress(f"report: {out / 'trust.md'}")
     return 0
