@@ -751,7 +751,9 @@ def write_trust(result, out, *, tol=0.05, study=None, growth=None, merges=None):
                        ("gap_em", "gap_labelled", "gap_labelled_em", "kurtosis")]
                 lines.append(f"| {cfg} | {len(sel)} | " + " | ".join(f"{v:.2f}" for v in med)
                              + " |")
-    lines += ["", f"Process time: {result['seconds']:.0f} s. Figure: `trust_map.png`."]
+    if result.get("seconds") is not None:
+        lines += ["", f"Process time of the map: {result['seconds']:.0f} s."]
+    lines += ["", "Figure: `trust_map.png`."]
     (out / "trust.md").write_text("\n".join(lines) + "\n")
     summary = dict(result, study=study, growth=growth, merges=merges, tol=tol)
     (out / "trust.json").write_text(json.dumps(summary, indent=1))
