@@ -22,6 +22,9 @@ Error of the Gaussian closure (docs/math.md section 6)
 Many clusters: the Gaussian-mixture closure against particles
     :func:`run_clusters` and :func:`write_clusters` (``gaussian-pde clusters``), with
     :func:`error_scaling` for the :math:`n^{-1/2}` check; results as :class:`ClusterRun`.
+    Where the closure can be trusted: ``gaussian_pde.studies._trust`` (``gaussian-pde
+    clusters --trust``), the closure's bias separated from Monte Carlo (``closure_bias``)
+    over a controlled grid (``run_trust``, ``write_trust``).
 
 Residual and normalisation stabilisers (docs/math.md section 7)
     :func:`run_study`, :func:`summarize_study` and :func:`write_study`, over the modes
