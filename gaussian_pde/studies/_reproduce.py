@@ -56,7 +56,7 @@ from ..analysis import classify_trajectory, limit_rank
 from ..attention._l2 import L2
 from ..attention._softmax import Softmax
 from ..integrate._batch import solve_batch
-from ._certified import certified_limits
+from ._certified import certified_limits, theorem_rank
 from ._published import step_seconds
 from ._regimes import (
     FAMILIES,
@@ -217,17 +217,14 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
         if c.limit is not None:
             h["limits"][i] = c.limit
     # docs/math.md 4.5: K = -Q, V symmetric positive definite and Sigma_0 full rank give the
-    # limit rank d - rank(Q) exactly; checked per setting, with a margin for rounding
-    full_rank = np.linalg.eigvalsh(cov0s)[:, 0] > 1e-10 * np.linalg.eigvalsh(cov0s)[:, -1]
+    # limit rank d - rank(Q) exactly; each hypothesis checked per setting (theorem_rank)
     for p, i in todo:
         h = out[(p[0], p[1], d)]
-        V = atts[p][i].V
-        spd = (np.allclose(V, V.T, rtol=0, atol=1e-12 * np.abs(V).max())
-               and np.linalg.eigvalsh(0.5 * (V + V.T))[0] > 1e-10 * np.abs(V).max())
-        if h["true"][i] != bound[i] and spd and full_rank[i]:
-            h["outcome"][i] = (f"theorem (docs/math.md 4.5): rank {bound[i]}; numerically "
+        rank = theorem_rank(atts[p][i], cov0s[i])
+        if h["true"][i] != bound[i] and rank is not None:
+            h["outcome"][i] = (f"theorem (docs/math.md 4.5): rank {rank}; numerically "
                                f"{h['outcome'][i]}")
-            h["true"][i] = bound[i]
+            h["true"][i] = rank
             h["source"][i] = "theorem"
             h["n_theorem"] += 1
     for (kind, vname) in panels:
