@@ -57,7 +57,11 @@ def test_random_value_sample_decided(d, kind):
         assert r.outcome == "rank", r.message
         assert r.rank == r.bound == d - d // 2
         assert r.decay_rates.size == d // 2 and np.all(r.decay_rates < -0.25)
-        assert np.all(np.abs(r.exponents[d // 2:]) < 0.05)
+        # the surviving ones do not grow; one still decaying slowly is said so
+        surv = r.exponents[d // 2:]
+        assert np.all(surv < 0.05) and np.all(r.eigenvalues[d // 2:] > 0)
+        if np.any(surv < -0.05):
+            assert "not yet settled" in r.message
         assert r.conserved_drift < 1e-3
         assert r.lyapunov_increase is not None and r.lyapunov_increase < 1e-6
 
@@ -65,10 +69,11 @@ def test_random_value_sample_decided(d, kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("d, kind", [(3, gp.Softmax), (4, gp.L2), (5, gp.Softmax)])
 def test_random_value_sample_matches_solver(d, kind):
-    # the certified limit is where the package's covariance solver goes, and the closed
-    # form N (N^T Sigma_0^-1 N)^-1 N^T holds where the decay is 1/t and fails at 1/t^2
+    # the certified limit is where the package's covariance solver goes; the closed form
+    # N (N^T Sigma_0^-1 N)^-1 N^T holds where every decay is 1/t, and is not general
     Qs, covs, Vs = _settings(2, d, 6)
     atts = [kind(Q, -Q, V, scale=1 / np.sqrt(d)) for Q, V in zip(Qs, Vs)]
+    gaps = []
     for att, Q, cov, r in zip(atts, Qs, covs, gp.certified_limits(atts, covs)):
         assert r.outcome == "rank", r.message
         sol = gp.solve(att, None, cov, (0.0, 1e8), t_eval=[1e6, 1e8], rtol=1e-11, atol=1e-14)
@@ -79,8 +84,8 @@ def test_random_value_sample_matches_solver(d, kind):
         assert gap == pytest.approx(r.closed_form_gap, rel=1e-3, abs=1e-9)
         if np.all(np.abs(r.decay_rates + 1) < 0.05):
             assert gap < 1e-3
-        if np.any(np.abs(r.decay_rates + 2) < 0.05):
-            assert gap > 1e-3
+        gaps.append(gap)
+    assert max(gaps) > 1e-2                         # V != I: the closed form can fail
 
 
 def test_blowup_named():
