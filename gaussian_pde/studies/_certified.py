@@ -1,9 +1,9 @@
 r"""Certified limit rank: the inverse covariance integrated, its growth rates read off.
 
 For :math:`K = -Q` the covariance converges *algebraically*: the vanishing eigenvalues of
-:math:`\Sigma` decay like :math:`1/t` (docs/math.md section 4.1), so a threshold on
-:math:`\Sigma(T)` at any finite horizon is a guess. This module integrates the precision
-:math:`P = \Sigma^{-1}` instead,
+:math:`\Sigma` decay like :math:`1/t` or :math:`1/t^2` (docs/math.md section 4.5), so a
+threshold on :math:`\Sigma(T)` at any finite horizon is a guess. This module integrates
+the precision :math:`P = \Sigma^{-1}` instead,
 
 .. math::
 
@@ -11,33 +11,42 @@ For :math:`K = -Q` the covariance converges *algebraically*: the vanishing eigen
     M_{\mathrm{softmax}} = V\,\Sigma A, \qquad
     M_{L2} = 2V\,(P + H)^{-1}A, \qquad A = cK^TQ,\; H = 2cK^TK,
 
-(heads add), in which a vanishing direction of :math:`\Sigma` is a *growing* eigenvalue
-of :math:`P` (linearly, for decay like :math:`1/t`), integrated with relative error
-control, while a surviving direction is a bounded eigenvalue. The rank is decided from
-the log-log exponents of the eigenvalues of :math:`\Sigma = P^{-1}` fitted over the last
-decades of the horizon, never from a threshold on :math:`\Sigma(T)`:
+(heads add), in which a vanishing direction of :math:`\Sigma` is a *growing* pivot of
+:math:`P`, and a surviving direction a bounded one.
 
-* exponent :math:`\le -1/2` (decay like :math:`t^{-1}`): a vanishing direction;
-* :math:`|\text{exponent}| \le 0.05`: a surviving direction (the fit is ~1e-6 there);
-* anything else, or a conserved-quantity drift above ``drift_tol``: ``undecided``.
+**Variables.** In the frame :math:`[U_R, U_N]` (:math:`U_N` an orthonormal basis of the
+common :math:`\ker Q`, the range of :math:`Q^T` first), :math:`P = LDL^T` with
+:math:`L` unit lower triangular and :math:`D = \operatorname{diag}(e^{\ell})`; the state is
+the log pivots :math:`\ell`, the entries of :math:`L`, those of the block :math:`L_{NR}`
+(which decays like :math:`1/t`) multiplied by :math:`T = 1 + t/t_s`, and the time is
+:math:`\tau = \log T`. A pivot growing like :math:`t^a` is then a straight line in
+:math:`\tau`, which the Runge-Kutta stages integrate without error, and the rest tends to
+a steady state: the steps grow geometrically once the state has settled, and a horizon
+of :math:`10^{10}t_s` costs tens to a few hundred steps (:class:`_LDLField`). Every
+quantity is formed from products of the factors, never from differences of the huge
+entries of :math:`P`, and :math:`P` is positive definite by construction.
 
-The integration is done in coordinates :math:`x = U^T x` with
-:math:`U = [U_R, U_N]`, :math:`U_N` an orthonormal basis of :math:`\ker Q` (the common
-kernel of all heads' :math:`Q`), so that the conserved block :math:`N^TPN` (docs/math.md
-4.2) is a block of the state: its drift along the way measures the integration error in
-the directions that must survive. Each entry :math:`P_{ij}` is error-controlled relative
-to itself (with a floor of :math:`10^{-3}\min_i P_{ii}`), so the bounded blocks keep their
-own relative accuracy while :math:`P_{RR}` grows like :math:`t`.
+**Stepper.** The L-stable RODAS4 of :mod:`gaussian_pde.integrate._steppers` (the same
+coefficients), batched over trajectories of the same dimension and head structure, on the
+autonomous system :math:`(y, \tau)`, with a complex-step Jacobian (exact to rounding);
+steps land on the checkpoints :math:`t = t_s10^j`.
 
-The stepper is the linearly implicit, L-stable RODAS4 of
-:mod:`gaussian_pde.integrate._steppers` (the same coefficients) with the exact Jacobian
-of the precision field, batched over trajectories of the same dimension and head
-structure; steps land on the checkpoints :math:`t = 10^j`.
+**Decision** (docs/math.md 4.5), from the eigenvalues of :math:`\Sigma = F^TF`,
+:math:`F = D^{-1/2}L^{-1}`, at the checkpoints of the last ``fit_decades`` decades:
 
-When :math:`\operatorname{tr}\Sigma` grows past ``1e8`` times its initial value (or
-:math:`P` stops being positive definite), the precision form is left, and the package's
-covariance solver with its finite-time blow-up verdict (docs/math.md 10.3,
-:mod:`gaussian_pde.integrate._events`) decides between ``blowup`` and ``grows``.
+* the :math:`d - \operatorname{rank}Q` largest survive: by Cauchy interlacing with the
+  conserved :math:`N^TPN` (rebuilt from the factors, its drift reported) they stay above
+  :math:`1/\max_t\lambda_{\max}(N^TPN)`; their fitted exponents must not be positive;
+* each of the others vanishes: fitted exponent :math:`\le -1/4` (about -1 or -2), or
+  below :math:`-0.05` while under :math:`10^{-3}` of that floor;
+* anything else, or a drift above ``drift_tol``: ``undecided`` at ``t_max``, and one more
+  integration to :math:`10^{12}t_s` with four times the steps follows (slow modes, e.g.
+  a :math:`V` with an eigenvalue near 0).
+
+When :math:`\operatorname{tr}\Sigma` grows past ``1e8`` times its initial value, the
+precision form is left, and the package's covariance solver with its finite-time blow-up
+verdict (docs/math.md 10.3, :mod:`gaussian_pde.integrate._events`) decides between
+``blowup`` and ``grows``.
 """
 
 from __future__ import annotations
@@ -57,8 +66,8 @@ from ..integrate._steppers import _RA, _RB, _RC, _RGAMMA
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
            "theorem_rank"]
 
-#: exponent of a vanishing eigenvalue of Sigma is at most this (1/t decay gives -1;
-#: for V != I the R-N coupling decays with other powers, seen down to about -0.45)
+#: exponent of a vanishing eigenvalue of Sigma is at most this (1/t decay gives -1, and
+#: 1/t^2, where the coupling P_RN grows like t, gives -2)
 VANISH = -0.25
 #: a surviving eigenvalue has a fitted exponent of at most this in absolute value
 SETTLED = 0.05
