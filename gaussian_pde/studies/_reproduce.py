@@ -372,31 +372,44 @@ def _published_section(pub_cert):
                     "--out <this folder>` replays the published script (minutes) and "
                     "certifies the limit of each of its settings.", ""]
     L += ["Each recorded setting of the replay (its Q, V and the Sigma_0 of its converged "
-          "attempt) integrated by `certified_limits`. Reasons: **threshold** (the limit's "
-          "surviving eigenvalue is below 0.1: the true limit counted at 0.1 gives the "
-          "published rank), **early stop** (the stop test |r|_F < tol fired while a "
-          "vanishing eigenvalue was still above 0.1), **scheme** (the Euler iterate, with "
-          "its clipping, differs from the limit otherwise).", "",
-          "| panel | d | published | true (certified) | undecided | disagree | threshold | "
-          "early stop | scheme | not recorded (rank > ceil(d/2)) | certified s |",
-          "|---" * 11 + "|"]
+          "attempt) integrated by `certified_limits` (docs/math.md 4.5). Reasons: "
+          "**threshold** (the limit's surviving eigenvalue is below 0.1: the true limit "
+          "counted at 0.1 gives the published rank), **early stop** (the stop test "
+          "|r|_F < tol fired while a vanishing eigenvalue was still above 0.1), **scheme** "
+          "(the Euler iterate, with its clipping, differs from the limit otherwise). "
+          "*decay*: how the vanishing eigenvalues decay (1/t, 1/t^2, or both in one "
+          "setting); *closed form*: settings whose limit is N (N^T Sigma_0^-1 N)^-1 N^T to "
+          "1e-3.", "",
+          "| panel | d | published | true (certified) | undecided | below d - rank Q | "
+          "disagree | threshold | early stop | scheme | not recorded (rank > ceil(d/2)) | "
+          "decay | closed form |",
+          "|---" * 13 + "|"]
     rows = []
     for key, p in pub_cert["panels"].items():
+        decay = ", ".join(f"{k}: {v}" for k, v in sorted(p.get("decay", {}).items()))
         L.append(f"| {p['type']} V={p['values']} | {p['d']} | {' '.join(map(str, p['published']))} "
-                 f"| {' '.join(map(str, p['true']))} | {p['undecided']} | {p['disagree']} | "
+                 f"| {' '.join(map(str, p['true']))} | {p['undecided']} | "
+                 f"{p.get('below_bound', '-')} | {p['disagree']} | "
                  f"{p['reasons'].get('threshold', 0)} | {p['reasons'].get('early stop', 0)} | "
-                 f"{p['reasons'].get('scheme', 0)} | {p['not_recorded']} | "
-                 f"{p['certified_s']:.1f} |")
+                 f"{p['reasons'].get('scheme', 0)} | {p['not_recorded']} | {decay} | "
+                 f"{p.get('closed_form', '-')} |")
         rows += [(key, r) for r in p["settings"] if r["reason"] != "agree"]
+    per = pub_cert.get("certified_s_per_setting", pub_cert["certified_s"] / max(pub_cert["n"], 1))
     L += ["", f"Certified limits of the {pub_cert['n']} settings: {pub_cert['certified_s']:.1f} s "
-          f"= {pub_cert['certified_over_step']:.3g} published steps (one step "
-          f"{pub_cert['step_us']:.1f} us in the same run).", "",
-          "Disagreeing settings:", "",
-          "| panel | setting | draw | published rank | true rank | limit at 0.1 | reason |",
-          "|---" * 7 + "|"]
+          f"CPU ({per * 1e3:.0f} ms per setting) = {pub_cert['certified_over_step']:.3g} "
+          f"published steps (one step {pub_cert['step_us']:.1f} us in the same run).", "",
+          "Disagreeing settings, with the evidence of the true rank:", "",
+          "| panel | setting | draw | published rank | true rank | limit at 0.1 | reason | "
+          "decay exponents | conserved drift | closed-form gap | smallest surviving "
+          "eigenvalue |", "|---" * 11 + "|"]
     for key, r in rows:
+        surv = r.get("limit_eigenvalues") or []
         L.append(f"| {key} | {r['setting']} | {r['draw']} | {r['published']} | {r['true']} | "
-                 f"{r['limit_at_0.1']} | {r['reason']} |")
+                 f"{r['limit_at_0.1']} | {r['reason']} | "
+                 f"{', '.join(f'{x:.3f}' for x in r.get('decay_rates', []))} | "
+                 f"{r.get('conserved_drift', float('nan')):.1e} | "
+                 f"{r.get('closed_form_gap', float('nan')):.1e} | "
+                 f"{(f'{min(surv):.3g}' if surv else '-')} |")
     return L + [""]
 
 

@@ -153,3 +153,22 @@ def test_certify_published_mixes_dimensions():
     assert p3["settings"][0]["true"] == 2 and p4["settings"][0]["true"] == 2
     assert p3["published"][1] == 1 and p4["published"][2] == 1
     assert res["step_us"] > 0
+    # the evidence of each true rank, and the panel's counts of it
+    for p, d in ((p3, 3), (p4, 4)):
+        row = p["settings"][0]
+        assert len(row["decay_rates"]) == d // 2
+        np.testing.assert_allclose(row["decay_rates"], -1.0, atol=0.05)   # V = I: 1/t
+        assert row["closed_form_gap"] < 1e-3 and row["conserved_drift"] < 1e-3
+        assert len(row["limit_eigenvalues"]) == d - d // 2
+        assert p["undecided"] == 0 and p["below_bound"] == 0 and p["closed_form"] == 1
+        # a disagreement has a reason consistent with the limit counted at 0.1
+        if row["reason"] == "threshold":
+            assert row["limit_at_0.1"] == row["published"] and min(row["limit_eigenvalues"]) < 0.1
+    from gaussian_pde.studies._published_certified import compact_table
+    from gaussian_pde.studies._reproduce import _published_section
+
+    tab = compact_table(res)
+    assert [len(p["rows"]) for p in tab["panels"].values()] == [1, 1]
+    assert all(len(r) == len(tab["columns"]) for p in tab["panels"].values() for r in p["rows"])
+    text = "\n".join(_published_section(res))
+    assert "softmax V=identity | 3 | 0 1 0 0 | 0 0 1 0 |" in text
