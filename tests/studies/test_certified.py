@@ -161,6 +161,8 @@ def test_certify_published_mixes_dimensions():
         assert row["closed_form_gap"] < 1e-3 and row["conserved_drift"] < 1e-3
         assert len(row["limit_eigenvalues"]) == d - d // 2
         assert p["undecided"] == 0 and p["below_bound"] == 0 and p["closed_form"] == 1
+        # V = I: the closed form is the limit, counted at 0.1 without integrating
+        assert row["closed_form_at_0.1"] == row["limit_at_0.1"]
         # a disagreement has a reason consistent with the limit counted at 0.1
         if row["reason"] == "threshold":
             assert row["limit_at_0.1"] == row["published"] and min(row["limit_eigenvalues"]) < 0.1
