@@ -611,7 +611,7 @@ def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_st
         taus = np.tile(np.log1p(base), (len(rows), 1))
         tr0 = np.trace(S0, axis1=1, axis2=2)
         rec, steps, stop, t_last = _integrate(field, y0, taus, rtol, field_tr=_trace,
-                                              tr_max=GROWTH * tr0)
+                                              tr_max=GROWTH * tr0, max_steps=max_steps)
         C0 = P0[:, k:, k:]
         for j, i in enumerate(rows):
             ck_t = t_s[j] * base
