@@ -425,11 +425,12 @@ def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_M
         U = np.empty((6, m, n1))
         U[0] = (Winv @ fa(ya)[..., None])[..., 0]
         hinv = 1.0 / hh[:, None]
-        for s in range(1, 6):
-            Ys = ya + np.tensordot(_RA[s, :s], U[:s], axes=(0, 0))
-            rhs = fa(Ys) + np.tensordot(_RC[s, :s], U[:s], axes=(0, 0)) * hinv
-            U[s] = (Winv @ rhs[..., None])[..., 0]
-        y_new = ya + np.tensordot(_RB, U, axes=(0, 0))
+        with np.errstate(all="ignore"):            # a failed stage is a rejected step
+            for s in range(1, 6):
+                Ys = ya + np.tensordot(_RA[s, :s], U[:s], axes=(0, 0))
+                rhs = fa(Ys) + np.tensordot(_RC[s, :s], U[:s], axes=(0, 0)) * hinv
+                U[s] = (Winv @ rhs[..., None])[..., 0]
+            y_new = ya + np.tensordot(_RB, U, axes=(0, 0))
         sc = rtol * np.maximum(1.0, np.maximum(np.abs(ya), np.abs(y_new)))
         with np.errstate(all="ignore"):
             err = np.sqrt(np.mean((U[5] / sc) ** 2, axis=1))
