@@ -385,6 +385,20 @@ def _jacobian(field, ya, ny):
     return np.swapaxes(Fc.imag / eps, 1, 2)
 
 
+def _safe_inv(W):
+    """Batched inverse; a singular matrix gives NaN (its step is then rejected)."""
+    try:
+        return np.linalg.inv(W)
+    except np.linalg.LinAlgError:
+        out = np.full_like(W, np.nan)
+        for i, w in enumerate(W):
+            try:
+                out[i] = np.linalg.inv(w)
+            except np.linalg.LinAlgError:
+                pass
+        return out
+
+
 def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_MAX_STEPS):
     r"""RODAS4 on :math:`dy/d\tau`; the state at every checkpoint (NaN where not reached).
 
@@ -421,7 +435,7 @@ def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_M
                 out[:, :ny] = fld(v[:, :ny], v[:, ny])
             return out
 
-        Winv = np.linalg.inv(eye / (_RGAMMA * hh)[:, None, None] - _jacobian(fld, ya, ny))
+        Winv = _safe_inv(eye / (_RGAMMA * hh)[:, None, None] - _jacobian(fld, ya, ny))
         U = np.empty((6, m, n1))
         U[0] = (Winv @ fa(ya)[..., None])[..., 0]
         hinv = 1.0 / hh[:, None]
