@@ -49,6 +49,12 @@ __all__ = ["certify_published", "closed_form_eigenvalues", "compact_table",
 CLOSED_FORM_TOL = 1e-3
 
 
+def decay_class(rates):
+    """``"1/t"``, ``"1/t^2"``, ``"1/t and 1/t^2"``...: the decay laws, exponents rounded."""
+    laws = sorted({max(int(round(-x)), 0) for x in rates})
+    return " and ".join("1/t" if e == 1 else f"1/t^{e}" for e in laws) if laws else "none"
+
+
 def closed_form_eigenvalues(Q, cov0):
     r"""Eigenvalues of :math:`N(N^T\Sigma_0^{-1}N)^{-1}N^T` on :math:`\ker Q`, ascending.
 
@@ -120,8 +126,7 @@ def certify_published(paths, progress=None):
         if rt >= 0:
             p["true"][rt] += 1
             p["below_bound"] += int(rt < c.bound)
-            cls = "1/t^" + "/".join(sorted({f"{-x:.0f}" for x in c.decay_rates})) \
-                if c.decay_rates.size else "none"
+            cls = decay_class(c.decay_rates)
             p["decay"][cls] = p["decay"].get(cls, 0) + 1
             p["closed_form"] += int(c.closed_form_gap < CLOSED_FORM_TOL)
         else:
