@@ -109,8 +109,9 @@ class CertifiedLimit:
         state, so this measures the integration error.
     closed_form_gap : float
         :math:`\lVert\Sigma_\infty - N(N^T\Sigma_0^{-1}N)^{-1}N^T\rVert_F /
-        \lVert\Sigma_\infty\rVert_F` (:math:`N` orthonormal); about :math:`1/T` where
-        the closed form of docs/math.md 4.5 holds, :math:`O(1)` where it does not.
+        \lVert\Sigma_\infty\rVert_F` (:math:`N` orthonormal); at the integration error
+        (about 1e-7) where the closed form of docs/math.md 4.5 holds (always for
+        :math:`V = I`), up to :math:`O(1)` where it does not.
         NaN unless ``"rank"``/``"zero"``.
     lyapunov_increase : float or None
         For one head with :math:`K = -Q` and :math:`V` symmetric positive definite: the
