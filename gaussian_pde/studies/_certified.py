@@ -641,7 +641,7 @@ def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_st
                            t_blowup=tb, limit=None, eigenvalues=nan, steps=int(steps[j]),
                            message=msg)
             else:
-                res = _decide(field.take(np.array([j])), rec[j][:, None][:, 0], taus[j], ck_t,
+                res = _decide(field, rec[j], taus[j], ck_t,
                               steps[j], stop[j], t_s[j] * np.expm1(t_last[j]), U[j], k,
                               lyap[j], C0[j], fit_decades, drift_tol, strict=strict)
             out[i] = CertifiedLimit(**res)
