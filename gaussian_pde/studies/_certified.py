@@ -1,9 +1,9 @@
 r"""Certified limit rank: the inverse covariance integrated, its growth rates read off.
 
 For :math:`K = -Q` the covariance converges *algebraically*: the vanishing eigenvalues of
-:math:`\Sigma` decay like :math:`1/t` (docs/math.md section 4.1), so a threshold on
-:math:`\Sigma(T)` at any finite horizon is a guess. This module integrates the precision
-:math:`P = \Sigma^{-1}` instead,
+:math:`\Sigma` decay like :math:`1/t` or :math:`1/t^2` (docs/math.md section 4.5), so a
+threshold on :math:`\Sigma(T)` at any finite horizon is a guess. This module integrates
+the precision :math:`P = \Sigma^{-1}` instead,
 
 .. math::
 
@@ -11,33 +11,42 @@ For :math:`K = -Q` the covariance converges *algebraically*: the vanishing eigen
     M_{\mathrm{softmax}} = V\,\Sigma A, \qquad
     M_{L2} = 2V\,(P + H)^{-1}A, \qquad A = cK^TQ,\; H = 2cK^TK,
 
-(heads add), in which a vanishing direction of :math:`\Sigma` is a *growing* eigenvalue
-of :math:`P` (linearly, for decay like :math:`1/t`), integrated with relative error
-control, while a surviving direction is a bounded eigenvalue. The rank is decided from
-the log-log exponents of the eigenvalues of :math:`\Sigma = P^{-1}` fitted over the last
-decades of the horizon, never from a threshold on :math:`\Sigma(T)`:
+(heads add), in which a vanishing direction of :math:`\Sigma` is a *growing* pivot of
+:math:`P`, and a surviving direction a bounded one.
 
-* exponent :math:`\le -1/2` (decay like :math:`t^{-1}`): a vanishing direction;
-* :math:`|\text{exponent}| \le 0.05`: a surviving direction (the fit is ~1e-6 there);
-* anything else, or a conserved-quantity drift above ``drift_tol``: ``undecided``.
+**Variables.** In the frame :math:`[U_R, U_N]` (:math:`U_N` an orthonormal basis of the
+common :math:`\ker Q`, the range of :math:`Q^T` first), :math:`P = LDL^T` with
+:math:`L` unit lower triangular and :math:`D = \operatorname{diag}(e^{\ell})`; the state is
+the log pivots :math:`\ell`, the entries of :math:`L`, those of the block :math:`L_{NR}`
+(which decays like :math:`1/t`) multiplied by :math:`T = 1 + t/t_s`, and the time is
+:math:`\tau = \log T`. A pivot growing like :math:`t^a` is then a straight line in
+:math:`\tau`, which the Runge-Kutta stages integrate without error, and the rest tends to
+a steady state: the steps grow geometrically once the state has settled, and a horizon
+of :math:`10^{10}t_s` costs tens to a few hundred steps (:class:`_LDLField`). Every
+quantity is formed from products of the factors, never from differences of the huge
+entries of :math:`P`, and :math:`P` is positive definite by construction.
 
-The integration is done in coordinates :math:`x = U^T x` with
-:math:`U = [U_R, U_N]`, :math:`U_N` an orthonormal basis of :math:`\ker Q` (the common
-kernel of all heads' :math:`Q`), so that the conserved block :math:`N^TPN` (docs/math.md
-4.2) is a block of the state: its drift along the way measures the integration error in
-the directions that must survive. Each entry :math:`P_{ij}` is error-controlled relative
-to itself (with a floor of :math:`10^{-3}\min_i P_{ii}`), so the bounded blocks keep their
-own relative accuracy while :math:`P_{RR}` grows like :math:`t`.
+**Stepper.** The L-stable RODAS4 of :mod:`gaussian_pde.integrate._steppers` (the same
+coefficients), batched over trajectories of the same dimension and head structure, on the
+autonomous system :math:`(y, \tau)`, with a complex-step Jacobian (exact to rounding);
+steps land on the checkpoints :math:`t = t_s10^j`.
 
-The stepper is the linearly implicit, L-stable RODAS4 of
-:mod:`gaussian_pde.integrate._steppers` (the same coefficients) with the exact Jacobian
-of the precision field, batched over trajectories of the same dimension and head
-structure; steps land on the checkpoints :math:`t = 10^j`.
+**Decision** (docs/math.md 4.5), from the eigenvalues of :math:`\Sigma = F^TF`,
+:math:`F = D^{-1/2}L^{-1}`, at the checkpoints of the last ``fit_decades`` decades:
 
-When :math:`\operatorname{tr}\Sigma` grows past ``1e8`` times its initial value (or
-:math:`P` stops being positive definite), the precision form is left, and the package's
-covariance solver with its finite-time blow-up verdict (docs/math.md 10.3,
-:mod:`gaussian_pde.integrate._events`) decides between ``blowup`` and ``grows``.
+* the :math:`d - \operatorname{rank}Q` largest survive: by Cauchy interlacing with the
+  conserved :math:`N^TPN` (rebuilt from the factors, its drift reported) they stay above
+  :math:`1/\max_t\lambda_{\max}(N^TPN)`; their fitted exponents must not be positive;
+* each of the others vanishes: fitted exponent :math:`\le -1/4` (about -1 or -2), or
+  below :math:`-0.05` while under :math:`10^{-3}` of that floor;
+* anything else, or a drift above ``drift_tol``: ``undecided`` at ``t_max``, and one more
+  integration to :math:`10^{12}t_s` with four times the steps follows (slow modes, e.g.
+  a :math:`V` with an eigenvalue near 0).
+
+When :math:`\operatorname{tr}\Sigma` grows past ``1e8`` times its initial value, the
+precision form is left, and the package's covariance solver with its finite-time blow-up
+verdict (docs/math.md 10.3, :mod:`gaussian_pde.integrate._events`) decides between
+``blowup`` and ``grows``.
 """
 
 from __future__ import annotations
@@ -54,16 +63,21 @@ from ..attention._multihead import MultiHead
 from ..attention._softmax import Softmax
 from ..integrate._steppers import _RA, _RB, _RC, _RGAMMA
 
-__all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax"]
+__all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
+           "theorem_rank"]
 
-#: exponent of a vanishing eigenvalue of Sigma is at most this (1/t decay gives -1;
-#: for V != I the R-N coupling decays with other powers, seen down to about -0.45)
+#: exponent of a vanishing eigenvalue of Sigma is at most this (1/t decay gives -1, and
+#: 1/t^2, where the coupling P_RN grows like t, gives -2)
 VANISH = -0.25
 #: a surviving eigenvalue has a fitted exponent of at most this in absolute value
 SETTLED = 0.05
 #: trace growth (relative to the initial trace) that hands over to the blow-up verdict
 GROWTH = 1e8
 _MAX_STEPS = 3_000
+#: a setting left undecided at ``t_max`` is integrated once more to this horizon, with
+#: this many times the steps (slow modes, e.g. V with an eigenvalue near 0, settle late)
+_ESCALATE_T = 1e12
+_ESCALATE_STEPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +98,21 @@ class CertifiedLimit:
         (ascending eigenvalues of :math:`\Sigma(T)`), :math:`\lambda_i \propto t^{\gamma_i}`
         over the last ``fit_decades`` decades; NaN if not reached.
     decay_rates : ndarray
-        The exponents of the vanishing eigenvalues (about -1 for :math:`1/t` decay).
+        The exponents of the vanishing eigenvalues (-1 for :math:`1/t` decay, as for
+        :math:`V = I`; -2 where the coupling :math:`P_{RN}` grows like :math:`t`).
+    pivot_exponents : ndarray, shape (d,)
+        Log-log slopes of the pivots :math:`D_i` of :math:`P = LDL^T` over the same
+        decades (the first ``rank Q`` are those of the range of :math:`Q^T`).
     conserved_drift : float
         :math:`\max_t \lVert N^TP(t)N - N^TP_0N\rVert_F / \lVert N^TP_0N\rVert_F` over the
-        checkpoints (0 when :math:`\ker Q = 0`).
+        checkpoints (0 when :math:`\ker Q = 0`); :math:`N^TPN` is rebuilt from the factored
+        state, so this measures the integration error.
+    closed_form_gap : float
+        :math:`\lVert\Sigma_\infty - N(N^T\Sigma_0^{-1}N)^{-1}N^T\rVert_F /
+        \lVert\Sigma_\infty\rVert_F` (:math:`N` orthonormal); at the integration error
+        (about 1e-7) where the closed form of docs/math.md 4.5 holds (always for
+        :math:`V = I`), up to :math:`O(1)` where it does not.
+        NaN unless ``"rank"``/``"zero"``.
     lyapunov_increase : float or None
         For one head with :math:`K = -Q` and :math:`V` symmetric positive definite: the
         largest relative increase of :math:`\operatorname{tr}(V^{-1}\Sigma)` between
@@ -102,7 +127,7 @@ class CertifiedLimit:
     eigenvalues : ndarray, shape (d,)
         Eigenvalues of :math:`\Sigma(T)`, ascending.
     steps : int
-        Accepted steps of the precision integration.
+        Accepted steps of the log-time integration.
     message : str
         The evidence in words, or why the outcome is undecided.
     """
@@ -112,7 +137,9 @@ class CertifiedLimit:
     bound: int
     exponents: np.ndarray
     decay_rates: np.ndarray
+    pivot_exponents: np.ndarray
     conserved_drift: float
+    closed_form_gap: float
     lyapunov_increase: float | None
     t_final: float
     t_blowup: float | None
@@ -180,87 +207,133 @@ def _lyapunov_matrix(heads):
 
 
 # ----------------------------------------------------------------------------------------
-# the precision field, batched: P has shape (r, ..., d, d); parameters (r, 1.., d, d)
+# the precision in factored form: P = L D L^T, D = exp(ell), L unit lower triangular
 # ----------------------------------------------------------------------------------------
 
-def _block_inv(Y, k):
-    r"""Inverse of SPD ``Y`` (..., d, d) by the Schur complement of its trailing block.
+def _unit_lower_inv(L):
+    r"""Inverse of unit lower triangular ``L`` (..., d, d) by forward substitution.
 
-    With ``R`` the first ``k`` coordinates and ``N`` the rest,
-    :math:`S = Y_{RR} - Y_{RN}Y_{NN}^{-1}Y_{NR}`,
-    :math:`(Y^{-1})_{RR} = S^{-1}`, :math:`(Y^{-1})_{NR} = -Y_{NN}^{-1}Y_{NR}S^{-1}` and
-    :math:`(Y^{-1})_{NN} = Y_{NN}^{-1} + Y_{NN}^{-1}Y_{NR}S^{-1}Y_{RN}Y_{NN}^{-1}`.
-    Where :math:`Y_{RR}` grows like :math:`t`, a plain LU inverse loses
-    :math:`\operatorname{cond}(Y)\sim t` digits in every entry, and the entries of
-    :math:`(Y^{-1})_{:R}`, of size :math:`1/t`, are lost completely at :math:`t\sim 10^8`;
-    the block form keeps each block to its own relative accuracy.
+    :math:`(L^{-1})_{ij} = -\sum_{j\le m<i} L_{im}(L^{-1})_{mj}`: sums of products, so a
+    tiny entry of :math:`L` (the :math:`O(1/t)` block :math:`L_{NR}`) keeps its relative
+    accuracy in the inverse, which a pivoted LU would not promise. Works for complex
+    entries (the complex-step Jacobian).
     """
-    d = Y.shape[-1]
-    if k == 0 or k == d:
-        return np.linalg.inv(Y)
-    YRR, YRN = Y[..., :k, :k], Y[..., :k, k:]
-    YNR, YNN = Y[..., k:, :k], Y[..., k:, k:]
-    iNN = np.linalg.inv(YNN)
-    B = iNN @ YNR                                   # Y_NN^-1 Y_NR
-    Si = np.linalg.inv(YRR - YRN @ B)
-    XNR = -B @ Si
-    XRN = np.swapaxes(XNR, -1, -2)
-    XNN = iNN - XNR @ np.swapaxes(B, -1, -2)
-    top = np.concatenate([Si, XRN], axis=-1)
-    bot = np.concatenate([XNR, XNN], axis=-1)
-    return np.concatenate([top, bot], axis=-2)
+    d = L.shape[-1]
+    X = np.zeros_like(L)
+    for i in range(d):
+        X[..., i, i] = 1.0
+        for j in range(i):
+            X[..., i, j] = -np.einsum("...m,...m->...", L[..., i, j:i], X[..., j:i, j])
+    return X
 
 
-class _PrecisionField:
-    r"""Batched :math:`F(P) = -(PM + M^TP)` and its exact Jacobian (rows of one structure).
+class _LDLField:
+    r"""The precision equation in factored variables and log time (docs/math.md 4.5).
 
-    ``k``: the rows' common :math:`\operatorname{rank}Q` (the first ``k`` coordinates
-    span :math:`\operatorname{range}Q^T`).
+    State per trajectory: :math:`y = (\ell, \tilde L)`, with :math:`P = LDL^T`,
+    :math:`D = \operatorname{diag}(e^{\ell})`, :math:`L` unit lower triangular in the
+    frame :math:`[U_R, U_N]` (``k`` = rank Q coordinates first), and
+    :math:`\tilde L_{ij} = s_{ij}L_{ij}` with :math:`s_{ij} = T` on the block
+    :math:`(i \in N, j \in R)` and 1 elsewhere. Time: :math:`\tau = \log T`,
+    :math:`T = 1 + t/t_s`. With :math:`\dot P = t_sT\,F(P)`,
+    :math:`\Phi = L^{-1}\dot PL^{-T} = -(B + B^T)`, :math:`B = D\,\tilde V\,X\,\tilde A\,t_sT`,
+    :math:`\tilde V = L^TVL^{-T}`, :math:`\tilde A = L^{-1}AL^{-T}` and
+    :math:`X = L^T\Sigma L = D^{-1}` (softmax) or :math:`2L^T(P+H)^{-1}L = 2(D + \tilde H)^{-1}`
+    (L2, :math:`\tilde H = L^{-1}HL^{-T}`), so that with :math:`Y = t_sT\,\tilde VX\tilde A`
+
+    .. math::
+
+        \frac{d\ell_i}{d\tau} = \frac{\Phi_{ii}}{D_i} = -2Y_{ii}, \qquad
+        \frac{dL}{d\tau} = L\,\Xi, \quad
+        \Xi_{ij} = \frac{\Phi_{ij}}{D_j} = -\big(e^{\ell_i-\ell_j}Y_{ij} + Y_{ji}\big)
+        \ (i > j),
+
+    and :math:`d\tilde L_{ij}/d\tau = s_{ij}(L\Xi)_{ij} + [s_{ij} = T]\,\tilde L_{ij}`.
+    A pivot growing like :math:`t^a` is a *linear* function of :math:`\tau`, which the
+    Runge-Kutta stages integrate without error, and :math:`L_{NR}\sim 1/t` is a bounded
+    :math:`\tilde L_{NR}`; so the state tends to a steady state (or a straight line in
+    :math:`\ell`), and the steps grow. Every quantity is formed from products, never
+    from the differences of the huge entries of :math:`P`.
     """
 
-    def __init__(self, kinds, A, V, H, k):
-        # A, V, H: (n_rows, n_heads, d, d); H only used for L2 heads
-        self.kinds, self.A, self.V, self.H, self.k = kinds, A, V, H, k
+    def __init__(self, kinds, V, A, H, ts, k, d):
+        self.kinds, self.V, self.A, self.H, self.ts, self.k, self.d = kinds, V, A, H, ts, k, d
+        self.il, self.jl = np.tril_indices(d, -1)
+        self.nr = (self.il >= k) & (self.jl < k)
 
     def take(self, rows):
-        return _PrecisionField(self.kinds, self.A[rows], self.V[rows], self.H[rows], self.k)
+        return _LDLField(self.kinds, self.V[rows], self.A[rows], self.H[rows], self.ts[rows],
+                         self.k, self.d)
 
-    def _parts(self, P, extra):
-        """Per head: the inverse ``X`` (Sigma or (P + H)^-1) and the factors of M = c V X A."""
-        out = []
+    def factors(self, y, tau):
+        """``ell``, ``L`` and ``T`` of states ``y`` (..., ny) at log times ``tau`` (...)."""
+        d = self.d
+        T = np.exp(tau)
+        s = np.where(self.nr, T[..., None], 1.0)
+        L = np.zeros(y.shape[:-1] + (d, d), dtype=y.dtype)
+        L[..., np.arange(d), np.arange(d)] = 1.0
+        L[..., self.il, self.jl] = y[..., d:] / s
+        return y[..., :d], L, T, s
+
+    def __call__(self, y, tau):
+        """``dy/dtau``; ``y`` (m, ..., ny), ``tau`` (m, ...), parameters per row ``m``."""
+        d = self.d
+        ell, L, T, s = self.factors(y, tau)
+        Li = _unit_lower_inv(L)
+        LiT = np.swapaxes(Li, -1, -2)
+        LT = np.swapaxes(L, -1, -2)
+        sl = (slice(None),) + (None,) * (y.ndim - 2)
+        lt = np.log(self.ts)[sl] + tau                       # log(t_s T)
+        Y = 0.0
         for j, kind in enumerate(self.kinds):
-            sl = (slice(None), j) + (None,) * extra
-            A, V = self.A[sl], self.V[sl]
+            Vt = LT @ self.V[:, j][sl] @ LiT
+            At = Li @ self.A[:, j][sl] @ LiT
             if kind == "softmax":
-                X = _block_inv(P, self.k)
-                out.append((V, X, A))
+                Y = Y + (Vt * np.exp(lt[..., None] - ell)[..., None, :]) @ At
             else:
-                X = _block_inv(P + self.H[sl], self.k)
-                out.append((2.0 * V, X, A))
-        return out
+                Ht = Li @ self.H[:, j][sl] @ LiT
+                e = np.exp(-0.5 * ell)
+                G = np.eye(d) + e[..., :, None] * Ht * e[..., None, :]
+                TX = 2.0 * np.exp(lt[..., None, None]
+                                  - 0.5 * (ell[..., :, None] + ell[..., None, :])) \
+                    * np.linalg.inv(G)
+                Y = Y + Vt @ TX @ At
+        Xi = -(np.exp(ell[..., :, None] - ell[..., None, :]) * Y + np.swapaxes(Y, -1, -2))
+        dell = np.diagonal(Xi, axis1=-2, axis2=-1)
+        dL = L @ np.tril(Xi, -1)
+        dlow = s * dL[..., self.il, self.jl] + np.where(self.nr, y[..., d:], 0.0)
+        return np.concatenate([dell, dlow], axis=-1)
 
-    def __call__(self, P, extra=0):
-        G = 0.0
-        for V, X, A in self._parts(P, extra):
-            G = G + P @ (V @ X @ A)
-        return -(G + np.swapaxes(G, -1, -2))
 
-    def jacobian(self, P):
-        r"""``J[r, :, j]``: the derivative of ``vec F`` along ``vec E_j`` (exact)."""
-        r, d = P.shape[0], P.shape[-1]
-        n = d * d
-        E = np.eye(n).reshape(n, d, d)[None]                 # (1, n, d, d)
-        Pb = P[:, None]
-        G = 0.0
-        for V, X, A in self._parts(Pb, 1):
-            # dX = -X E X (for Sigma = P^-1 and for (P + H)^-1 alike)
-            dX = -(X @ E @ X)
-            G = G + E @ (V @ X @ A) + Pb @ (V @ dX @ A)
-        dF = -(G + np.swapaxes(G, -1, -2))                    # (r, n, d, d)
-        return np.swapaxes(dF.reshape(r, n, n), 1, 2)
+def _sigma(field, y, tau):
+    r"""Sigma, its factor and the conserved block, from states ``y`` (..., ny).
+
+    :math:`\Sigma = F^TF` with :math:`F = D^{-1/2}L^{-1}`, and
+    :math:`N^TPN = L_{N:}DL_{N:}^T`.
+    """
+    k = field.k
+    ell, L, T, _ = field.factors(y, tau)
+    Li = _unit_lower_inv(L)
+    F = np.exp(-0.5 * ell)[..., :, None] * Li
+    S = np.swapaxes(F, -1, -2) @ F
+    Lh = L[..., k:, :] * np.exp(0.5 * ell)[..., None, :]      # rows N of L D^{1/2}
+    C = Lh @ np.swapaxes(Lh, -1, -2)
+    return S, F, C
+
+
+def _eig_sigma(F, k):
+    r"""Eigenvalues (ascending) and eigenvectors of :math:`\Sigma = F^TF`.
+
+    From the SVD of the row-graded :math:`F`, its large rows (the :math:`N` pivots) first.
+    """
+    d = F.shape[-1]
+    order = np.r_[np.arange(k, d), np.arange(k)]
+    _, sv, Vt = np.linalg.svd(F[..., order, :])
+    return sv[..., ::-1] ** 2, np.swapaxes(Vt, -1, -2)[..., ::-1]
 
 
 def _build(attentions, d):
+    """Per-row heads in the frame ``U = [U_R, U_N]``: kinds, A, V, H, U, rank Q, V^-1."""
     heads0 = _heads(attentions[0])
     kinds = tuple(h[0] for h in heads0)
     nr, nh = len(attentions), len(kinds)
@@ -273,121 +346,147 @@ def _build(attentions, d):
     for i, att in enumerate(attentions):
         heads = _heads(att)
         U[i], rq[i] = _frame(heads, d)
-        u = U[i]
+        u, k = U[i], int(rq[i])
         for j, (kind, Q, K, Vh, c) in enumerate(heads):
             A[i, j] = u.T @ (c * K.T @ Q) @ u
-            V[i, j] = u.T @ Vh @ u
+            A[i, j][:, k:] = 0.0            # A N = 0 exactly (N spans ker Q): no rounding
+            V[i, j] = u.T @ Vh @ u          # can feed N^T P N
             if kind == "l2":
                 H[i, j] = u.T @ (2.0 * c * K.T @ K) @ u
         W = _lyapunov_matrix(heads)
         lyap.append(None if W is None else u.T @ W @ u)
-    return _PrecisionField(kinds, A, V, H, int(rq[0])), U, rq, lyap
+    return kinds, A, V, H, U, rq, lyap
+
+
+def _precision_rhs(kinds, A, V, H, P, S):
+    r""":math:`F(P) = -(PM + M^TP)` of (4.4) at one :math:`P` (for the time scale)."""
+    G = 0.0
+    for j, kind in enumerate(kinds):
+        X = S if kind == "softmax" else 2.0 * np.linalg.inv(P + H[:, j])
+        G = G + P @ V[:, j] @ X @ A[:, j]
+    return -(G + np.swapaxes(G, -1, -2))
 
 
 # ----------------------------------------------------------------------------------------
-# the batched RODAS4 loop in t, landing on checkpoints
+# the batched RODAS4 loop in log time, landing on checkpoints
 # ----------------------------------------------------------------------------------------
 
-def _spd(P):
-    """Rows whose (symmetrised) P is positive definite."""
-    w = np.linalg.eigvalsh(0.5 * (P + np.swapaxes(P, -1, -2)))
-    return np.all(np.isfinite(w), -1) & (w[:, 0] > 0)
+def _jacobian(field, ya, ny):
+    r"""Complex-step Jacobian of the augmented field :math:`(y, \tau)\mapsto(\dot y, 1)`.
+
+    :math:`J_{:j} = \operatorname{Im} f(y + i\epsilon e_j)/\epsilon`, exact to rounding
+    (a forward difference made the embedded error estimate, and so the steps, several
+    times worse).
+    """
+    m, n1 = ya.shape
+    eps = 1e-30
+    Yc = ya[:, None, :] + 1j * eps * np.eye(n1)[None]
+    Fc = np.zeros(Yc.shape, dtype=complex)
+    Fc[..., :ny] = field(Yc[..., :ny], Yc[..., ny])
+    return np.swapaxes(Fc.imag / eps, 1, 2)
 
 
-def _integrate(field, P0, checkpoints, rtol, atol):
-    """RODAS4 on ``P' = F(P)``; returns P at every checkpoint (NaN where not reached)."""
-    nb, d = P0.shape[0], P0.shape[-1]
-    n = d * d
-    nck = checkpoints.shape[1]
-    rec = np.full((nb, nck, d, d), np.nan)
+def _safe_inv(W):
+    """Batched inverse; a singular matrix gives NaN (its step is then rejected)."""
+    try:
+        return np.linalg.inv(W)
+    except np.linalg.LinAlgError:
+        out = np.full_like(W, np.nan)
+        for i, w in enumerate(W):
+            try:
+                out[i] = np.linalg.inv(w)
+            except np.linalg.LinAlgError:
+                pass
+        return out
+
+
+def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_MAX_STEPS):
+    r"""RODAS4 on :math:`dy/d\tau`; the state at every checkpoint (NaN where not reached).
+
+    The non-autonomous field is made autonomous by the extra component :math:`\tau`
+    (derivative 1), so the stages need no time derivative. Error control:
+    ``rtol * max(1, |y_i|)`` per component (``ell`` is a log: absolute error in ``ell``
+    is relative error in a pivot). ``field_tr(y, tau)``: the trace of Sigma, for the
+    hand-over to the blow-up verdict when it exceeds ``tr_max`` per row.
+    """
+    nb, ny = y0.shape
+    n1 = ny + 1
+    nck = taus.shape[1]
+    rec = np.full((nb, nck, ny), np.nan)
+    rec[:, 0] = y0
+    ck = np.ones(nb, dtype=int)
     steps = np.zeros(nb, dtype=int)
     stop = np.array([""] * nb, dtype=object)
     t_last = np.zeros(nb)
     idx = np.arange(nb)
-    y = P0.reshape(nb, n).copy()
-    t = np.zeros(nb)
-    ck = np.zeros(nb, dtype=int)
-    rec[:, 0] = P0          # checkpoints[:, 0] is t = 0
-    ck[:] = 1
-    f0 = field(P0)
-    h = 1e-3 * np.linalg.norm(P0, axis=(1, 2)) / (np.linalg.norm(f0, axis=(1, 2)) + 1e-300)
-    h = np.minimum(h, checkpoints[np.arange(nb), ck])
+    y, z = y0.copy(), np.zeros(nb)
+    h = np.full(nb, 1e-3)
     fld = field
-    tr0 = np.trace(np.linalg.inv(P0), axis1=1, axis2=2)
-    eye = np.eye(n)
+    eye = np.eye(n1)
     while idx.size:
         m = idx.size
-        target = checkpoints[idx, ck[idx]]
-        hh = np.minimum(h, target - t)
-        land = hh >= target - t
-        P = y.reshape(m, d, d)
-        J = fld.jacobian(P)
-        # equilibrated: with the entries' scales s_i = sqrt(P_ii P_jj), invert
-        # S^-1 W S (W = I/(gamma h) - J); J's entries span the ratio of the growing to the
-        # bounded block, and an unscaled inverse loses that many digits in every stage
-        dg0 = np.abs(np.diagonal(P, axis1=1, axis2=2))
-        s_e = np.sqrt(dg0[:, :, None] * dg0[:, None, :]).reshape(m, n)
-        Wt = (eye / (_RGAMMA * hh)[:, None, None] - J) * (s_e[:, None, :] / s_e[:, :, None])
-        Winv = np.linalg.inv(Wt)
+        target = taus[idx, ck[idx]]
+        hh = np.minimum(h, target - z)
+        land = hh >= target - z
+        ya = np.concatenate([y, z[:, None]], axis=1)
 
-        def solve(r, s_e=s_e, Winv=Winv):
-            return s_e * (Winv @ (r / s_e)[..., None])[..., 0]
-
-        U = np.empty((6, m, n))
-        U[0] = solve(fld(P).reshape(m, n))
-        hinv = 1.0 / hh[:, None]
-        bad = np.zeros(m, dtype=bool)
-        for s in range(1, 6):
-            Ys = y + np.tensordot(_RA[s, :s], U[:s], axes=(0, 0))
-            bad |= ~_spd(Ys.reshape(m, d, d))     # a stage leaving the SPD cone: reject
+        def fa(v, fld=fld, m=m):
+            out = np.ones((m, n1))
             with np.errstate(all="ignore"):
-                rhs = (fld(Ys.reshape(m, d, d)).reshape(m, n)
-                       + np.tensordot(_RC[s, :s], U[:s], axes=(0, 0)) * hinv)
-            U[s] = solve(rhs)
-        y_new = y + np.tensordot(_RB, U, axes=(0, 0))
-        Pn = y_new.reshape(m, d, d)
-        bad |= ~_spd(Pn)
-        # error scale of entry (i, j): relative to |P_ij| itself, with a floor of 1e-3 of
-        # the smallest diagonal entry (a scale like sqrt(P_ii P_jj) lets the R-N block,
-        # which settles to O(1) while P_RR grows like t, drift by rtol sqrt(t))
-        floor = 1e-3 * np.min(np.abs(np.diagonal(P, axis1=1, axis2=2)), axis=1)
-        sc = atol + rtol * np.maximum(np.maximum(np.abs(y), np.abs(y_new)), floor[:, None])
+                out[:, :ny] = fld(v[:, :ny], v[:, ny])
+            return out
+
+        Winv = _safe_inv(eye / (_RGAMMA * hh)[:, None, None] - _jacobian(fld, ya, ny))
+        U = np.empty((6, m, n1))
+        U[0] = (Winv @ fa(ya)[..., None])[..., 0]
+        hinv = 1.0 / hh[:, None]
+        with np.errstate(all="ignore"):            # a failed stage is a rejected step
+            for s in range(1, 6):
+                Ys = ya + np.tensordot(_RA[s, :s], U[:s], axes=(0, 0))
+                rhs = fa(Ys) + np.tensordot(_RC[s, :s], U[:s], axes=(0, 0)) * hinv
+                U[s] = (Winv @ rhs[..., None])[..., 0]
+            y_new = ya + np.tensordot(_RB, U, axes=(0, 0))
+        sc = rtol * np.maximum(1.0, np.maximum(np.abs(ya), np.abs(y_new)))
         with np.errstate(all="ignore"):
             err = np.sqrt(np.mean((U[5] / sc) ** 2, axis=1))
-        err = np.where(bad | ~np.isfinite(err), np.inf, err)
+        err = np.where(np.isfinite(err) & np.all(np.isfinite(y_new), axis=1), err, np.inf)
         acc = err <= 1.0
         with np.errstate(divide="ignore"):
             fac = np.clip(0.9 * err ** -0.25, 0.2, 6.0)
         fac = np.where(err == 0, 6.0, np.where(np.isfinite(err), fac, 0.2))
         h_new = hh * fac
-        # accepted rows move on
         a = np.flatnonzero(acc)
-        t[a] += hh[a]
-        y[a] = y_new[a]
+        z[a] += hh[a]
+        y[a] = y_new[a, :ny]
         steps[idx[a]] += 1
         hit = a[land[a]]
-        t[hit] = target[hit]
-        rec[idx[hit], ck[idx[hit]]] = y[hit].reshape(-1, d, d)
+        z[hit] = target[hit]
+        rec[idx[hit], ck[idx[hit]]] = y[hit]
         ck[idx[hit]] += 1
         h = np.where(acc, np.maximum(h_new, np.where(land, h, 0.0)), h_new)
         done = np.zeros(m, dtype=bool)
         done[hit] |= ck[idx[hit]] >= nck
-        # growth of Sigma: hand over to the covariance solver's blow-up verdict
-        if a.size:
-            tr = np.trace(_block_inv(y[a].reshape(-1, d, d), field.k), axis1=1, axis2=2)
-            grown = a[~(tr <= GROWTH * tr0[idx[a]])]
+        if a.size and field_tr is not None:
+            tr = field_tr(fld.take(a), y[a], z[a])
+            grown = a[~(tr <= tr_max[idx[a]])]
             stop[idx[grown]] = "growth"
             done[grown] = True
-        tiny = h < 1e-13 * np.maximum(t, 1e-300) + 1e-300
+        tiny = h < 1e-12 * np.maximum(z, 1.0)
         stop[idx[tiny & ~done]] = "step"
-        many = steps[idx] >= _MAX_STEPS
+        many = steps[idx] >= max_steps
         stop[idx[many & ~done]] = "steps"
         done |= tiny | many
-        t_last[idx] = t
+        t_last[idx] = z
         keep = ~done
-        idx, y, t, h = idx[keep], y[keep], t[keep], h[keep]
+        idx, y, z, h = idx[keep], y[keep], z[keep], h[keep]
         fld = fld.take(keep) if not keep.all() else fld
     return rec, steps, stop, t_last
+
+
+def _trace(field, y, tau):
+    ell, L, _, _ = field.factors(y, tau)
+    Li = _unit_lower_inv(L)
+    return np.einsum("...ij,...i,...ij->...", Li, np.exp(-ell), Li)
 
 
 # ----------------------------------------------------------------------------------------
@@ -395,60 +494,53 @@ def _integrate(field, P0, checkpoints, rtol, atol):
 # ----------------------------------------------------------------------------------------
 
 def _fit(ts, lam):
-    """Least-squares slope of log(lam) on log(t); lam of shape (k, d)."""
+    """Least-squares slope of log(lam) on log(t); lam of shape (n, d)."""
     x = np.log(ts)
     x = x - x.mean()
     yv = np.log(lam)
     return (x[:, None] * (yv - yv.mean(0))).sum(0) / (x ** 2).sum()
 
 
-def _decide(rec, ck_t, step_count, stop, t_last, U, rq, lyap, fit_decades, drift_tol):
-    d = rec.shape[-1]
-    bound = d - int(rq)
-    ok = np.all(np.isfinite(rec), axis=(1, 2))
+def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fit_decades,
+            drift_tol, strict=True):
+    d = field.d
+    bound = d - int(k)
     nan = np.full(d, np.nan)
-    if not ok[-1] or stop:
+    if not np.all(np.isfinite(rec[-1])) or stop:
         return dict(outcome="undecided", rank=None, bound=bound, exponents=nan,
-                    decay_rates=np.empty(0), conserved_drift=np.nan, lyapunov_increase=None,
-                    t_final=float(t_last), t_blowup=None, limit=None, eigenvalues=nan,
-                    steps=int(step_count), message=f"precision integration stopped ({stop})")
-    Ps = 0.5 * (rec + np.swapaxes(rec, -1, -2))
-    Ss = _block_inv(Ps, int(rq))
-    Ss = 0.5 * (Ss + np.swapaxes(Ss, -1, -2))
-    lam, vec = np.linalg.eigh(Ss[-1])
-    # eigenvalues at every fitted checkpoint, matched by order (ascending)
+                    decay_rates=np.empty(0), pivot_exponents=nan, conserved_drift=np.nan,
+                    closed_form_gap=np.nan, lyapunov_increase=None, t_final=float(t_last),
+                    t_blowup=None, limit=None, eigenvalues=nan, steps=int(step_count),
+                    message=f"precision integration stopped ({stop or 'not finite'})")
+    Ss, Fs, Cs = _sigma(field, rec, taus)
     T = ck_t[-1]
     sel = np.flatnonzero(ck_t >= T / 10 ** fit_decades)
-    lam_k = np.linalg.eigvalsh(Ss[sel])
-    if np.any(lam_k <= 0):
-        expo = nan
-    else:
-        expo = _fit(ck_t[sel], lam_k)
-    k = rq
+    lam_k, _ = _eig_sigma(Fs[sel], k)
+    lam, vec = _eig_sigma(Fs[-1], k)
+    expo = _fit(ck_t[sel], lam_k) if np.all(lam_k > 0) else nan
+    piv = _fit(ck_t[sel], np.exp(rec[sel, :d]))      # log-log slopes of the pivots of P
     if k < d:
-        C = Ps[:, k:, k:]
-        drift = float(np.max(np.linalg.norm(C - C[0], axis=(1, 2)))
-                      / np.linalg.norm(C[0]))
+        drift = float(np.max(np.linalg.norm(Cs - C0, axis=(1, 2))) / np.linalg.norm(C0))
+        floor = 1.0 / float(np.max(np.linalg.eigvalsh(0.5 * (Cs + np.swapaxes(Cs, 1, 2)))))
     else:
-        drift = 0.0
+        drift, floor = 0.0, np.inf
     lyap_inc = None
     if lyap is not None:
         f = np.einsum("ij,kji->k", lyap, Ss)
         lyap_inc = float(max(0.0, np.max((f[1:] - f[:-1]) / f[:-1])))
-    # the d - k largest eigenvalues of Sigma survive: by interlacing with the conserved
-    # compression C = N^T P N, lambda_i(P) <= lambda_i(C) for the d - k smallest
-    # eigenvalues of P, so those of Sigma stay above 1 / lambda_max(C) (docs/math.md 4.5)
-    k_top = d - k
-    floor = (1.0 / float(np.max(np.linalg.eigvalsh(Ps[:, k:, k:])))) if k_top else np.inf
+    # the d - k largest eigenvalues of Sigma stay above the floor 1 / lambda_max(N^T P N)
+    # (Cauchy interlacing with the conserved compression, docs/math.md 4.5)
     kept = np.zeros(d, dtype=bool)
-    kept[k:] = True                                   # ascending: the top d - k
-    # a vanishing one decays like a power; a slower decay (exponent below -SETTLED) counts
-    # when the eigenvalue is already 1e-3 of the floor that the surviving ones obey
+    kept[k:] = True
     vanish = ~kept & ((expo <= VANISH) | ((expo < -SETTLED) & (lam < 1e-3 * floor)))
-    settled = kept | (np.abs(expo) <= SETTLED)
-    base = dict(bound=bound, exponents=expo, decay_rates=expo[vanish], conserved_drift=drift,
-                lyapunov_increase=lyap_inc, t_final=float(T), t_blowup=None,
-                eigenvalues=lam, steps=int(step_count))
+    settled = kept & (np.abs(expo) <= SETTLED)
+    if not strict:
+        # last horizon: a surviving eigenvalue still decaying slowly is certified to stay
+        # above the floor all the same; the message says it has not settled
+        settled = kept & (expo <= SETTLED)
+    base = dict(bound=bound, exponents=expo, decay_rates=expo[vanish], pivot_exponents=piv,
+                conserved_drift=drift, lyapunov_increase=lyap_inc, t_final=float(T),
+                t_blowup=None, eigenvalues=lam, steps=int(step_count), closed_form_gap=np.nan)
     expo_s = ", ".join(f"{e:.4f}" for e in expo)
     if np.any(~np.isfinite(expo)):
         return dict(base, outcome="undecided", rank=None, limit=None,
@@ -461,22 +553,30 @@ def _decide(rec, ck_t, step_count, stop, t_last, U, rq, lyap, fit_decades, drift
                     message=f"eigenvalue exponents [{expo_s}]: a surviving one still grows")
     if not np.all(vanish | settled):
         return dict(base, outcome="undecided", rank=None, limit=None,
-                    message=f"eigenvalue exponents [{expo_s}]: one of the {k} smallest neither "
-                            f"decays (<= {VANISH}) nor settles (|.| <= {SETTLED})")
-    if k_top and np.min(lam[kept]) < floor * (1.0 - 1e-6):
+                    message=f"eigenvalue exponents [{expo_s}]: one of them neither decays "
+                            f"(<= {VANISH}) nor settles (|.| <= {SETTLED})")
+    if bound and np.min(lam[kept]) < floor * (1.0 - 1e-6):
         return dict(base, outcome="undecided", rank=None, limit=None,
                     message="interlacing bound violated: inaccurate integration")
     r = int(settled.sum())
     keepv = vec[:, settled]
-    limit_rot = keepv @ np.diag(lam[settled]) @ keepv.T
-    limit = U @ limit_rot @ U.T
+    limit = U @ (keepv @ np.diag(lam[settled]) @ keepv.T) @ U.T
+    if bound:
+        # the candidate closed form N (N^T Sigma_0^-1 N)^-1 N^T (docs/math.md 4.5)
+        UN = U[:, k:]
+        closed = UN @ np.linalg.inv(C0) @ UN.T
+        gap = float(np.linalg.norm(limit - closed) / np.linalg.norm(limit))
+    else:
+        gap = 0.0
+    slow = kept & (np.abs(expo) > SETTLED)
+    note = (f"; surviving exponents [{', '.join(f'{e:.3f}' for e in expo[slow])}] not yet "
+            f"settled, bounded below by {floor:.3g} (interlacing)") if slow.any() else ""
     msg = (f"{int(vanish.sum())} eigenvalues of Sigma decay (exponents "
-           f"{', '.join(f'{e:.4f}' for e in expo[vanish]) or '-'}), {r} settle; "
-           f"conserved drift {drift:.1e}")
-    return dict(base, outcome="zero" if r == 0 else "rank", rank=r,
+           f"{', '.join(f'{e:.4f}' for e in expo[vanish]) or '-'}; pivots of Sigma^-1 grow "
+           f"like t^[{', '.join(f'{p:.3f}' for p in piv[:k])}]), {r} settle; conserved "
+           f"drift {drift:.1e}; closed form gap {gap:.1e}{note}")
+    return dict(base, outcome="zero" if r == 0 else "rank", rank=r, closed_form_gap=gap,
                 limit=np.zeros((d, d)) if r == 0 else limit, message=msg)
-
-
 def _blowup_verdict(att, cov0, t_max):
     """The package's covariance solver and its finite-time blow-up verdict."""
     from ..integrate._solve import solve
@@ -490,7 +590,65 @@ def _blowup_verdict(att, cov0, t_max):
     return "undecided", None, f"covariance solver after precision growth: {st}: {sol.message}"
 
 
-def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0,
+
+
+def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
+                  strict=True):
+    """:func:`certified_limits` on validated input, at one horizon and step cap."""
+    jmax = int(np.floor(np.log10(t_max) + 1e-12))
+    base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
+    if base[-1] < t_max:
+        base = np.append(base, t_max)
+    groups = {}
+    for i, att in enumerate(attentions):
+        heads = _heads(att)
+        d = cov0s[i].shape[-1]
+        key = (d, tuple(h[0] for h in heads), _frame(heads, d)[1])
+        groups.setdefault(key, []).append(i)
+    out = [None] * len(attentions)
+    il_cache = {}
+    for (d, _, k), rows in groups.items():
+        kinds, A, V, H, U, rq, lyap = _build([attentions[i] for i in rows], d)
+        S0 = np.einsum("rji,rjk,rkl->ril", U, np.array([cov0s[i] for i in rows]), U)
+        S0 = 0.5 * (S0 + np.swapaxes(S0, 1, 2))
+        P0 = np.linalg.inv(S0)
+        P0 = 0.5 * (P0 + np.swapaxes(P0, -1, -2))
+        # the setting's own time scale: P changes by O(P) in |P0| / |P'(0)| (for V = I,
+        # K = -Q: |Sigma_0^-1| / |2c Q^T Q|, where the 1/t decay starts)
+        f0 = _precision_rhs(kinds, A, V, H, P0, S0)
+        t_s = np.maximum(1.0, np.linalg.norm(P0, axis=(1, 2))
+                         / (np.linalg.norm(f0, axis=(1, 2)) + 1e-300))
+        t_s = np.minimum(t_s, 1e12)
+        ch = np.linalg.cholesky(P0)
+        dg = np.diagonal(ch, axis1=1, axis2=2)
+        il = il_cache.setdefault(d, np.tril_indices(d, -1))
+        y0 = np.concatenate([2.0 * np.log(dg), (ch / dg[:, None, :])[:, il[0], il[1]]], axis=1)
+        field = _LDLField(kinds, V, A, H, t_s, k, d)
+        taus = np.tile(np.log1p(base), (len(rows), 1))
+        tr0 = np.trace(S0, axis1=1, axis2=2)
+        rec, steps, stop, t_last = _integrate(field, y0, taus, rtol, field_tr=_trace,
+                                              tr_max=GROWTH * tr0, max_steps=max_steps)
+        C0 = P0[:, k:, k:]
+        for j, i in enumerate(rows):
+            ck_t = t_s[j] * base
+            if stop[j] == "growth":
+                oc, tb, msg = _blowup_verdict(attentions[i], cov0s[i], t_max * t_s[j])
+                nan = np.full(d, np.nan)
+                res = dict(outcome=oc, rank=None, bound=d - k, exponents=nan,
+                           decay_rates=np.empty(0), pivot_exponents=nan,
+                           conserved_drift=np.nan, closed_form_gap=np.nan,
+                           lyapunov_increase=None, t_final=float(t_s[j] * np.expm1(t_last[j])),
+                           t_blowup=tb, limit=None, eigenvalues=nan, steps=int(steps[j]),
+                           message=msg)
+            else:
+                res = _decide(field, rec[j], taus[j], ck_t,
+                              steps[j], stop[j], t_s[j] * np.expm1(t_last[j]), U[j], k,
+                              lyap[j], C0[j], fit_decades, drift_tol, strict=strict)
+            out[i] = CertifiedLimit(**res)
+    return out
+
+
+def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.0,
                      drift_tol=1e-2):
     r"""Certified limits of many trajectories (batched by dimension and head structure).
 
@@ -505,9 +663,11 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
         Horizon in units of the setting's own time scale
         :math:`t_s = \max(1, \lVert P_0\rVert_F/\lVert P'(0)\rVert_F)` (the time in which
         :math:`P` changes by its own size); the checkpoints are :math:`t = 0` and
-        :math:`t = t_s10^j`, :math:`10^{-2} \le 10^j \le` ``t_max``.
+        :math:`t = t_s10^j`, :math:`10^{-2} \le 10^j \le` ``t_max``. The integration is
+        in :math:`\tau = \log(1 + t/t_s)`, so the horizon costs little once the state
+        has settled.
     rtol : float
-        Relative tolerance on each entry :math:`P_{ij}`.
+        Tolerance per state component (relative, floor 1; the log pivots absolutely).
     fit_decades : float
         The exponents are fitted over the last ``fit_decades`` decades of checkpoints.
     drift_tol : float
@@ -549,63 +709,35 @@ def certified_limits(attentions, cov0s, *, t_max=1e6, rtol=1e-6, fit_decades=2.0
         raise ValueError(f"`t_max` must lie in [1, 1e12] (units of the setting's time "
                          f"scale), got {t_max:g}.")
     rtol = validate_tolerance(rtol, "rtol")
-    if rtol < 1e-13:
-        raise ValueError(f"`rtol` must be at least 1e-13 (rounding bounds what each entry of "
-                         f"Sigma^-1 can resolve), got {rtol:g}.")
+    if rtol < 1e-12:
+        raise ValueError(f"`rtol` must be at least 1e-12 (rounding bounds what the factored "
+                         f"state can resolve), got {rtol:g}.")
     fit_decades = validate_positive(fit_decades, "fit_decades")
     drift_tol = validate_positive(drift_tol, "drift_tol")
-    jmax = int(np.floor(np.log10(t_max) + 1e-12))
-    base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
-    if base[-1] < t_max:
-        base = np.append(base, t_max)
-    groups = {}
-    for i, att in enumerate(attentions):
-        heads = _heads(att)
-        d = cov0s[i].shape[-1]
-        key = (d, tuple(h[0] for h in heads), _frame(heads, d)[1])
-        groups.setdefault(key, []).append(i)
-    out = [None] * len(attentions)
-    for (d, _, _), rows in groups.items():
-        atts = [attentions[i] for i in rows]
-        field, U, rq, lyap = _build(atts, d)
-        S0 = np.einsum("rji,rjk,rkl->ril", U, np.array([cov0s[i] for i in rows]), U)
-        if np.any(np.linalg.eigvalsh(S0)[:, 0] <= 0):
-            raise ValueError("certified_limit needs positive definite initial covariances.")
-        P0 = np.linalg.inv(S0)
-        P0 = 0.5 * (P0 + np.swapaxes(P0, -1, -2))
-        # the setting's own time scale: P changes by O(P) in |P0| / |P'(0)| (for V = I,
-        # K = -Q: |Sigma_0^-1| / |2c Q^T Q|, where the 1/t decay starts); the checkpoints
-        # are that scale (at least 1) times 0, 1e-2, ..., t_max
-        f0 = field(P0)
-        t_s = np.maximum(1.0, np.linalg.norm(P0, axis=(1, 2))
-                         / (np.linalg.norm(f0, axis=(1, 2)) + 1e-300))
-        t_s = np.minimum(t_s, 1e12)
-        ck_t = t_s[:, None] * base[None, :]
-        rec, steps, stop, t_last = _integrate(field, P0, ck_t, rtol, 0.0)
-        for j, i in enumerate(rows):
-            if stop[j] in ("growth",):
-                oc, tb, msg = _blowup_verdict(attentions[i], cov0s[i], t_max * t_s[j])
-                res = dict(outcome=oc, rank=None, bound=d - int(rq[j]),
-                           exponents=np.full(d, np.nan), decay_rates=np.empty(0),
-                           conserved_drift=np.nan, lyapunov_increase=None,
-                           t_final=float(t_last[j]), t_blowup=tb, limit=None,
-                           eigenvalues=np.full(d, np.nan), steps=int(steps[j]), message=msg)
-            else:
-                res = _decide(rec[j], ck_t[j], steps[j], stop[j], t_last[j], U[j], rq[j],
-                              lyap[j], fit_decades, drift_tol)
-            out[i] = CertifiedLimit(**res)
+    out = _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, _MAX_STEPS)
+    # a setting still undecided (a slow mode not settled by t_max, or the step cap) gets
+    # one longer integration; the message says so
+    again = [i for i, r in enumerate(out) if r.outcome == "undecided"]
+    if again and t_max < _ESCALATE_T:
+        redo = _certify_rows([attentions[i] for i in again], [cov0s[i] for i in again],
+                             _ESCALATE_T, rtol, fit_decades, drift_tol,
+                             _ESCALATE_STEPS * _MAX_STEPS, strict=False)
+        for i, r in zip(again, redo):
+            out[i] = dataclasses.replace(
+                r, message=f"{r.message} (horizon raised to {_ESCALATE_T:g} t_s after: "
+                           f"{out[i].message})")
     return out
 
 
-def certified_limit(attention, cov0, *, t_max=1e6, rtol=1e-6, fit_decades=2.0,
+def certified_limit(attention, cov0, *, t_max=1e10, rtol=1e-6, fit_decades=2.0,
                     drift_tol=1e-2):
     r"""Certified limit of one trajectory: rank, outcome and evidence.
 
-    Integrates :math:`P = \Sigma^{-1}`, :math:`P' = -(PM + M^TP)`, to ``t_max`` and reads
-    the limit rank off the growth exponents of :math:`P` (equivalently, the decay exponents
-    of :math:`\Sigma`): an eigenvalue of :math:`\Sigma` decaying like :math:`t^{-1}` is a
-    vanishing direction, a settled one survives, and the conserved block
-    :math:`N^TPN` (:math:`N` a basis of :math:`\ker Q`) is checked along the way. See
+    Integrates :math:`P = \Sigma^{-1}`, :math:`P' = -(PM + M^TP)`, in the factored form
+    :math:`P = LDL^T` and log time to ``t_max``, and reads the limit rank off the decay
+    exponents of the eigenvalues of :math:`\Sigma`: a decaying one is a vanishing
+    direction, a settled one survives, and the conserved block :math:`N^TPN`
+    (:math:`N` a basis of :math:`\ker Q`) is checked along the way. See
     :func:`certified_limits` for the parameters and the module docstring for the method.
 
     Returns
@@ -627,6 +759,46 @@ def certified_limit(attention, cov0, *, t_max=1e6, rtol=1e-6, fit_decades=2.0,
                          f"d = {attention.d}.")
     return certified_limits([attention], [cov0], t_max=t_max, rtol=rtol,
                             fit_decades=fit_decades, drift_tol=drift_tol)[0]
+
+
+def theorem_rank(attention, cov0):
+    r"""The limit rank :math:`d - \operatorname{rank}Q` of docs/math.md 4.5, or ``None``.
+
+    The theorem needs one softmax or L2 head with :math:`K = -Q`, :math:`V` symmetric
+    positive definite and :math:`\Sigma_0` of full rank; each hypothesis is checked here,
+    with margins for rounding (:math:`\lambda_{\min}(V) > 10^{-10}\max|V|`,
+    :math:`\lambda_{\min}(\Sigma_0) > 10^{-10}\lambda_{\max}(\Sigma_0)`). Where one
+    fails the answer is ``None``: the theorem says nothing, and the rank must come from
+    an integration.
+
+    Parameters
+    ----------
+    attention : Attention
+        The setting's attention.
+    cov0 : array_like, shape (d, d)
+        Its initial covariance.
+
+    Returns
+    -------
+    int or None
+    """
+    try:
+        heads = _heads(attention)
+    except TypeError:
+        return None
+    cov0 = validate_covariance(cov0, "cov0")
+    if len(heads) != 1 or cov0.shape[-1] != attention.d:
+        return None
+    w = np.linalg.eigvalsh(cov0)
+    if not w[0] > 1e-10 * w[-1]:
+        return None
+    _, Q, K, V, _ = heads[0]
+    if _lyapunov_matrix(heads) is None:             # K = -Q and V symmetric positive definite
+        return None
+    Vs = 0.5 * (V + V.T)
+    if not np.linalg.eigvalsh(Vs)[0] > 1e-10 * np.abs(V).max():
+        return None
+    return attention.d - _frame(heads, attention.d)[1]
 
 
 def exact_precision_softmax(Q, cov0, scale, t):
