@@ -194,7 +194,8 @@ STIFF_A = np.array([[-1.0, 1.0], [0.0, -1e4]])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_auto_hands_a_stiff_run_to_the_stiff_solver(compiled):
     """DOP853 with the stiffness test, then LSODA (given the Jacobian) from where the run
-    turned stiff: the same answer as the exact one for a fraction of the evaluations."""
+    turned stiff: the same answer as the exact one (within the absolute tolerance: the
+    exact y(T) is 2e-22) for a fraction of the evaluations."""
     from scipy.linalg import expm
 
     calls = []
@@ -211,7 +212,7 @@ def test_auto_hands_a_stiff_run_to_the_stiff_solver(compiled):
     else:
         seg = integrate(fun, DOP853, 0.0, T, y0, **kw)
     assert seg.status == 0 and seg.stiff_from is not None and 0 < seg.stiff_from < 1.0
-    np.testing.assert_allclose(seg.y_final, expm(T * STIFF_A) @ y0, rtol=1e-7, atol=1e-14)
+    np.testing.assert_allclose(seg.y_final, expm(T * STIFF_A) @ y0, rtol=1e-7, atol=1e-12)
     n_auto = len(calls)
     calls.clear()
     plain = integrate(fun, DOP853, 0.0, T, y0, rtol=1e-10, atol=1e-12)
