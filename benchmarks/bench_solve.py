@@ -20,21 +20,28 @@ Targets: at least 100x on every seed, median at least 300x. A second table times
 mean on short runs where it is O(1) (random mean, every attention type) and checks it
 against Radau at rtol 1e-12.
 
+A third table times one evaluation of the L2 field with the gain by a Cholesky solve
+(the default while |B|_F^2 < 1e3) against the SVD path (used beyond), interleaved.
+``--short`` runs the second and third tables only (about a minute).
+
 ``--grid`` adds the earlier tables (seeds 0-4): every method at its fastest setting on a
 work-precision grid, at a fixed tolerance rule and at the default tolerances.
 
-Run:  python benchmarks/bench_solve.py [--seeds 10] [--repeat 9] [--grid]
+Run:  python benchmarks/bench_solve.py [--seeds 10] [--repeat 9] [--grid] [--short]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import numpy as np
 
 import gaussian_pde as gp
+from gaussian_pde._common import linalg
 from gaussian_pde.integrate._exact import blowup_time, exact_covariance
+from gaussian_pde.integrate._fused import moment_field
 
 
 def euler_psd(att, cov0, h, t_end=None, steady_tol=None, max_steps=10_000_000):
@@ -236,6 +243,48 @@ def mean_cost(kind, seed, d=5, T=1.5, repeat=20):
                 cov_err=rel(out.cov[-1], ref.cov[-1]))
 
 
+class _svd_gain:
+    """Context: ``l2_gain`` takes its SVD path for every ``B`` (the code before the solve)."""
+
+    def __enter__(self):
+        self.saved = linalg._GAIN_SOLVE_NORM, linalg.GAIN_SOLVE_MAX
+        linalg._GAIN_SOLVE_NORM = linalg.GAIN_SOLVE_MAX = -np.inf
+
+    def __exit__(self, *exc):
+        linalg._GAIN_SOLVE_NORM, linalg.GAIN_SOLVE_MAX = self.saved
+
+
+def l2_evaluation_cost(seed, d=5, calls=2000, repeat=9):
+    """CPU time of one evaluation of the L2 field (``solve``'s kernel), solve vs SVD gain.
+
+    ``example`` weights (k = d) and a random covariance, as in :func:`mean_cost`; the two
+    paths are timed on interleaved samples of ``calls`` evaluations (best of ``repeat``),
+    with and without the mean, and their fields compared.
+    """
+    rng = np.random.default_rng(seed)
+    att = gp.L2.example(d, rng)
+    G = rng.standard_normal((d, d))
+    L = np.linalg.cholesky(G @ G.T / d)
+    Z = np.column_stack([L, rng.standard_normal(d)])
+    out = {}
+    for with_mean, state in ((False, L), (True, Z)):
+        field = moment_field(att, with_mean)
+        best = {"solve": np.inf, "svd": np.inf}
+        for _ in range(repeat):
+            for key in ("solve", "svd"):
+                with _svd_gain() if key == "svd" else contextlib.nullcontext():
+                    t0 = _clock()
+                    for _ in range(calls):
+                        field(state)
+                    best[key] = min(best[key], (_clock() - t0) / calls)
+        with _svd_gain():
+            ref = field(state)
+        out[with_mean] = dict(solve_us=1e6 * best["solve"], svd_us=1e6 * best["svd"],
+                              gain=best["svd"] / best["solve"],
+                              diff=rel(field(state), ref))
+    return out
+
+
 def grid_tables():
     """The earlier tables: every method on the work-precision grid, seeds 0-4."""
     rows = [short_horizon(2), short_horizon(5)]
@@ -271,7 +320,19 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=10, help="paper seeds 0..N-1 (default 10)")
     p.add_argument("--repeat", type=int, default=9, help="timing repeats (best of)")
     p.add_argument("--grid", action="store_true", help="also the work-precision tables")
+    p.add_argument("--short", action="store_true",
+                   help="only the short-run tables (cost of the mean, L2 evaluation)")
     a = p.parse_args(argv)
+    if not a.short:
+        paper_table(a)
+    short_tables()
+    if a.grid:
+        print()
+        grid_tables()
+
+
+def paper_table(a):
+    """The paper workload with the defaults, every seed (the targets' table)."""
     print("Paper workload, gp.solve defaults, mean passed (zero), to the baseline's final "
           "time:\n")
     print("| seed | T | Euler steps | baseline (s): timed per step, whole run | solve (ms) "
@@ -294,6 +355,10 @@ def main(argv=None):
     print(f"largest covariance error: {worst:.1e} (target < 1e-8); largest |mean|: "
           f"{max(r['mean_abs'] for r in rows):.1e} (exact: 0); statuses: "
           f"{sorted({r['status'] for r in rows})}")
+
+
+def short_tables():
+    """The cost of the mean on short runs (every type) and of one L2 evaluation."""
     print("\nA random O(1) mean (``example`` weights), d = 5, t in [0, 1.5], defaults; errors "
           "against Radau at rtol 1e-12:\n")
     print("| attention | seed | solve with mean (ms) | covariance only (ms) | mean / cov-only "
@@ -305,9 +370,14 @@ def main(argv=None):
             print(f"| {kind} | {seed} | {1e3 * r['mean_s']:.2f} | {1e3 * r['cov_s']:.2f} | "
                   f"{r['mean_cost']:.2f} | {r['nfev']} | {r['mean_err']:.0e} | "
                   f"{r['cov_err']:.0e} |", flush=True)
-    if a.grid:
-        print()
-        grid_tables()
+    print("\nOne evaluation of the L2 field (d = k = 5, ``example`` weights), the gain by a "
+          "Cholesky solve (default while |B|_F^2 < 1e3) against its SVD, interleaved:\n")
+    print("| seed | mean | solve (us) | SVD (us) | SVD / solve | rel. difference |")
+    print("|---|---|---|---|---|---|")
+    for seed in (1, 3):
+        for with_mean, r in l2_evaluation_cost(seed).items():
+            print(f"| {seed} | {'yes' if with_mean else 'no'} | {r['solve_us']:.1f} | "
+                  f"{r['svd_us']:.1f} | {r['gain']:.2f} | {r['diff']:.0e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -118,11 +118,13 @@ class PseudoInverse(MatrixCall):
 class RegularizedGain(MatrixCall):
     r""":math:`(I + B^TB)^{-1}B^T` of a ``k x d`` matrix ``B`` (shape ``d x k``).
 
-    Printed as a call of ``gaussian_pde._common.linalg.l2_gain``, which forms it from the
-    thin SVD of ``B``, :math:`W\operatorname{diag}(s/(1 + s^2))U^T`, accurate to rounding
-    for every ``B`` (an LU solve with :math:`I + B^TB` is not, once :math:`s_{\max}^2`
-    passes :math:`1/\sqrt{\varepsilon}`, and is singular in floating point once it
-    swamps the identity). :meth:`expanded` is the definition, for the checks.
+    Printed as a call of ``gaussian_pde._common.linalg.l2_gain``, which forms it by a
+    Cholesky solve with :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3` (condition
+    number at most :math:`1 + \|B\|_F^2`) and from the thin SVD of ``B``,
+    :math:`W\operatorname{diag}(s/(1 + s^2))U^T`, beyond, accurate to rounding for every
+    ``B`` (a solve is not, once :math:`s_{\max}^2` passes :math:`1/\sqrt{\varepsilon}`,
+    and is singular in floating point once it swamps the identity). :meth:`expanded` is
+    the definition, for the checks.
     """
 
     code = "_l2_gain({})"

@@ -25,9 +25,11 @@ push-through identity gives
     M = \sqrt{2c}\,VR\,G\,Q,\qquad b = V(\alpha - \sqrt{2c}\,RG\,K\alpha),\qquad
     G = (I + B^TB)^{-1}B^T,
 
-and ``G`` is printed as the SVD helper ``l2_gain`` (:class:`~derivations._symbolic.RegularizedGain`),
-accurate to rounding for every scale. :func:`check_programs` checks the printed programs
-against the derived field on random matrices (singular ones included).
+and ``G`` is printed as the helper ``l2_gain``
+(:class:`~derivations._symbolic.RegularizedGain`: a Cholesky solve while
+:math:`\|B\|_F^2 < 10^3`, the SVD beyond), accurate for every scale.
+:func:`check_programs` checks the printed programs against the derived field on random
+matrices (singular ones included).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _doc(text, *params):
     return text + "\n" + S.STATE_DOC + "".join(docs[p] for p in params)
 
 
-_GAIN_DOC = (r"with :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KR`,"
+_GAIN_DOC = (r"with :math:`G = (I + B^TB)^{-1}B^T` from ``l2_gain`` of :math:`B = \sqrt{2c}\,KR`,"
              "\n" r":math:`R = \Sigma^{1/2}` (no solve with the ill-conditioned "
              r":math:`I + 2c\,\Sigma K^TK`).")
 
@@ -144,7 +146,7 @@ def functions():
             "factor_rhs", S.SIGNATURE + ("L",),
             _doc(f"{TITLE}: factor form :math:`L' = {S.latex_matrix(factor_rhs)}` with "
                  r":math:`\Sigma = LL^T`, computed as :math:`L' = \sqrt{2c}\,VL\,G\,QL`,"
-                 "\n" r":math:`G = (I + B^TB)^{-1}B^T` from the SVD of "
+                 "\n" r":math:`G = (I + B^TB)^{-1}B^T` from ``l2_gain`` of "
                  r":math:`B = \sqrt{2c}\,KL`;" "\nit keeps :math:`\\Sigma` symmetric PSD "
                  "and its rank.", "L"),
             *code["factor_rhs"]),

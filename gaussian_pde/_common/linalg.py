@@ -7,6 +7,8 @@ code serves one trajectory and a stack of thousands.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg.blas import dnrm2 as _dnrm2
+from scipy.linalg.lapack import dposv as _dposv
 
 __all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross", "l2_gain",
            "l2_gain_parts", "psd_factor", "numerical_rank"]
@@ -105,21 +107,61 @@ def sinkhorn_cross(B):
     return (U * f[..., None, :]) @ Wt
 
 
+#: the plain solve of :func:`l2_gain` is used while :math:`\|B\|_F^2` stays below this:
+#: then :math:`\operatorname{cond}(I + BB^T) = 1 + s_{\max}^2 \le 1 + \|B\|_F^2` bounds the
+#: relative error of the solve by about ``1e3`` rounding units (``2e-13``), and
+#: :math:`BB^T` cannot overflow
+GAIN_SOLVE_MAX = 1e3
+_GAIN_SOLVE_NORM = float(np.sqrt(GAIN_SOLVE_MAX))
+
+
+def _gain_solvable(B):
+    r"""Whether :math:`\|B\|_F^2 <` ``GAIN_SOLVE_MAX``, per matrix of a stack.
+
+    False for non-finite entries. One matrix: BLAS ``dnrm2``, which scales its sum and so
+    neither overflows nor raises floating-point warnings.
+    """
+    if B.ndim == 2:
+        return bool(_dnrm2(B.ravel()) < _GAIN_SOLVE_NORM)   # no square: no overflow
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.einsum("...ij,...ij->...", B, B) < GAIN_SOLVE_MAX
+
+
+def _gain_by_solve(B):
+    r"""``(G, E)`` from one solve with :math:`I_k + BB^T` (symmetric, eigenvalues >= 1)."""
+    k = B.shape[-2]
+    H = B @ T(B)
+    H[..., np.arange(k), np.arange(k)] += 1.0
+    E = np.linalg.inv(H)
+    return T(B) @ E, E
+
+
 def l2_gain(B):
     r"""The regularised gain :math:`(I + B^TB)^{-1}B^T` of a ``k x d`` matrix ``B`` (stack).
 
-    With the thin SVD :math:`B = U\,\mathrm{diag}(s)\,W^T` it is
-    :math:`W\,\mathrm{diag}\big(s/(1 + s^2)\big)\,U^T`, with :math:`s/(1 + s^2)`
-    evaluated as :math:`1/(s + 1/s)` for :math:`s > 1` so that :math:`s^2` never
-    overflows. This is the L2 attention's solve (docs/math.md section 3.3,
-    :math:`B = \sqrt{2c}\,KL`): the matrix :math:`I + B^TB` has condition number
-    :math:`1 + s_{\max}^2`, and an LU solve with it leaves relative errors of
-    :math:`10^{-7}` in the field once the covariance spreads over eight orders of
-    magnitude (far above a solver's tolerances, which then crawl), and is singular in
-    floating point once :math:`s^2` swamps the identity. The SVD keeps the result at
-    rounding level for every ``B``, singular or of any scale. Leading axes broadcast;
-    shape ``(..., d, k)``. A complex ``B`` (the complex step of a Jacobian check) goes
-    through the solve, which is analytic in ``B``; the SVD is not.
+    This is the L2 attention's solve (docs/math.md section 3.3,
+    :math:`B = \sqrt{2c}\,KL`). By the push-through identity it equals
+    :math:`B^T(I_k + BB^T)^{-1}`; the ``k x k`` matrix :math:`I_k + BB^T` is symmetric with
+    eigenvalues :math:`1 + s_i^2 \ge 1` (``s`` the singular values of ``B``), so its
+    condition number is :math:`1 + s_{\max}^2 \le 1 + \|B\|_F^2`. Two paths:
+
+    * :math:`\|B\|_F^2 <` ``GAIN_SOLVE_MAX`` (``1e3``; finite entries): one Cholesky
+      solve with :math:`I_k + BB^T` (LAPACK ``dposv``; a stack: LU), relative error at
+      most about ``1e3`` rounding units; several times cheaper than an SVD on the small
+      matrices of the moment equations;
+    * otherwise (a large or ill-scaled ``B``, or inf/NaN entries) the thin SVD
+      :math:`B = U\,\mathrm{diag}(s)\,W^T`:
+      :math:`W\,\mathrm{diag}\big(s/(1 + s^2)\big)\,U^T`, with :math:`s/(1 + s^2)`
+      evaluated as :math:`1/(s + 1/s)` for :math:`s > 1` so that :math:`s^2` never
+      overflows. A solve would leave relative errors of :math:`10^{-7}` in the field
+      once the covariance spreads over eight orders of magnitude (far above a solver's
+      tolerances, which then crawl), and is singular in floating point once :math:`s^2`
+      swamps the identity; the SVD keeps the result at rounding level for every ``B``,
+      singular or of any scale.
+
+    Leading axes broadcast (each matrix of a stack takes its own path); shape
+    ``(..., d, k)``. A complex ``B`` (the complex step of a Jacobian check) goes through
+    the solve, which is analytic in ``B``; the SVD is not.
     """
     if np.iscomplexobj(B):
         # complex-step differentiation (``Attention.exact_jacobian``): the same analytic
@@ -127,13 +169,30 @@ def l2_gain(B):
         # Im F(L + i h E) / h is its derivative
         d = B.shape[-1]
         return np.linalg.solve(np.eye(d) + T(B) @ B, T(B))
-    return l2_gain_parts(B)[0]
+    ok = _gain_solvable(B)
+    if ok is True:
+        # one matrix: LAPACK's Cholesky solve directly (numpy's solve costs several times
+        # the arithmetic of a 2 x 2 to 5 x 5 system in its checks)
+        H = B @ B.T
+        H += np.eye(B.shape[0])
+        _, X, info = _dposv(H, B, lower=1)
+        if info == 0:
+            return X.T
+        return _gain_by_svd(B)[0]
+    if ok is False or not np.any(ok):
+        return _gain_by_svd(B)[0]
+    G = np.empty(B.shape[:-2] + B.shape[:-3:-1])
+    G[ok] = _gain_by_solve(B[ok])[0]
+    G[~ok] = _gain_by_svd(B[~ok])[0]
+    return G
 
 
 def l2_gain_parts(B):
     r""":func:`l2_gain` ``G`` and the complement :math:`E = (I_k + BB^T)^{-1} = I_k - BG`.
 
-    Both from one thin SVD :math:`B = U\,\mathrm{diag}(s)\,W^T`:
+    Both from the same path as :func:`l2_gain`: the inverse of :math:`I_k + BB^T` while
+    :math:`\|B\|_F^2 <` ``GAIN_SOLVE_MAX`` (:math:`G = B^TE`), otherwise one thin SVD
+    :math:`B = U\,\mathrm{diag}(s)\,W^T`:
     :math:`E = U\,\mathrm{diag}\big(1/(1 + s^2)\big)U^T + (I_k - UU^T)`. Formed as
     :math:`I_k - BG` it would lose all its digits where :math:`s \gg 1` (the exact
     entries are :math:`1/s^2`, the rounding of :math:`I_k - BG` is :math:`\varepsilon`);
@@ -145,6 +204,21 @@ def l2_gain_parts(B):
     G : ndarray, shape (..., d, k)
     E : ndarray, shape (..., k, k)
     """
+    ok = _gain_solvable(B)
+    if ok is True:
+        return _gain_by_solve(B)
+    if ok is False or not np.any(ok):
+        return _gain_by_svd(B)
+    k, d = B.shape[-2:]
+    G = np.empty(B.shape[:-2] + (d, k))
+    E = np.empty(B.shape[:-2] + (k, k))
+    G[ok], E[ok] = _gain_by_solve(B[ok])
+    G[~ok], E[~ok] = _gain_by_svd(B[~ok])
+    return G, E
+
+
+def _gain_by_svd(B):
+    """``(G, E)`` of :func:`l2_gain_parts` from the thin SVD of ``B`` (any scale)."""
     U, s, Wt = np.linalg.svd(B, full_matrices=False)
     with np.errstate(divide="ignore", over="ignore"):
         big = s > 1.0

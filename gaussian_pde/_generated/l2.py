@@ -24,7 +24,7 @@ __all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"
 
 def field_matrix(Q, K, V, scale, Sigma):
     r"""L2 attention: linear part of the affine field, :math:`M = 2 c V \left(2 c \Sigma K^{T} K + \mathbb{I}\right)^{-1} \Sigma K^{T} Q`,
-    computed as :math:`M = \sqrt{2c}\,VRGQ` with :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KR`,
+    computed as :math:`M = \sqrt{2c}\,VRGQ` with :math:`G = (I + B^TB)^{-1}B^T` from ``l2_gain`` of :math:`B = \sqrt{2c}\,KR`,
     :math:`R = \Sigma^{1/2}` (no solve with the ill-conditioned :math:`I + 2c\,\Sigma K^TK`).
 
     Parameters
@@ -47,7 +47,7 @@ def field_matrix(Q, K, V, scale, Sigma):
 
 def field_offset(Q, K, V, scale, alpha, Sigma):
     r"""L2 attention: constant part of the affine field, :math:`b = V \left(2 c \Sigma K^{T} K + \mathbb{I}\right)^{-1} \alpha`,
-    computed as :math:`b = V(\alpha - \sqrt{2c}\,RGK\alpha)` with :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KR`,
+    computed as :math:`b = V(\alpha - \sqrt{2c}\,RGK\alpha)` with :math:`G = (I + B^TB)^{-1}B^T` from ``l2_gain`` of :math:`B = \sqrt{2c}\,KR`,
     :math:`R = \Sigma^{1/2}` (no solve with the ill-conditioned :math:`I + 2c\,\Sigma K^TK`).
 
     Parameters
@@ -118,7 +118,7 @@ def cov_rhs(Q, K, V, scale, Sigma):
 
 def factor_rhs(Q, K, V, scale, L):
     r"""L2 attention: factor form :math:`L' = M L` with :math:`\Sigma = LL^T`, computed as :math:`L' = \sqrt{2c}\,VL\,G\,QL`,
-    :math:`G = (I + B^TB)^{-1}B^T` from the SVD of :math:`B = \sqrt{2c}\,KL`;
+    :math:`G = (I + B^TB)^{-1}B^T` from ``l2_gain`` of :math:`B = \sqrt{2c}\,KL`;
     it keeps :math:`\Sigma` symmetric PSD and its rank.
 
     Parameters

@@ -19,11 +19,11 @@ product ``P = W Z`` gives every projection that the field needs:
   steady state (``QL -> 0``) the field stays accurate to rounding;
 * **L2**: by the push-through identity,
   :math:`ML = \sqrt{2c}\,VL\,G\,QL` with the gain :math:`G = (I + B^TB)^{-1}B^T` of
-  :math:`B = \sqrt{2c}\,KL`, computed from the SVD of ``B``
-  (:func:`~gaussian_pde._common.linalg.l2_gain`: an LU solve with :math:`I + B^TB` leaves
-  errors of order its condition number times rounding, which stall the step control
-  once the covariance spreads over many orders of magnitude), and
-  :math:`N\alpha = V\alpha + \sqrt{2c}\,VL\,G(Q - K)\alpha`;
+  :math:`B = \sqrt{2c}\,KL` (:func:`~gaussian_pde._common.linalg.l2_gain`: a Cholesky
+  solve with :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3`, the SVD of ``B``
+  beyond, where a solve's errors of order the condition number times rounding would
+  stall the step control once the covariance spreads over many orders of magnitude),
+  and :math:`N\alpha = V\alpha + \sqrt{2c}\,VL\,G(Q - K)\alpha`;
 * **Sinkhorn**: :math:`L' = VL\,B\varphi(B^TB)`, :math:`B = L^TAL`, and
   :math:`\alpha' = V\alpha`.
 
@@ -128,13 +128,17 @@ def _l2(head, with_mean):
     d, k = head.d, head.k
     m = d + 1 if with_mean else d
     s = np.sqrt(2.0 * c)
-    W = np.ascontiguousarray(np.vstack([s * V, s * K, Q]))   # [sVZ; sKZ; QZ]
-    P = np.empty((d + 2 * k, m))
+    # [sVZ; sKZ; QZ] and, with the mean, (Q - K)Z, whose last column (Q - K) alpha
+    # replaces that of QZ: one assignment per evaluation instead of a copy and a
+    # difference
+    blocks = [s * V, s * K, Q] + ([Q - K] if with_mean else [])
+    W = np.ascontiguousarray(np.vstack(blocks))
+    P = np.empty((W.shape[0], m))
     G = np.zeros((m, m))
     if with_mean:
         G[d, d] = 1.0 / s      # s V alpha / s = V alpha
-    X, B, QZ, Gd = P[:d], P[d:d + k, :d], P[d + k:], G[:d]
-    sKa = P[d:d + k, d] if with_mean else None
+    X, B, QZ, Gd = P[:d], P[d:d + k, :d], P[d + k:d + 2 * k], G[:d]
+    qka, QKa = (QZ[:, d], P[d + 2 * k:, d]) if with_mean else (None, None)
 
     def gain():
         """``B^T (I_k + B B^T)^{-1} = (I_d + B^T B)^{-1} B^T`` from the SVD of ``B``.
@@ -153,11 +157,8 @@ def _l2(head, with_mean):
     def term(Z):
         w_dot(Z, out=P)
         if with_mean:
-            rhs = QZ.copy()
-            rhs[:, d] -= sKa / s                 # [QL | (Q - K) alpha]
-        else:
-            rhs = QZ
-        _dot(gain(), rhs, out=Gd)
+            qka[...] = QKa                       # [QL | (Q - K) alpha]
+        _dot(gain(), QZ, out=Gd)
         return x_dot(G)
 
     return term

@@ -20,6 +20,7 @@ lands on every output time, so :func:`use_compiled` reserves it for runs with at
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import warnings
 
@@ -42,8 +43,9 @@ class Segment:
     """Outcome of :func:`integrate` (the fields of ``solve_ivp``'s result that we use).
 
     ``status``: ``0`` end of the interval, ``1`` a terminal event, ``2`` the evaluation
-    budget is spent (stopped at the end of the step that spent it), ``-1`` the solver
-    failed. ``t_final``/``y_final``: where it stopped.
+    budget is spent (stopped at the end of the step that spent it), ``3`` given up
+    (``give_up``: a stiff solver on trial that is slower than the explicit steps it
+    replaced), ``-1`` the solver failed. ``t_final``/``y_final``: where it stopped.
     """
 
     t: np.ndarray
@@ -59,7 +61,7 @@ class Segment:
 
 
 def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
-              jac=None, t_eval=None, events=(), budget=None, stiff=None):
+              jac=None, t_eval=None, events=(), budget=None, stiff=None, give_up=None):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
 
     Parameters
@@ -87,6 +89,10 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         :class:`~gaussian_pde.integrate._auto.StiffnessDOP853` and, once Hairer's
         stiffness test fires, continue from the end of that step with ``stiff`` (given
         ``jac``); ``Segment.stiff_from`` records where.
+    give_up : callable, optional
+        ``give_up(t, y) -> bool``, called after every accepted step that does not end the
+        run; ``True`` stops with status 3 (the stiff solver of ``method="auto"`` on
+        trial, see :func:`stiff_trial`).
 
     Returns
     -------
@@ -181,6 +187,8 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         t_final, y_final = t_stop, y_stop
         if status is None and solver.status == "finished":
             status, message = 0, "the solver reached the end of the interval"
+        if status is None and give_up is not None and give_up(t_final, y_final):
+            status, message = 3, "the stiff solver was slower than the explicit steps"
         if status is None and stiff_from is None and stiff is not None and solver.stiff:
             # the same trajectory goes on from the end of this step with the stiff solver
             stiff_from = t_final
@@ -266,6 +274,26 @@ def use_compiled(method, t_eval, t0):
 REJECT_WINDOW, REJECT_STIFF, STIFF_H_RHO = 20, 5, 2.0
 #: right-hand-side evaluations of an accepted and of a rejected DOP853 step
 _DOP853_ACCEPTED, _DOP853_REJECTED = 12, 11
+#: the stiff solver is on trial (:func:`stiff_trial`): from its ``TRIAL_STEPS``-th step on,
+#: every ``TRIAL_WINDOW`` steps up to ``TRIAL_MAX_STEPS``, its cost per unit time over the
+#: last ``TRIAL_WINDOW`` steps is compared with DOP853's over its last ``REJECT_WINDOW``
+#: accepted steps before the switch (scaled by the stiffness); costs in evaluations, a
+#: stiff step (SciPy's step loop around one LSODA step) counting ``STEP_COST`` and an
+#: exact Jacobian ``JAC_COST`` (both measured on the d = 5 paper workload, with the
+#: mean), an explicit step ``EXPLICIT_STEP_COST`` (the step-end checks)
+TRIAL_STEPS, TRIAL_WINDOW, TRIAL_MAX_STEPS = 60, 20, 200
+STEP_COST, JAC_COST, EXPLICIT_STEP_COST = 6.0, 12.0, 1.0
+#: after a failed trial the stiffness tests wait ``TRIAL_BACKOFF`` accepted DOP853 steps,
+#: twice as many after every further failed trial
+TRIAL_BACKOFF = 50
+#: and DOP853 resumes with Hairer's stabilised step-size control (``dop853.f``'s
+#: ``BETA``, 0 by default, at most 0.1), which damps the rejections of stability-limited
+#: steps: from the switch of seed 5 of ``benchmarks/bench_solve.py`` (t = 16.1) to its
+#: end it takes 541 evaluations instead of 880 (LSODA: 616 in 347 steps), on seed 8
+#: 542 instead of 672
+STABILIZED_BETA = 0.08
+#: accepted steps of the stabilised DOP853 before its stiffness tests start
+STABILIZED_WAIT = 20
 
 
 class _Watch:
@@ -277,7 +305,8 @@ class _Watch:
     ``h rho(jac) >= STIFF_H_RHO`` at the step end, stop the run as stiff (``self.stiff``).
     """
 
-    def __init__(self, t0, y0, events, budget, ts=None, ys=None, nfev=None, jac=None):
+    def __init__(self, t0, y0, events, budget, ts=None, ys=None, nfev=None, jac=None,
+                 stiff_after=0):
         self.t_prev, self.y_prev = t0, np.array(y0, dtype=float)
         self.events, self.budget = events, budget
         self.ts, self.ys = ts, ys     # every step end is stored when given
@@ -292,12 +321,15 @@ class _Watch:
         self.n_rejects = 0                   # their sum
         self.n_accepted = 0
         self.h_last = None            # the last accepted step
+        self.stiff_after = stiff_after  # no rejection test before this many accepted steps
+        self.recent = collections.deque(maxlen=REJECT_WINDOW + 1)  # (t, nfev) at step ends
         self.overflow = None          # end of an accepted step with a non-finite state
 
     def __call__(self, t, y):
         if t <= self.t_prev:          # the initial call
             if self.nfev is not None:
                 self.n_prev = self.nfev()
+                self.recent.append((t, self.n_prev))
             return 0
         if not np.isfinite(y).all():  # left the floating-point range: stop before it
             self.overflow = t
@@ -322,12 +354,13 @@ class _Watch:
             n = self.nfev()
             extra = n - self.n_prev - _DOP853_ACCEPTED
             self.n_prev = n
+            self.recent.append((t, n))
             r = (2 * extra + _DOP853_REJECTED) // (2 * _DOP853_REJECTED) if extra > 0 else 0
             i = self.n_accepted % REJECT_WINDOW
             self.n_rejects += r - self.rejects[i]
             self.rejects[i] = r
             self.n_accepted += 1
-            if self.n_rejects >= REJECT_STIFF:
+            if self.n_rejects >= REJECT_STIFF and self.n_accepted >= self.stiff_after:
                 rho = np.max(np.abs(np.linalg.eigvals(self.jac(t, self.y_prev))))
                 if self.h_last * rho >= STIFF_H_RHO:
                     self.stiff = True
@@ -335,6 +368,80 @@ class _Watch:
                 self.rejects = [0] * REJECT_WINDOW   # not stiff: count afresh
                 self.n_rejects = 0
         return 0
+
+    def explicit_cost(self):
+        """DOP853's cost per unit time over its last accepted steps, or None (too few)."""
+        if len(self.recent) < 6:
+            return None
+        (ta, na), (tb, nb) = self.recent[0], self.recent[-1]
+        if not tb > ta:
+            return None
+        return (nb - na + EXPLICIT_STEP_COST * (len(self.recent) - 1)) / (tb - ta)
+
+
+def stiff_trial(explicit_cost, nfev, njev, stiffness=None, y0=None):
+    r"""``give_up(t, y)`` for :func:`integrate`: whether the stiff solver costs more than DOP853.
+
+    ``method="auto"`` hands a run over to the stiff solver on a guess (Hairer's test, or
+    frequent rejections): a run whose explicit steps are only mildly stability-limited is
+    slower with LSODA, which restarts at order 1, may stay on its Adams formulas, and
+    costs about ``STEP_COST`` evaluations of overhead a step. The trial compares costs per
+    unit time, in evaluations: the stiff solver's over its last ``TRIAL_WINDOW`` steps,
+    :math:`(\Delta\text{nfev} + \texttt{STEP\_COST}\,\Delta\text{steps} +
+    \texttt{JAC\_COST}\,\Delta\text{njev})/\Delta t`, against DOP853's before the
+    switch, ``explicit_cost``, scaled to the current state by the stiffness
+    :math:`\sigma = \max(0, -\min\operatorname{Re}\lambda(J))` (a stability-limited
+    explicit step is proportional to :math:`1/\sigma`): ``stiffness(y)`` gives
+    :math:`\sigma`, ``y0`` is the state at the switch. At every ``TRIAL_WINDOW``-th step
+    from ``TRIAL_STEPS`` to ``TRIAL_MAX_STEPS`` (LSODA's start-up takes tens to a hundred
+    steps, and the cost per unit time of a run that turns stiffer falls for longer):
+    cheaper, the stiff solver stays (no more checks); still dearer at
+    ``TRIAL_MAX_STEPS``, give up (the caller resumes DOP853). On the paper workload of
+    ``benchmarks/bench_solve.py`` the ratio of the two costs wanders between 1.6 and 5
+    for 200 steps on runs that LSODA does not speed up, and falls below 1 within 100 to
+    180 steps on those it does. ``nfev``, ``njev``: callables giving the evaluation and Jacobian counts.
+    """
+    sigma0 = None if stiffness is None else stiffness(y0)
+    marks = []
+    done = [False]
+
+    def give_up(t, y):
+        if done[0]:
+            return False
+        marks.append((t, nfev(), njev()))
+        k = len(marks)
+        if k < TRIAL_STEPS or k % TRIAL_WINDOW:
+            return False
+        (ta, na, ja), (tb, nb, jb) = marks[-1 - TRIAL_WINDOW], marks[-1]
+        if not tb > ta:
+            done[0] = True
+            return True
+        cost = (nb - na + STEP_COST * TRIAL_WINDOW + JAC_COST * (jb - ja)) / (tb - ta)
+        explicit = explicit_cost
+        if sigma0 is not None and sigma0 > 0:
+            explicit = explicit_cost * stiffness(y) / sigma0
+        if cost <= explicit:
+            done[0] = True          # the stiff solver pays: it stays
+            return False
+        if k >= TRIAL_MAX_STEPS:
+            done[0] = True
+            return True
+        return False
+
+    return give_up
+
+
+def stiffness_of(jac):
+    r""":math:`\sigma(y) = \max(0, -\min\operatorname{Re}\lambda(J(y)))` for :func:`stiff_trial`."""
+    def sigma(y):
+        with np.errstate(all="ignore"):
+            try:
+                w = np.linalg.eigvals(jac(0.0, y))
+            except (np.linalg.LinAlgError, ValueError):
+                return float("nan")
+        return max(0.0, -float(np.min(w.real)))
+
+    return sigma
 
 
 def _merge(seg, ts, ys, t_events, y_events, skip_first):
@@ -391,22 +498,36 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     t_cur, y_cur = t0, np.array(y0, dtype=float)
     status, message, fired = None, "", None
     stiff_from = None
+    auto = stiff is not None and method == "DOP853"
+    njev = [0]
+    if auto and jac is not None:
+        jac_uncounted = jac
+
+        def jac(t, y):
+            njev[0] += 1
+            return jac_uncounted(t, y)
+
+    failed_trials = 0
+    stabilized = False
     k = 0
     while status is None:
         if k >= n_targets:
             status, message = 0, "the solver reached the end of the interval"
             break
-        auto = stiff is not None and method == "DOP853"
+        wait = (TRIAL_BACKOFF * 2 ** (failed_trials - 1) if failed_trials
+                else STABILIZED_WAIT if stabilized else 0)
         watch = _Watch(t_cur, y_cur, events, budget, *store, nfev=nfev if auto else None,
-                       jac=jac if auto else None)
+                       jac=jac if auto else None, stiff_after=wait)
         solver = ode(fun).set_integrator(
             COMPILED[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
+            beta=STABILIZED_BETA if stabilized else 0.0,
             max_step=0.0 if not np.isfinite(max_step) else float(max_step),
             first_step=0.0 if first_step is None else float(first_step))
         solver.set_solout(watch)
         solver.set_initial_value(y_cur, t_cur)
         if stiff is not None:   # IWORK(4) = NSTIFF: the stiffness test after every step
-            solver._integrator.iwork[3] = 1
+            # (after a failed trial of the stiff solver: from the accepted step ``wait`` on)
+            solver._integrator.iwork[3] = max(wait, 1)
         while k < n_targets:
             with warnings.catch_warnings():   # failures are reported in the result
                 warnings.simplefilter("ignore", UserWarning)
@@ -424,6 +545,12 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         elif watch.overflow is not None:
             status, message = -1, overflow_message(t_cur, watch.overflow)
         python_to = None   # the Python solver takes over up to this time
+        if auto and not stabilized and status is None and watch.hit is None and (
+                watch.stiff or (not solver.successful() and solver.get_return_code() == -4)):
+            # the first sign of stiffness: DOP853 goes on with the stabilised step-size
+            # control; the stiff solver takes over at the next sign
+            stabilized = True
+            continue
         if watch.hit is not None:
             python_to = watch.hit
         elif watch.stiff:
@@ -444,13 +571,17 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             j = k
             while j < n_targets and targets[j] <= python_to:
                 j += 1
-            cls, seg_jac, seg_first = METHODS[method], None, None
+            cls, seg_jac, seg_first, give_up = METHODS[method], None, None, None
             if stiff is not None and watch.hit is None:
                 cls, seg_jac, stiff_from = stiff, jac, t_cur
                 seg_first = handover_step(watch.h_last, t_cur, t1)
+                rate = watch.explicit_cost() if nfev is not None else None
+                if auto and jac is not None and rate is not None:
+                    give_up = stiff_trial(rate, nfev, lambda: njev[0],
+                                          stiffness_of(jac_uncounted), y_cur)
             seg = integrate(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
                             atol=atol, max_step=max_step, events=events, budget=budget,
-                            first_step=seg_first,
+                            first_step=seg_first, give_up=give_up,
                             t_eval=None if t_eval is None else np.array(
                                 [tk for tk, r in zip(targets[k:j], record[k:j]) if r],
                                 dtype=float))
@@ -458,6 +589,14 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             t_cur, y_cur = seg.t_final, seg.y_final
             if seg.status in (1, 2, -1):
                 status, message, fired = seg.status, seg.message, seg.fired
+            if seg.status == 3:
+                # the stiff solver lost its trial: DOP853 resumes where it stopped, its
+                # stiffness tests held back for a while (longer after every lost trial)
+                stiff_from = None
+                failed_trials += 1
+                while k < n_targets and targets[k] <= t_cur:
+                    k += 1
+                continue
             k = j
     return Segment(t=np.array(ts, dtype=float), y=np.array(ys, dtype=float).reshape(len(ys), n),
                    status=status, message=message,

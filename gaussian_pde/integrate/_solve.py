@@ -413,9 +413,14 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         rejected steps with :math:`h\rho(J) \ge 2` for the exact Jacobian :math:`J`),
         the same trajectory continues with LSODA, given the exact Jacobian of the factor
         form and of the mean for softmax and L2 heads (LSODA's own differences
-        otherwise). Events behave as with any other method; the ``message`` ends with
-        ``"; stiff from t = ... on: LSODA ..."`` when the switch happened. Non-stiff runs
-        take exactly the steps of ``"DOP853"``.
+        otherwise). On the Fortran path with an exact Jacobian the first sign of
+        stiffness only turns on DOP853's stabilised step-size control, and LSODA takes
+        over at the second on trial: it stays if within 200 steps its cost per unit time
+        falls below DOP853's, otherwise DOP853 resumes
+        (:func:`gaussian_pde.integrate._loop.stiff_trial`). Events behave as with any
+        other method; the ``message`` ends with ``"; stiff from t = ... on: LSODA ..."``
+        when LSODA finished the run. Non-stiff runs take exactly the steps of
+        ``"DOP853"``.
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._loop``), several times

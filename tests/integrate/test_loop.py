@@ -194,7 +194,8 @@ STIFF_A = np.array([[-1.0, 1.0], [0.0, -1e4]])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_auto_hands_a_stiff_run_to_the_stiff_solver(compiled):
     """DOP853 with the stiffness test, then LSODA (given the Jacobian) from where the run
-    turned stiff: the same answer as the exact one for a fraction of the evaluations."""
+    turned stiff: the same answer as the exact one (within the absolute tolerance: the
+    exact y(T) is 2e-22) for a fraction of the evaluations."""
     from scipy.linalg import expm
 
     calls = []
@@ -211,11 +212,37 @@ def test_auto_hands_a_stiff_run_to_the_stiff_solver(compiled):
     else:
         seg = integrate(fun, DOP853, 0.0, T, y0, **kw)
     assert seg.status == 0 and seg.stiff_from is not None and 0 < seg.stiff_from < 1.0
-    np.testing.assert_allclose(seg.y_final, expm(T * STIFF_A) @ y0, rtol=1e-7, atol=1e-14)
+    np.testing.assert_allclose(seg.y_final, expm(T * STIFF_A) @ y0, rtol=1e-7, atol=1e-12)
     n_auto = len(calls)
     calls.clear()
     plain = integrate(fun, DOP853, 0.0, T, y0, rtol=1e-10, atol=1e-12)
     assert plain.stiff_from is None and n_auto < len(calls) / 10
+
+
+def test_stiff_trial_keeps_a_cheaper_and_drops_a_dearer_stiff_solver():
+    """The trial compares costs per unit time from TRIAL_STEPS steps on: a stiff solver
+    cheaper than the explicit rate stays (no later check gives it up), one dearer at every
+    check is given up at TRIAL_MAX_STEPS, not before; the explicit rate is scaled by the
+    stiffness of the state."""
+    from gaussian_pde.integrate import _loop
+
+    def run(evals_per_step, h, stiffness=None, y0=None, steps=400):
+        n = [0]
+        trial = _loop.stiff_trial(10.0, lambda: n[0], lambda: 0, stiffness, y0)
+        for i in range(1, steps + 1):
+            n[0] += evals_per_step
+            if trial(i * h, np.array([float(i)])):
+                return i
+        return None
+
+    # cost (2 + STEP_COST) / h against an explicit 10 evaluations per unit time
+    cheap_h = 2 * (2 + _loop.STEP_COST) / 10.0
+    assert run(2, cheap_h) is None
+    assert run(2, cheap_h / 4) == _loop.TRIAL_MAX_STEPS
+    # the same stiff solver against explicit steps that the stiffness makes 8 times dearer
+    # as the run goes on (sigma grows with y = step number): it pays after all
+    grows = lambda y: 1.0 + 7.0 * (y[0] >= _loop.TRIAL_STEPS)  # noqa: E731
+    assert run(2, cheap_h / 4, grows, np.array([0.0])) is None
 
 
 def test_handover_step():

@@ -1,0 +1,65 @@
+"""The L2 gain's two paths: a Cholesky solve for moderate ``B``, the SVD beyond."""
+
+import numpy as np
+import pytest
+
+from gaussian_pde._common import linalg
+from gaussian_pde._common.linalg import GAIN_SOLVE_MAX, l2_gain, l2_gain_parts
+
+
+def svd_parts(B):
+    return linalg._gain_by_svd(B)
+
+
+@pytest.mark.parametrize("k,d", [(1, 3), (2, 5), (3, 5), (5, 5), (6, 3)])
+def test_solve_path_agrees_with_the_svd_to_rounding(k, d):
+    rng = np.random.default_rng(k * 10 + d)
+    for scale in (1e-8, 1e-2, 1.0, 4.0):
+        B = scale * rng.standard_normal((k, d))
+        assert np.sum(B * B) < GAIN_SOLVE_MAX
+        G_svd, E_svd = svd_parts(B)
+        G, E = l2_gain_parts(B)
+        for got, want in ((l2_gain(B), G_svd), (G, G_svd), (E, E_svd)):
+            assert np.abs(got - want).max() <= 1e-13 * np.abs(want).max()
+        # a strided view (as in the fused kernel) gives the same gain
+        wide = np.zeros((k + 1, d + 2))
+        wide[:k, :d] = B
+        np.testing.assert_array_equal(l2_gain(wide[:k, :d]), l2_gain(B))
+
+
+def test_the_push_through_identity_holds_on_the_solve_path():
+    rng = np.random.default_rng(0)
+    B = rng.standard_normal((2, 5))
+    G = l2_gain(B)
+    np.testing.assert_allclose((np.eye(5) + B.T @ B) @ G, B.T, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("scale", [40.0, 1e150, 1e300])
+def test_large_b_takes_the_svd_path_without_overflow(scale):
+    rng = np.random.default_rng(1)
+    B = scale * rng.standard_normal((2, 5))
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        G = l2_gain(B)
+        G_parts, E = l2_gain_parts(B)
+    np.testing.assert_array_equal(G, svd_parts(B)[0])
+    np.testing.assert_array_equal(E, svd_parts(B)[1])
+    assert np.isfinite(G).all() and np.isfinite(G_parts).all()
+
+
+def test_a_stack_takes_each_path_per_matrix():
+    rng = np.random.default_rng(2)
+    S = rng.standard_normal((4, 2, 5))
+    S[1] *= 1e200
+    S[3] *= 30.0                      # |B|_F^2 above the threshold
+    G = l2_gain(S)
+    G_parts, E = l2_gain_parts(S)
+    for i in range(4):
+        np.testing.assert_allclose(G[i], l2_gain(S[i]), rtol=1e-13, atol=0)
+        np.testing.assert_allclose(G_parts[i], l2_gain(S[i]), rtol=1e-13, atol=0)
+        np.testing.assert_allclose(E[i], l2_gain_parts(S[i])[1], rtol=1e-13, atol=0)
+
+
+def test_non_finite_b_goes_to_the_svd():
+    # LAPACK's SVD reports the NaN (the fused kernel turns it into a rejected step)
+    with pytest.raises(np.linalg.LinAlgError):
+        l2_gain(np.array([[np.nan, 1.0, 0.0]]))
