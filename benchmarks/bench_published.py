@@ -70,7 +70,9 @@ def main():
                     help="steps per timed loop attempt (the loop's cost per step is flat)")
     ap.add_argument("--check-steps", type=int, default=6000,
                     help="sampled attempts up to this many steps are run to their stop")
-    ap.add_argument("--json", default=None, help="also write the result here")
+    ap.add_argument("--json", default=None,
+                    help="also write the result, with the details per panel, here")
+    ap.add_argument("--paths", default=None, help="write the sequential paths here")
     args = ap.parse_args()
     t = time.process_time()
     res = pub.published_histograms(types=args.types, ds=args.ds, values=args.values,
@@ -103,7 +105,10 @@ def main():
     print(json.dumps(out, indent=1))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+            json.dump({**out, "details": res["details"]}, fh, indent=1)
+    if args.paths:
+        with open(args.paths, "w") as fh:
+            json.dump(res["paths"], fh)
 
 
 if __name__ == "__main__":
