@@ -652,11 +652,7 @@ SLOW_ONLY = {("pos", "tiny"), ("attention", "big_weights"), ("gattention", "scal
 
 #: known failures, expected to fail (``xfail(strict=False)``) with a short time limit;
 #: case id -> what happens now
-KNOWN = {
-    "compare/cov0/overflow": "particles drawn from a 1e300 covariance (tokens of 1e150): the "
-                             "softmax weights switch like an argmax, the adaptive steps "
-                             "shrink, and the run ends failed at max_steps after tens of s",
-}
+KNOWN = {}
 
 
 @dataclasses.dataclass(frozen=True)
