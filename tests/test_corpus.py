@@ -28,7 +28,7 @@ NOT_IN_CORPUS = {
     "Attention", "SingleHeadAttention", "Field",
     # covered by their own validation tests (tests/closure, tests/attention)
     "Affine", "MLP", "LayerNorm", "RMSNorm", "TraceNorm", "PreNorm", "FieldSum",
-    "block_positions", "logistic_normal_moments", "solve_masked_closure", "get_attention",
+    "block_positions", "logistic_normal_moments", "get_attention",
     "register_attention",
 }
 

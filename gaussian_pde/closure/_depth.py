@@ -75,6 +75,7 @@ __all__ = ["Stack", "DepthSolution", "propagate_gaussian", "propagate_particles"
 
 #: the depth modes
 MODES = ("continuous", "residual", "none")
+_HUGE = float(np.finfo(float).max)
 
 
 def _is_block_causal(layer):
@@ -342,7 +343,8 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
         if stack.mode == "continuous":
             # the solvers' thresholds are relative to their own start (a sum of block
             # traces for the masked closure): the same absolute level as tr0 * threshold
-            rel = blowup_threshold * tr0 / total_trace(state) + 1.0
+            # (capped: past float64 the level is never reached, and must stay finite)
+            rel = min(blowup_threshold * (tr0 / total_trace(state)) + 1.0, _HUGE)
             if stack.masked:
                 sol = solve_masked_closure(F, mean, cov, (0.0, stack.h), t_eval=[0.0, stack.h],
                                            n_per_dim=n_per_dim, rtol=rtol, atol=atol,
@@ -368,7 +370,9 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
                 *new, ex = _gaussian_layer(F, mean, cov, stack.h, stack.mode, n_per_dim)
             exact.append(ex)
             state = tuple(new)
-            if not all(np.all(np.isfinite(a)) for a in state):
+            with np.errstate(over="ignore", invalid="ignore"):
+                finite = all(np.all(np.isfinite(a)) for a in (*state, *moments(state)))
+            if not finite:
                 status, message = Status.FAILED, f"non-finite moments after layer {i + 1}"
                 break
         states.append(state)
@@ -387,6 +391,24 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
                          cov=np.array([c for _, c in mom]),
                          exact=np.array(exact[:K - 1], dtype=bool),
                          status=status, message=message, t_blowup=t_blowup, **extra)
+
+
+def _rk4_step(v, x, dt):
+    """One classical RK4 step of ``x' = v(x)``; None once a stage is not finite.
+
+    The velocities check their tokens, so a stage that overflowed must not reach them.
+    """
+    k = v(x)
+    ks = [k]
+    for c in (0.5, 0.5, 1.0):
+        y = x + (c * dt) * k
+        if not (np.all(np.isfinite(k)) and np.all(np.isfinite(y))):
+            return None
+        k = v(y)
+        ks.append(k)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x_new = x + dt / 6 * (ks[0] + 2 * ks[1] + 2 * ks[2] + ks[3])
+    return x_new if np.all(np.isfinite(x_new)) else None
 
 
 def _block_index(positions, n_blocks):
@@ -481,11 +503,15 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
         if stack.mode == "continuous":
             dt = stack.h / steps_per_layer
             for _ in range(steps_per_layer):
-                k1 = v(x)
-                k2 = v(x + dt / 2 * k1)
-                k3 = v(x + dt / 2 * k2)
-                k4 = v(x + dt * k3)
-                x = x + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+                x = _rk4_step(v, x, dt)
+                if x is None:     # a stage left the floating-point range
+                    break
+            if x is None:
+                status, message = Status.FAILED, (
+                    f"non-finite tokens within layer {i + 1}: a Runge-Kutta stage left the "
+                    "floating-point range")
+                x = x_prev
+                break
         elif stack.mode == "residual":
             x = x + stack.h * v(x)
         else:
@@ -495,7 +521,16 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
             status, message = Status.FAILED, f"non-finite tokens after layer {i + 1}"
             x = x_prev
             break
-        rec.append(record(x))
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = record(x)
+        if not all(a is None or np.all(np.isfinite(a)) for a in r):
+            # finite tokens whose moments overflow: x_final keeps the last tokens whose
+            # moments are finite (those after the previous layer)
+            status, message = Status.FAILED, (f"the covariance of the tokens overflows "
+                                              f"float64 after layer {i + 1}")
+            x = x_prev
+            break
+        rec.append(r)
         ng.append(sliced_wasserstein_to_gaussian(x, n_directions))
         if np.trace(rec[-1][1]) > blowup_threshold * tr0:
             status, t_blowup = Status.BLOWUP, (i + 1) * stack.h

@@ -40,6 +40,15 @@ from ..integrate._results import Status
 from ..integrate._solve import integrate_system
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 
+_EPS = np.finfo(float).eps
+_TINY = np.finfo(float).tiny
+#: blocks whose means and covariances differ by at most this (relative) are treated as
+#: one Gaussian by the logit test: the field's jump across a switch is then at most that
+#: fraction (identical blocks drift apart by 4e-5 near a softmax blow-up, through the
+#: blocks' different rounding, and the closure must still reach the exact t*; the runs
+#: that chatter have blocks that differ by O(1))
+_BLOCKS_EQUAL = 1e-3
+
 __all__ = ["MaskedClosureSolution", "masked_field", "masked_closure_rhs",
            "solve_masked_closure", "block_positions", "validate_blocks", "mixture_moments"]
 
@@ -61,12 +70,20 @@ def validate_blocks(means0, covs0, d, mean_name="means0", cov_name="covs0"):
                          f"{means0.shape}.")
     B = means0.shape[0]
     covs0 = validate_array(covs0, cov_name, ndim=(2, 3))
-    if covs0.ndim == 2:
+    if covs0.ndim == 2 and covs0.shape == (d, d):
         covs0 = np.broadcast_to(covs0, (B, d, d))
     if covs0.shape != (B, d, d):
         raise ValueError(f"`{cov_name}` must have shape ({B}, {d}, {d}) (one per block of "
                          f"`{mean_name}`) or ({d}, {d}), got {covs0.shape}.")
-    return means0, validate_covariance(covs0, cov_name, batch=True)
+    covs0 = validate_covariance(covs0, cov_name, batch=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mix = mixture_moments(means0, covs0)
+    if not all(np.all(np.isfinite(a)) for a in mix):
+        raise ValueError(f"`{mean_name}` and `{cov_name}` are too large: the covariance of "
+                         "the whole sequence (the mixture of the blocks) overflows float64 "
+                         f"(largest |entry| of `{mean_name}` {np.max(np.abs(means0)):.3g}); "
+                         "rescale them.")
+    return means0, covs0
 
 
 def mixture_moments(means, covs):
@@ -157,6 +174,54 @@ class _MaskedSystem:
         self.att, self.B, self.d, self.n_per_dim = attention, B, attention.d, n_per_dim
         self.nm = B * attention.d
         self.nfev = 0
+        Z, _ = standard_nodes(attention.d, n_per_dim)
+        self._z_max = float(np.max(np.linalg.norm(Z, axis=1)))
+        self._a_norm = float(np.linalg.norm(attention.A))
+
+    def out_of_range(self, y):
+        r"""Why the block field cannot be followed at ``y`` (None where it can).
+
+        The weights :math:`\pi_c(x) \propto e^{\ell_c(x)}` depend on the differences of
+        the logits :math:`\ell_c = \alpha_c^TAx + \frac12 x^TA^T\Sigma_cAx` between blocks.
+        Once those pass :math:`1/\varepsilon` the weights switch between blocks across a
+        layer of relative width below :math:`\varepsilon` (an argmax, discontinuous at
+        the resolution of the nodes), and the steps chatter to nothing (block means of
+        1e150: ``max_nfev`` after minutes, at t ~ 1e-139). The bound
+        :math:`2|u|\max_b|\alpha_b - \bar\alpha| + |u|^2\max_b\|\Sigma_b - \bar\Sigma\|_F`,
+        :math:`|u| \le \|A\|_F\max_b(|\alpha_b| + \|L_b\|_F\max|z|)` over the nodes
+        :math:`z`, is checked at every step end, for blocks that differ by more than
+        1e-3 relative (``_BLOCKS_EQUAL``: across a switch the field jumps by
+        :math:`V(\alpha_c - \alpha_{c'} + (\Sigma_c - \Sigma_{c'})Ax)`, so blocks equal up to
+        rounding or nearly equal, as for the softmax field, jump by little whatever the
+        weights do); so are
+        the moments of the whole sequence, which are returned.
+        """
+        means, L = self._split(y)
+        with np.errstate(over="ignore", invalid="ignore"):
+            covs = L @ np.swapaxes(L, -1, -2)
+            mix = mixture_moments(means[None], covs[None])
+            if not all(np.all(np.isfinite(a)) for a in mix):
+                return ("the moments of the whole sequence (the mixture of the blocks) "
+                        "overflow float64")
+            m_abs = np.sqrt(np.einsum("bi,bi->b", means, means))
+            l_fro = np.sqrt(np.einsum("bij,bij->b", L, L))
+            u = self._a_norm * float(np.max(m_abs + l_fro * self._z_max))
+            dm = means - means.mean(axis=0)
+            dc = covs - covs.mean(axis=0)
+            dm_max = float(np.sqrt(np.max(np.einsum("bi,bi->b", dm, dm))))
+            dc_max = float(np.sqrt(np.max(np.einsum("bij,bij->b", dc, dc))))
+            bound = 2.0 * u * dm_max + u * u * dc_max
+            # the field jumps across a switch by V(alpha_c - alpha_c' + (S_c - S_c')Ax):
+            # blocks equal up to rounding jump by rounding, whatever the weights do
+            c_max = float(np.max(np.sqrt(np.einsum("bij,bij->b", covs, covs))))
+            spread = max(dm_max / max(float(np.max(m_abs)) + np.sqrt(c_max), _TINY),
+                         dc_max / max(c_max, _TINY))
+        if not (_EPS * bound < 1.0 or spread <= _BLOCKS_EQUAL):
+            return (f"the block weights' logits differ by up to {bound:.3g}: beyond "
+                    f"1/eps = {1 / _EPS:.3g} they switch between blocks faster than the "
+                    "resolution of the state (an argmax) and no solver can follow the "
+                    "closure")
+        return None
 
     def _split(self, y):
         B, d = self.B, self.d

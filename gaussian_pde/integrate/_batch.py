@@ -46,6 +46,7 @@ from ._events import (
 )
 from ._field import build_field, cov_rate
 from ._options import solver_options
+from ._refactor import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess, rotation
 from ._results import BatchSolution, Status, overflow_message
 from ._steppers import MIN_FACTOR, SAFETY, DOP853Stepper, MixedStep, RosenbrockStepper, rms
 
@@ -213,6 +214,8 @@ class _Active:
 
     idx: np.ndarray
     t: np.ndarray
+    base: np.ndarray           # the row's clock: t = base + tau (see _integrate)
+    tau: np.ndarray
     y: np.ndarray
     f: np.ndarray
     h_abs: np.ndarray
@@ -347,7 +350,9 @@ def _store_output(rec, t_eval, g, t_old, t_end, h, interp):
     if cnt.any():
         sel = np.repeat(np.arange(g.size), cnt)
         j = np.concatenate([np.arange(p, q) for p, q in zip(lo_i, hi_i) if q > p])
-        Ls = interp(sel, (t_eval[j] - t_old[sel]) / h[sel]).reshape(-1, *rec.L_final.shape[1:])
+        # (clipped: a step below the rounding of t has t_end - t_old != h)
+        x = np.clip((t_eval[j] - t_old[sel]) / h[sel], 0.0, 1.0)
+        Ls = interp(sel, x).reshape(-1, *rec.L_final.shape[1:])
         rec.cov[g[sel], j] = Ls @ np.swapaxes(Ls, -1, -2)
 
 
@@ -377,6 +382,30 @@ def _blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, suspected):
             rec.t_blowup[g[q]] = tstar[q]
         stopped.append(r)
     return np.array(stopped, dtype=int)
+
+
+def _refactor_rows(act, a, d, ros, atol, rtol):
+    r"""Re-factor rows ``a`` whose factor's columns cancel: :math:`L \mapsto LW`, :math:`L' \mapsto L'W`.
+
+    The rule of :func:`gaussian_pde.solve` (:mod:`gaussian_pde.integrate._refactor`):
+    where the rounding of a cancelling direction passes ``REFACTOR_ABOVE`` of the
+    tolerance (:func:`~gaussian_pde.integrate._refactor.cancellation_excess`), the
+    columns are rotated onto orthogonal ones. Looked at every ``REFACTOR_EVERY``-th
+    accepted step of a row, as in :func:`gaussian_pde.solve`: one batched SVD of those
+    rows. The flow is
+    equivariant under :math:`L \mapsto LW`, so the rate rotates with the state (no new
+    evaluation); a Jacobian kept for the row is no longer the one at its state.
+    """
+    if a.size == 0:
+        return
+    L = act.y[a].reshape(-1, d, d)
+    for q in np.flatnonzero(cancellation_excess(L, atol, rtol) > REFACTOR_ABOVE):
+        W = rotation(L[q])
+        row = a[q]
+        act.y[row] = (L[q] @ W).ravel()
+        act.f[row] = (act.f[row].reshape(d, d) @ W).ravel()
+        if ros.fresh is not None:
+            ros.fresh[row] = False
 
 
 def _stiffness(act, acc, hlamb, rec, ros):
@@ -420,7 +449,7 @@ def _integrate(field, cov0s, opts, method):
             rec.cov[:, at0] = cov0s[:, None]
     events = _Events(opts.events, cov0s, y.reshape(nb, d, d), f.reshape(nb, d, d))
     err_exp = np.where(implicit, ros.err_exp, dop.err_exp)
-    act = _Active(idx=idx, t=np.full(nb, t0), y=y, f=f,
+    act = _Active(idx=idx, t=np.full(nb, t0), base=np.zeros(nb), tau=np.full(nb, t0), y=y, f=f,
                   h_abs=_initial_step(field, y, f, t0, t1, opts, err_exp, nfev),
                   limit=np.full(nb, opts.events.blowup_threshold),
                   rejected=np.zeros(nb, dtype=bool), implicit=implicit,
@@ -440,9 +469,12 @@ def _integrate(field, cov0s, opts, method):
 
     while act.idx.size:
         m = act.idx.size
-        min_step = 10 * np.abs(np.nextafter(act.t, np.inf) - act.t)
+        # each row runs on its own clock tau = t - base, restarted at every blow-up look
+        # (as solve restarts there): near a blow-up at t* the steps that resolve the time
+        # t* - t left fall far below the rounding of t, not of tau
+        min_step = 10 * np.abs(np.nextafter(act.tau, np.inf) - act.tau)
         act.h_abs = np.clip(act.h_abs, min_step, max_step)
-        h = np.minimum(act.h_abs, t1 - act.t)
+        h = np.minimum(act.h_abs, (t1 - act.base) - act.tau)
         any_explicit = not act.implicit.all()
         y_new, err, step = _attempt(act, h, dop, ros)
         acc = _control(act, err, dop, ros)
@@ -462,8 +494,11 @@ def _integrate(field, cov0s, opts, method):
         if a.size:
             g = act.idx[a]
             t_old, y_old, f_old = act.t[a], act.y[a], act.f[a]
-            t_new = t_old + h[a]
-            t_new = np.where(t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1), t1, t_new)
+            tau_new = act.tau[a] + h[a]
+            t_new = act.base[a] + tau_new
+            at_end = t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1)
+            t_new = np.where(at_end, t1, np.minimum(t_new, t1))
+            tau_new = np.where(at_end, t1 - act.base[a], tau_new)
             f_new = step.rate(a)
             # an accepted state whose rate overflows: stop at the last finite state
             lost = ~(np.isfinite(f_new).all(axis=1) & np.isfinite(y_new[a]).all(axis=1))
@@ -472,8 +507,8 @@ def _integrate(field, cov0s, opts, method):
                     rec.stop(g[r], Status.FAILED, overflow_message(t_old[r], t_new[r]),
                              t_old[r], y_old[r].reshape(d, d))
                 done[a[lost]] = True
-                a, g, t_old, y_old, f_old, t_new, f_new = (
-                    x[~lost] for x in (a, g, t_old, y_old, f_old, t_new, f_new))
+                a, g, t_old, y_old, f_old, t_new, tau_new, f_new = (
+                    x[~lost] for x in (a, g, t_old, y_old, f_old, t_new, tau_new, f_new))
         if a.size:
             Ln, dLn = y_new[a].reshape(-1, d, d), f_new.reshape(-1, d, d)
             rec.nsteps[g] += 1
@@ -496,8 +531,12 @@ def _integrate(field, cov0s, opts, method):
             if over.size:
                 done[a[_blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, suspected)]] = True
             # advance the accepted rows that go on
-            act.t[a], act.y[a], act.f[a] = t_new, y_new[a], f_new
+            act.t[a], act.tau[a], act.y[a], act.f[a] = t_new, tau_new, y_new[a], f_new
+            if over.size:   # a blow-up look restarts the clock of the rows that go on
+                act.base[a[over]], act.tau[a[over]] = t_new[over], 0.0
             ros.accepted(a)
+            look = ~done[a] & (rec.nsteps[g] % REFACTOR_EVERY == 0)
+            _refactor_rows(act, a[look], d, ros, opts.atol, opts.rtol)
             end = ~done[a] & (t_new >= t1)
             if end.any():
                 rec.L_final[g[end]] = Ln[end]

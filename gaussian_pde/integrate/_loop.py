@@ -61,7 +61,8 @@ class Segment:
 
 
 def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
-              jac=None, t_eval=None, events=(), budget=None, stiff=None, give_up=None):
+              jac=None, t_eval=None, events=(), budget=None, stiff=None, give_up=None,
+              t_offset=0.0):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
 
     Parameters
@@ -83,7 +84,9 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
     events : sequence of callables
         ``g(t, y)`` with ``terminal`` and ``direction`` attributes, as in ``solve_ivp``.
     budget : callable, optional
-        ``budget() -> bool``, called after every step; ``False`` stops with status 2.
+        ``budget(t, y) -> bool``, called after every step with its end state (the
+        caller's evaluation budget, or any other reason to stop there); ``False`` stops
+        with status 2 at the end of that step.
     stiff : OdeSolver subclass, optional
         ``method="auto"`` (``solver_cls`` is then ``DOP853``): step with
         :class:`~gaussian_pde.integrate._auto.StiffnessDOP853` and, once Hairer's
@@ -93,6 +96,9 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         ``give_up(t, y) -> bool``, called after every accepted step that does not end the
         run; ``True`` stops with status 3 (the stiff solver of ``method="auto"`` on
         trial, see :func:`stiff_trial`).
+    t_offset : float
+        The time at which this run's clock reads 0 (``t`` here is time since then), for
+        the times written in messages only.
 
     Returns
     -------
@@ -141,7 +147,7 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         if not np.isfinite(y).all():
             # an accepted step that left the floating-point range (an implicit method can
             # accept one): stop at the last finite state, never store inf or NaN
-            status, message = -1, overflow_message(t_old, t)
+            status, message = -1, overflow_message(t_offset + t_old, t_offset + t)
             break
         dense = None
         t_stop, y_stop = t, y
@@ -166,7 +172,7 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
                     message = "a termination event occurred"
                     break
             g_old = g_new
-        if status is None and budget is not None and not budget():
+        if status is None and budget is not None and not budget(t, y):
             status, message = 2, "evaluation budget spent"
         # output times up to the stopping point of this step
         if t_eval is None:
@@ -347,7 +353,7 @@ class _Watch:
         if self.ts is not None:
             self.ts.append(t)
             self.ys.append(self.y_prev)
-        if self.budget is not None and not self.budget():
+        if self.budget is not None and not self.budget(t, self.y_prev):
             self.spent = True
             return -1
         if self.nfev is not None:
@@ -455,7 +461,7 @@ def _merge(seg, ts, ys, t_events, y_events, skip_first):
 
 def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None, stiff=None,
-                       jac=None, nfev=None):
+                       jac=None, nfev=None, t_offset=0.0):
     """:func:`integrate` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
 
     The Fortran code (``scipy.integrate.ode``) runs the Runge-Kutta stages without
@@ -465,7 +471,8 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     solver of the same method (:func:`integrate`), whose dense output locates the root
     exactly as ``solve_ivp`` would; then the Fortran code resumes.
 
-    ``method`` is ``"DOP853"`` or ``"RK45"``; other arguments as in :func:`integrate`.
+    ``method`` is ``"DOP853"`` or ``"RK45"``; other arguments (``t_offset`` too) as in
+    :func:`integrate`.
     Hairer's stiffness test (``h |lambda| > 6.1`` on 15 accepted steps) stops the Fortran
     code; by default it starts at every 1000th accepted step (``dop853.f``'s ``NSTIFF``)
     and the Python solver of the same method finishes the run. With ``stiff`` (an
@@ -543,7 +550,8 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         if watch.spent:
             status, message = 2, "evaluation budget spent"
         elif watch.overflow is not None:
-            status, message = -1, overflow_message(t_cur, watch.overflow)
+            status, message = -1, overflow_message(t_offset + t_cur,
+                                                    t_offset + watch.overflow)
         python_to = None   # the Python solver takes over up to this time
         if auto and not stabilized and status is None and watch.hit is None and (
                 watch.stiff or (not solver.successful() and solver.get_return_code() == -4)):
@@ -581,7 +589,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                                           stiffness_of(jac_uncounted), y_cur)
             seg = integrate(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
                             atol=atol, max_step=max_step, events=events, budget=budget,
-                            first_step=seg_first, give_up=give_up,
+                            first_step=seg_first, give_up=give_up, t_offset=t_offset,
                             t_eval=None if t_eval is None else np.array(
                                 [tk for tk, r in zip(targets[k:j], record[k:j]) if r],
                                 dtype=float))

@@ -54,6 +54,7 @@ from ._events import (
 from ._fused import mean_is_linear, moment_field, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
+from ._refactor import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess, rotation
 from ._results import MomentSolution, Status
 
 __all__ = ["solve", "integrate_system", "Run"]
@@ -132,6 +133,22 @@ class _System:
         mean, L = self.split(y)
         return mean, L @ L.T
 
+    def cancellation(self, y, atol, rtol):
+        """:func:`~gaussian_pde.integrate._refactor.cancellation_excess` of the factor."""
+        Z = y.reshape(self.d, self.m)
+        return cancellation_excess(Z[:, :self.d], atol, rtol)
+
+    def refactor(self, y):
+        r"""The same covariance (and mean) with the factor's columns made orthogonal.
+
+        :math:`L \mapsto LW` (:func:`gaussian_pde.integrate._refactor.rotation`), an
+        exact symmetry of the factor-form flow; the mean's column is left as it is.
+        """
+        Z = np.array(y, dtype=float).reshape(self.d, self.m)
+        L = Z[:, :self.d]
+        Z[:, :self.d] = L @ rotation(L)
+        return Z.ravel()
+
 
 def _mean_scale(attention, mean0, rtol, atol):
     r"""Units of the mean in the solver's state for ``method="auto"``.
@@ -172,11 +189,16 @@ def _event(fun, terminal, direction, name):
     return fun
 
 
-def _user_event(system, ev, i):
+def _user_event(system, ev, i, base=0.0):
+    """A user's ``ev(t, mean, cov)`` as an event of the solver's state.
+
+    The solver's time runs from ``base`` (the segment's start, see
+    :func:`integrate_system`); the user's event sees the time itself.
+    """
     def wrapped(t, y):
         mean, cov = system.mean_and_cov(y)
         try:
-            value = ev(t, mean, cov)
+            value = ev(base + t, mean, cov)
         except Exception as exc:
             raise _UserEventError(i, exc) from exc
         return value
@@ -257,14 +279,38 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         jac = None
     stiff_from = None
     max_nfev = opts.max_nfev
-    budget = None if max_nfev is None else (lambda: system.nfev <= max_nfev)
+    # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._refactor): looked
+    # at every REFACTOR_EVERY-th step end (the cancellation builds up over many steps;
+    # an SVD at every step would cost as much as the step), the run then goes on from
+    # the rotated factor
+    refactor = getattr(system, "refactor", None)
+    # a system may say where its state leaves the range in which its field can be
+    # computed (system.out_of_range(y) -> message or None): checked at every step end
+    out_of_range = getattr(system, "out_of_range", None)
+    due = {"refactor": False, "steps": 0, "range": None}
+
+    def budget(t, y):
+        if max_nfev is not None and system.nfev > max_nfev:
+            return False
+        if out_of_range is not None:
+            due["range"] = out_of_range(y)
+            if due["range"] is not None:
+                return False
+        if refactor is not None:
+            due["steps"] += 1
+            if (due["steps"] % REFACTOR_EVERY == 0
+                    and system.cancellation(y, opts.atol, opts.rtol) > REFACTOR_ABOVE):
+                due["refactor"] = True
+                return False
+        return True
+
     tr0 = max(system.trace(y0), _TINY)
     first = d = None
     if ev_opts.rank_tol is not None:
         cov0 = system.mean_and_cov(y0)[1]
         first, d = int(rank_first(cov0, ev_opts.rank_tol)), cov0.shape[-1]
 
-    def make_events(limit):
+    def make_events(limit, base):
         log_limit = math.log(limit * tr0)
 
         def blowup(t, y):   # log tr(Sigma) - log(limit tr(Sigma_0))
@@ -282,47 +328,77 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
                 return float(rank_gap(system.mean_and_cov(y)[1], first, ev_opts.rank_tol))
 
             evs.append(_event(rank_collapse, True, -1.0, "rank_collapse"))
-        evs += [_user_event(system, ev, i) for i, ev in enumerate(user_events)]
+        evs += [_user_event(system, ev, i, base) for i, ev in enumerate(user_events)]
         return evs
 
     ts, ys, t_events = [], [], {}
+    if out_of_range is not None and out_of_range(y0) is not None:
+        # no step can be taken: the initial state alone, with the reason
+        keep = np.array([t0]) if t_eval is None else t_eval[t_eval == t0]
+        return Run(t=keep, y=np.repeat(np.asarray(y0, dtype=float)[None], keep.size, 0),
+                   status=Status.FAILED, message=f"{out_of_range(y0)} at t = {t0:.10g}",
+                   t_blowup=None, t_final=float(t0), y_final=np.asarray(y0), t_events={},
+                   nfev=system.nfev)
     t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
     status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
     suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
     t_final, y_final = t0, y0
     while True:
-        evs = make_events(limit)
+        # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
+        # dynamics are autonomous): near a blow-up at t*, the steps that resolve the time
+        # t* - t left are far below the rounding of t itself (ulp(t) ~ 1e-23 at t ~ 5e-8),
+        # but not of tau; the first segment runs on t itself, as solve_ivp does
+        base = 0.0 if t_start == t0 else t_start
+        evs = make_events(limit, base)
         # a restarted segment stores only times strictly after the restart time
         seg_eval = None if t_eval is None else t_eval[
             (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
         kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step,
-                  first_step=opts.first_step, t_eval=seg_eval, events=evs, budget=budget)
+                  first_step=opts.first_step, events=evs, budget=budget, t_offset=base,
+                  t_eval=None if seg_eval is None else seg_eval - base)
+        tau1 = t1 - base
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 if compiled:
-                    res = integrate_compiled(system.fun, method, t_start, t1, y_start,
-                                             stiff=stiff, jac=jac,
+                    res = integrate_compiled(system.fun, method, t_start - base, tau1,
+                                             y_start, stiff=stiff, jac=jac,
                                              nfev=lambda: system.nfev, **kw)
                 else:
-                    res = integrate(system.fun, solver_cls, t_start, t1, y_start, jac=jac,
-                                    stiff=stiff, **kw)
+                    res = integrate(system.fun, solver_cls, t_start - base, tau1, y_start,
+                                    jac=jac, stiff=stiff, **kw)
         except _UserEventError as err:
             raise ValueError(f"`events[{err.i}]` raised {type(err.exc).__name__}: "
                              f"{err.exc}") from err.exc
         keep = slice(1, None) if t_eval is None and ts else slice(None)  # no repeated restart
-        ts.append(res.t[keep])
+        if seg_eval is not None:
+            seg_t = seg_eval[:res.t.size]     # the output times themselves, not base + tau
+        else:
+            # the solver's last step lands on tau1 exactly; base + tau1 may round past t1
+            seg_t = np.minimum(base + res.t, t1)
+            if res.status == 0 and seg_t.size:
+                seg_t[-1] = t1
+        ts.append(seg_t[keep])
         ys.append(res.y[keep])
         for ev, te in zip(evs, res.t_events):
-            t_events.setdefault(ev.__name__, []).extend(te.tolist())
-        t_final, y_final = res.t_final, res.y_final
-        if stiff_from is None:
-            stiff_from = res.stiff_from
+            t_events.setdefault(ev.__name__, []).extend(np.minimum(base + te, t1).tolist())
+        t_final = t1 if res.status == 0 else min(base + res.t_final, t1)
+        y_final = res.y_final
+        if stiff_from is None and res.stiff_from is not None:
+            stiff_from = min(base + res.stiff_from, t1)
         if res.status == -1:
             status, message = Status.FAILED, res.message
             break
         if res.status == 0:
             break
+        if res.status == 2 and due["range"] is not None:
+            status = Status.FAILED
+            message = f"{due['range']} at t = {t_final:.10g}"
+            break
+        if res.status == 2 and due["refactor"]:
+            due["refactor"] = False
+            t_start, y_start = t_final, refactor(y_final)
+            continue
         name = "max_nfev" if res.status == 2 else evs[res.fired].__name__
         if name == "blowup":
             t_star, finite = _blowup_estimate(system, t_final, y_final)

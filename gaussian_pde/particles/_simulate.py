@@ -55,6 +55,8 @@ from ..integrate._events import (
 )
 from ..integrate._results import Status
 
+_EPS = np.finfo(float).eps
+
 __all__ = [
     "ParticleSolution",
     "ParticleDegeneracyWarning",
@@ -340,6 +342,27 @@ class _Run:
         if self.keep_positions:
             rec["x"].append(x.copy())
 
+    def unresolved_scores(self, t, y):
+        r"""The message of a state whose attention weights are rounding noise, or None.
+
+        A score :math:`s_{ij}` (:func:`score_bound`) is computed to
+        :math:`\varepsilon|s_{ij}|` in absolute terms, so once
+        :math:`\varepsilon\max|s_{ij}| \ge 1` the weights :math:`e^{s_{ij}}` are wrong by
+        factors of order :math:`e`: the field is an argmax of rounding, discontinuous at
+        the resolution of the positions (its transition layers, of relative width
+        :math:`1/|s|`, lie below :math:`\varepsilon`), and an adaptive solver chatters
+        across them with ever smaller steps (tokens of :math:`10^{150}`: ``max_steps``
+        after tens of seconds). No solver can follow such a state: the run stops there.
+        """
+        bound = score_bound(self.att, y.reshape(self.n, self.d))
+        if bound is None or not _EPS * bound >= 1.0:
+            return None
+        return (f"the attention scores reach {bound:.3g} at t = {t:.10g}: beyond 1/eps = "
+                f"{1 / _EPS:.3g} their rounding exceeds 1, so the attention weights are "
+                "rounding noise (an argmax that switches at the resolution of the "
+                "positions) and no solver can follow the tokens; rescale the tokens or "
+                "the weights")
+
     def cov_and_rate(self, t, y):
         r"""Empirical :math:`\Sigma_n`, its rate and the velocities.
 
@@ -357,6 +380,9 @@ class _Run:
         if not np.all(np.isfinite(y)):
             return Status.FAILED, (f"non-finite token positions at t = {t:.10g}: the state "
                                    "left the floating-point range")
+        unresolved = self.unresolved_scores(t, y)
+        if unresolved is not None:
+            return Status.FAILED, unresolved
         ev, blow = self.ev, self.blow
         with np.errstate(over="ignore", invalid="ignore"):
             cov = particle_moments(y.reshape(self.n, self.d))[1]
@@ -392,6 +418,33 @@ class _Run:
         return None
 
 
+def score_bound(attention, x):
+    r"""A bound on the attention scores :math:`|s_{ij}|` of the tokens ``x``, or None.
+
+    For every head with query and key matrices,
+    :math:`c\,(\max_i|Qx_i| + \max_j|Kx_j|)^2`, which bounds both the bilinear score
+    :math:`c\langle Qx_i, Kx_j\rangle` (softmax, Sinkhorn, sigmoid, masked) and the L2
+    score :math:`-c|Qx_i - Kx_j|^2`, and also the rounding of either as computed
+    (:func:`~gaussian_pde.attention._kernels.softmax_features`,
+    :func:`~gaussian_pde.attention._kernels.l2_features`); the largest over the heads.
+    ``None`` for a type without them.
+    """
+    heads = getattr(attention, "heads", None) or (attention,)
+    bound = None
+    with np.errstate(over="ignore", invalid="ignore"):
+        for h in heads:
+            proj = getattr(h, "_projections", None)
+            scale = getattr(h, "scale", None)
+            if proj is None or scale is None:
+                continue
+            qx, kx = proj(x)
+            r = (np.sqrt(np.max(np.einsum("ij,ij->i", qx, qx), initial=0.0))
+                 + np.sqrt(np.max(np.einsum("ij,ij->i", kx, kx), initial=0.0)))
+            b = abs(float(scale)) * r * r
+            bound = b if bound is None else max(bound, b)
+    return bound
+
+
 def _run_rk4(run, t_cur, y, t_eval, h_max, max_steps):
     """Classical RK4 between output times, equal steps no longer than ``h_max``."""
     status, message, steps, stop = Status.FINISHED, "reached the end of t_span", 0, None
@@ -408,8 +461,9 @@ def _run_rk4(run, t_cur, y, t_eval, h_max, max_steps):
             t_new = te if k == m_steps - 1 else t_cur + h
             steps += 1
             stop = run.check(t_new, y_new)
-            if stop is not None and not np.all(np.isfinite(y_new)):
-                break       # left the floating-point range: end at the last finite state
+            if stop is not None and stop[0] == Status.FAILED:
+                break       # left the sane range: end at the last state within it, as the
+                            # adaptive schemes do
             t_cur, y = t_new, y_new
             if stop is None and steps >= max_steps and t_cur < t_eval[-1]:
                 stop = Status.FAILED, f"gave up after `max_steps` = {max_steps} steps"
@@ -572,9 +626,12 @@ def simulate_particles(attention, x0, t_span, *, t_eval=None, method="RK45", dt=
     if t_eval[0] == t0:
         run.record(t0, y)
         idx = 1
+    unresolved = run.unresolved_scores(t0, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SinkhornConvergenceWarning)
-        if method == "rk4":
+        if unresolved is not None:   # no step can be taken (Run.unresolved_scores)
+            status, message, t_cur = Status.FAILED, unresolved, t0
+        elif method == "rk4":
             status, message, t_cur, y = _run_rk4(run, t0, y, t_eval[idx:],
                                                  (t1 - t0) / 100 if dt is None else dt,
                                                  max_steps)

@@ -77,3 +77,37 @@ def test_depth_options_are_checked_like_the_solvers():
         gp.propagate_particles(st, x0, n_directions=0)
     with pytest.raises(ValueError, match="`blowup_threshold`"):
         gp.propagate_particles(st, x0, blowup_threshold=1.0)
+
+
+def _finite(sol):
+    return all(a is None or np.all(np.isfinite(a))
+               for a in (sol.depth, sol.mean, sol.cov, sol.x_final, sol.non_gaussianity,
+                         sol.block_mean, sol.block_cov))
+
+
+def test_particles_leaving_the_range_end_failed_and_finite_in_every_mode():
+    """Tokens of 1e150 under a growing field: a Runge-Kutta stage of the continuous mode
+    overflowed into the velocity's own check of its tokens (a ValueError from inside the
+    stack); finite tokens whose covariance overflows gave inf moments. Every mode now
+    ends failed at the last layer with finite moments, with a message."""
+    rng = np.random.default_rng(0)
+    Q, K = 0.5 * rng.standard_normal((2, 2)), 0.5 * rng.standard_normal((2, 2))
+    x0 = 1e150 * rng.standard_normal((12, 2))
+    for mode in ("continuous", "residual", "none"):
+        stack = Stack(gp.Softmax(Q, K, 1e3 * np.eye(2)), n_layers=100, h=1.0, mode=mode)
+        sol = propagate_particles(stack, x0, blowup_threshold=1e300)
+        assert sol.status == "failed" and sol.message
+        assert _finite(sol), mode
+        assert sol.mean.shape[0] == sol.depth.shape[0] >= 1
+
+
+def test_continuous_stack_whose_threshold_passes_float64():
+    """A contracting continuous stack (x' = -2x) with blowup_threshold = 1e307: the
+    threshold of a later layer relative to its own start, 1e307 tr0 / tr, passed float64
+    and the closure refused it (a ValueError about `blowup_threshold` from inside the
+    stack); it is now capped, and the stack runs to its end."""
+    stack = Stack(Affine(-2 * np.eye(2)), n_layers=4, h=1.0, mode="continuous")
+    sol = propagate_gaussian(stack, np.zeros(2), np.eye(2), blowup_threshold=1e307)
+    assert sol.status == "finished", sol.message
+    assert _finite(sol)
+    np.testing.assert_allclose(np.trace(sol.cov[-1]), 2 * np.exp(-16), rtol=1e-6)

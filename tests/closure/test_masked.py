@@ -133,3 +133,53 @@ def test_continuous_blowup_time_inside_a_layer():
     soft = propagate_gaussian(Stack(gp.Softmax(Q, K, np.eye(2)), n_layers=4, h=0.4,
                                     mode="continuous"), np.zeros(2), cov)
     assert soft.t_blowup == pytest.approx(t_star, rel=1e-6)
+
+
+def _masked_weights():
+    rng = np.random.default_rng(0)
+    Q, K = 0.5 * rng.standard_normal((2, 2)), 0.5 * rng.standard_normal((2, 2))
+    return Q, K, rng.standard_normal((2, 2)) / np.sqrt(2)
+
+
+def _assert_finite(sol):
+    for a in (sol.t, sol.means, sol.covs, sol.mixture_mean, sol.mixture_cov):
+        assert np.all(np.isfinite(a))
+
+
+def test_masked_closure_whose_logits_pass_the_rounding_ends_failed():
+    """Block means of 1e150 (or covariances of 1e150, 1e300) give logits that differ
+    between blocks by 1e298 and more: the weights switch like an argmax across layers
+    below the resolution of the nodes, and the steps used to chatter to nothing (max_nfev
+    after minutes, ~1e-139 of t_span). The run now stops at once with status failed,
+    finite arrays and a message; a run whose logit differences grow past 1/eps
+    (V = 300 I) stops there, later."""
+    from tests._helpers import run_within
+
+    Q, K, V = _masked_weights()
+    m0 = np.array([[0.0, 0.0], [0.5, 0.1]])
+    for att, means0, covs0, later in (
+            (Masked(Q, K, V), 1e150 * m0, np.eye(2), False),
+            (Masked(Q, K, V), 1e150 * m0, 1e150 * np.eye(2), False),
+            (Masked(Q, K, 300 * np.eye(2)), m0, np.eye(2), True)):
+        sol = run_within(60, gp.solve_masked_closure, att, means0, covs0, (0, 10))
+        assert sol.status == "failed" and "logits differ" in sol.message, sol.message
+        _assert_finite(sol)
+        assert (sol.t_final > 0) == later
+    # one covariance of 1e300 shared by the blocks: the blocks' logits differ little, the
+    # field overflows in the first trial steps: failed at once, finite
+    sol = run_within(60, gp.solve_masked_closure, Masked(Q, K, V), m0, 1e300 * np.eye(2),
+                     (0, 10))
+    assert sol.status == "failed" and sol.t_final == 0.0
+    _assert_finite(sol)
+
+
+def test_masked_closure_refuses_blocks_whose_mixture_overflows():
+    """Block means of 1e300: the covariance of the whole sequence (returned, and the
+    events' reference) overflows at t = 0, so the input is refused by name."""
+    Q, K, V = _masked_weights()
+    m0 = 1e300 * np.array([[0.0, 0.0], [0.5, 0.1]])
+    with pytest.raises(ValueError, match="`means0` and `covs0` are too large"):
+        gp.solve_masked_closure(Masked(Q, K, V), m0, np.eye(2), (0, 1))
+    stack = Stack(Masked(Q, K, V), n_layers=2, h=0.5, mode="residual")
+    with pytest.raises(ValueError, match="`mean0` and `cov0` are too large"):
+        propagate_gaussian(stack, m0, np.eye(2))

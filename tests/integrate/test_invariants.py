@@ -104,11 +104,10 @@ def check_trajectory(att, cov0, known=None):
     assert np.all(np.isfinite(sol.cov_final)) and np.isfinite(sol.t_final), f"non-finite end: {where}"
     steps = np.diff(t)
     assert np.all(steps > 0), f"t not strictly increasing: {where}"
-    if sol.t_final > t1:
-        # seen: the end stored one rounding past t_span[1] (reported, not fixed here)
-        known["t_final past t1 by rounding"] += 1
-    assert t[0] == 0.0 and sol.t_final <= t1 * (1 + 4e-16), (
+    assert t[0] == 0.0 and sol.t_final <= t1 and t[-1] <= t1, (
         f"t from {t[0]} to {sol.t_final} > {t1}: {where}")
+    if sol.status == gp.Status.FINISHED:
+        assert sol.t_final == t1 and t[-1] == t1, f"ended at {sol.t_final}, not {t1}: {where}"
     top = np.max(np.abs(cov), axis=(-2, -1))
     asym = np.max(np.abs(cov - np.swapaxes(cov, -1, -2)), axis=(-2, -1))
     assert np.all(asym <= 1e-12 * top), f"asymmetric covariance: {where}"
@@ -125,17 +124,12 @@ def check_trajectory(att, cov0, known=None):
 
     bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
     assert np.all(np.isfinite(bat.cov_final)), f"solve_batch: non-finite end: {where}"
+    assert bat.t_final[0] <= t1, f"solve_batch ended at {bat.t_final[0]} > {t1}: {where}"
     if _spent(sol.message) or _spent(bat.message[0]):
         # one solver spent its budget: solve_batch counts the Jacobian's evaluations
         # (d^2 + 6 per RODAS4 step), solve's LSODA does not, so the budgets differ
         # (documented on solve_batch); no comparison
         known["budget spent"] += 1
-        return str(sol.status)
-    if (sol.status == gp.Status.FAILED and "step size becomes too small" in sol.message
-            and str(bat.status[0]) == "blowup"):
-        # known (with the repeated times): a blow-up whose steps reach the rounding of t
-        # before the second estimate confirms it (test_known_blowup_reported_failed)
-        known["blow-up reported failed by solve"] += 1
         return str(sol.status)
     assert str(bat.status[0]) == str(sol.status), (
         f"solve: {sol.status} ({sol.message}); solve_batch: {bat.status[0]} ({bat.message[0]}); "
@@ -184,6 +178,23 @@ def draw_params(rng):
             bool(rng.integers(2)), int(rng.integers(2**32)))
 
 
+@pytest.mark.parametrize("params", [
+    ("l2", 1, 1, 1, -5.6733856538298575, 4.910434474885667, True, 3543832202),
+    ("softmax", 4, 4, 3, 2.707688850101446, -4.906060873224256, False, 2920776124)])
+def test_the_last_time_is_t_span_end_exactly(params):
+    """Two settings of the seeded loop whose last step, taken by Hairer's DOP853 as
+    X + H with H = t1 - X, rounded to one ulp past t1 (t_final - t1 = 7e-15, 2e-15)."""
+    att, cov0 = _build(params)
+    t1 = horizon(att, cov0)
+    sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    assert sol.status == gp.Status.FINISHED, sol.message
+    assert sol.t_final == t1 and sol.t[-1] == t1
+    ev = gp.solve(att, None, cov0, (0.0, t1), t_eval=[0.0, t1], max_nfev=BUDGET)
+    assert ev.t.tolist() == [0.0, t1] and ev.t_final == t1
+    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
+    assert bat.t_final[0] == t1
+
+
 def test_times_strictly_increase_at_a_fast_blowup():
     """A 2-D softmax blow-up at t* = 3.1e-8 (trace 1e8 x in 3e-8): the stop time repeated."""
     att, cov0 = _build(("softmax", 2, 1, 1, 3.4585596206616565, 5.6077989999480895, False,
@@ -193,17 +204,24 @@ def test_times_strictly_increase_at_a_fast_blowup():
     assert np.all(np.diff(sol.t) > 0)
 
 
-@pytest.mark.xfail(strict=False, reason="known: a blow-up at t* = 4.7e-8 whose steps "
-                   "reach the rounding of t; solve's DOP853 stops there")
-def test_known_blowup_reported_failed():
-    """solve_batch confirms the blow-up; solve's DOP853 stops with a too small step."""
+def test_blowup_below_the_rounding_of_t_is_confirmed():
+    """A 6-D softmax blow-up at t* = 4.7e-8 whose estimates converge only once the time
+    left, t* - t, is below 1e-21 (ulp(t) = 6.6e-24): the steps that follow it used to
+    hit the rounding of t itself (DOP853's "step size becomes too small", solve_batch's
+    10 ulp(t)) before the trace had grown enough for a second estimate to agree. Each
+    restart at a blow-up look now runs on its own clock from 0, in both solvers: both
+    confirm the blow-up, at the same t*."""
     att, cov0 = _build(("softmax", 6, 5, 4, 3.4290745947177683, 3.2071556293344514, True,
                         393439244))
     t1 = horizon(att, cov0)
     sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
     bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
-    assert str(bat.status[0]) == "blowup"
     assert sol.status == gp.Status.BLOWUP, sol.message
+    assert str(bat.status[0]) == "blowup", bat.message[0]
+    assert abs(sol.t_blowup - bat.t_blowup[0]) <= 1e-9 * sol.t_blowup
+    # the located crossings and the final time stay at or before t*
+    assert sol.t_final <= sol.t_blowup * (1 + 1e-12)
+    assert np.all(np.diff(sol.t) > 0)
 
 
 @pytest.mark.slow

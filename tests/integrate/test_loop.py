@@ -94,7 +94,7 @@ def test_compiled_budget_and_failure():
         return oscillator(t, y)
 
     fo = integrate_compiled(counted, "DOP853", 0.0, 1e4, Y0, rtol=1e-10, atol=1e-12,
-                            budget=lambda: len(calls) <= 200)
+                            budget=lambda t, y: len(calls) <= 200)
     assert fo.status == 2 and 0 < fo.t_final < 1e4 and fo.t[-1] == fo.t_final
     assert len(calls) < 200 + 2 * 13      # stopped at the end of the step that spent it
 
