@@ -440,6 +440,15 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
     return {"cells": cells, "grid": g, "value": value, "seconds": time.process_time() - t0}
 
 
+
+def _study_cases(quick, kinds):
+    """The clusters study's cases of the given kinds, with their attention and mixture."""
+    for c in _cases(quick):
+        if c["kind"] in kinds:
+            yield (c, cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7,
+                                        seed=c["seed"]),
+                   cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"]))
+
 def remeasure_study(*, kinds=("softmax",), quick=False, n=64, seeds=16, t_end=4.0,
                     progress=None):
     r""":func:`closure_bias` on the cases of the clusters study (same attention and start).
@@ -451,11 +460,7 @@ def remeasure_study(*, kinds=("softmax",), quick=False, n=64, seeds=16, t_end=4.
     absolute error).
     """
     out = []
-    for c in _cases(quick):
-        if c["kind"] not in kinds:
-            continue
-        att = cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
-        mix = cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])
+    for c, att, mix in _study_cases(quick, kinds):
         res = closure_bias(att, mix, np.linspace(0.0, t_end, 5), n=max(n, 4 * c["K"]),
                            seeds=seeds, seed=c["seed"])
         b, (lo, hi), mc = res.at(-1)
@@ -505,11 +510,7 @@ def growth_study(*, kinds=("softmax",), quick=False, t_end=4.0, n=400, progress=
     """
     out = []
     t_eval = np.linspace(0.0, t_end, 21)
-    for c in _cases(quick):
-        if c["kind"] not in kinds:
-            continue
-        att = cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
-        mix = cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])
+    for c, att, mix in _study_cases(quick, kinds):
         one = GaussianMixture([1.0], [mix.total_mean], [mix.total_cov])
         row = dict(name=c["name"], growth=offset_growth(att, mix, t_eval, n=n, seed=c["seed"]),
                    growth_control=offset_growth(att, one, t_eval, n=n, seed=c["seed"]))
@@ -557,11 +558,7 @@ def merge_gap_sources(*, kinds=("softmax",), t_end=4.0, n=400, progress=None):
 
     t_eval = np.linspace(0.0, t_end, 21)
     out = []
-    for c in _cases(False):
-        if c["kind"] not in kinds:
-            continue
-        att = cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
-        mix = cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])
+    for c, att, mix in _study_cases(False, kinds):
         run = run_case(att, mix, t_eval, n=n, seed=c["seed"], name=c["name"],
                        n_per_dim=5 if c["d"] == 3 else 6)
         T, K = len(run.t), mix.K
