@@ -615,7 +615,8 @@ NAN_FIELDS = {
                       "sinkhorn_error", "slopes", "slope_sem"},
     "TrajectoryOutcome": {"limit"},
     # documented: NaN where a growth or blow-up verdict leaves no limit to fit
-    "CertifiedLimit": {"exponents", "conserved_drift", "eigenvalues"},
+    "CertifiedLimit": {"exponents", "pivot_exponents", "conserved_drift", "eigenvalues",
+                       "closed_form_gap"},
 }
 #: where a result may be +inf: documented (blowup_time: no blow-up; condition_number: singular)
 INF_OK = {"blowup_time", "analysis.condition_number"}

@@ -102,7 +102,8 @@ class CertifiedLimit:
         :math:`V = I`; -2 where the coupling :math:`P_{RN}` grows like :math:`t`).
     pivot_exponents : ndarray, shape (d,)
         Log-log slopes of the pivots :math:`D_i` of :math:`P = LDL^T` over the same
-        decades (the first ``rank Q`` are those of the range of :math:`Q^T`).
+        decades (the first ``rank Q`` are those of the range of :math:`Q^T`); NaN if not
+        reached or past the floating-point range.
     conserved_drift : float
         :math:`\max_t \lVert N^TP(t)N - N^TP_0N\rVert_F / \lVert N^TP_0N\rVert_F` over the
         checkpoints (0 when :math:`\ker Q = 0`); :math:`N^TPN` is rebuilt from the factored
@@ -594,7 +595,19 @@ def _blowup_verdict(att, cov0, t_max):
 
 def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
                   strict=True):
-    """:func:`certified_limits` on validated input, at one horizon and step cap."""
+    r""":func:`certified_limits` on validated input, at one horizon and step cap.
+
+    A pivot of :math:`\Sigma^{-1}` past the floating-point range (an eigenvalue of
+    :math:`\Sigma` below 1e-308) is not an error here: it makes the fit non-finite,
+    and the row is ``undecided`` with that reason, so overflow warnings are silenced.
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol,
+                                 max_steps, strict)
+
+
+def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
+                      strict):
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
     base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
     if base[-1] < t_max:
