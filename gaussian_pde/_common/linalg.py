@@ -218,7 +218,19 @@ def l2_gain_parts(B):
 
 
 def _gain_by_svd(B):
-    """``(G, E)`` of :func:`l2_gain_parts` from the thin SVD of ``B`` (any scale)."""
+    """``(G, E)`` of :func:`l2_gain_parts` from the thin SVD of ``B`` (any finite scale).
+
+    A matrix with inf or NaN entries gets NaN without reaching LAPACK, whose SVD
+    iterations are not meant for them (a non-finite trial state is a rejected step).
+    """
+    fin = np.isfinite(B).all(axis=(-2, -1))
+    if not np.all(fin):
+        k, d = B.shape[-2:]
+        G = np.full(B.shape[:-2] + (d, k), np.nan)
+        E = np.full(B.shape[:-2] + (k, k), np.nan)
+        if np.any(fin):
+            G[fin], E[fin] = _gain_by_svd(B[fin])
+        return G, E
     U, s, Wt = np.linalg.svd(B, full_matrices=False)
     with np.errstate(divide="ignore", over="ignore"):
         big = s > 1.0
