@@ -21,7 +21,7 @@ from gaussian_pde.studies import unit_trace_grid
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("repro")
-    assert main(["reproduce", "--quick", "--seed", "3", "--out", str(out)]) == 0
+    assert main(["reproduce", "--quick", "--certify", "--seed", "3", "--out", str(out)]) == 0
     return out
 
 
@@ -67,7 +67,7 @@ def test_histogram_counts_and_outcomes(quick_run):
 
 @pytest.mark.slow
 def test_deterministic_given_seed(quick_run, tmp_path):
-    assert main(["reproduce", "--quick", "--seed", "3", "--out", str(tmp_path)]) == 0
+    assert main(["reproduce", "--quick", "--certify", "--seed", "3", "--out", str(tmp_path)]) == 0
     a = json.loads((quick_run / "results.json").read_text())["histogram_counts"]
     b = json.loads((tmp_path / "results.json").read_text())["histogram_counts"]
     assert a == b
