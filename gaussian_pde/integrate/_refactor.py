@@ -41,12 +41,18 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["REFACTOR_ABOVE", "REFACTOR_EVERY", "cancellation_excess", "rotation"]
+__all__ = ["REFACTOR_ABOVE", "REFACTOR_ABOVE_RESTART", "REFACTOR_EVERY", "cancellation_excess", "rotation"]
 
 _EPS = np.finfo(float).eps
-#: re-factor once the rounding of a cancelling direction reaches this fraction of the
-#: solver's tolerance on it
+#: ``solve_batch`` re-factors once the rounding of a cancelling direction reaches this
+#: fraction of the solver's tolerance on it: it rotates a row in place, rate included,
+#: and steps on with the same step size
 REFACTOR_ABOVE = 1e-3
+#: ``solve`` waits until the rounding reaches this larger fraction: each re-factoring
+#: restarts its SciPy or Fortran solver, which finds its step size and any stiff
+#: hand-over again (at 1e-3 a K = -Q run to t = 1e8 at rtol 1e-11 restarted until its
+#: budget was spent)
+REFACTOR_ABOVE_RESTART = 0.1
 #: a direction counts as cancelling where its column is this many times longer than it
 #: (after a re-factoring, c_j = s_j: no direction counts, whatever the tolerances)
 _CANCELS = 10.0

@@ -54,7 +54,7 @@ from ._events import (
 from ._fused import mean_is_linear, moment_field, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._refactor import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess, rotation
+from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_excess, rotation
 from ._results import MomentSolution, Status
 
 __all__ = ["solve", "integrate_system", "Run"]
@@ -287,7 +287,11 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     # a system may say where its state leaves the range in which its field can be
     # computed (system.out_of_range(y) -> message or None): checked at every step end
     out_of_range = getattr(system, "out_of_range", None)
-    due = {"refactor": False, "steps": 0, "range": None}
+    # a re-factoring restarts the integrator (its step size and any stiff hand-over are
+    # found again), so after each one the look waits twice as many steps: a run whose
+    # spread keeps growing (K = -Q to t = 1e8) restarts O(log steps) times, not every
+    # REFACTOR_EVERY steps
+    due = {"refactor": False, "steps": 0, "range": None, "every": REFACTOR_EVERY}
 
     def budget(t, y):
         if max_nfev is not None and system.nfev > max_nfev:
@@ -298,10 +302,12 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
                 return False
         if refactor is not None:
             due["steps"] += 1
-            if (due["steps"] % REFACTOR_EVERY == 0
-                    and system.cancellation(y, opts.atol, opts.rtol) > REFACTOR_ABOVE):
-                due["refactor"] = True
-                return False
+            if due["steps"] >= due["every"]:
+                due["steps"] = 0
+                if system.cancellation(y, opts.atol, opts.rtol) > REFACTOR_ABOVE_RESTART:
+                    due["refactor"] = True
+                    due["every"] *= 2
+                    return False
         return True
 
     tr0 = max(system.trace(y0), _TINY)

@@ -132,14 +132,15 @@ def test_zero_covariance_stays_zero():
 
 
 def test_failure_is_reported_not_raised():
-    """A stiff stall (softmax, V != I) ends DOP853 with status failed and a message, never
-    a hang; the default method switches to LSODA there and reaches the end."""
+    """A stiff stretch (softmax, V != I) that DOP853 crosses only slowly ends a short
+    budget with status failed and a message, never a hang; the default method switches
+    to LSODA there and reaches the end in a fraction of DOP853's evaluations."""
     Q, K = np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]])
     att = gp.Softmax(Q, K, np.array([[1.0, 0.3], [-0.2, 0.7]]))
     cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
-    sol = gp.solve(att, None, cov0, (0, 3.0), max_nfev=20_000, method="DOP853")
-    assert sol.status in ("failed", "blowup")
-    assert sol.message
+    sol = gp.solve(att, None, cov0, (0, 3.0), max_nfev=2_000, method="DOP853")
+    assert sol.status == "failed"
+    assert "2000 right-hand-side evaluations" in sol.message
     auto = gp.solve(att, None, cov0, (0, 3.0), max_nfev=20_000)
     assert auto.status == "finished" and "stiff from t = " in auto.message
     # the trace grows 1e8-fold first (DOP853 rejects a step in two there, with
