@@ -274,14 +274,6 @@ def _figures(out, regimes, hists, ds, progress=None, published=None):
     return paths
 
 
-def _outcome_counts(outcomes):
-    kinds = {}
-    for o in outcomes:
-        key = str(o.outcome) + (f" {o.rank}" if o.outcome == "rank" else "")
-        kinds[key] = kinds.get(key, 0) + 1
-    return ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items()))
-
-
 _PUB_KEY = {("softmax", "I"): ("softmax", "identity"), ("softmax", "RtR"): ("softmax", "random"),
             ("l2", "I"): ("l2", "identity"), ("l2", "RtR"): ("l2", "random")}
 
