@@ -23,7 +23,7 @@ key token ``y`` into the affine velocity field of docs/math.md section 3.2:
 :class:`Program` and :func:`numpy_code` print a straight-line program of matrix
 assignments as batched NumPy code (leading axes broadcast; inverses become solves).
 Matrix functions the printer knows (:class:`PsdSqrt`, :class:`PseudoInverse`,
-:class:`RegularizedGain`, :math:`(I + B^TB)^{-1}B^T` through the SVD of ``B``, and
+:class:`RegularizedGain`, :math:`(I + B^TB)^{-1}B^T` through a solve or a QR, and
 :class:`GramFunctionCross`, :math:`B f(B^TB)` through the SVD of ``B`` with the scalar
 ``f`` printed from its SymPy expression) are SymPy nodes, so a program is checked by
 composing it back into one expression (:meth:`Program.composed`).
@@ -120,10 +120,11 @@ class RegularizedGain(MatrixCall):
 
     Printed as a call of ``gaussian_pde._common.linalg.l2_gain``, which forms it by a
     Cholesky solve with :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3` (condition
-    number at most :math:`1 + \|B\|_F^2`) and from the thin SVD of ``B``,
-    :math:`W\operatorname{diag}(s/(1 + s^2))U^T`, beyond, accurate to rounding for every
-    ``B`` (a solve is not, once :math:`s_{\max}^2` passes :math:`1/\sqrt{\varepsilon}`,
-    and is singular in floating point once it swamps the identity). :meth:`expanded` is
+    number at most :math:`1 + \|B\|_F^2`) and beyond from the Householder QR
+    :math:`[B;\ I_d] = QR`, :math:`R^{-1}Q_1^T`, backward stable column by column for
+    every ``B`` (a solve is not, once :math:`s_{\max}^2` passes
+    :math:`1/\sqrt{\varepsilon}`, and is singular in floating point once it swamps the
+    identity). :meth:`expanded` is
     the definition, for the checks.
     """
 

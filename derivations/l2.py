@@ -27,7 +27,8 @@ push-through identity gives
 
 and ``G`` is printed as the helper ``l2_gain``
 (:class:`~derivations._symbolic.RegularizedGain`: a Cholesky solve while
-:math:`\|B\|_F^2 < 10^3`, the SVD beyond), accurate for every scale.
+:math:`\|B\|_F^2 < 10^3`, Householder QR of :math:`[B;\ I_d]` beyond), accurate for
+every scale.
 :func:`check_programs` checks the printed programs against the derived field on random
 matrices (singular ones included).
 """
@@ -72,7 +73,7 @@ _Vs = sp.MatrixSymbol("Vs", S.d, S.d)
 
 
 def programs():
-    r"""The printed straight-line programs (push-through form with the SVD gain).
+    r"""The printed straight-line programs (push-through form with the gain helper).
 
     ``R`` is the factor: :math:`\Sigma^{1/2}` in the covariance forms, ``L`` in the
     factor forms. :math:`M\Sigma` is printed as :math:`(MR)R^T`.
@@ -222,7 +223,7 @@ def check_extreme_scale():
 
 CHECKS = dict(S.integration_checks(SCORE, derive))
 CHECKS.update({
-    "printed programs (SVD gain) equal the direct printing of the field": lambda:
+    "printed programs (gain helper) equal the direct printing of the field": lambda:
         check_programs() < 1e-10,
     "printed field is finite and exact at Sigma ~ 1e300 (singular direct solve)":
         check_extreme_scale,
