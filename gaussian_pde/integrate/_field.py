@@ -65,8 +65,12 @@ class Field:
         self.calls = 0
         self._cache_key = None
         #: whether :func:`analytic_jacobian` applies (every head softmax or L2)
-        self.analytic_jacobian = {gen.__name__.rsplit(".", 1)[-1] for _, heads in self.groups
-                                  for gen, *_ in heads} <= set(_HOLOMORPHIC)
+        kinds = {gen.__name__.rsplit(".", 1)[-1] for _, heads in self.groups
+                 for gen, *_ in heads}
+        self.analytic_jacobian = kinds <= set(_HOLOMORPHIC)
+        #: whether an L2 head is present, whose closed-form Jacobian holds only while the
+        #: factor's columns stay within gaussian_pde.integrate._differences's spread
+        self.has_l2 = "l2" in kinds
 
     def _plan(self, idx, stacked=False):
         """Rows and weights of each group for trajectories ``idx``.

@@ -43,6 +43,7 @@ import numpy as np
 from .._common.linalg import l2_gain, l2_gain_parts, sinkhorn_cross
 from ..attention._base import SingleHeadAttention
 from ..attention._multihead import MultiHead
+from ._differences import central_jacobian, closed_form_holds
 
 __all__ = ["moment_field", "moment_jacobian", "head_kinds", "mean_is_linear"]
 
@@ -303,11 +304,34 @@ def moment_jacobian(attention, with_mean):
     :math:`\partial L'_{ij}/\partial L_{ab} = M_{ia}\delta_{jb} + A_{ia}(B^TL)_{jb} +
     U_{ib}B_{aj}`, the mean rows :math:`\partial\alpha'_i/\partial L_{ab} =
     A_{ia}(L^Tr)_b + U_{ib}r_a` and :math:`\partial\alpha'/\partial\alpha = N`;
-    :math:`\partial L'/\partial\alpha = 0`.
+    :math:`\partial L'/\partial\alpha = 0`. With an L2 head, states whose factor
+    columns span more than
+    :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX` get column-scaled
+    central differences of the field instead, where that closed form loses its digits.
     """
     kinds = head_kinds(attention)
     if not all(k in ("softmax", "l2") for k in kinds):
         return None
+    closed = _closed_form_jacobian(attention, kinds, with_mean)
+    if "l2" not in kinds:
+        return closed
+    # an L2 head's closed form loses digits once the factor's columns spread
+    # (gaussian_pde.integrate._differences): differences of the field beyond
+    field = moment_field(attention, with_mean)
+    d = attention.d
+    m = d + 1 if with_mean else d
+
+    def jac(t, y):
+        Z = np.asarray(y, dtype=float).reshape(d, m)
+        if closed_form_holds(Z[:, :d]):
+            return closed(t, y)
+        return central_jacobian(field, Z)
+
+    return jac
+
+
+def _closed_form_jacobian(attention, kinds, with_mean):
+    """The closed-form Jacobian of :func:`moment_jacobian` (softmax and L2 heads)."""
     heads = _heads(attention)
     d = attention.d
     m = d + 1 if with_mean else d

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.integrate._ivp import dop853_coefficients as _dop
 
+from ._differences import closed_form_holds, column_steps
 from ._field import analytic_jacobian
 
 __all__ = ["DOP853Stepper", "RosenbrockStepper", "MixedStep", "rms", "SAFETY", "MIN_FACTOR"]
@@ -203,9 +204,6 @@ _RH = np.array([[10.12623508344586, -7.487995877610167, -34.80091861555747,
                  -7.992771707568823, 1.025137723295662, 0.0],
                 [-0.6762803392801253, 6.087714651680015, 16.43084320892478,
                  24.76722511418386, -6.594389125716872, 0.0]])
-#: central-difference Jacobian: relative perturbation and its floor relative to max |L|
-_FD_EPS3 = np.finfo(float).eps ** (1.0 / 3.0)
-_FD_FLOOR = 1e-3
 #: a stage state this many times larger than the step's start is rejected outright
 _WILD = 1e6
 
@@ -255,24 +253,45 @@ class RosenbrockStepper:
         r"""Jacobian of ``L'``: exact, or by differences with all states of all rows in ONE call.
 
         For softmax and L2 heads the closed form of
-        :func:`gaussian_pde.integrate._field.analytic_jacobian` (one evaluation). Otherwise
-        (Sinkhorn: eigendecompositions) central differences
-        :math:`(f(y + \delta_j e_j) - f(y - \delta_j e_j))/(2\delta_j)`, ``2 d^2`` states,
-        :math:`\delta_j = \varepsilon^{1/3}\max(|y_j|, 10^{-3}\max_k|y_k|)`, relative
-        error near :math:`\varepsilon^{2/3}`. Accuracy matters here: near a continuum of
-        equilibria ``J`` has (near) zero eigenvalues, and with the long steps a stiff
-        solver takes, ``1/(gamma h)`` is small, so an error in ``J`` of that size spoils
-        ``(I/(gamma h) - J)^{-1}``; with forward differences (error near
+        :func:`gaussian_pde.integrate._field.analytic_jacobian` (one evaluation), except
+        for rows with an L2 head whose factor columns spread past
+        :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, where that
+        closed form loses its digits. Otherwise (those rows, and Sinkhorn:
+        eigendecompositions) central differences
+        :math:`(f(y + \delta_{ab} e_{ab}) - f(y - \delta_{ab} e_{ab}))/(2\delta_{ab})`,
+        ``2 d^2`` states, with a step per column of ``L``
+        (:func:`~gaussian_pde.integrate._differences.column_steps`), relative error near
+        :math:`\varepsilon^{2/3}` of each column's scale. Accuracy matters here: near a
+        continuum of equilibria ``J`` has (near) zero eigenvalues, and with the long steps
+        a stiff solver takes, ``1/(gamma h)`` is small, so an error in ``J`` of that size
+        spoils ``(I/(gamma h) - J)^{-1}``; with forward differences (error near
         :math:`\sqrt\varepsilon`) RODAS4 took several times more steps on the paper's
         workload.
         """
+        r, d = y.shape[0], self.d
+        if self.jac_mode != "analytic":
+            return self._central(idx, y)
+        if self.field.has_l2:
+            holds = closed_form_holds(y.reshape(r, d, d))
+            if not holds.all():
+                J = np.empty((r, self.n, self.n))
+                if holds.any():
+                    J[holds] = self._closed(idx[holds], y[holds])
+                J[~holds] = self._central(idx[~holds], y[~holds])
+                return J
+        return self._closed(idx, y)
+
+    def _closed(self, idx, y):
+        """The closed-form Jacobian at rows ``idx`` (one evaluation each)."""
+        r, d = y.shape[0], self.d
+        self.nfev[idx] += 1
+        return analytic_jacobian(self.field, idx, y.reshape(r, d, d))
+
+    def _central(self, idx, y):
+        """Central differences with column-scaled steps, every state in one field call."""
         r, n, d = y.shape[0], self.n, self.d
-        if self.jac_mode == "analytic":
-            self.nfev[idx] += 1
-            return analytic_jacobian(self.field, idx, y.reshape(r, d, d))
         j = np.arange(n)
-        scale = np.max(np.abs(y), axis=1, keepdims=True) + 1e-150
-        delta = _FD_EPS3 * np.maximum(np.abs(y), _FD_FLOOR * scale)
+        delta = column_steps(y.reshape(r, d, d)).reshape(r, n)
         Y = np.repeat(y[:, None, :], 2 * n, axis=1)   # rows j, n + j: y +- delta_j e_j
         Y[:, j, j] += delta
         Y[:, n + j, j] -= delta
