@@ -75,9 +75,12 @@ class _System:
     tolerances apply to it (see :func:`_mean_scale`).
     """
 
-    def __init__(self, attention, with_mean, mean_scale=1.0):
+    def __init__(self, attention, with_mean, mean_scale=1.0, zero_mean=False):
         self.att = attention
         self.d = d = attention.d
+        #: the mean is identically zero and left out of the state (see :func:`solve`)
+        self.zero_mean = zero_mean
+        with_mean = with_mean and not zero_mean
         self.with_mean = with_mean
         self.mean_scale = float(mean_scale)
         self.m = m = d + 1 if with_mean else d
@@ -106,10 +109,12 @@ class _System:
         y = np.asarray(y)
         Z = y.reshape(y.shape[:-1] + (self.d, self.m))
         L = np.ascontiguousarray(Z[..., :self.d])
+        if self.zero_mean:
+            return np.zeros(L.shape[:-1]), L
         return (Z[..., self.d] * self.mean_scale if self.with_mean else None), L
 
     def pack(self, mean, L):
-        if mean is None:
+        if mean is None or self.zero_mean:
             return np.array(L, dtype=float).ravel()
         return np.column_stack([L, np.asarray(mean) / self.mean_scale]).ravel()
 
@@ -480,7 +485,9 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         factor (:mod:`gaussian_pde.integrate._fused`), at about the cost of the
         covariance alone; its error is controlled like the factor's, so a mean growing
         like :math:`e^{\lambda_{\max}(V)t}` needs the steps that resolve it (and
-        overflows float64 once :math:`\lambda_{\max}(V)t` passes about 700).
+        overflows float64 once :math:`\lambda_{\max}(V)t` passes about 700). A zero mean
+        of softmax, L2 and Sinkhorn heads stays exactly zero: it is then left out of the
+        state, and the run takes the steps of the covariance alone.
     cov0 : array_like, shape (d, d)
         Initial covariance, symmetric positive semi-definite (any rank).
     t_span : (float, float)
@@ -570,8 +577,13 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     method = validate_method(method, extra=("rosenbrock", "auto"))
     events = validate_user_events(events)
     auto = isinstance(method, str) and method == "auto"
-    system = _System(attention, with_mean, mean_scale=_mean_scale(
+    # a zero mean of a type whose mean equation is linear and homogeneous
+    # (alpha' = N(Sigma) alpha) stays exactly zero: it is left out of the state, so that
+    # it changes neither the steps nor the cost
+    zero_mean = with_mean and mean_is_linear(attention) and not np.any(mean0)
+    system = _System(attention, with_mean, zero_mean=zero_mean, mean_scale=_mean_scale(
         attention, mean0, opts.rtol, opts.atol) if auto else 1.0)
+    with_mean = system.with_mean
     y0 = system.pack(mean0, psd_factor(cov0))
     if auto:
         jac = moment_jacobian(attention, with_mean)
