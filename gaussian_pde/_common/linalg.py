@@ -6,6 +6,8 @@ code serves one trajectory and a stack of thousands.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy.linalg.blas import dnrm2 as _dnrm2
 from scipy.linalg.lapack import dgeqrf as _dgeqrf
@@ -246,9 +248,11 @@ def _gain_by_qr(B, with_E=True):
     """
     k, d = B.shape[-2:]
     if B.ndim == 2:
-        if not np.isfinite(B).all():
+        # BLAS dnrm2 scales its sum: finite for finite entries (but for entries near the
+        # top of the range), in one call instead of isfinite and all
+        if not math.isfinite(_dnrm2(B.ravel())) and not np.isfinite(B).all():
             return np.full((d, k), np.nan), np.full((k, k), np.nan) if with_E else None
-        return _ridge_factor(B, d)[0], _inverse_gram(B.T, k) if with_E else None
+        return _ridge_gain(B, d), _inverse_gram(B, k) if with_E else None
     G = np.full(B.shape[:-2] + (d, k), np.nan)
     E = np.full(B.shape[:-2] + (k, k), np.nan) if with_E else None
     fin = np.isfinite(B).all(axis=(-2, -1))
@@ -267,21 +271,41 @@ def _gain_by_qr(B, with_E=True):
     return G, E
 
 
-def _ridge_factor(B, d):
-    r"""``(G, R)``: :math:`G = R^{-1}Q_1^T` from the QR of :math:`[B;\ I_d]` (one matrix)."""
+_EYES = {}
+
+
+def _eye(n):
+    """A cached, read-only ``n x n`` identity."""
+    e = _EYES.get(n)
+    if e is None:
+        e = _EYES[n] = np.eye(n)
+        e.setflags(write=False)
+    return e
+
+
+def _qr_of_ridge(B, n):
+    r"""LAPACK ``dgeqrf`` of :math:`[B;\ I_n]`: ``(qr, tau)``, :math:`R` in ``qr[:n]``'s upper triangle."""
     k = B.shape[0]
-    A = np.empty((k + d, d), order="F")
+    A = np.empty((k + n, n), order="F")
     A[:k] = B
-    A[k:] = np.eye(d)
+    A[k:] = _eye(n)
     qr, tau, _, _ = _dgeqrf(A, overwrite_a=1)
-    R = np.triu(qr[:d])
+    return qr, tau
+
+
+def _ridge_gain(B, d):
+    r""":math:`G = R^{-1}Q_1^T` from the QR of :math:`[B;\ I_d]` (one matrix)."""
+    qr, tau = _qr_of_ridge(B, d)
+    R = qr[:d].copy(order="F")     # dorgqr overwrites qr; dtrtrs reads the upper triangle
     Q, _, _ = _dorgqr(qr, tau, overwrite_a=1)
-    G, _ = _dtrtrs(R, np.asfortranarray(Q[:k].T))
-    return G, R
+    G, _ = _dtrtrs(R, Q[:B.shape[0]].T)
+    return G
 
 
-def _inverse_gram(Bt, k):
+def _inverse_gram(B, k):
     r""":math:`(I_k + BB^T)^{-1} = R_2^{-1}R_2^{-T}` from the QR of :math:`[B^T;\ I_k]`."""
-    _, R2 = _ridge_factor(Bt, k)
-    Ri, _ = _dtrtrs(R2, np.eye(k))
-    return Ri @ Ri.T
+    qr, _ = _qr_of_ridge(B.T, k)
+    R2 = qr[:k]                    # two triangular solves read its upper triangle only
+    X, _ = _dtrtrs(R2, _eye(k), trans=1)
+    E, _ = _dtrtrs(R2, X)
+    return E
