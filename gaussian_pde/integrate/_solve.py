@@ -425,9 +425,12 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
             continue
         if name == "max_nfev":
             status = Status.FAILED
+            # an implicit method (or "auto", whose stiff solver is LSODA) was already used
+            advice = ("a larger max_nfev" if stiff is not None or accepts_jac(solver_cls)
+                      else "method='LSODA' or a larger max_nfev")
             message = (f"gave up after {max_nfev} right-hand-side evaluations at "
                        f"t = {t_final:.10g} (stiff or nearly singular dynamics; try "
-                       "method='LSODA' or a larger max_nfev)")
+                       f"{advice})")
             break
         status = {"steady": Status.STEADY, "rank_collapse": Status.RANK_COLLAPSE}.get(
             name, Status.EVENT)

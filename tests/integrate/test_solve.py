@@ -620,3 +620,12 @@ def test_a_zero_mean_takes_the_steps_of_the_covariance_alone():
     rng = np.random.default_rng(0)
     short = gp.solve(att, 1e-3 * rng.standard_normal(5), cov0, (0, 1.0))
     assert np.any(short.mean_final)
+
+
+def test_a_spent_budget_suggests_lsoda_only_to_explicit_methods():
+    att, cov0 = paper_case(9)
+    for method, lsoda in (("DOP853", True), ("RK45", True), ("LSODA", False), ("Radau", False),
+                          ("auto", False)):
+        sol = gp.solve(att, None, cov0, (0, 300.0), method=method, max_nfev=200)
+        assert sol.status == "failed" and "right-hand-side evaluations" in sol.message
+        assert ("method='LSODA'" in sol.message) == lsoda, (method, sol.message)
