@@ -11,7 +11,7 @@ solver's tolerance on each column was :math:`10^{-8}` of that tolerance at a spr
 :math:`3\cdot10^4`, :math:`6\cdot10^{-4}` at :math:`9\cdot10^6` and :math:`10^5` at
 :math:`1.6\cdot10^{11}` (against an extended-precision reference), and LSODA, BDF and
 Radau, whose Newton iterations and error estimates use :math:`J`, crawled there. The
-field itself stays accurate per column (the L2 gain from a Jacobi SVD,
+field itself stays accurate per column (the L2 gain from Householder QR,
 :func:`gaussian_pde._common.linalg.l2_gain`), so past ``JACOBIAN_SPREAD_MAX`` the
 Jacobian is taken by central differences of the field with a step per column,
 :math:`\delta_{ab} = \varepsilon^{1/3}c_b` (:math:`c_b` the norm of column :math:`b`;
