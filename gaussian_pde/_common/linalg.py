@@ -117,7 +117,6 @@ def sinkhorn_cross(B):
 #: relative error of the solve by about ``1e3`` rounding units (``2e-13``), and
 #: :math:`BB^T` cannot overflow
 GAIN_SOLVE_MAX = 1e3
-_TINY = np.finfo(float).tiny
 _GAIN_SOLVE_NORM = float(np.sqrt(GAIN_SOLVE_MAX))
 
 

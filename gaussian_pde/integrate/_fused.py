@@ -316,16 +316,19 @@ def moment_jacobian(attention, with_mean):
     if "l2" not in kinds:
         return closed
     # an L2 head's closed form loses digits once the factor's columns spread
-    # (gaussian_pde.integrate._differences): differences of the field beyond
-    field = moment_field(attention, with_mean)
+    # (gaussian_pde.integrate._differences): differences of the field beyond, built on
+    # first need (most runs never get there)
     d = attention.d
     m = d + 1 if with_mean else d
+    field = []
 
     def jac(t, y):
         Z = np.asarray(y, dtype=float).reshape(d, m)
         if closed_form_holds(Z[:, :d]):
             return closed(t, y)
-        return central_jacobian(field, Z)
+        if not field:
+            field.append(moment_field(attention, with_mean))
+        return central_jacobian(field[0], Z)
 
     return jac
 
