@@ -236,7 +236,10 @@ def rank_note(cov0, cov_final, status):
     """
     if status == Status.RANK_COLLAPSE or not np.all(np.isfinite(cov_final)):
         return ""
-    r0, r1 = int(numerical_rank(cov0)), int(numerical_rank(cov_final))
+    r1 = int(numerical_rank(cov_final))
+    if r1 >= cov_final.shape[-1]:      # full rank: nothing was lost (most runs)
+        return ""
+    r0 = int(numerical_rank(cov0))
     if r1 >= r0:
         return ""
     return (f"; the covariance's numerical rank fell from {r0} to {r1} (an eigenvalue of "

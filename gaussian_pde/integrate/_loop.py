@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import warnings
 
 import numpy as np
@@ -337,7 +338,9 @@ class _Watch:
                 self.n_prev = self.nfev()
                 self.recent.append((t, self.n_prev))
             return 0
-        if not np.isfinite(y).all():  # left the floating-point range: stop before it
+        # left the floating-point range: stop before it (a finite sum of squares has only
+        # finite terms, so the entry-wise test runs only where that sum is not finite)
+        if not math.isfinite(y.dot(y)) and not np.isfinite(y).all():
             self.overflow = t
             return -1
         if self.events:

@@ -39,9 +39,12 @@ flow keeps them zero and the rank stays exact.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["REFACTOR_ABOVE", "REFACTOR_ABOVE_RESTART", "REFACTOR_EVERY", "cancellation_excess", "rotation"]
+__all__ = ["REFACTOR_ABOVE", "REFACTOR_ABOVE_RESTART", "REFACTOR_EVERY", "cancellation_excess",
+           "cancellation_exceeds", "rotation"]
 
 _EPS = np.finfo(float).eps
 #: ``solve_batch`` re-factors once the rounding of a cancelling direction reaches this
@@ -88,6 +91,26 @@ def cancellation_excess(L, atol, rtol):
     s = np.linalg.svd(L, compute_uv=False)
     ex = np.where(c > _CANCELS * s, _EPS * c / (atol + rtol * s), 0.0).max(axis=-1)
     return np.where(finite, ex, np.nan)
+
+
+def cancellation_exceeds(L, atol, rtol, level, fro2=None):
+    r"""Whether :func:`cancellation_excess` of one factor is above ``level``.
+
+    Every cancelling direction has
+    :math:`\varepsilon c_j/(\text{atol} + \text{rtol}\,s_j) \le \varepsilon c_j/\text{atol}
+    \le \varepsilon\lVert L\rVert_F/\text{atol}`, so where that bound is at most
+    ``level`` the answer is ``False`` without the SVD (on a run whose factor stays
+    below :math:`0.1\,\text{atol}/\varepsilon`, 450 at the default ``atol``, every
+    look). ``fro2``: :math:`\lVert L\rVert_F^2` if known. Not finite: ``False``, as
+    the comparison of :func:`cancellation_excess`'s NaN is.
+    """
+    if atol > 0:
+        if fro2 is None:
+            L = np.asarray(L, dtype=float)
+            fro2 = float(np.einsum("ij,ij->", L, L))
+        if _EPS * math.sqrt(fro2) <= level * atol:   # NaN fails and goes on to the SVD
+            return False
+    return bool(cancellation_excess(L, atol, rtol) > level)
 
 
 def rotation(L):

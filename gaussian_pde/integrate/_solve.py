@@ -54,7 +54,7 @@ from ._events import (
 from ._fused import mean_is_linear, moment_field, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_excess, rotation
+from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._results import MomentSolution, Status
 
 __all__ = ["solve", "integrate_system", "Run"]
@@ -138,10 +138,10 @@ class _System:
         mean, L = self.split(y)
         return mean, L @ L.T
 
-    def cancellation(self, y, atol, rtol):
-        """:func:`~gaussian_pde.integrate._refactor.cancellation_excess` of the factor."""
+    def cancellation(self, y, atol, rtol, level):
+        """:func:`~gaussian_pde.integrate._refactor.cancellation_exceeds` of the factor."""
         Z = y.reshape(self.d, self.m)
-        return cancellation_excess(Z[:, :self.d], atol, rtol)
+        return cancellation_exceeds(Z[:, :self.d], atol, rtol, level, fro2=self.trace(y))
 
     def refactor(self, y):
         r"""The same covariance (and mean) with the factor's columns made orthogonal.
@@ -309,7 +309,7 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
             due["steps"] += 1
             if due["steps"] >= due["every"]:
                 due["steps"] = 0
-                if system.cancellation(y, opts.atol, opts.rtol) > REFACTOR_ABOVE_RESTART:
+                if system.cancellation(y, opts.atol, opts.rtol, REFACTOR_ABOVE_RESTART):
                     due["refactor"] = True
                     due["every"] *= 2
                     return False
