@@ -293,3 +293,37 @@ def test_solve_uses_the_fortran_codes_only_for_few_output_times():
     assert use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 1), 0.0)
     assert not use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 2), 0.0)
     assert not use_compiled(DOP853, None, 0.0) and not use_compiled("LSODA", None, 0.0)
+
+
+def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
+    from gaussian_pde.integrate import _loop
+    from gaussian_pde.integrate._fused import moment_jacobian
+
+    eigvals = np.linalg.eigvals
+    calls = []
+
+    def counting(J):
+        calls.append(1)
+        return eigvals(J)
+
+    monkeypatch.setattr(_loop.np.linalg, "eigvals", counting)
+    for k in range(600):
+        n = int(rng.integers(2, 30))
+        J = rng.standard_normal((n, n))
+        if k % 2:
+            J *= 10.0 ** rng.uniform(-3, 3, size=(n, n))
+        rho = np.max(np.abs(eigvals(J)))
+        for h in (0.5, 0.999, 1.001, 2.0, 6.0):
+            assert _loop.step_radius_at_least(J, h / rho, 1.0) == (h / rho * rho >= 1.0)
+    # the Jacobians of the paper workload where the stiffness check runs (h rho ~ 4 to 8)
+    calls.clear()
+    for seed in range(10):
+        qr = np.random.default_rng(seed)
+        Q = qr.standard_normal((2, 5))
+        G, R = qr.standard_normal((5, 5)), qr.standard_normal((5, 5))
+        att = gp.Softmax(Q, -Q, R.T @ R, scale=1 / np.sqrt(5))
+        J = moment_jacobian(att, False)(0.0, np.linalg.cholesky(G @ G.T).ravel())
+        rho = np.max(np.abs(eigvals(J)))
+        for h_rho in (1.0, 4.0, 8.0):
+            assert _loop.step_radius_at_least(J, h_rho / rho, 2.0) == (h_rho >= 2.0)
+    assert len(calls) < 10                   # the bounds decide nearly all of them
