@@ -502,7 +502,7 @@ def _merge(seg, ts, ys, t_events, y_events, skip_first):
 
 def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None, stiff=None,
-                       jac=None, nfev=None, t_offset=0.0):
+                       jac=None, nfev=None, t_offset=0.0, fortran_fun=None):
     """:func:`integrate` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
 
     The Fortran code (``scipy.integrate.ode``) runs the Runge-Kutta stages without
@@ -513,7 +513,10 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     exactly as ``solve_ivp`` would; then the Fortran code resumes.
 
     ``method`` is ``"DOP853"`` or ``"RK45"``; other arguments (``t_offset`` too) as in
-    :func:`integrate`.
+    :func:`integrate`. ``fortran_fun``, if given, is the same right-hand side for the
+    Fortran code alone: it may return a buffer that it overwrites at every call (the
+    code copies the result at once), which spares an allocation per evaluation; the
+    Python solvers, which keep the arrays ``fun`` returns, get ``fun``.
     Hairer's stiffness test (``h |lambda| > 6.1`` on 15 accepted steps) stops the Fortran
     code; by default it starts at every 1000th accepted step (``dop853.f``'s ``NSTIFF``)
     and the Python solver of the same method finishes the run. With ``stiff`` (an
@@ -566,7 +569,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                 else STABILIZED_WAIT if stabilized else 0)
         watch = _Watch(t_cur, y_cur, events, budget, *store, nfev=nfev if auto else None,
                        jac=jac if auto else None, stiff_after=wait)
-        solver = ode(fun).set_integrator(
+        solver = ode(fun if fortran_fun is None else fortran_fun).set_integrator(
             COMPILED[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
             beta=STABILIZED_BETA if stabilized else 0.0,
             max_step=0.0 if not np.isfinite(max_step) else float(max_step),

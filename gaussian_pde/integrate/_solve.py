@@ -85,14 +85,26 @@ class _System:
         self.mean_scale = float(mean_scale)
         self.m = m = d + 1 if with_mean else d
         self.nfev = 0
-        self.field = field = moment_field(attention, with_mean)
+        # the field writes into one buffer (overwritten at every call)
+        buf = np.empty((d, m))
+        flat = buf.reshape(-1)
+        self.field = field = moment_field(attention, with_mean, out=buf)
 
         def fun(t, y):
             self.nfev += 1
-            return field(y.reshape(d, m)).ravel()
+            field(y.reshape(d, m))
+            return flat.copy()
 
-        #: the right-hand side handed to the solver
+        def fun_fortran(t, y):
+            self.nfev += 1
+            field(y.reshape(d, m))
+            return flat
+
+        #: the right-hand side handed to the solver (a new array at every call)
         self.fun = fun
+        #: the same for Hairer's Fortran codes, which copy what it returns: the buffer
+        #: itself (see :func:`gaussian_pde.integrate._loop.integrate_compiled`)
+        self.fun_fortran = fun_fortran
         #: positions of the entries of L in a state with the mean
         self._factor_entries = (np.arange(d * m).reshape(d, m)[:, :d].ravel()
                                 if with_mean else None)
@@ -374,6 +386,8 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
                 if compiled:
                     res = integrate_compiled(system.fun, method, t_start - base, tau1,
                                              y_start, stiff=stiff, jac=jac,
+                                             fortran_fun=getattr(system, "fun_fortran",
+                                                                 None),
                                              nfev=lambda: system.nfev, **kw)
                 else:
                     res = integrate(system.fun, solver_cls, t_start - base, tau1, y_start,
