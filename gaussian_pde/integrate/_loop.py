@@ -347,7 +347,13 @@ class _Watch:
             self.overflow = t
             return -1
         events = self.events
-        if events:
+        if len(events) == 1:          # most runs: the blow-up event alone
+            a, b, s = self.g_prev[0], float(events[0](t, y)), self.dirs[0]
+            if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
+                self.hit = t
+                return -1
+            self.g_prev = [b]
+        elif events:
             g_new = [float(g(t, y)) for g in events]
             for a, b, s in zip(self.g_prev, g_new, self.dirs):
                 # a crossing in the event's direction (both for direction 0)
