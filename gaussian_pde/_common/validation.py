@@ -154,11 +154,16 @@ def validate_covariance(value, name="cov", *, d=None, batch=False, psd_tol=1e-10
             f"`{name}` must be {d} x {d} to match the attention's dimension d = {d}, "
             f"got shape {arr.shape}."
         )
-    scale = np.max(np.abs(arr), axis=(-2, -1), keepdims=True)
-    asym = np.abs(arr - np.swapaxes(arr, -1, -2))
-    if np.any(asym > 1e-10 * np.maximum(scale, 1e-300)):
-        raise ValueError(f"`{name}` must be symmetric.")
-    arr = 0.5 * (arr + np.swapaxes(arr, -1, -2))
+    if (arr == np.swapaxes(arr, -1, -2)).all():
+        # exactly symmetric (most inputs): what the symmetrisation below would return,
+        # bit for bit (0.5 (a + a) = a), as a copy
+        arr = arr.copy()
+    else:
+        scale = np.max(np.abs(arr), axis=(-2, -1), keepdims=True)
+        asym = np.abs(arr - np.swapaxes(arr, -1, -2))
+        if np.any(asym > 1e-10 * np.maximum(scale, 1e-300)):
+            raise ValueError(f"`{name}` must be symmetric.")
+        arr = 0.5 * (arr + np.swapaxes(arr, -1, -2))
     if not batch:
         # a Cholesky factorisation that succeeds is backward stable: the smallest
         # eigenvalue is then above -d eps |arr|, far inside the tolerance below

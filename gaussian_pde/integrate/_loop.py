@@ -269,7 +269,8 @@ def use_compiled(method, t_eval, t0):
         return False
     if t_eval is None:
         return True
-    return sum(1 for tk in np.asarray(t_eval).tolist() if tk > t0) <= MAX_LANDINGS
+    t_eval = np.asarray(t_eval)
+    return t_eval.size <= MAX_LANDINGS or int(np.count_nonzero(t_eval > t0)) <= MAX_LANDINGS
 
 
 #: ``method="auto"`` on the Fortran path: this many rejected DOP853 steps among the last
@@ -319,6 +320,10 @@ class _Watch:
         self.ts, self.ys = ts, ys     # every step end is stored when given
         self.g_prev = [float(g(t0, y0)) for g in events]
         self.dirs = [getattr(g, "direction", 0.0) for g in events]
+        # an event whose value is log(max(y.y, 1e-300)) - offset says so (the blow-up
+        # event of a state holding L alone): one event evaluation less per step
+        self.square_norm_offset = (getattr(events[0], "square_norm_offset", None)
+                                   if len(events) == 1 else None)
         self.hit = None               # end of a step with an event sign change
         self.spent = False
         self.nfev = nfev if jac is not None else None
@@ -343,12 +348,15 @@ class _Watch:
             return 0
         # left the floating-point range: stop before it (a finite sum of squares has only
         # finite terms, so the entry-wise test runs only where that sum is not finite)
-        if not math.isfinite(y.dot(y)) and not np.isfinite(y).all():
+        yy = y.dot(y)
+        if not math.isfinite(yy) and not np.isfinite(y).all():
             self.overflow = t
             return -1
         events = self.events
         if len(events) == 1:          # most runs: the blow-up event alone
-            a, b, s = self.g_prev[0], float(events[0](t, y)), self.dirs[0]
+            c = self.square_norm_offset
+            b = float(events[0](t, y)) if c is None else math.log(max(yy, 1e-300)) - c
+            a, s = self.g_prev[0], self.dirs[0]
             if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
                 self.hit = t
                 return -1

@@ -105,6 +105,8 @@ class _System:
         #: the same for Hairer's Fortran codes, which copy what it returns: the buffer
         #: itself (see :func:`gaussian_pde.integrate._loop.integrate_compiled`)
         self.fun_fortran = fun_fortran
+        #: ``trace(y)`` is ``y.dot(y)`` (no mean in the state)
+        self.trace_is_square_norm = not with_mean
         #: positions of the entries of L in a state with the mean
         self._factor_entries = (np.arange(d * m).reshape(d, m)[:, :d].ravel()
                                 if with_mean else None)
@@ -339,6 +341,10 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         def blowup(t, y):   # log tr(Sigma) - log(limit tr(Sigma_0))
             return math.log(max(system.trace(y), 1e-300)) - log_limit
 
+        if getattr(system, "trace_is_square_norm", False):
+            # tr(Sigma) = y.y: the step-end watch of the Fortran path reuses its own y.y
+            # (the same number, so the same value of the event)
+            blowup.square_norm_offset = log_limit
         evs = [_event(blowup, True, 1.0, "blowup")]
         if ev_opts.steady_on:
             def steady(t, y):

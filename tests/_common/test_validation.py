@@ -39,3 +39,26 @@ def test_bures_wasserstein_refuses_an_indefinite_covariance():
         gp.bures_wasserstein(np.zeros(2), np.diag([1.0, -1.0]), np.zeros(2), I2)
     with pytest.raises(ValueError, match="`cov2`"):
         gp.bures_wasserstein(np.zeros(2), I2, np.zeros(2), np.array([[1.0, 2.0], [0.0, 1.0]]))
+
+
+def test_covariance_is_returned_symmetric_and_as_a_copy(rng):
+    """An exactly symmetric input comes back equal and not aliased; one within the
+    tolerance comes back symmetrised; one beyond it is refused."""
+    from gaussian_pde._common.validation import validate_covariance
+
+    G = rng.standard_normal((4, 4))
+    S = G @ G.T
+    S = 0.5 * (S + S.T)
+    out = validate_covariance(S, "cov0")
+    assert out is not S and np.array_equal(out, S)
+    out[0, 0] = -1.0
+    assert S[0, 0] != -1.0
+    near = S.copy()
+    near[0, 1] += 1e-13 * np.abs(S).max()
+    out = validate_covariance(near, "cov0")
+    np.testing.assert_array_equal(out, out.T)
+    np.testing.assert_allclose(out, S, rtol=0, atol=1e-13 * np.abs(S).max())
+    far = S.copy()
+    far[0, 1] += 1e-6 * np.abs(S).max()
+    with pytest.raises(ValueError, match="symmetric"):
+        validate_covariance(far, "cov0")

@@ -629,3 +629,30 @@ def test_a_spent_budget_suggests_lsoda_only_to_explicit_methods():
         sol = gp.solve(att, None, cov0, (0, 300.0), method=method, max_nfev=200)
         assert sol.status == "failed" and "right-hand-side evaluations" in sol.message
         assert ("method='LSODA'" in sol.message) == lsoda, (method, sol.message)
+
+
+def test_blowup_event_from_the_step_end_square_norm_decides_alike(rng, monkeypatch):
+    """The Fortran path's watch reads the blow-up event off its own y.y when the state
+    is L alone; with that turned off (the event called as a function) every run takes
+    the same steps to the same verdict."""
+    import gaussian_pde.integrate._solve as S
+
+    cases = [(gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5), np.eye(2), 2.0)]
+    for _ in range(6):
+        Q, K = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+        G = rng.standard_normal((3, 3))
+        cases.append((gp.Softmax(Q, K, np.eye(3)), G @ G.T / 3, 3.0))
+    fast = [gp.solve(att, None, cov0, (0.0, t1)) for att, cov0, t1 in cases]
+    assert any(s.status == gp.Status.BLOWUP for s in fast)
+    assert S._System(cases[0][0], False).trace_is_square_norm
+    orig = S._System.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        self.trace_is_square_norm = False
+
+    monkeypatch.setattr(S._System, "__init__", init)
+    for (att, cov0, t1), a in zip(cases, fast):
+        b = gp.solve(att, None, cov0, (0.0, t1))
+        assert (a.status, a.nfev, a.t_blowup) == (b.status, b.nfev, b.t_blowup)
+        np.testing.assert_array_equal(a.cov_final, b.cov_final)
