@@ -528,7 +528,8 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         otherwise). On the Fortran path with an exact Jacobian the first sign of
         stiffness only turns on DOP853's stabilised step-size control, and LSODA takes
         over at the second on trial: it stays if within 200 steps its cost per unit time
-        falls below DOP853's, otherwise DOP853 resumes
+        falls below DOP853's, otherwise DOP853 resumes (and a long stabilised run held at
+        its stability bound is looked at again every 200 steps)
         (:func:`gaussian_pde.integrate._loop.stiff_trial`). Events behave as with any
         other method; the ``message`` ends with ``"; stiff from t = ... on: LSODA ..."``
         when LSODA finished the run. Non-stiff runs take exactly the steps of

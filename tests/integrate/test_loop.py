@@ -335,3 +335,29 @@ def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
         for h_rho in (1.0, 4.0, 8.0):
             assert _loop.step_radius_at_least(J, h_rho / rho, 2.0) == (h_rho >= 2.0)
     assert len(calls) < 10                   # the bounds decide nearly all of them
+
+
+@pytest.mark.parametrize("params, verdict", [
+    (("softmax", 4, 1, 4, -1.095148134398361, 3.6723361010755156, True, 3823361713),
+     "finished"),
+    (("softmax", 5, 5, 5, -0.5896893437567936, 5.806135026310667, False, 2231634222),
+     "blowup")])
+def test_auto_leaves_a_stabilised_run_that_crawls_at_its_stability_bound(params, verdict):
+    """Two settings of the seeded invariant loop: after a lost LSODA trial the stabilised
+    DOP853 held h rho(J) at 3 to 5 with hardly a rejection, so neither stiffness test
+    fired, and it spent its 50,000 evaluations. The periodic h rho(J) look of the
+    stabilised run hands it to LSODA again, which reaches LSODA's own verdict."""
+    from tests.integrate.test_invariants import BUDGET, _build, horizon
+
+    att, cov0 = _build(params)
+    t1 = horizon(att, cov0)
+    lsoda = gp.solve(att, None, cov0, (0.0, t1), method="LSODA", max_nfev=BUDGET)
+    auto = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    assert str(lsoda.status) == verdict, lsoda.message
+    assert str(auto.status) == verdict and auto.nfev < 0.6 * BUDGET, auto.message
+    assert "stiff from t" in auto.message
+    if verdict == "blowup":
+        assert abs(auto.t_blowup - lsoda.t_blowup) <= 1e-3 * lsoda.t_blowup
+    else:
+        err = np.linalg.norm(auto.cov_final - lsoda.cov_final) / np.linalg.norm(lsoda.cov_final)
+        assert err < 1e-5
