@@ -5,6 +5,8 @@ as ``solve_ivp`` and find the same events; ``integrate_compiled`` (Hairer's Fort
 must agree to the tolerance, including events it hands to a Python replay.
 """
 
+import types
+
 import numpy as np
 import pytest
 from scipy.integrate import DOP853, LSODA, RK45, solve_ivp
@@ -158,7 +160,7 @@ def test_exact_jacobian_matches_finite_differences(kind, with_mean, rng):
 def test_fused_field_matches_the_generated_equations(kind, k, rng):
     """moment_field (one fused kernel for [L | mean]) against factor_rhs and moment_rhs,
     to rounding; "generic" is the fallback for types without a fused kernel."""
-    from gaussian_pde.integrate._fused import _generic, moment_field
+    from gaussian_pde.integrate._fused import _generic, fortran_rhs, moment_field
 
     d = 4
     heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
@@ -185,6 +187,13 @@ def test_fused_field_matches_the_generated_equations(kind, k, rng):
         assert into(Z) is buf
         np.testing.assert_array_equal(buf, out)
         assert into(2.0 * Z) is buf and not np.array_equal(buf, out)
+        if kind != "generic":
+            # the Fortran codes' right-hand side: the flat state, counted, one buffer
+            counter = types.SimpleNamespace(nfev=0)
+            rhs = fortran_rhs(att, with_mean, counter)
+            first = rhs(0.0, Z.ravel())
+            np.testing.assert_array_equal(first, out.ravel())
+            assert rhs(0.0, 2.0 * Z.ravel()) is first and counter.nfev == 2
     # a non-finite trial state gives NaN (a rejected step), never a LAPACK error
     with np.errstate(all="ignore"):
         bad = moment_field(att, True)(np.full((d, d + 1), np.inf))
