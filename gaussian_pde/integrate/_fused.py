@@ -115,14 +115,15 @@ def _softmax(head, with_mean, out=None, counter=None):
                 x_dot(G, out=out)
                 return flat
 
-            return rhs
-
         def term(L):
             w_dot(L, out=P)
             kzt_dot(QZ, out=G)
             return x_dot(G, out=out)
 
-        return term
+        if counter is None:
+            return term
+        rhs.field = term
+        return rhs
     # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the last
     # column of cVZ into V alpha, the offset b: Z' = (cVZ) G = [ML | M alpha + V alpha]
     last, offset = G[d], np.zeros(m)
@@ -143,6 +144,7 @@ def _softmax(head, with_mean, out=None, counter=None):
         term(y.reshape(d, m))
         return flat
 
+    rhs.field = term
     return rhs
 
 
@@ -303,9 +305,11 @@ def fortran_rhs(attention, with_mean, counter):
 
     Each call adds one to ``counter.nfev`` and returns the field in one buffer,
     overwritten at the next call (the Fortran codes copy it at once; see
-    :func:`moment_field`). For a single softmax head without the mean the evaluation runs
-    in one Python frame: its three products cost about 0.3 us each, and a second frame
-    (the kernel called from a counting wrapper) about a fifteenth of the evaluation.
+    :func:`moment_field`). ``rhs.field`` is the :func:`moment_field` of ``(d, m)``
+    states that writes into the same buffer (one set of work arrays for both). For a
+    single softmax head without the mean the evaluation runs in one Python frame: its
+    three products cost about 0.3 us each, and a second frame (the kernel called from a
+    counting wrapper) about a fifteenth of the evaluation.
     """
     d = attention.d
     m = d + 1 if with_mean else d
@@ -321,6 +325,7 @@ def fortran_rhs(attention, with_mean, counter):
         field(y.reshape(d, m))
         return flat
 
+    rhs.field = field
     return rhs
 
 

@@ -51,7 +51,7 @@ from ._events import (
     rank_note,
     steady_gap,
 )
-from ._fused import fortran_rhs, mean_is_linear, moment_field, moment_jacobian
+from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
@@ -85,21 +85,17 @@ class _System:
         self.mean_scale = float(mean_scale)
         self.m = m = d + 1 if with_mean else d
         self.nfev = 0
-        # the field writes into one buffer (overwritten at every call)
-        buf = np.empty((d, m))
-        flat = buf.reshape(-1)
-        self.field = field = moment_field(attention, with_mean, out=buf)
+        #: the right-hand side for Hairer's Fortran codes, which copy what it returns:
+        #: a buffer (see :func:`gaussian_pde.integrate._loop.integrate_compiled`)
+        self.fun_fortran = fun_fortran = fortran_rhs(attention, with_mean, self)
+        # the field of (d, m) states writes into the same buffer
+        self.field = fun_fortran.field
 
         def fun(t, y):
-            self.nfev += 1
-            field(y.reshape(d, m))
-            return flat.copy()
+            return fun_fortran(t, y).copy()
 
         #: the right-hand side handed to the solver (a new array at every call)
         self.fun = fun
-        #: the same for Hairer's Fortran codes, which copy what it returns: a buffer
-        #: (see :func:`gaussian_pde.integrate._loop.integrate_compiled`)
-        self.fun_fortran = fortran_rhs(attention, with_mean, self)
         #: ``trace(y)`` is ``y.dot(y)`` (no mean in the state)
         self.trace_is_square_norm = not with_mean
         #: positions of the entries of L in a state with the mean

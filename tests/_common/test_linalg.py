@@ -73,3 +73,19 @@ def test_non_finite_b_gives_nan_without_lapack():
     G, E = l2_gain_parts(S)
     assert np.isnan(G[0]).all() and np.isnan(E[0]).all()
     np.testing.assert_allclose(G[1], l2_gain(S[1]), rtol=1e-13, atol=0)
+
+
+def test_psd_factor_of_one_matrix_equals_the_stacked_path_bit_for_bit(rng):
+    """The single-matrix shortcut (full numerical rank) gives exactly the numbers of the
+    stacked computation; a singular matrix keeps its exact zero columns."""
+    from gaussian_pde._common.linalg import psd_factor
+
+    for d in range(1, 7):
+        G = rng.standard_normal((d, d))
+        S = G @ G.T
+        np.testing.assert_array_equal(psd_factor(S), psd_factor(S[None])[0])
+        if d > 1:
+            H = rng.standard_normal((d, d - 1))
+            L = psd_factor(H @ H.T)
+            np.testing.assert_array_equal(L, psd_factor((H @ H.T)[None])[0])
+            assert np.sum(np.all(L == 0.0, axis=0)) == 1

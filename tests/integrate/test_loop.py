@@ -194,6 +194,8 @@ def test_fused_field_matches_the_generated_equations(kind, k, rng):
             first = rhs(0.0, Z.ravel())
             np.testing.assert_array_equal(first, out.ravel())
             assert rhs(0.0, 2.0 * Z.ravel()) is first and counter.nfev == 2
+            assert np.shares_memory(rhs.field(Z), first)    # one buffer for both
+            np.testing.assert_array_equal(rhs.field(Z), out)
     # a non-finite trial state gives NaN (a rejected step), never a LAPACK error
     with np.errstate(all="ignore"):
         bad = moment_field(att, True)(np.full((d, d + 1), np.inf))
