@@ -610,11 +610,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     means, Ls = system.split(run.y)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
     mean_f, L_f = system.split(run.y_final)
-    message = run.message + rank_note(cov0, L_f @ L_f.T, run.status)
+    cov_f = L_f @ L_f.T
+    message = run.message + rank_note(cov0, cov_f, run.status)
     return MomentSolution(
         t=run.t, mean=means, cov=covs, factor=Ls, status=run.status, message=message,
         t_blowup=run.t_blowup, t_final=run.t_final,
-        mean_final=mean_f, cov_final=L_f @ L_f.T,
+        mean_final=mean_f, cov_final=cov_f,
         t_events=run.t_events, nfev=run.nfev)
 
 
