@@ -31,8 +31,9 @@ looks at :math:`h\rho(J) \ge 2` itself, and goes to LSODA on trial where it hold
 settings of the seeded invariant loop went from ``failed``, their 50,000 evaluations
 spent, to LSODA's own verdict). On seed 5 of
 ``benchmarks/bench_solve.py`` (a tail where LSODA needed 750 evaluations in 347 steps and
-DOP853 with the stabilised control about 550) the run stays explicit: 1,665 evaluations
-instead of 1,855.
+DOP853 with the stabilised control about 550) the run stays explicit: 1,521 evaluations
+(1,855 when that tail went to LSODA; the stabilised restart begins with the last
+accepted step).
 
 Why LSODA: on the stiff tail of the paper's steady-state workload (``K = -Q``, the
 covariance approaching a rank-deficient limit like :math:`1/t` while the surviving
