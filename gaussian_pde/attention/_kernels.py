@@ -250,7 +250,10 @@ def softmax_features(qx, ky):
     :math:`a_i = (qx_i, -|qx_i|\max_j|ky_j|)`, :math:`b_j = (ky_j, 1)`, so
     :math:`a_i\cdot b_j \le 0` and ``exp`` cannot overflow.
     """
-    bound = np.linalg.norm(qx, axis=1) * np.sqrt(np.max(np.einsum("ij,ij->i", ky, ky)))
+    # tokens near the end of the floating-point range overflow the bound to inf; the
+    # velocity then comes out non-finite and its caller reports it (no warning here)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = np.linalg.norm(qx, axis=1) * np.sqrt(np.max(np.einsum("ij,ij->i", ky, ky)))
     a = np.column_stack([qx, -bound])
     b = np.column_stack([ky, np.ones(ky.shape[0])])
     return a, b
