@@ -27,7 +27,8 @@ draws are made ahead (the stream is deterministic), and *speculative* pairs (set
 goes to ``(i + 1, k + 1)`` after a converged attempt and to ``(i, k + 1)`` after a failed
 one; each panel estimates the probability that the path visits each pair (from the
 failure rate of its finished attempts, conditioned on how long a running one has
-survived), steps the most probable ones, pauses the others (their state is kept) and
+survived, and from 4,096 iterations on a forecast from the running attempt's own
+residual, :meth:`_Panel.observe`), steps the most probable ones, pauses the others (their state is kept) and
 drops the unreachable ones. The result is the sequential protocol itself, whatever the
 speculation.
 
@@ -85,6 +86,15 @@ _EXIT = 0.2          # and back to the full check above this fraction of its bou
 _FULL_CHECK = 32     # rows at risk get the eigendecomposition every this many steps
 _TRACK = 1e-3        # floor rows are tracked while h |r| < this times the second bound
 _GAP = 1e-6          # floor rows need the second eigenvalue above this (relative)
+#: the residual's forecast (_Panel.observe) orders the speculation from this iteration on:
+#: a forecast below _FORECAST_CONVERGE times max_iter counts as converging, one above
+#: _FORECAST_FAIL as failing, with the failure probabilities _FORECAST_PF. Calibrated on
+#: the softmax V-random d = 5 panel's path (at 4,096 iterations: 75 of 83 attempts
+#: forecast to converge did, 27 of 37 forecast to fail did; at 1,024 only 70 of 83 and
+#: 21 of 42)
+_FORECAST_FROM = 4096
+_FORECAST_CONVERGE, _FORECAST_FAIL = 0.8, 1.5
+_FORECAST_PF = (0.1, 0.75)
 
 
 def published_settings(kind):
@@ -303,6 +313,8 @@ class _Panel:
         self.paused = {}            # (setting, draw) -> row state (_Engine._state)
         self.stops = {True: [], False: []}     # stop iterations of failed / converged
         self.sorted = None
+        self.marks = {}             # (setting, draw) -> (iteration, |r|^2) of a running one
+        self.hints = {}             # (setting, draw) -> its residual's forecast (observe)
         self.done = n_settings == 0
         self.batched_steps = 0
         self.traj_steps = 0
@@ -338,6 +350,48 @@ class _Panel:
             for key in [key for key in self.paused if not self.reachable(key)]:
                 del self.paused[key]
         return moved
+
+    def observe(self, key, it, n2):
+        r"""Forecast from the residual of a running attempt whether it reaches ``tol``.
+
+        A power law :math:`\lVert r\rVert \propto m^{-p}` through the residual at a
+        mark :math:`m_0` and now (:math:`m \ge 1.5\,m_0`; the mark moves when the
+        iteration count doubles) gives the iteration at which it would reach ``tol``,
+        :math:`m\,(\lVert r\rVert/\mathrm{tol})^{1/p}`; ``hints[key]`` is that over
+        ``max_iter``. The forecast only orders the speculation (:meth:`plan`): the path
+        is the sequential protocol whatever it says.
+        """
+        if it < _FORECAST_FROM or not (n2 > 0.0 and math.isfinite(n2)):
+            return
+        mark = self.marks.get(key)
+        if mark is None:
+            self.marks[key] = (it, n2)
+            return
+        m0, r0 = mark
+        if it < 1.5 * m0:
+            return
+        p = 0.5 * math.log(r0 / n2) / math.log(it / m0)
+        r = math.sqrt(n2)
+        if r <= self.tol:
+            q = it / self.max_iter
+        elif p > 0.0:
+            q = it * math.exp(math.log(r / self.tol) / p) / self.max_iter
+        else:
+            q = math.inf
+        self.hints[key] = q
+        if it >= 2 * m0:
+            self.marks[key] = (it, n2)
+
+    def _hinted(self, key, pf):
+        """``pf`` sharpened by the forecast of :meth:`observe`, where there is one."""
+        q = self.hints.get(key)
+        if q is None:
+            return pf
+        if q <= _FORECAST_CONVERGE:
+            return _FORECAST_PF[0]
+        if q >= _FORECAST_FAIL:
+            return _FORECAST_PF[1]
+        return pf
 
     def _fail_model(self):
         """``pf(m)``: probability that an attempt alive after ``m`` iterations fails."""
@@ -387,6 +441,7 @@ class _Panel:
                     pf = cache.get(m)
                     if pf is None:
                         pf = cache[m] = pf_of(m)
+                    pf = self._hinted(key, pf)
                     cands.append((q, key))
                 qc, qf = q * (1.0 - pf), q * pf
                 if qc >= prune and key[0] + 1 < self.n_settings:
@@ -513,7 +568,9 @@ class _Engine:
         alive = {}
         for m, (pi, key) in enumerate(self.ids):
             if pi in which:
-                alive.setdefault(pi, {})[key] = self.t - int(self.start[m])
+                it = self.t - int(self.start[m])
+                alive.setdefault(pi, {})[key] = it
+                self.panels[pi].observe(key, it, float(self.prev[m]))
         want = {pi: set(self.panels[pi].plan(alive.get(pi, {}), self.p_min)) for pi in which}
         keep = []
         for m, (pi, key) in enumerate(self.ids):

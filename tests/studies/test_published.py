@@ -203,3 +203,57 @@ def test_full_replay_counts():
                 counts = res["histograms"][kind][val][str(d)]
                 assert len(counts) == d + 1 and sum(counts) <= 100
                 assert all(c == 0 for c in counts[math.ceil(d / 2) + 1:])
+
+
+def test_residual_forecast_of_a_power_law():
+    """observe: |r| = C m^-p through two marks gives the iteration where |r| = tol."""
+    panel = pub._Panel(0, "softmax", "identity", 3, [], [], 0.09, 1e-4, 60000, 10, 0, 8, "x")
+    C, p = 1e3, 1.5
+
+    def n2(m):
+        return (C * m ** -p) ** 2
+
+    m0 = pub._FORECAST_FROM
+    panel.observe((0, 0), m0 // 2, n2(m0 // 2))       # too early: nothing
+    assert not panel.marks
+    panel.observe((0, 0), m0, n2(m0))
+    panel.observe((0, 0), 2 * m0, n2(2 * m0))
+    m_star = (C / 1e-4) ** (1 / p)                     # C m^-p = tol
+    assert panel.hints[(0, 0)] == pytest.approx(m_star / 60000, rel=1e-9)
+    assert panel.marks[(0, 0)][0] == 2 * m0            # the mark moved on doubling
+    # a residual that does not decay is forecast to fail
+    panel.observe((0, 1), m0, 1.0)
+    panel.observe((0, 1), 2 * m0, 1.0)
+    assert panel.hints[(0, 1)] == np.inf
+    assert panel._hinted((0, 1), 0.3) == pub._FORECAST_PF[1]
+    assert panel._hinted((0, 2), 0.3) == 0.3
+
+
+def test_replay_path_does_not_depend_on_the_forecast(monkeypatch):
+    """The forecast only orders the speculation: with it on from the first iterations,
+    and with it off, the sequential path is the same, attempt by attempt."""
+    d, n, h, tol, max_iter, n_max = 3, 5, 0.09, 5e-5, 2500, 40
+    qs, vs = pub.published_settings("softmax")[d]
+
+    def replay():
+        return pub._replay_panel("softmax", d, qs[:n], vs[:n], h, tol, max_iter, n_max,
+                                 n_settings=n, pool_size=8)
+
+    monkeypatch.setattr(pub, "_FORECAST_FROM", 16)
+    used = []
+    hinted = pub._Panel._hinted
+
+    def counting(self, key, pf):
+        used.append(key in self.hints)
+        return hinted(self, key, pf)
+
+    monkeypatch.setattr(pub._Panel, "_hinted", counting)
+    on = replay()
+    assert sum(used) > 0               # the forecast did order the speculation
+    monkeypatch.setattr(pub._Panel, "_hinted", lambda self, key, pf: pf)
+    off = replay()
+    assert on[0] == off[0]
+    strip = [{k: r[k] for k in ("setting", "draw", "status", "stop_iteration", "rank")}
+             for r in on[1]]
+    assert strip == [{k: r[k] for k in ("setting", "draw", "status", "stop_iteration",
+                                        "rank")} for r in off[1]]
