@@ -375,7 +375,9 @@ class _Panel:
         if r <= self.tol:
             q = it / self.max_iter
         elif p > 0.0:
-            q = it * math.exp(math.log(r / self.tol) / p) / self.max_iter
+            # in logarithms: a slow decay (p -> 0) forecasts far past max_iter
+            log_q = math.log(it / self.max_iter) + math.log(r / self.tol) / p
+            q = math.exp(log_q) if log_q < 700.0 else math.inf
         else:
             q = math.inf
         self.hints[key] = q

@@ -226,6 +226,10 @@ def test_residual_forecast_of_a_power_law():
     panel.observe((0, 1), 2 * m0, 1.0)
     assert panel.hints[(0, 1)] == np.inf
     assert panel._hinted((0, 1), 0.3) == pub._FORECAST_PF[1]
+    # a barely decaying one is forecast past max_iter without overflowing
+    panel.observe((0, 3), m0, 1.0)
+    panel.observe((0, 3), 2 * m0, 1.0 - 1e-12)
+    assert panel.hints[(0, 3)] == np.inf
     assert panel._hinted((0, 2), 0.3) == 0.3
 
 
