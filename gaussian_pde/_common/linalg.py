@@ -16,7 +16,7 @@ from scipy.linalg.lapack import dposv as _dposv
 from scipy.linalg.lapack import dtrtrs as _dtrtrs
 
 __all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross", "l2_gain",
-           "l2_gain_parts", "psd_factor", "numerical_rank"]
+           "l2_gain_parts", "psd_factor", "numerical_rank", "has_full_numerical_rank"]
 
 
 def T(X):
@@ -84,6 +84,28 @@ def numerical_rank(S):
     w = np.linalg.eigvalsh(sym(S))
     tr = np.maximum(np.sum(w, axis=-1, keepdims=True), np.finfo(float).tiny)
     return np.sum(w > S.shape[-1] * np.finfo(float).eps * tr, axis=-1)
+
+
+def has_full_numerical_rank(S):
+    r"""Whether one PSD ``S`` has full numerical rank, by one shifted Cholesky factorisation.
+
+    Full rank as :func:`numerical_rank` counts it: every eigenvalue above
+    :math:`c = d\,\epsilon\operatorname{tr}S`. The factorisation is of
+    :math:`S - (d + 3)c\,I`; one that succeeds in floating point is that of a matrix
+    within :math:`d(d + 1)\epsilon\lVert S\rVert_2 \le (d + 1)c` of the shifted one
+    (Higham, *Accuracy and Stability of Numerical Algorithms*, Theorem 10.3), so
+    :math:`\lambda_{\min}(S) \ge (d + 3)c - (d + 1)c = 2c`. False means undecided (the
+    eigenvalues decide).
+    """
+    d = S.shape[-1]
+    c = d * np.finfo(float).eps * float(np.trace(S))
+    if not c > 0:
+        return False
+    try:
+        np.linalg.cholesky(S - ((d + 3) * c) * np.eye(d))
+    except np.linalg.LinAlgError:
+        return False
+    return True
 
 
 def sinkhorn_phi(G):

@@ -31,7 +31,7 @@ import dataclasses
 
 import numpy as np
 
-from .._common.linalg import numerical_rank
+from .._common.linalg import has_full_numerical_rank, numerical_rank
 from .._common.validation import validate_positive, validate_tolerance
 from ._results import Status
 
@@ -225,28 +225,6 @@ def rank_gap(cov, first, rank_tol):
     return wj / np.maximum(w.sum(-1), 1e-300) - rank_tol
 
 
-def _full_rank(S):
-    r"""Whether the PSD ``S`` has full numerical rank, by one shifted Cholesky factorisation.
-
-    Full rank as :func:`~gaussian_pde._common.linalg.numerical_rank` counts it: every
-    eigenvalue above :math:`c = d\,\epsilon\operatorname{tr}S`. The factorisation is of
-    :math:`S - (d + 3)c\,I`; one that succeeds in floating point is that of a matrix
-    within :math:`d(d + 1)\epsilon\lVert S\rVert_2 \le (d + 1)c` of the shifted one
-    (Higham, *Accuracy and Stability of Numerical Algorithms*, Theorem 10.3), so
-    :math:`\lambda_{\min}(S) \ge (d + 3)c - (d + 1)c = 2c`. False means undecided (the
-    eigenvalues decide).
-    """
-    d = S.shape[-1]
-    c = d * np.finfo(float).eps * float(np.trace(S))
-    if not c > 0:
-        return False
-    try:
-        np.linalg.cholesky(S - ((d + 3) * c) * np.eye(d))
-    except np.linalg.LinAlgError:
-        return False
-    return True
-
-
 def rank_note(cov0, cov_final, status):
     r"""What the message adds when the covariance lost rank in rounding (else ``""``).
 
@@ -258,10 +236,10 @@ def rank_note(cov0, cov_final, status):
     """
     if status == Status.RANK_COLLAPSE or not np.all(np.isfinite(cov_final)):
         return ""
-    if _full_rank(cov_final):          # most runs: nothing was lost
+    if has_full_numerical_rank(cov_final):   # most runs: nothing was lost
         return ""
     r1 = int(numerical_rank(cov_final))
-    if r1 >= cov_final.shape[-1]:      # full rank: nothing was lost (most runs)
+    if r1 >= cov_final.shape[-1]:      # full rank after all (the quick test is one-sided)
         return ""
     r0 = int(numerical_rank(cov0))
     if r1 >= r0:

@@ -105,47 +105,41 @@ def _softmax(head, with_mean, out=None, counter=None):
     X, KZt, QZ = P[:d], P[d:d + k].T, P[d + k:]  # contiguous blocks: no copies in dot
     w_dot, kzt_dot, x_dot = W.dot, KZt.dot, X.dot
     if not with_mean:
-        if counter is not None:      # fortran_rhs: the whole evaluation in one frame
-            flat = out.reshape(-1)
-
-            def rhs(t, y):
-                counter.nfev += 1
-                w_dot(y.reshape(d, m), out=P)
-                kzt_dot(QZ, out=G)
-                x_dot(G, out=out)
-                return flat
-
         def term(L):
             w_dot(L, out=P)
             kzt_dot(QZ, out=G)
             return x_dot(G, out=out)
+    else:
+        # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the
+        # last column of cVZ into V alpha, the offset b: Z' = (cVZ) G = [ML | M alpha + V alpha]
+        last, offset = G[d], np.zeros(m)
+        offset[d] = 1.0 / c
 
-        if counter is None:
-            return term
-        rhs.field = term
-        return rhs
-    # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the last
-    # column of cVZ into V alpha, the offset b: Z' = (cVZ) G = [ML | M alpha + V alpha]
-    last, offset = G[d], np.zeros(m)
-    offset[d] = 1.0 / c
-
-    def term(Z):
-        w_dot(Z, out=P)
-        kzt_dot(QZ, out=G)
-        last[...] = offset
-        return x_dot(G, out=out)
+        def term(Z):
+            w_dot(Z, out=P)
+            kzt_dot(QZ, out=G)
+            last[...] = offset
+            return x_dot(G, out=out)
 
     if counter is None:
         return term
+    # fortran_rhs: the same products on the flat state, counted, in one Python frame
     flat = out.reshape(-1)
-
-    def rhs(t, y):                   # fortran_rhs: the whole evaluation in one frame
-        counter.nfev += 1
-        w_dot(y.reshape(d, m), out=P)
-        kzt_dot(QZ, out=G)
-        last[...] = offset
-        x_dot(G, out=out)
-        return flat
+    if not with_mean:
+        def rhs(t, y):
+            counter.nfev += 1
+            w_dot(y.reshape(d, m), out=P)
+            kzt_dot(QZ, out=G)
+            x_dot(G, out=out)
+            return flat
+    else:
+        def rhs(t, y):
+            counter.nfev += 1
+            w_dot(y.reshape(d, m), out=P)
+            kzt_dot(QZ, out=G)
+            last[...] = offset
+            x_dot(G, out=out)
+            return flat
 
     rhs.field = term
     return rhs
@@ -310,9 +304,9 @@ def fortran_rhs(attention, with_mean, counter):
     overwritten at the next call (the Fortran codes copy it at once; see
     :func:`moment_field`). ``rhs.field`` is the :func:`moment_field` of ``(d, m)``
     states that writes into the same buffer (one set of work arrays for both). For a
-    single softmax head the evaluation runs in one Python frame: its
-    three products cost about 0.3 us each, and a second frame (the kernel called from a
-    counting wrapper) about a fifteenth of the evaluation.
+    single softmax head the evaluation runs in one Python frame: its three products cost
+    about 0.3 us each, and a second frame (the kernel called from a counting wrapper)
+    about a fifteenth of the evaluation.
     """
     d = attention.d
     m = d + 1 if with_mean else d
@@ -354,9 +348,9 @@ def _head_parts(kind, head, L, mean):
             return M, A, C, None, None
         return M, A, C, V + M, KtQ @ mean
     # with the gain G = (I + B^T B)^{-1} B^T of B = sqrt(2c) K L and E = (I_k + B B^T)^{-1}
-    # (l2_gain_parts: one factorisation, no inverse): P^{-1} = I - L G sqrt(2c) K, P^{-1} Sigma K^T Q = L G Q /
-    # sqrt(2c) and C = K^T Q - 2c K^T K P^{-1} Sigma K^T Q = K^T E Q, whose entries
-    # (down to 1/s^2) the difference would bury under its rounding
+    # (l2_gain_parts: one factorisation, no inverse): P^{-1} = I - L G sqrt(2c) K,
+    # P^{-1} Sigma K^T Q = L G Q / sqrt(2c) and C = K^T Q - 2c K^T K P^{-1} Sigma K^T Q
+    # = K^T E Q, whose entries (down to 1/s^2) the difference would bury under its rounding
     s = np.sqrt(2 * c)
     G, E = _gain_parts(s * (K @ L))
     LG = L @ G

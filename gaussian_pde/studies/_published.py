@@ -28,8 +28,8 @@ goes to ``(i + 1, k + 1)`` after a converged attempt and to ``(i, k + 1)`` after
 one; each panel estimates the probability that the path visits each pair (from the
 failure rate of its finished attempts, conditioned on how long a running one has
 survived, and from 4,096 iterations on a forecast from the running attempt's own
-residual, :meth:`_Panel.observe`), steps the most probable ones, pauses the others (their state is kept) and
-drops the unreachable ones. The result is the sequential protocol itself, whatever the
+residual, :meth:`_Panel.observe`), steps the most probable ones, pauses the others
+(their state is kept) and drops the unreachable ones. The result is the sequential protocol itself, whatever the
 speculation.
 
 The attempts of all panels share one stack (``d < 5`` padded to 5), so one Python-level

@@ -89,3 +89,27 @@ def test_psd_factor_of_one_matrix_equals_the_stacked_path_bit_for_bit(rng):
             L = psd_factor(H @ H.T)
             np.testing.assert_array_equal(L, psd_factor((H @ H.T)[None])[0])
             assert np.sum(np.all(L == 0.0, axis=0)) == 1
+
+
+def test_shifted_cholesky_says_full_rank_only_where_the_eigenvalues_do(rng):
+    """has_full_numerical_rank (rank_note's quick test): True only where numerical_rank
+    is d, and True on the well-conditioned matrices of most runs; graded spectra down to 1e-18 relative, with
+    the smallest eigenvalue on either side of the cut d eps tr(S)."""
+    from gaussian_pde._common.linalg import has_full_numerical_rank, numerical_rank
+
+    said = 0
+    for _ in range(3000):
+        d = int(rng.integers(1, 7))
+        U = np.linalg.qr(rng.standard_normal((d, d)))[0]
+        w = 10.0 ** rng.uniform(-18, 0, size=d)
+        w[rng.integers(d)] = 1.0
+        S = (U * w) @ U.T
+        S = 0.5 * (S + S.T)
+        if has_full_numerical_rank(S):
+            said += 1
+            assert numerical_rank(S) == d, (w, np.linalg.eigvalsh(S))
+    assert said > 300
+    well = [np.eye(3) + 0.1 * np.ones((3, 3)), np.diag([1.0, 1e-6, 1e-12])]
+    assert all(has_full_numerical_rank(S) for S in well)
+    assert not has_full_numerical_rank(np.zeros((2, 2)))
+    assert not has_full_numerical_rank(np.diag([1.0, 0.0]))

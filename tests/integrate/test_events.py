@@ -4,11 +4,9 @@ import numpy as np
 import pytest
 
 from gaussian_pde import Status
-from gaussian_pde._common.linalg import numerical_rank
 from gaussian_pde.integrate._events import (
     CONFIRM_GROWTH,
     MAX_GROWTH,
-    _full_rank,
     blowup_extrapolate,
     blowup_signature,
     blowup_verdict,
@@ -102,23 +100,3 @@ def test_steady_event_is_on_with_either_tolerance():
     assert event_options(steady_tol=1e-6).steady_on
     assert event_options(steady_atol=1e-3).steady_on
 
-
-def test_shifted_cholesky_says_full_rank_only_where_the_eigenvalues_do(rng):
-    """rank_note's quick test: True only where numerical_rank is d, and True on the
-    well-conditioned matrices of most runs; graded spectra down to 1e-18 relative, with
-    the smallest eigenvalue on either side of the cut d eps tr(S)."""
-    said = 0
-    for _ in range(3000):
-        d = int(rng.integers(1, 7))
-        U = np.linalg.qr(rng.standard_normal((d, d)))[0]
-        w = 10.0 ** rng.uniform(-18, 0, size=d)
-        w[rng.integers(d)] = 1.0
-        S = (U * w) @ U.T
-        S = 0.5 * (S + S.T)
-        if _full_rank(S):
-            said += 1
-            assert numerical_rank(S) == d, (w, np.linalg.eigvalsh(S))
-    assert said > 300
-    well = [np.eye(3) + 0.1 * np.ones((3, 3)), np.diag([1.0, 1e-6, 1e-12])]
-    assert all(_full_rank(S) for S in well)
-    assert not _full_rank(np.zeros((2, 2))) and not _full_rank(np.diag([1.0, 0.0]))
