@@ -116,7 +116,12 @@ class _System:
         L = np.ascontiguousarray(Z[..., :self.d])
         if self.zero_mean:
             return np.zeros(L.shape[:-1]), L
-        return (Z[..., self.d] * self.mean_scale if self.with_mean else None), L
+        if not self.with_mean:
+            return None, L
+        # a mean that grew past the floating-point range in its own units (the solver's
+        # are a power of 2 smaller) is inf, as it is; the run's message says why it stopped
+        with np.errstate(over="ignore"):
+            return Z[..., self.d] * self.mean_scale, L
 
     def pack(self, mean, L):
         if mean is None or self.zero_mean:

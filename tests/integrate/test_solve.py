@@ -656,3 +656,17 @@ def test_blowup_event_from_the_step_end_square_norm_decides_alike(rng, monkeypat
         b = gp.solve(att, None, cov0, (0.0, t1))
         assert (a.status, a.nfev, a.t_blowup) == (b.status, b.nfev, b.t_blowup)
         np.testing.assert_array_equal(a.cov_final, b.cov_final)
+
+
+def test_a_mean_growing_past_the_float_range_fails_without_a_numpy_warning():
+    """V = I: the mean grows like e^t and leaves float64 near t = 710; the run stops
+    ``failed`` and says so, and no RuntimeWarning escapes from unpacking the state."""
+    import warnings
+
+    att = gp.Softmax(np.array([[0.00123015]]), np.array([[0.29874554]]), np.eye(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        sol = gp.solve(att, np.array([-0.45467079]), np.array([[0.07515156]]),
+                       (0.0, 1000.0), t_eval=np.linspace(0.0, 1000.0, 25))
+    assert sol.status == gp.Status.FAILED
+    assert sol.t_final < 720.0
