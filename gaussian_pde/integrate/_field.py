@@ -4,7 +4,8 @@ One :class:`Field` evaluates the covariance equation in factor form (docs/math.m
 section 10) for a stack of trajectories whose attentions may differ: trajectories with the
 same structure (type, number of heads, ``k``, ``d``) share one vectorised call of the
 generated functions in :mod:`gaussian_pde._generated`, which broadcast over leading axes
-of the state and of stacked weights ``Q, K, V`` of shape ``(B, k, d)``. The same object,
+of the state and of stacked weights ``Q, K, V`` of shape ``(B, k, d)`` (a softmax stack
+runs the same products in a loop compiled by Numba, :mod:`._compiled`). The same object,
 with one row, is the right-hand side of :func:`gaussian_pde.solve`'s exact Jacobian.
 """
 
@@ -19,11 +20,28 @@ from .._common.validation import validate_array
 from ..attention._base import Attention, SingleHeadAttention
 from ..attention._multihead import MultiHead
 from ..attention._registry import get_attention
+from ..attention._softmax import Softmax
 
 __all__ = ["Field", "build_field", "analytic_jacobian", "cov_rate"]
 
 #: generated modules whose factor field has an exact Jacobian (:func:`analytic_jacobian`)
 _HOLOMORPHIC = ("softmax", "l2")
+
+# a stack of softmax factors (one state per trajectory) is multiplied by a compiled loop:
+# NumPy's matmul on stacks of small matrices costs about 0.15 us per matrix and product
+_softmax_gen = Softmax._generated
+_softmax_stack = None       # loaded at the first softmax field (Numba costs 0.1 s to import)
+
+
+def _compiled_stack():
+    """:func:`._compiled.softmax_apply_stack`, or False without Numba."""
+    global _softmax_stack
+    if _softmax_stack is None:
+        try:
+            from ._compiled import softmax_apply_stack as _softmax_stack
+        except ImportError:     # pragma: no cover - numba is a dependency
+            _softmax_stack = False
+    return _softmax_stack
 
 
 def cov_rate(L, dL):
@@ -102,7 +120,16 @@ class Field:
     def _eval(params, L):
         out = None
         for gen, Q, K, V, s, W in params:
-            term = gen.factor_rhs(Q, K, V, s, L) if W is None else gen.factor_apply(W, L)
+            if W is None:
+                term = gen.factor_rhs(Q, K, V, s, L)
+            elif (gen is _softmax_gen and L.ndim == 3 and L.dtype == np.float64
+                  and W[0].shape[0] in (1, L.shape[0]) and _compiled_stack()):
+                # real stacks of one state per trajectory; complex steps and the stacks
+                # of the finite-difference Jacobian take the generated products
+                term = np.empty_like(L)
+                _softmax_stack(W[0], L, term)
+            else:
+                term = gen.factor_apply(W, L)
             out = term if out is None else out + term
         return out
 
