@@ -16,13 +16,27 @@ with, when the state holds the mean, the last row of :math:`G` replaced by
 :math:`M\alpha + V\alpha` (docs/math.md 10.1). In NumPy the three products of these
 small matrices cost about 0.3 us each in call overhead; compiled, one call does all of
 them in about 0.15 us plus Numba's dispatch.
+
+The loops are written here as plain Python and compiled at their first request through
+:func:`kernel`, so that importing this module (and ``gaussian_pde``) does not import
+Numba (about 0.1 s); the compilation is cached on disk (``cache=True``).
 """
 
+import functools
+
 import numpy as np
-from numba import njit
 
 
-@njit(cache=True)
+@functools.cache
+def kernel(name):
+    """The loop ``name`` of this module compiled by Numba, or None without Numba."""
+    try:
+        from numba import njit
+    except ImportError:         # pragma: no cover - numba is a dependency
+        return None
+    return njit(cache=True)(globals()[name])
+
+
 def softmax_field(y, W, ws, out):
     """Write the field of the flat state ``y`` into the flat ``out``.
 
@@ -55,7 +69,6 @@ def softmax_field(y, W, ws, out):
             out[i * m + j] = acc
 
 
-@njit(cache=True)
 def softmax_apply_stack(W, L, out):
     """``out[b] = ((cV L_b)(K L_b)^T)(Q L_b)`` for a stack of factors ``L`` (``(B, d, d)``).
 

@@ -20,28 +20,17 @@ from .._common.validation import validate_array
 from ..attention._base import Attention, SingleHeadAttention
 from ..attention._multihead import MultiHead
 from ..attention._registry import get_attention
-from ..attention._softmax import Softmax
+from ._compiled import kernel as compiled_kernel
 
 __all__ = ["Field", "build_field", "analytic_jacobian", "cov_rate"]
 
 #: generated modules whose factor field has an exact Jacobian (:func:`analytic_jacobian`)
 _HOLOMORPHIC = ("softmax", "l2")
 
-# a stack of softmax factors (one state per trajectory) is multiplied by a compiled loop:
-# NumPy's matmul on stacks of small matrices costs about 0.15 us per matrix and product
-_softmax_gen = Softmax._generated
-_softmax_stack = None       # loaded at the first softmax field (Numba costs 0.1 s to import)
-
-
-def _compiled_stack():
-    """:func:`._compiled.softmax_apply_stack`, or False without Numba."""
-    global _softmax_stack
-    if _softmax_stack is None:
-        try:
-            from ._compiled import softmax_apply_stack as _softmax_stack
-        except ImportError:     # pragma: no cover - numba is a dependency
-            _softmax_stack = False
-    return _softmax_stack
+#: generated modules whose ``factor_apply`` on a stack of factors has a compiled loop
+#: (:mod:`._compiled`): NumPy's matmul on stacks of small matrices costs about 0.15 us per
+#: matrix and product
+_COMPILED_APPLY = {"softmax": "softmax_apply_stack"}
 
 
 def cov_rate(L, dL):
@@ -83,8 +72,13 @@ class Field:
         self.calls = 0
         self._cache_key = None
         #: whether :func:`analytic_jacobian` applies (every head softmax or L2)
-        kinds = {gen.__name__.rsplit(".", 1)[-1] for _, heads in self.groups
-                 for gen, *_ in heads}
+        gens = {gen: gen.__name__.rsplit(".", 1)[-1] for _, heads in self.groups
+                for gen, *_ in heads}
+        kinds = set(gens.values())
+        #: generated module -> the name of its compiled stacked ``factor_apply``, loaded at
+        #: the first evaluation (``solve`` builds a field it may never evaluate)
+        self._compiled = {gen: _COMPILED_APPLY[kind] for gen, kind in gens.items()
+                          if kind in _COMPILED_APPLY}
         self.analytic_jacobian = kinds <= set(_HOLOMORPHIC)
         #: whether an L2 head is present, whose closed-form Jacobian holds only while the
         #: factor's columns stay within gaussian_pde.integrate._differences's spread
@@ -116,18 +110,19 @@ class Field:
     def set_active(self, idx):
         self._active = self._plan(idx)
 
-    @staticmethod
-    def _eval(params, L):
+    def _eval(self, params, L):
         out = None
         for gen, Q, K, V, s, W in params:
+            name = self._compiled.get(gen)
             if W is None:
                 term = gen.factor_rhs(Q, K, V, s, L)
-            elif (gen is _softmax_gen and L.ndim == 3 and L.dtype == np.float64
-                  and W[0].shape[0] in (1, L.shape[0]) and _compiled_stack()):
+            elif (name is not None and L.ndim == 3 and L.dtype == np.float64
+                  and W[0].shape[0] in (1, L.shape[0])
+                  and (fast := compiled_kernel(name)) is not None):
                 # real stacks of one state per trajectory; complex steps and the stacks
                 # of the finite-difference Jacobian take the generated products
                 term = np.empty_like(L)
-                _softmax_stack(W[0], L, term)
+                fast(W[0], L, term)
             else:
                 term = gen.factor_apply(W, L)
             out = term if out is None else out + term

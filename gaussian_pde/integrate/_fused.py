@@ -44,6 +44,7 @@ import numpy as np
 from .._common.linalg import l2_gain, l2_gain_parts, sinkhorn_cross
 from ..attention._base import SingleHeadAttention
 from ..attention._multihead import MultiHead
+from ._compiled import kernel as compiled_kernel
 from ._differences import central_jacobian, closed_form_holds
 
 __all__ = ["moment_field", "fortran_rhs", "moment_jacobian", "head_kinds", "mean_is_linear"]
@@ -126,7 +127,7 @@ def _softmax(head, with_mean, out=None, counter=None):
     # fortran_rhs: the same products on the flat state, counted, by one compiled call
     # (integrate._compiled) or, without Numba, by the three ndarray.dot calls
     flat = out.reshape(-1)
-    kernel = _compiled_softmax()
+    kernel = compiled_kernel("softmax_field")
     if kernel is not None:
         ws = np.zeros((W.shape[0] + m + 1, m))
         if with_mean:
@@ -161,15 +162,6 @@ def _softmax(head, with_mean, out=None, counter=None):
 
     rhs.field = term
     return rhs
-
-
-def _compiled_softmax():
-    """The compiled softmax field (:mod:`._compiled`), or None without Numba."""
-    try:
-        from ._compiled import softmax_field
-    except ImportError:         # pragma: no cover - numba is a dependency
-        return None
-    return softmax_field
 
 
 def _l2(head, with_mean, out=None):

@@ -6,6 +6,7 @@ import pytest
 import gaussian_pde as gp
 from gaussian_pde._generated import softmax as gen
 from gaussian_pde.integrate import _field
+from gaussian_pde.integrate._compiled import kernel as compiled_kernel
 from gaussian_pde.integrate._field import build_field
 
 
@@ -17,9 +18,9 @@ def test_field_of_a_softmax_stack_matches_the_generated_products(rng, monkeypatc
     the generated ``factor_apply`` in the same order, so equal to a few roundings, with
     one set of weights for all rows or one per row."""
     calls = []
-    kernel = _field._compiled_stack()
-    monkeypatch.setattr(_field, "_softmax_stack",
-                        lambda *args: (calls.append(1), kernel(*args)))
+    kernel = compiled_kernel("softmax_apply_stack")
+    monkeypatch.setattr(_field, "compiled_kernel",
+                        lambda name: lambda *args: (calls.append(name), kernel(*args)))
     n = 7
     if shared:
         att = gp.Softmax(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
