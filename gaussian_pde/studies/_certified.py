@@ -297,7 +297,7 @@ class _LDLField:
                 G = np.eye(d) + e[..., :, None] * Ht * e[..., None, :]
                 TX = 2.0 * np.exp(lt[..., None, None]
                                   - 0.5 * (ell[..., :, None] + ell[..., None, :])) \
-                    * np.linalg.inv(G)
+                    * _safe_inv(G)
                 Y = Y + Vt @ TX @ At
         Xi = -(np.exp(ell[..., :, None] - ell[..., None, :]) * Y + np.swapaxes(Y, -1, -2))
         dell = np.diagonal(Xi, axis1=-2, axis2=-1)
