@@ -52,7 +52,7 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
         if raw.dtype.kind in "USO" and _holds_text(raw):
             # NumPy would parse "0.1" as a number without a word
             raise TypeError(f"`{name}` must be an array of numbers, got text entries.")
-        if np.iscomplexobj(raw) and not np.issubdtype(np.dtype(dtype), np.complexfloating):
+        if raw.dtype.kind == "c" and not np.issubdtype(np.dtype(dtype), np.complexfloating):
             # casting would drop the imaginary part without a word
             if np.any(raw.imag != 0):
                 raise ValueError(f"`{name}` must be real, got complex values with non-zero "
@@ -68,7 +68,7 @@ def validate_array(value, name, *, ndim=None, dtype=float, finite=True):
         if arr.ndim not in allowed:
             want = " or ".join(str(a) for a in allowed)
             raise ValueError(f"`{name}` must have {want} dimension(s), got shape {arr.shape}.")
-    if finite and not np.all(np.isfinite(arr)):
+    if finite and not np.isfinite(arr).all():
         raise ValueError(f"`{name}` must contain only finite values (found NaN or inf).")
     return arr
 
