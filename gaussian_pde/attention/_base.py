@@ -92,6 +92,10 @@ class Attention(abc.ABC):
         types make them raise ``TypeError``);
     ``factor_kernel``
         optional fast closure ``L -> L'``;
+    ``mean_generator``
+        optional: the constant :math:`N` of a mean equation :math:`\alpha' = N\alpha`
+        that does not involve :math:`\Sigma` (Sinkhorn), which :func:`gaussian_pde.solve`
+        then solves in closed form; ``None`` by default;
     ``_particle_velocity(x, opts)``
         the particle kernel: unchecked velocities :math:`\Gamma[\mu_n](x_i)` of the
         tokens ``x`` (shape ``(n, d)``, validated) with validated
@@ -150,6 +154,17 @@ class Attention(abc.ABC):
         calls :meth:`factor_rhs`; generated types hoist the weight-only products.
         """
         return self.factor_rhs
+
+    def mean_generator(self):
+        r"""The matrix :math:`N` with :math:`\alpha' = N\alpha` whatever :math:`\Sigma`, or ``None``.
+
+        A type whose mean's equation does not involve the covariance (Sinkhorn:
+        :math:`\alpha' = V\alpha`) returns :math:`N`; the mean is then
+        :math:`\alpha(t) = e^{(t - t_0)N}\alpha_0` exactly, and :func:`gaussian_pde.solve`
+        integrates the covariance alone. ``None`` (the default) where the mean's
+        equation involves :math:`\Sigma` (softmax, L2) or is not known.
+        """
+        return None
 
     def velocity(self, mean, cov, x):
         r"""The affine field :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x) = b + Mx` at tokens ``x`` (..., d)."""

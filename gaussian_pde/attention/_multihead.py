@@ -129,6 +129,13 @@ class MultiHead(Attention):
 
         return kernel
 
+    def mean_generator(self):
+        r""":math:`\sum_h N_h` when every head's mean equation is free of :math:`\Sigma`, else ``None``."""
+        parts = [h.mean_generator() for h in self.heads]
+        if any(N is None for N in parts):
+            return None
+        return sum(parts)
+
     def _particle_velocity(self, x, opts):
         r"""Sum of the heads' particle velocities; diagnostics of the worst head."""
         v = 0.0

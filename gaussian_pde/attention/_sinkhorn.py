@@ -42,6 +42,10 @@ class Sinkhorn(SingleHeadAttention):
     exact_jacobian = False
     _generated = _gen
 
+    def mean_generator(self):
+        r""":math:`V`: the mean obeys :math:`\alpha' = V\alpha` whatever :math:`\Sigma`."""
+        return self.V.copy()
+
     def _particle_velocity(self, x, opts):
         r"""Particle velocity :math:`V\sum_j n\pi_{ij}x_j` with :math:`\pi` the Sinkhorn plan.
 

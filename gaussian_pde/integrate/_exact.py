@@ -13,6 +13,10 @@ valid when it is not. It blows up at
 :math:`t^* = 1/\lambda_{\max}(\Sigma_0^{1/2} S\Sigma_0^{1/2})` when that eigenvalue is
 positive.
 
+Sinkhorn (and sums of Sinkhorn heads): the mean's equation :math:`\alpha' = N\alpha`
+does not involve the covariance (:meth:`~gaussian_pde.attention.Attention.mean_generator`),
+so :math:`\alpha(t) = e^{tN}\alpha_0` (:func:`linear_mean`).
+
 In ``d = 1`` every Gaussian-preserving type is a scalar ODE for the variance
 :math:`s = \sigma^2` with an explicit solution (:func:`scalar_solution`).
 """
@@ -20,6 +24,7 @@ In ``d = 1`` every Gaussian-preserving type is a scalar ODE for the variance
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import expm
 from scipy.optimize import brentq
 from scipy.special import lambertw
 
@@ -31,7 +36,7 @@ from ..attention._multihead import MultiHead
 from ..attention._sinkhorn import Sinkhorn
 from ..attention._softmax import Softmax
 
-__all__ = ["exact_covariance", "blowup_time", "scalar_solution"]
+__all__ = ["exact_covariance", "blowup_time", "scalar_solution", "linear_mean"]
 
 
 def _softmax_identity_S(attention):
@@ -197,3 +202,32 @@ def _lambertw_exp(z):
             w -= (w + np.log(w) - z[~small]) / (1.0 + 1.0 / w)
         out[~small] = w
     return out
+
+
+def linear_mean(generator, mean0, times):
+    r"""The mean :math:`\alpha(t) = e^{tN}\alpha_0` of :math:`\alpha' = N\alpha` at ``times``.
+
+    The mean of a type whose mean's equation does not involve the covariance
+    (:meth:`~gaussian_pde.attention.Attention.mean_generator`; Sinkhorn: :math:`N = V`).
+    Each time gets its own matrix exponential (:func:`scipy.linalg.expm`, no error
+    carried from one time to the next).
+
+    Parameters
+    ----------
+    generator : ndarray, shape (d, d)
+        :math:`N`.
+    mean0 : ndarray, shape (d,)
+        :math:`\alpha_0`.
+    times : array_like, shape (T,)
+        Times since the start, :math:`t \ge 0`.
+
+    Returns
+    -------
+    ndarray, shape (T, d)
+        The means; a mean past the floating-point range (it grows like
+        :math:`e^{t\max\operatorname{Re}\lambda(N)}`) has entries inf or NaN, without
+        a NumPy warning (the caller says where).
+    """
+    times = np.asarray(times, dtype=float)
+    with np.errstate(all="ignore"):
+        return expm(times[:, None, None] * generator) @ mean0

@@ -32,6 +32,7 @@ stops at the same events with the same verdicts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -51,6 +52,7 @@ from ._events import (
     rank_note,
     steady_gap,
 )
+from ._exact import linear_mean
 from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
@@ -83,7 +85,7 @@ class _System:
         with_mean = with_mean and not zero_mean
         self.with_mean = with_mean
         self.mean_scale = float(mean_scale)
-        self.m = m = d + 1 if with_mean else d
+        self.m = d + 1 if with_mean else d
         self.nfev = 0
         #: the right-hand side for Hairer's Fortran codes, which copy what it returns:
         #: a buffer (see :func:`gaussian_pde.integrate._loop.integrate_compiled`)
@@ -99,8 +101,7 @@ class _System:
         #: ``trace(y)`` is ``y.dot(y)`` (no mean in the state)
         self.trace_is_square_norm = not with_mean
         #: positions of the entries of L in a state with the mean
-        self._factor_entries = (np.arange(d * m).reshape(d, m)[:, :d].ravel()
-                                if with_mean else None)
+        self._factor_entries = _factor_entries(d) if with_mean else None
 
     def __call__(self, t, y):
         return self.fun(t, y)
@@ -124,9 +125,15 @@ class _System:
             return Z[..., self.d] * self.mean_scale, L
 
     def pack(self, mean, L):
-        if mean is None or self.zero_mean:
+        """The flat state of ``L`` and ``mean`` (left out where the state has no mean)."""
+        if not self.with_mean:
             return np.array(L, dtype=float).ravel()
-        return np.column_stack([L, np.asarray(mean) / self.mean_scale]).ravel()
+        Z = np.empty((self.d, self.m))
+        Z[:, :self.d] = L
+        Z[:, self.d] = mean
+        if self.mean_scale != 1.0:
+            Z[:, self.d] /= self.mean_scale
+        return Z.ravel()
 
     def trace(self, y):
         """``tr(Sigma) = |L|_F^2``."""
@@ -165,7 +172,15 @@ class _System:
         return Z.ravel()
 
 
-def _mean_scale(attention, mean0, rtol, atol):
+@functools.lru_cache(maxsize=None)
+def _factor_entries(d):
+    """Positions of the entries of ``L`` in a flat ``[L | mean]`` state (read-only)."""
+    entries = np.arange(d * (d + 1)).reshape(d, d + 1)[:, :d].ravel()
+    entries.flags.writeable = False
+    return entries
+
+
+def _mean_scale(mean0, rtol, atol):
     r"""Units of the mean in the solver's state for ``method="auto"``.
 
     A power of 2 near :math:`(\text{rtol}/\text{atol})\max_i|\alpha_{0,i}|`. The
@@ -175,16 +190,23 @@ def _mean_scale(attention, mean0, rtol, atol):
     relative to the mean's size as a vector, whatever its scale, instead of the absolute
     ``atol`` (made for the entries of ``L``) on entries of the mean that pass near zero,
     which made the mean dictate the step size (up to 1.3 times the evaluations of the
-    covariance alone, for errors far below ``rtol``). Identity (1) without a mean, for a
-    zero mean, or for a type whose mean equation is not known to be linear.
+    covariance alone, for errors far below ``rtol``). Identity (1) without a mean or for
+    a zero mean; only for a type whose mean equation is linear
+    (:func:`~gaussian_pde.integrate._fused.mean_is_linear`, checked by the caller).
+    Computed on Python floats (a short solve spends microseconds, not tens, on it).
     """
-    if mean0 is None or not mean_is_linear(attention):
+    if mean0 is None:
         return 1.0
-    size = float(np.max(np.abs(mean0)))
-    if not (size > 0 and np.isfinite(size)):
+    size = _max_abs(mean0)
+    if not (size > 0 and math.isfinite(size)):
         return 1.0
-    exponent = np.round(np.log2(rtol / atol) + np.log2(size))
-    return float(2.0 ** np.clip(exponent, -1000, 1000))
+    exponent = round(math.log2(rtol / atol) + math.log2(size))
+    return 2.0 ** min(max(exponent, -1000), 1000)
+
+
+def _max_abs(vector):
+    r""":math:`\max_i |v_i|` of a 1-D float array, as a Python float."""
+    return max(map(abs, vector.tolist()), default=0.0)
 
 
 def _factor_jacobian(attention, with_mean=False):
@@ -506,7 +528,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         like :math:`e^{\lambda_{\max}(V)t}` needs the steps that resolve it (and
         overflows float64 once :math:`\lambda_{\max}(V)t` passes about 700). A zero mean
         of softmax, L2 and Sinkhorn heads stays exactly zero: it is then left out of the
-        state, and the run takes the steps of the covariance alone.
+        state, and the run takes the steps of the covariance alone. So is a mean whose
+        equation does not involve the covariance (Sinkhorn: :math:`\alpha' = V\alpha`;
+        :meth:`~gaussian_pde.attention.Attention.mean_generator`), which is then
+        :math:`e^{(t - t_0)N}\alpha_0` exactly (:func:`~gaussian_pde.integrate._exact.linear_mean`),
+        unless user ``events`` need it at every step; a mean past the floating-point
+        range is inf there, and the message says from which stored time.
     cov0 : array_like, shape (d, d)
         Initial covariance, symmetric positive semi-definite (any rank).
     t_span : (float, float)
@@ -600,9 +627,16 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     # a zero mean of a type whose mean equation is linear and homogeneous
     # (alpha' = N(Sigma) alpha) stays exactly zero: it is left out of the state, so that
     # it changes neither the steps nor the cost
-    zero_mean = with_mean and mean_is_linear(attention) and not np.any(mean0)
-    system = _System(attention, with_mean, zero_mean=zero_mean, mean_scale=_mean_scale(
-        attention, mean0, opts.rtol, opts.atol) if auto else 1.0)
+    linear = with_mean and mean_is_linear(attention)
+    zero_mean = linear and _max_abs(mean0) == 0.0
+    # a mean whose equation does not involve the covariance (alpha' = N alpha: Sinkhorn)
+    # is exp((t - t0) N) mean0: not integrated at all (user events, which see the mean
+    # at every step, keep it in the state)
+    generator = (attention.mean_generator() if with_mean and not zero_mean and not events
+                 else None)
+    system = _System(attention, with_mean and generator is None, zero_mean=zero_mean,
+                     mean_scale=_mean_scale(mean0, opts.rtol, opts.atol) if auto and linear
+                     else 1.0)
     with_mean = system.with_mean
     y0 = system.pack(mean0, psd_factor(cov0))
     if auto:
@@ -617,11 +651,29 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     mean_f, L_f = system.split(run.y_final)
     cov_f = L_f @ L_f.T
     message = run.message + rank_note(cov0, cov_f, run.status)
+    if generator is not None:
+        means, message = _exact_means(generator, mean0, run, opts.t0, message)
+        mean_f = linear_mean(generator, mean0, [run.t_final - opts.t0])[0]
     return MomentSolution(
         t=run.t, mean=means, cov=covs, factor=Ls, status=run.status, message=message,
         t_blowup=run.t_blowup, t_final=run.t_final,
         mean_final=mean_f, cov_final=cov_f,
         t_events=run.t_events, nfev=run.nfev)
+
+
+def _exact_means(generator, mean0, run, t0, message):
+    """The means ``exp((t - t0) N) mean0`` at the run's times, and the message.
+
+    A mean past the floating-point range is said in the message (the covariance's
+    verdict stands: that mean is exact, only not representable).
+    """
+    means = linear_mean(generator, mean0, run.t - t0)
+    finite = np.isfinite(means).all(axis=-1)
+    if not finite.all():
+        message += (f"; the mean, exp((t - t0) N) mean0, is past the floating-point range "
+                    f"(inf or NaN) at the stored times from t = "
+                    f"{run.t[np.argmin(finite)]:.10g} on")
+    return means, message
 
 
 def _solve_rosenbrock(attention, mean0, cov0, t_span, *, t_eval, rtol, atol, blowup_threshold,

@@ -114,6 +114,13 @@ def check_moments(att, rng):
     dL = att.factor_rhs(L)
     np.testing.assert_allclose(dL @ L.T + L @ dL.T, dc, **tol)
     np.testing.assert_allclose(att.factor_kernel()(L), dL, **tol)
+    # a declared mean generator N: alpha' = N alpha at any covariance (two of them here)
+    N = att.mean_generator()
+    if N is not None:
+        assert N.shape == (d, d) and np.all(np.isfinite(N))
+        _, cov2, _ = gaussian_state(d, rng)
+        for c in (cov, 3.0 * cov2):
+            np.testing.assert_allclose(gp.moment_rhs(att, mean, c)[0], N @ mean, **tol)
     # ... and match the particle system at the Gaussian
     pm, pc = particle_moment_rhs(att, mean, L)
     assert_close_rel(pm, dm, PARTICLE_RTOL[None], f"{att.name}: dmean vs particles")

@@ -56,6 +56,17 @@ def test_every_class_declares_the_attributes():
             assert hasattr(cls, attr), (cls, attr)
 
 
+def test_mean_generator_only_where_the_mean_ignores_the_covariance(rng):
+    """Sinkhorn's mean obeys alpha' = V alpha; softmax and L2 means involve Sigma."""
+    sk = gp.Sinkhorn.example(3, rng)
+    np.testing.assert_array_equal(sk.mean_generator(), sk.V)
+    assert gp.Softmax.example(3, rng).mean_generator() is None
+    assert gp.L2.example(3, rng).mean_generator() is None
+    pair = gp.MultiHead.example(3, rng, heads=(gp.Sinkhorn, gp.Sinkhorn))
+    np.testing.assert_allclose(pair.mean_generator(), pair.heads[0].V + pair.heads[1].V)
+    assert gp.MultiHead.example(3, rng, heads=(gp.Sinkhorn, gp.L2)).mean_generator() is None
+
+
 def test_multihead_capabilities_come_from_its_heads(rng):
     exact = gp.MultiHead.example(2, rng, heads=(gp.Softmax, gp.L2))
     assert exact.exact_jacobian is True
