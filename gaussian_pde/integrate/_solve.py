@@ -653,7 +653,8 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     message = run.message + rank_note(cov0, cov_f, run.status)
     if generator is not None:
         means, message = _exact_means(generator, mean0, run, opts.t0, message)
-        mean_f = linear_mean(generator, mean0, [run.t_final - opts.t0])[0]
+        mean_f = (means[-1].copy() if run.t.size and run.t[-1] == run.t_final
+                  else linear_mean(generator, mean0, [run.t_final - opts.t0])[0])
     return MomentSolution(
         t=run.t, mean=means, cov=covs, factor=Ls, status=run.status, message=message,
         t_blowup=run.t_blowup, t_final=run.t_final,

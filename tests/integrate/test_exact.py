@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from gaussian_pde.integrate._exact import blowup_time, exact_covariance, scalar_solution
+from gaussian_pde.integrate._exact import (
+    blowup_time,
+    exact_covariance,
+    expm_stack,
+    linear_mean,
+    scalar_solution,
+)
 from tests._helpers import random_spd
 
 
@@ -112,3 +118,36 @@ def test_scalar_l2_long_horizon_lambert_branch():
     sol = gp.solve(att, None, [[0.5]], (0, 20.0), t_eval=t, rtol=1e-12, atol=1e-14)
     _, var = scalar_solution(att, 1.0, 0.5, t)
     np.testing.assert_allclose(sol.cov[:, 0, 0], var, rtol=1e-9)
+
+
+@pytest.mark.parametrize("count", [3, 40])        # one by one, and as one stack
+def test_expm_stack_matches_scipy(count):
+    """The NumPy matrix exponential against scipy.linalg.expm, norms from 1e-6 to 50,
+    normal and far from normal (a Jordan-like block), zero matrices included."""
+    from scipy.linalg import expm
+
+    rng = np.random.default_rng(2)
+    for scale in (1e-6, 1e-2, 1.0, 7.0, 50.0):
+        X = scale * rng.standard_normal((count, 4, 4))
+        X[0] = 0.0
+        E, ref = expm_stack(X), expm(X)
+        err = np.linalg.norm(E - ref, axis=(1, 2)) / np.linalg.norm(ref, axis=(1, 2))
+        assert err.max() < 1e-10 * max(scale, 1.0), (scale, err.max())
+        np.testing.assert_array_equal(E[0], np.eye(4))
+    J = np.array([[1.0, 100.0, 0.0], [0.0, 1.0, 100.0], [0.0, 0.0, 1.0]])
+    np.testing.assert_allclose(expm_stack(J[None])[0], expm(J), rtol=1e-13)
+
+
+def test_linear_mean_solves_its_equation(rng):
+    """alpha(t) = e^{tN} alpha_0: alpha(0) = alpha_0, and alpha' = N alpha by central
+    differences; a rotation generator keeps |alpha| exactly."""
+    N = rng.standard_normal((3, 3))
+    a0 = rng.standard_normal(3)
+    h = 1e-4
+    a = linear_mean(N, a0, [0.0, 0.7 - h, 0.7, 0.7 + h])
+    np.testing.assert_array_equal(a[0], a0)
+    np.testing.assert_allclose((a[3] - a[1]) / (2 * h), N @ a[2], rtol=1e-7)
+    W = np.array([[0.0, -2.0], [2.0, 0.0]])
+    rot = linear_mean(W, np.array([1.0, 0.0]), np.linspace(0, 10, 25))
+    np.testing.assert_allclose(np.linalg.norm(rot, axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(rot[:, 0], np.cos(2 * np.linspace(0, 10, 25)), atol=1e-12)
