@@ -333,6 +333,9 @@ class _Watch:
         # event of a state holding L alone): one event evaluation less per step
         self.square_norm_offset = (getattr(events[0], "square_norm_offset", None)
                                    if len(events) == 1 else None)
+        # ... or of y[entries] (the factor's entries of a state that also holds the mean)
+        self.square_norm_entries = (getattr(events[0], "square_norm_entries", None)
+                                    if len(events) == 1 else None)
         self.hit = None               # end of a step with an event sign change
         self.spent = False
         self.nfev = nfev if jac is not None else None
@@ -365,7 +368,14 @@ class _Watch:
         events = self.events
         if len(events) == 1:          # most runs: the blow-up event alone
             c = self.square_norm_offset
-            b = float(events[0](t, y)) if c is None else math.log(max(yy, 1e-300)) - c
+            if c is None:
+                b = float(events[0](t, y))
+            else:
+                entries = self.square_norm_entries
+                if entries is not None:
+                    z = y[entries]
+                    yy = float(z.dot(z))
+                b = math.log(max(yy, 1e-300)) - c
             a, s = self.g_prev[0], self.dirs[0]
             if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
                 self.hit = t

@@ -363,6 +363,11 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
             # tr(Sigma) = y.y: the step-end watch of the Fortran path reuses its own y.y
             # (the same number, so the same value of the event)
             blowup.square_norm_offset = log_limit
+        elif getattr(system, "_factor_entries", None) is not None:
+            # tr(Sigma) = z.z of the factor's entries z = y[entries]: the watch computes
+            # the same number without calling the event
+            blowup.square_norm_offset = log_limit
+            blowup.square_norm_entries = system._factor_entries
         evs = [_event(blowup, True, 1.0, "blowup")]
         if ev_opts.steady_on:
             def steady(t, y):
