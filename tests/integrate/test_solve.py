@@ -421,6 +421,29 @@ def test_mean_against_radau(kind):
                 assert rel(m, m_ref) < 1e-8
 
 
+@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2, gp.Sinkhorn, "multihead"])
+def test_a_mean_costs_about_the_covariance_alone(kind):
+    """A random O(1) mean on short runs (d = 5, t in [0, 1.5], ten settings): the run
+    with the mean takes about the covariance-only run's evaluations (the median within
+    5%: the mean rides in the same fused kernel), Sinkhorn's exactly (its mean is in
+    closed form). Where the mean moves faster than the covariance its own error control
+    adds a step or two (at most 1.4x the evaluations over the benchmark's 40 settings)."""
+    ratios = []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        att = (gp.MultiHead([c.example(5, rng) for c in (gp.Softmax, gp.L2, gp.Sinkhorn)])
+               if kind == "multihead" else kind.example(5, rng))
+        G = rng.standard_normal((5, 5))
+        cov0, mean0 = G @ G.T / 5, rng.standard_normal(5)
+        a = gp.solve(att, mean0, cov0, (0, 1.5), t_eval=[1.5])
+        b = gp.solve(att, None, cov0, (0, 1.5), t_eval=[1.5])
+        assert a.status == b.status
+        ratios.append(a.nfev / b.nfev)
+    assert abs(np.median(ratios) - 1.0) <= 0.05 and max(ratios) <= 1.4, ratios
+    if kind is gp.Sinkhorn:
+        assert ratios == [1.0] * 10
+
+
 def _reference_moments(att, mean0, cov0, t_eval):
     """Mean and covariance at ``t_eval`` by ``solve_ivp`` on ``gp.moment_rhs`` (not ``solve``)."""
     from scipy.integrate import solve_ivp
