@@ -172,6 +172,10 @@ class _System:
         return Z.ravel()
 
 
+#: a mean larger than this, or not finite, has left the range of float64 (to a margin)
+_MEAN_RANGE = 1e300
+
+
 @functools.lru_cache(maxsize=None)
 def _factor_entries(d):
     """Positions of the entries of ``L`` in a flat ``[L | mean]`` state (read-only)."""
@@ -656,6 +660,13 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     mean_f, L_f = system.split(run.y_final)
     cov_f = L_f @ L_f.T
     message = run.message + rank_note(cov0, cov_f, run.status)
+    if run.status == Status.FAILED and with_mean and not _max_abs(mean_f) < _MEAN_RANGE:
+        # the solver's own message ("step size becomes too small") does not say why
+        message = (message.rstrip(".") + f"; the mean had left the floating-point range "
+                   f"by t = {run.t_final:.10g} (|mean| = {_max_abs(mean_f):.3g}; it grows "
+                   "exponentially where its linear equation alpha' = N(Sigma) alpha has "
+                   "eigenvalues of positive real part): mean0=None integrates the "
+                   "covariance alone")
     if generator is not None:
         means, message = _exact_means(generator, mean0, run, opts.t0, message)
         mean_f = (means[-1].copy() if run.t.size and run.t[-1] == run.t_final

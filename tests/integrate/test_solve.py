@@ -444,6 +444,24 @@ def test_a_mean_costs_about_the_covariance_alone(kind):
         assert ratios == [1.0] * 10
 
 
+def test_a_mean_past_the_float_range_is_named_when_the_run_fails():
+    """Softmax with V = I: the mean grows like e^t and leaves float64 near t = 711, long
+    before the covariance's horizon (901); the solver then fails on its step size, and
+    the message says why, with the remedy."""
+    att = gp.Softmax(np.array([[0.04438856147514996, -1.0391621180474284]]),
+                     np.array([[1.084221138602485, 1.602339182272055]]), np.eye(2))
+    cov0 = np.array([[1.407818634122403, -1.4900986199936328],
+                     [-1.4900986199936328, 1.578164012775106]])
+    sol = gp.solve(att, np.array([-0.6532382889017887, -1.0569923297456651]), cov0,
+                   (0.0, 901.0))
+    assert sol.status == "failed" and 700 < sol.t_final < 720
+    assert "the mean had left the floating-point range by t = 71" in sol.message
+    assert "mean0=None integrates the covariance alone" in sol.message
+    assert ".;" not in sol.message
+    alone = gp.solve(att, None, cov0, (0.0, 901.0))
+    assert alone.status == "finished"
+
+
 def _reference_moments(att, mean0, cov0, t_eval):
     """Mean and covariance at ``t_eval`` by ``solve_ivp`` on ``gp.moment_rhs`` (not ``solve``)."""
     from scipy.integrate import solve_ivp
