@@ -421,7 +421,8 @@ def test_mean_against_radau(kind):
                 assert rel(m, m_ref) < 1e-8
 
 
-@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2, gp.Sinkhorn, "multihead"])
+@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2, gp.Sinkhorn,
+                                  pytest.param("multihead", marks=pytest.mark.slow)])
 def test_a_mean_costs_about_the_covariance_alone(kind):
     """A random O(1) mean on short runs (d = 5, t in [0, 1.5], ten settings): the run
     with the mean takes about the covariance-only run's evaluations (the median within
