@@ -14,7 +14,7 @@ valid when it is not. It blows up at
 positive.
 
 Sinkhorn (and sums of Sinkhorn heads): the mean's equation :math:`\alpha' = N\alpha`
-does not involve the covariance (:meth:`~gaussian_pde.attention.Attention.mean_generator`),
+does not involve the covariance (:meth:`~gaussian_pde.Attention.mean_generator`),
 so :math:`\alpha(t) = e^{tN}\alpha_0` (:func:`linear_mean`).
 
 In ``d = 1`` every Gaussian-preserving type is a scalar ODE for the variance
@@ -207,7 +207,7 @@ def linear_mean(generator, mean0, times):
     r"""The mean :math:`\alpha(t) = e^{tN}\alpha_0` of :math:`\alpha' = N\alpha` at ``times``.
 
     The mean of a type whose mean's equation does not involve the covariance
-    (:meth:`~gaussian_pde.attention.Attention.mean_generator`; Sinkhorn: :math:`N = V`).
+    (:meth:`~gaussian_pde.Attention.mean_generator`; Sinkhorn: :math:`N = V`).
     Each time gets its own matrix exponential (:func:`expm_stack`, no error carried
     from one time to the next).
 

@@ -539,7 +539,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         of softmax, L2 and Sinkhorn heads stays exactly zero: it is then left out of the
         state, and the run takes the steps of the covariance alone. So is a mean whose
         equation does not involve the covariance (Sinkhorn: :math:`\alpha' = V\alpha`;
-        :meth:`~gaussian_pde.attention.Attention.mean_generator`), which is then
+        :meth:`~gaussian_pde.Attention.mean_generator`), which is then
         :math:`e^{(t - t_0)N}\alpha_0` exactly (:func:`~gaussian_pde.integrate._exact.linear_mean`),
         unless user ``events`` need it at every step; a mean past the floating-point
         range is inf there, and the message says from which stored time.
