@@ -329,11 +329,11 @@ class _Watch:
         self.ts, self.ys = ts, ys     # every step end is stored when given
         self.g_prev = [float(g(t0, y0)) for g in events]
         self.dirs = [getattr(g, "direction", 0.0) for g in events]
-        # an event whose value is log(max(y.y, 1e-300)) - offset says so (the blow-up
-        # event of a state holding L alone): one event evaluation less per step
+        # an event whose value is log(max(z.z, 1e-300)) - offset says so, with z = y or
+        # z = y[entries] (the blow-up event: tr(Sigma) = |L|_F^2, L alone or beside the
+        # mean): one event evaluation less per step
         self.square_norm_offset = (getattr(events[0], "square_norm_offset", None)
                                    if len(events) == 1 else None)
-        # ... or of y[entries] (the factor's entries of a state that also holds the mean)
         self.square_norm_entries = (getattr(events[0], "square_norm_entries", None)
                                     if len(events) == 1 else None)
         self.hit = None               # end of a step with an event sign change

@@ -98,10 +98,10 @@ class _System:
 
         #: the right-hand side handed to the solver (a new array at every call)
         self.fun = fun
-        #: ``trace(y)`` is ``y.dot(y)`` (no mean in the state)
-        self.trace_is_square_norm = not with_mean
-        #: positions of the entries of L in a state with the mean
-        self._factor_entries = _factor_entries(d) if with_mean else None
+        #: ``trace(y)`` is ``z.dot(z)`` with ``z`` the state, or its entries at
+        #: ``square_norm_entries`` (those of L, in a state that also holds the mean)
+        self.trace_is_square_norm = True
+        self.square_norm_entries = _factor_entries(d) if with_mean else None
 
     def __call__(self, t, y):
         return self.fun(t, y)
@@ -137,8 +137,9 @@ class _System:
 
     def trace(self, y):
         """``tr(Sigma) = |L|_F^2``."""
-        if self.with_mean:
-            y = y[self._factor_entries]
+        entries = self.square_norm_entries
+        if entries is not None:
+            y = y[entries]
         return float(y.dot(y))
 
     def cov_and_rate(self, y):
@@ -364,14 +365,11 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
             return math.log(max(system.trace(y), 1e-300)) - log_limit
 
         if getattr(system, "trace_is_square_norm", False):
-            # tr(Sigma) = y.y: the step-end watch of the Fortran path reuses its own y.y
-            # (the same number, so the same value of the event)
+            # tr(Sigma) = z.z with z = y (L alone: the step-end watch of the Fortran path
+            # reuses its own y.y) or z = y[entries] (L beside the mean): the watch
+            # computes the same number without calling the event
             blowup.square_norm_offset = log_limit
-        elif getattr(system, "_factor_entries", None) is not None:
-            # tr(Sigma) = z.z of the factor's entries z = y[entries]: the watch computes
-            # the same number without calling the event
-            blowup.square_norm_offset = log_limit
-            blowup.square_norm_entries = system._factor_entries
+            blowup.square_norm_entries = getattr(system, "square_norm_entries", None)
         evs = [_event(blowup, True, 1.0, "blowup")]
         if ev_opts.steady_on:
             def steady(t, y):
