@@ -98,6 +98,11 @@ def _softmax(head, with_mean, out=None, counter=None):
     d, k = head.d, head.k
     m = d + 1 if with_mean else d
     W = np.ascontiguousarray(np.vstack([c * V, K, Q]))
+    # fortran_rhs: the same products on the flat state, counted, by one compiled call
+    # (integrate._compiled), which needs none of the NumPy work arrays below
+    kernel = compiled_kernel("softmax_field") if counter is not None else None
+    if kernel is not None:
+        return _compiled_softmax_rhs(kernel, W, c, m, out, counter)
     # work arrays and their views, made once: an evaluation is three products, called as
     # bound ndarray.dot methods (numpy's module-level dot adds a dispatch layer that costs
     # about as much as the product of these small matrices)
@@ -124,26 +129,8 @@ def _softmax(head, with_mean, out=None, counter=None):
 
     if counter is None:
         return term
-    # fortran_rhs: the same products on the flat state, counted, by one compiled call
-    # (integrate._compiled) or, without Numba, by the three ndarray.dot calls
+    # fortran_rhs without Numba: the three ndarray.dot calls in one Python frame
     flat = out.reshape(-1)
-    kernel = compiled_kernel("softmax_field")
-    if kernel is not None:
-        ws = np.zeros((W.shape[0] + m + 1, m))
-        if with_mean:
-            ws[-1, d] = 1.0 / c
-
-        def rhs(t, y):
-            counter.nfev += 1
-            kernel(y, W, ws, flat)
-            return flat
-
-        def field(Z):
-            kernel(np.ascontiguousarray(Z, dtype=float).reshape(-1), W, ws, flat)
-            return out
-
-        rhs.field = field
-        return rhs
     if not with_mean:
         def rhs(t, y):
             counter.nfev += 1
@@ -161,6 +148,27 @@ def _softmax(head, with_mean, out=None, counter=None):
             return flat
 
     rhs.field = term
+    return rhs
+
+
+def _compiled_softmax_rhs(kernel, W, c, m, out, counter):
+    """:func:`fortran_rhs` of one softmax head by the compiled ``softmax_field``."""
+    d = out.shape[0]
+    flat = out.reshape(-1)
+    ws = np.zeros((W.shape[0] + m + 1, m))
+    if m > d:
+        ws[-1, d] = 1.0 / c        # the mean's row of G (see integrate._compiled)
+
+    def rhs(t, y):
+        counter.nfev += 1
+        kernel(y, W, ws, flat)
+        return flat
+
+    def field(Z):
+        kernel(np.ascontiguousarray(Z, dtype=float).reshape(-1), W, ws, flat)
+        return out
+
+    rhs.field = field
     return rhs
 
 
