@@ -270,7 +270,7 @@ def _expm(X):
         s = np.ceil(np.log2(np.abs(X).sum(axis=-2).max(axis=-1)))
     # a zero matrix (log2 0 = -inf) needs no squaring; an inf or NaN one gets the most
     s = np.where(np.isnan(s), 2100, np.clip(s, 0, 2100)).astype(int)
-    Y = np.ldexp(X, -s[..., None, None] if X.ndim == 3 else s * -1)
+    Y = np.ldexp(X, -s[..., None, None])
     eye = np.eye(X.shape[-1])
     Yk = Y[None] * _INVERSES.reshape((-1,) + (1,) * X.ndim)     # Y / k, k = 1..18
     E = Yk[-1] + eye
