@@ -431,11 +431,7 @@ def test_a_mean_costs_about_the_covariance_alone(kind):
     adds a step or two (at most 1.4x the evaluations over the benchmark's 40 settings)."""
     ratios = []
     for seed in range(10):
-        rng = np.random.default_rng(seed)
-        att = (gp.MultiHead([c.example(5, rng) for c in (gp.Softmax, gp.L2, gp.Sinkhorn)])
-               if kind == "multihead" else kind.example(5, rng))
-        G = rng.standard_normal((5, 5))
-        cov0, mean0 = G @ G.T / 5, rng.standard_normal(5)
+        att, mean0, cov0 = _mean_case(kind, seed, d=5)
         a = gp.solve(att, mean0, cov0, (0, 1.5), t_eval=[1.5])
         b = gp.solve(att, None, cov0, (0, 1.5), t_eval=[1.5])
         assert a.status == b.status
