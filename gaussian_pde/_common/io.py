@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import pathlib
+import stat
 import tempfile
 
 import numpy as np
@@ -29,13 +30,46 @@ def ensure_output_dir(path, name="out"):
     return path
 
 
+def current_umask():
+    """The process's file-mode creation mask (read without changing it where possible)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)   # no /proc: set and restore (the only portable way to read it)
+    os.umask(mask)
+    return mask
+
+
+def plain_mode(path, directory=False):
+    """The permission bits a plain ``open(path, "w")`` (or ``mkdir``) would leave on ``path``.
+
+    An existing file keeps its mode; a new one gets ``0o666 & ~umask`` (``0o777 & ~umask``
+    for a folder), which is what :func:`tempfile.mkstemp` (always ``0o600``) does not give.
+    """
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return (0o777 if directory else 0o666) & ~current_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
+
+    The file ends with the mode a plain ``open`` would give it (:func:`plain_mode`).
+    """
     path = pathlib.Path(path)
+    mode = plain_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix,
                                dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     try:
         yield pathlib.Path(tmp)
         os.replace(tmp, path)

@@ -55,7 +55,7 @@ import warnings
 
 import numpy as np
 
-from .._common.io import write_json, write_text
+from .._common.io import plain_mode, write_json, write_text
 from ._compute import OUTCOMES, STATUSES, result_layout, time_grid
 from ._spec import SweepSpec
 
@@ -364,7 +364,9 @@ class SweepStore:
                              "manifest.json); choose a new --out folder.")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            mode = plain_mode(path, directory=True)
             tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.init-", dir=path.parent))
+            os.chmod(tmp, mode)   # mkdtemp gives 0o700 whatever the umask
         except OSError as exc:   # e.g. below /proc, or a read-only file system
             raise ValueError(f"`out` cannot be created as a sweep results folder: {path} "
                              f"({exc.strerror or exc}).") from None
