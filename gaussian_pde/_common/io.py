@@ -15,18 +15,52 @@ import tempfile
 import numpy as np
 
 __all__ = ["atomic_path", "write_text", "write_json", "write_npz", "save_figure",
-           "ensure_output_dir"]
+           "ensure_output_dir", "ensure_output_file", "plain_mode"]
+
+
+def _probe_write(folder):
+    """Create and delete a file in ``folder``: the one check root's ``os.access`` cannot fake.
+
+    Returns None when it works, else the reason (``strerror``).
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gaussian_pde-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 def ensure_output_dir(path, name="out"):
-    """Create ``path`` if needed and check that it is a writable folder."""
+    """Create ``path`` if needed and check, by writing a probe file, that it takes files.
+
+    ``os.access`` answers yes to root for ``/proc`` or a read-only mount, so the check
+    writes (and deletes) a file before any work is done.
+    """
     path = pathlib.Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"`{name}` cannot be created as a folder: {path} ({exc.strerror}).") from None
-    if not path.is_dir() or not os.access(path, os.W_OK):
-        raise ValueError(f"`{name}` is not a writable folder: {path}.")
+    if not path.is_dir():
+        raise ValueError(f"`{name}` is not a writable folder: {path} (it is a file).")
+    reason = _probe_write(path)
+    if reason is not None:
+        raise ValueError(f"`{name}` is not a writable folder: {path} ({reason}).")
+    return path
+
+
+def ensure_output_file(path, name="out"):
+    """Check, before any work, that a file can be written at ``path`` (its folder is made).
+
+    The path must not be an existing folder, and its folder must take a probe file.
+    """
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise ValueError(f"`{name}` must be a file path, got the folder {path}.")
+    ensure_output_dir(path.parent if str(path.parent) else pathlib.Path("."), name)
     return path
 
 

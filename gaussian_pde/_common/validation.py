@@ -14,6 +14,7 @@ import numpy as np
 
 __all__ = [
     "validate_allocation",
+    "validate_choices",
     "validate_array",
     "validate_matrix",
     "validate_vector",
@@ -283,6 +284,34 @@ def validate_nonempty(value, name):
     if n == 0:
         raise ValueError(f"`{name}` must not be empty.")
     return value
+
+
+def validate_choices(value, name, allowed):
+    """A non-empty sequence (not a string) of distinct members of ``allowed``; a tuple.
+
+    A string would be iterated letter by letter, so it is refused with the fix.
+    """
+    allowed = tuple(allowed)
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"`{name}` must be a sequence of {allowed}, got the string {value!r} "
+                        f"(write ({value!r},)).")
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be a sequence of {allowed}, got "
+                        f"{type(value).__name__}.") from None
+    if not items:
+        raise ValueError(f"`{name}` must not be empty; choose among {allowed}.")
+    for item in items:
+        try:
+            ok = item in allowed
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or isinstance(item, bool):
+            raise ValueError(f"`{name}` must hold members of {allowed}, got {item!r}.")
+    if len(set(items)) != len(items):
+        raise ValueError(f"`{name}` must not repeat a member, got {items}.")
+    return items
 
 
 def validate_square_2x2(value, name, *, batch=True, finite=False):

@@ -35,12 +35,13 @@ lie there.
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from pathlib import Path
 
 import numpy as np
+
+from .._common.io import ensure_output_dir, write_json
+from .._common.validation import validate_choices, validate_flag, validate_int
 
 __all__ = [
     "PANELS",
@@ -336,6 +337,27 @@ def _panel_stats(path, d, tol, max_iter):
     }
 
 
+def _validate_replay(types, ds, values, n_settings):
+    """The replay's selection, checked: known members, non-empty, no repeats."""
+    types = validate_choices(types, "types", sorted({k for k, _ in PANELS}))
+    values = validate_choices(values, "values", sorted({v for _, v in PANELS}))
+    if isinstance(ds, (str, bytes)):
+        raise TypeError(f"`ds` must be a sequence of dimensions among {DIMENSIONS}, got {ds!r}.")
+    try:
+        ds = tuple(validate_int(d, "ds") for d in ds)
+    except TypeError:
+        if not hasattr(ds, "__iter__"):
+            raise TypeError(f"`ds` must be a sequence of dimensions among {DIMENSIONS}, got "
+                            f"{type(ds).__name__}.") from None
+        raise
+    ds = validate_choices(ds, "ds", DIMENSIONS)
+    n_settings = validate_int(n_settings, "n_settings", minimum=1)
+    if n_settings > N_PER_DIM:
+        raise ValueError(f"`n_settings` must be at most {N_PER_DIM} (the published settings per "
+                         f"panel), got {n_settings}.")
+    return types, ds, values, n_settings
+
+
 def published_histograms(types=("softmax", "l2"), ds=DIMENSIONS, values=("identity", "random"),
                          n_settings=N_PER_DIM, progress=None, return_paths=False):
     r"""Replay the published rank histograms (docs/math.md section 9).
@@ -349,11 +371,8 @@ def published_histograms(types=("softmax", "l2"), ds=DIMENSIONS, values=("identi
     values : sequence of {"identity", "random"}
         :math:`V = I` and/or the random :math:`V = R^TR`.
     n_settings : int
-        Settings per panel (100 in the paper; fewer gives the first ones of the same
-        sequential protocol, for tests).
-    pool_size : int
-        Most attempts of one panel stepped at once. The protocol does not depend on it
-        (rounding may move a count only where an attempt is within 1% of a boundary).
+        Settings per panel, 1 to 100 (100 in the paper; fewer gives the first ones of
+        the same sequential protocol, for tests).
     progress : callable or None
         Called with one short line per finished panel.
     return_paths : bool
@@ -365,7 +384,18 @@ def published_histograms(types=("softmax", "l2"), ds=DIMENSIONS, values=("identi
         ``{"histograms": {type: {values: {str(d): counts of ranks 0..d}}},
         "details": {type: {values: {str(d): statistics}}}}`` and, with
         ``return_paths``, ``"paths"`` in the same layout.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For a type, dimension or ``values`` entry outside those listed (a plain string
+        is refused, not read letter by letter), an empty or repeating sequence, or
+        ``n_settings`` outside 1..100.
     """
+    types, ds, values, n_settings = _validate_replay(types, ds, values, n_settings)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"`progress` must be a callable or None, got {type(progress).__name__}.")
+    return_paths = validate_flag(return_paths, "return_paths")
     hist, details, paths = {}, {}, {}
     for kind in types:
         settings = published_settings(kind)
@@ -404,11 +434,11 @@ def write_published_histograms(out, progress=None, **kwargs):
     dict
         The result of :func:`published_histograms` and the two paths written.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _validate_replay(kwargs.get("types", ("softmax", "l2")), kwargs.get("ds", DIMENSIONS),
+                     kwargs.get("values", ("identity", "random")),
+                     kwargs.get("n_settings", N_PER_DIM))
+    out = ensure_output_dir(out, "out")   # before the replay: a bad folder fails at once
     res = published_histograms(progress=progress, **kwargs)
-    p1 = out / "published_histograms.json"
-    p2 = out / "published_histograms_details.json"
-    p1.write_text(json.dumps(res["histograms"], indent=1) + "\n")
-    p2.write_text(json.dumps(res["details"], indent=1) + "\n")
+    p1 = write_json(out / "published_histograms.json", res["histograms"])
+    p2 = write_json(out / "published_histograms_details.json", res["details"])
     return {**res, "files": [str(p1), str(p2)]}

@@ -257,3 +257,41 @@ def test_full_replay_gives_the_recorded_histograms():
                 st = res["details"][kind][val][ds]
                 assert sum(counts) == st["converged"] - st["not_recorded"] <= 100
                 assert all(c == 0 for c in counts[math.ceil(d / 2) + 1:])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"types": ("sinkhorn",)}, "`types`"),
+    ({"types": "softmax"}, "`types`"),
+    ({"types": ()}, "`types`"),
+    ({"types": ("softmax", "softmax")}, "`types`"),
+    ({"values": ("diagonal",)}, "`values`"),
+    ({"values": "identity"}, "`values`"),
+    ({"values": []}, "`values`"),
+    ({"ds": ()}, "`ds`"),
+    ({"ds": (6,)}, "`ds`"),
+    ({"ds": 3}, "`ds`"),
+    ({"ds": (3.5,)}, "`ds`"),
+    ({"n_settings": 0}, "`n_settings`"),
+    ({"n_settings": -1}, "`n_settings`"),
+    ({"n_settings": 101}, "`n_settings`"),
+    ({"n_settings": 2.0}, "`n_settings`"),
+    ({"progress": "print"}, "`progress`"),
+    ({"return_paths": "no"}, "`return_paths`"),
+])
+def test_published_histograms_refuses_bad_arguments(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        published_histograms(**kwargs)
+
+
+def test_write_published_histograms_checks_out_before_the_replay(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(pub, "_replay_panel", lambda *a, **k: calls.append(a))
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="`out`"):
+        pub.write_published_histograms(afile, n_settings=1)
+    with pytest.raises(ValueError, match="`out`"):
+        pub.write_published_histograms("/proc/gaussian_pde_out", n_settings=1)
+    with pytest.raises(TypeError, match="`types`"):
+        pub.write_published_histograms(tmp_path / "new", types="l2")
+    assert calls == [] and not (tmp_path / "new").exists()
