@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import numbers
 
 import numpy as np
 
@@ -238,6 +239,23 @@ def _finite_time_signature(t, tr):
     return (t_star if finite else None), p
 
 
+def _validate_t_blowup(t_blowup, t0):
+    """None, NaN or inf (no blow-up), or a real blow-up time no earlier than ``t[0]``."""
+    if t_blowup is None:
+        return None
+    if isinstance(t_blowup, (bool, np.bool_)) or not isinstance(t_blowup, (numbers.Real, np.ndarray)):
+        raise TypeError(f"`t_blowup` must be a real number or None, got "
+                        f"{type(t_blowup).__name__}.")
+    arr = np.asarray(t_blowup)
+    if arr.ndim != 0 or arr.dtype.kind not in "iuf":
+        raise TypeError(f"`t_blowup` must be a real number or None, got {t_blowup!r}.")
+    value = float(arr)
+    if np.isfinite(value) and value < t0:
+        raise ValueError(f"`t_blowup` = {value!r} lies before the first time t[0] = {t0!r}; "
+                         "a blow-up time follows the start of the trajectory.")
+    return value
+
+
 def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blowup=None,
                         message="", rtol=1e-4, atol=0.0, settle_tol=1e-2, decay_slope=0.5,
                         zero_tol=0.1, growth_ratio=1e8):
@@ -338,6 +356,7 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
     if attention is not None and not attention.gaussian_preserving:
         raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians: it has "
                         "no exact covariance rate; give `rate` instead.")
+    t_blowup = _validate_t_blowup(t_blowup, t[0])
     tr = np.trace(cov, axis1=-2, axis2=-1)
     tr0, tf, cf = tr[0], float(t[-1]), cov[-1]
     if not tr0 > 0:
@@ -427,8 +446,13 @@ def classify_solution(solution, attention=None, **kwargs):
     """Classify a :class:`gaussian_pde.MomentSolution` (see :func:`classify_trajectory`).
 
     The final state is ``solution.cov_final`` at ``solution.t_final``; the solver's
-    status, blow-up time and message are used as evidence.
+    status, blow-up time and message are used as evidence. A
+    :class:`gaussian_pde.BatchSolution` (anything with ``trajectory(i)`` and a length)
+    gives a list: every trajectory classified, in order.
     """
+    if callable(getattr(solution, "trajectory", None)) and hasattr(solution, "__len__"):
+        return [classify_solution(solution.trajectory(i), attention, **kwargs)
+                for i in range(len(solution))]
     for attr in ("t", "cov", "cov_final", "t_final", "status"):
         if not hasattr(solution, attr):
             raise TypeError("`solution` must be a MomentSolution (from gaussian_pde.solve), "

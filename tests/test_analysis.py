@@ -175,3 +175,30 @@ def test_classify_trajectory_refuses_bad_times_status_and_attention():
         gp.classify_trajectory([0.0, 1.0], [I2, I2], attention="softmax")
     out = gp.classify_trajectory([0.0, 1.0], [I2, I2], status=gp.Status.FINISHED)
     assert out.outcome in set(gp.Outcome)
+
+
+@pytest.mark.parametrize("t_blowup, err", [(-0.5, ValueError), (1 + 2j, TypeError),
+                                           ("1.0", TypeError), (True, TypeError),
+                                           (np.array([1.0, 2.0]), TypeError)])
+def test_classify_trajectory_refuses_a_bad_blowup_time(rng, t_blowup, err):
+    cov = np.stack([random_spd(rng, 2)] * 2)
+    with pytest.raises(err, match="`t_blowup`"):
+        an.classify_trajectory([0.0, 1.0], cov, status="blowup", t_blowup=t_blowup)
+    with pytest.raises(err, match="`t_blowup`"):   # also before t[0] = 2 when t starts later
+        an.classify_trajectory([2.0, 3.0], cov, status="blowup",
+                               t_blowup=1.0 if err is ValueError else t_blowup)
+
+
+def test_classify_solution_of_a_batch_classifies_every_trajectory(rng):
+    # K = Q, V = I: A + A^T > 0, every trajectory blows up at its exact time
+    d = 3
+    Q = rng.standard_normal((d, d))
+    att = gp.Softmax(Q, Q, np.eye(d))
+    covs = np.stack([random_spd(rng, d) for _ in range(3)])
+    batch = gp.solve_batch(att, covs, (0.0, 10.0))
+    out = an.classify_solution(batch, attention=att)
+    assert isinstance(out, list) and len(out) == 3
+    for i, oc in enumerate(out):
+        one = an.classify_solution(gp.solve(att, None, covs[i], (0.0, 10.0)), attention=att)
+        assert oc.outcome == one.outcome == an.Outcome.BLOWUP
+        assert oc.t_blowup == pytest.approx(blowup_time(att, covs[i]), rel=1e-6)
