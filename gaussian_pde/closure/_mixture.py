@@ -64,8 +64,10 @@ import numpy as np
 from .._common.gaussian import bures_wasserstein
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
+    validate_allocation,
     validate_array,
     validate_covariance,
+    validate_flag,
     validate_int,
     validate_positive,
     validate_quadrature,
@@ -195,19 +197,30 @@ class GaussianMixture:
         labels : ndarray of int, shape (n,)
             The component :math:`\ell_i` of each token (sorted when ``stratified``).
         """
+        stratified = validate_flag(stratified, "stratified")
+        n = validate_int(n, "n", minimum=self.K if stratified else 1)
+        # tokens, normal draws and the means gathered per token (n x d each), labels (n)
+        validate_allocation(n * (3 * self.d + 1), "n")
         rng = _rng(seed)
         if stratified:
-            labels = np.repeat(np.arange(self.K), self.counts(n))
+            counts = self.counts(n)
+            labels = np.repeat(np.arange(self.K), counts)
         else:
-            n = validate_int(n, "n", minimum=1)
             labels = np.sort(rng.choice(self.K, size=n, p=self.weights))
+            counts = np.bincount(labels, minlength=self.K)
         z = rng.standard_normal((labels.size, self.d))
         L = self.factors()
-        x = self.means[labels] + np.einsum("nij,nj->ni", L[labels], z)
+        x = self.means[labels]
+        stop = np.cumsum(counts)
+        for k, (a, b) in enumerate(zip(stop - counts, stop)):   # labels are sorted
+            x[a:b] += z[a:b] @ L[k].T
         return x, labels
 
     def component(self, k):
-        """``(mean, cov)`` of component ``k``."""
+        """``(mean, cov)`` of component ``k`` (an integer, ``-K <= k < K``)."""
+        k = validate_int(k, "k")
+        if not -self.K <= k < self.K:
+            raise ValueError(f"`k` must be a component index in [-{self.K}, {self.K}), got {k}.")
         return self.means[k].copy(), self.covs[k].copy()
 
     def __repr__(self):

@@ -61,6 +61,40 @@ def test_sample_keeps_labels_and_moments():
     np.testing.assert_allclose(np.cov(x.T, bias=True), mix.total_cov, rtol=0.03)
 
 
+@pytest.mark.parametrize("k, err", [(5, ValueError), (-6, ValueError), (1.5, TypeError),
+                                    ("0", TypeError), (None, TypeError), (True, TypeError)])
+def test_component_refuses_a_bad_index(k, err):
+    mix = gp.GaussianMixture([0.5, 0.5], [[0.0, 0.0], [1.0, 0.0]], [np.eye(2)] * 2)
+    with pytest.raises(err, match="`k`"):
+        mix.component(k)
+    m, C = mix.component(-1)
+    np.testing.assert_array_equal(m, [1.0, 0.0])
+    np.testing.assert_array_equal(C, np.eye(2))
+
+
+@pytest.mark.parametrize("kwargs, err, name", [
+    ({"stratified": "no"}, TypeError, "stratified"), ({"stratified": 0}, TypeError, "stratified"),
+    ({"n": 10**12}, ValueError, "`n`.*GiB"), ({"n": 2.5}, TypeError, "`n`"),
+    ({"n": 0, "stratified": False}, ValueError, "`n`"),
+])
+def test_sample_refuses_bad_options_up_front(kwargs, err, name):
+    mix = gp.GaussianMixture([0.5, 0.5], [[0.0, 0.0], [1.0, 0.0]], [np.eye(2)] * 2)
+    with pytest.raises(err, match=name):
+        mix.sample(**{"n": 10, **kwargs})
+
+
+def test_multinomial_sample_keeps_labels_and_moments():
+    rng = np.random.default_rng(3)
+    mix = gp.GaussianMixture([0.2, 0.8], rng.normal(size=(2, 2)) * 5,
+                             [_random_cov(rng, 2) for _ in range(2)])
+    x, lab = mix.sample(40_000, seed=4, stratified=False)
+    assert np.all(np.diff(lab) >= 0)
+    # multinomial counts: within 5 standard deviations of n w_k
+    assert abs(np.mean(lab == 1) - 0.8) < 5 * np.sqrt(0.16 / 40_000)
+    for k in range(2):
+        np.testing.assert_allclose(np.cov(x[lab == k].T), mix.covs[k], atol=0.08)
+
+
 # ------------------------------------------------------------------ the field
 
 
