@@ -66,6 +66,20 @@ def blowup_time(attention, cov0):
     return 1.0 / lam if lam > 0 else np.inf
 
 
+def _validate_times(t):
+    """Real times: a number or 1-D array; complex (even ``0.5 + 0j``) and booleans refused."""
+    raw = t if isinstance(t, np.ndarray) else None
+    if raw is None and not isinstance(t, (str, bytes)) and t is not None:
+        try:
+            raw = np.asarray(t)
+        except (TypeError, ValueError):
+            raw = None
+    if raw is not None and raw.dtype.kind in "cb":
+        kind = "complex" if raw.dtype.kind == "c" else "boolean"
+        raise TypeError(f"`t` must be real times, got {kind} values {t!r}.")
+    return validate_array(t, "t", ndim=(0, 1))
+
+
 def exact_covariance(attention, cov0, t):
     r"""Exact covariance of softmax attention with :math:`V = I` at time(s) ``t``.
 
@@ -86,7 +100,7 @@ def exact_covariance(attention, cov0, t):
     validate_attention(attention)
     S = _softmax_identity_S(attention)
     cov0 = validate_covariance(cov0, "cov0", d=attention.d)
-    t_arr = validate_array(t, "t", ndim=(0, 1))
+    t_arr = _validate_times(t)
     if np.any(t_arr < 0):
         raise ValueError("`t` must be non-negative.")
     t_star = blowup_time(attention, cov0)
@@ -136,7 +150,7 @@ def scalar_solution(attention, mean0, var0, t):
     if m0.size != 1:
         raise ValueError(f"`mean0` must be one number (d = 1), got shape {m0.shape}.")
     m0 = float(m0.reshape(-1)[0])
-    t = validate_array(t, "t", ndim=(0, 1))
+    t = _validate_times(t)
     if isinstance(attention, MultiHead):
         if not all(type(h) is Softmax for h in attention.heads):
             raise ValueError("the scalar solution of a MultiHead is implemented for softmax heads.")

@@ -472,7 +472,7 @@ def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_M
             grown = a[~(tr <= tr_max[idx[a]])]
             stop[idx[grown]] = "growth"
             done[grown] = True
-        tiny = h < 1e-12 * np.maximum(z, 1.0)
+        tiny = h < np.maximum(1e-12 * z, 1e-30)
         stop[idx[tiny & ~done]] = "step"
         many = steps[idx] >= max_steps
         stop[idx[many & ~done]] = "steps"

@@ -175,3 +175,14 @@ def test_linear_mean_against_fifty_digits():
                 assert err <= 1e-11 * size, (t, float(err / size))
                 checked += 1
     assert checked >= 6
+
+
+@pytest.mark.parametrize("t", [0.5 + 0j, np.array([0.1, 0.2 + 0j]), [0.1, 0.2j], True,
+                               np.array([False, True])])
+def test_exact_solutions_refuse_complex_or_boolean_times(t):
+    att = gp.Softmax(np.eye(2), -np.eye(2), np.eye(2))
+    with pytest.raises(TypeError, match="`t`"):
+        exact_covariance(att, np.eye(2), t)
+    att1 = gp.Softmax([[1.0]], [[-1.0]], [[1.0]])
+    with pytest.raises(TypeError, match="`t`"):
+        scalar_solution(att1, 0.0, 1.0, t)

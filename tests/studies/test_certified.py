@@ -221,3 +221,15 @@ def test_l2_log_time_field_survives_a_numerically_singular_gain():
         out = field(y, np.zeros(2))
     assert np.all(np.isnan(out[0]))
     assert np.all(np.isfinite(out[1]))
+
+
+@pytest.mark.parametrize("scale", [1e14, 1e16, 1e18])
+@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2])
+def test_huge_initial_covariance_is_decided(kind, scale):
+    # V = I, K = -Q, rank Q = 1: the limit has rank d - 1 = 2 at any scale of cov0 (for
+    # softmax the dynamics is scale-free, t -> t / s); the first steps in log time are
+    # of the order of 1 / scale
+    Q = np.array([[0.6, -0.3, 0.8]])
+    att = kind(Q, -Q, np.eye(3))
+    res = gp.certified_limit(att, scale * np.eye(3))
+    assert (res.outcome, res.rank) == ("rank", 2), res.message
