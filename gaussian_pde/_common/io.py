@@ -15,10 +15,10 @@ import tempfile
 import numpy as np
 
 __all__ = ["atomic_path", "write_text", "write_json", "write_npz", "save_figure",
-           "ensure_output_dir", "ensure_output_file", "plain_mode"]
+           "ensure_output_dir", "ensure_output_file", "plain_mode", "write_probe"]
 
 
-def _probe_write(folder):
+def write_probe(folder):
     """Create and delete a file in ``folder``: the one check root's ``os.access`` cannot fake.
 
     Returns None when it works, else the reason (``strerror``).
@@ -46,7 +46,7 @@ def ensure_output_dir(path, name="out"):
         raise ValueError(f"`{name}` cannot be created as a folder: {path} ({exc.strerror}).") from None
     if not path.is_dir():
         raise ValueError(f"`{name}` is not a writable folder: {path} (it is a file).")
-    reason = _probe_write(path)
+    reason = write_probe(path)
     if reason is not None:
         raise ValueError(f"`{name}` is not a writable folder: {path} ({reason}).")
     return path

@@ -7,14 +7,18 @@ a folder of their own below it (``gaussian_pde_output/compare/``,
 that no subcommand overwrites another's ``report.md``.
 
 An ``--out`` that cannot be used (an existing file, a path below a file, a folder without
-write permission) is refused before any work starts, with one line naming ``--out``
-(:class:`OutputFolderError`, exit status 2).
+write permission, a folder that does not take files such as ``/proc`` or a read-only mount)
+is refused before any work starts, with one line naming ``--out``
+(:class:`OutputFolderError`, exit status 2). The check writes and deletes a probe file:
+``os.access`` says yes to root whatever the file system would do.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+
+from .._common.io import write_probe
 
 __all__ = ["OUTPUT_ROOT", "OutputFolderError", "add_out_argument", "default_out",
            "output_dir", "check_output_dir"]
@@ -59,6 +63,10 @@ def check_output_dir(path, flag="--out"):
             raise OutputFolderError(f"`{flag}` is an existing file, not a folder: {path}.")
         if not os.access(path, os.W_OK | os.X_OK):
             raise OutputFolderError(f"`{flag}` is a folder without write permission: {path}.")
+        reason = write_probe(path)
+        if reason is not None:
+            raise OutputFolderError(f"`{flag}` is a folder that does not take files: {path} "
+                                    f"({reason}).")
         return path
     base = _nearest_existing(path)
     if not base.is_dir():
@@ -67,6 +75,10 @@ def check_output_dir(path, flag="--out"):
     if not os.access(base, os.W_OK | os.X_OK):
         raise OutputFolderError(f"`{flag}` cannot be created: no write permission in {base} "
                                 f"({path}).")
+    reason = write_probe(base)
+    if reason is not None:
+        raise OutputFolderError(f"`{flag}` cannot be created: {base} does not take files "
+                                f"({reason}; {path}).")
     return path
 
 
@@ -81,4 +93,8 @@ def output_dir(path, flag="--out"):
     except OSError as exc:
         raise OutputFolderError(f"`{flag}` cannot be created as a folder: {path} "
                                 f"({exc.strerror or exc}).") from None
+    reason = write_probe(path)
+    if reason is not None:
+        raise OutputFolderError(f"`{flag}` is a folder that does not take files: {path} "
+                                f"({reason}).")
     return path

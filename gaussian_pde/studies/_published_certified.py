@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._common.io import write_text
 from ..analysis import limit_rank
 from ..attention._l2 import L2
 from ..attention._softmax import Softmax
@@ -209,5 +210,5 @@ def write_published_certified(out, paths, progress=None):
     """:func:`certify_published` into ``out/published_certified.json``; returns it and the path."""
     res = certify_published(paths, progress=progress)
     path = Path(out) / "published_certified.json"
-    path.write_text(json.dumps(res, indent=1) + "\n")
+    write_text(path, json.dumps(res, indent=1) + "\n")   # atomically
     return {**res, "file": str(path)}

@@ -12,9 +12,10 @@ Layout of a results folder ``RESULTS``::
         time                          float (grid,): the coarse time grid
     RESULTS/tasks.log          one JSON line per stored task (informative, not authoritative)
 
-Every array is chunked along the draws with ``batch_size`` rows, so a task owns exactly one
-chunk of each array and no two tasks share a file. Zarr writes each chunk to a temporary
-file and renames it into place; a task writes its data chunks first and its ``done`` chunk
+Every array is chunked along the draws with ``batch_size`` rows (``draws`` when that is
+fewer: a chunk is sized by what is stored), so a task owns exactly one chunk of each array
+and no two tasks share a file. Zarr writes each chunk to a temporary file and renames it
+into place; a task writes its data chunks first and its ``done`` chunk
 last, so after an interruption at any instant (``kill -9`` included) a task is either
 complete and flagged or unflagged, and an unflagged task is recomputed, overwriting
 whatever partial chunks it left with the same bytes. Nothing is pickled: the store opens
@@ -383,10 +384,11 @@ class SweepStore:
                 g = root.require_group(attention).require_group(f"d{d}")
                 g.attrs.update({"attention": attention, "d": d})
                 layout = dict(result_layout(spec, d), done=((), "bool", False))
+                rows = min(spec.batch_size, spec.draws)   # a chunk holds what a task stores
                 for name, (shape, dtype, fill) in layout.items():
                     dims = _DIMS.get(name, ["draw"])
                     _create_array(zarr, g, name, (spec.draws,) + shape,
-                                  (spec.batch_size,) + shape, dtype, fill, dims)
+                                  (rows,) + shape, dtype, fill, dims)
                 names = list(result_layout(spec, d))
                 n = len(names) + 1
                 rec = _create_array(zarr, g, _RECORD, (spec.tasks_per_block, n), (1, n),

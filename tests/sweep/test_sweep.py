@@ -473,3 +473,20 @@ def test_example_sweep_certifies_every_setting():
         arrays = compute_batch(spec, task)
         assert np.all(arrays["outcome"] == OUTCOMES.index("rank")), (attention, d, lo)
         assert np.all(arrays["limit_rank"] == d - d // 2), (attention, d, lo)
+
+
+def test_a_batch_larger_than_the_draws_stores_chunks_of_the_draws(tmp_path):
+    """batch_size = 10**9 with 4 draws: one task, its chunks sized by the 4 rows stored."""
+    import zarr
+
+    out = tmp_path / "res"
+    spec = small_spec(dims=[2], attention=["l2"], draws=4, batch_size=10**9)
+    rep = run_sweep(spec, out, scheduler="inprocess", progress=False)
+    assert rep.n_tasks == 1 and rep.n_computed == 1
+    root = zarr.open_group(str(out / "results.zarr"), mode="r")
+    assert root["l2/d2/final_cov"].chunks == (4, 2, 2)
+    assert root["l2/d2/done"].chunks == (4,)
+    res = load_results(out)
+    assert res.n_done == 4
+    ref = compute_batch(spec, 0)
+    np.testing.assert_array_equal(res.blocks[("l2", 2)]["final_cov"], ref["final_cov"])
