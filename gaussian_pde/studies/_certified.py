@@ -56,7 +56,12 @@ import dataclasses
 import numpy as np
 
 from .._common.linalg import psd_sqrt
-from .._common.validation import validate_covariance, validate_positive, validate_tolerance
+from .._common.validation import (
+    validate_allocation,
+    validate_covariance,
+    validate_positive,
+    validate_tolerance,
+)
 from ..attention._base import Attention
 from ..attention._l2 import L2
 from ..attention._multihead import MultiHead
@@ -661,6 +666,39 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
     return out
 
 
+def _check_memory(dims):
+    r"""Refuse, before any work, rows whose complex-step Jacobians would not fit in memory.
+
+    A row in dimension :math:`d` has :math:`n = d(d+1)/2` unknowns; its Jacobian perturbs
+    all of them at once: :math:`n + 1` complex states of :math:`n + 1` entries and, in the
+    field, about ten complex :math:`d\times d` matrices per state, so
+    :math:`16(n + 1)(n + 1 + 10d^2)` bytes per row of a batch.
+    """
+    def need(d):
+        n1 = d * (d + 1) / 2 + 1
+        return 16.0 * n1 * (n1 + 10.0 * d ** 2)
+    dims = np.asarray(dims, dtype=np.float64)
+    total = float(np.sum(need(dims)))
+    try:
+        validate_allocation(total, "cov0s", itemsize=1)
+    except ValueError:
+        d = int(dims.max())
+        fits = next((k for k in range(d, 0, -1) if _fits(need(k))), 1)
+        raise ValueError(f"`cov0` (`cov0s`) is {d}-dimensional: the certified limit "
+                         f"integrates {d * (d + 1) // 2} factored unknowns with a complex-step "
+                         f"Jacobian, which would need {total / 2**30:.3g} GiB for {dims.size} "
+                         f"row(s), more than half of this machine's memory (one row fits up "
+                         f"to d = {fits}).") from None
+
+
+def _fits(nbytes):
+    try:
+        validate_allocation(nbytes, "cov0s", itemsize=1)
+    except ValueError:
+        return False
+    return True
+
+
 def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.0,
                      drift_tol=1e-2):
     r"""Certified limits of many trajectories (batched by dimension and head structure).
@@ -727,6 +765,7 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
                          f"state can resolve), got {rtol:g}.")
     fit_decades = validate_positive(fit_decades, "fit_decades")
     drift_tol = validate_positive(drift_tol, "drift_tol")
+    _check_memory([c.shape[-1] for c in cov0s])
     out = _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, _MAX_STEPS)
     # a setting still undecided (a slow mode not settled by t_max, or the step cap) gets
     # one longer integration; the message says so

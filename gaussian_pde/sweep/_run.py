@@ -15,7 +15,10 @@ import time
 import uuid
 import warnings
 
-from ._compute import compute_batch
+import numpy as np
+
+from .._common.validation import _memory_bytes
+from ._compute import compute_batch, result_layout
 from ._spec import SweepSpec
 from ._store import SweepIntegrityWarning, SweepStore, _describe
 
@@ -86,6 +89,78 @@ def _run_task(spec_dict, index, version):
     start = time.perf_counter()
     arrays = compute_batch(SweepSpec.from_dict(spec_dict), index)
     return arrays, {"seconds": time.perf_counter() - start, "pid": os.getpid()}
+
+
+#: driver-side bookkeeping per task: its index in the list of missing tasks (a Python int
+#: in a list) in-process; with Dask also its future and graph entry (a few kB, measured
+#: order of magnitude for dask.distributed 2024-2025)
+_TASK_BYTES = {"inprocess": 64, "dask": 4096}
+#: share of this machine's memory a sweep may plan to use
+_MEMORY_SHARE = 0.5
+
+
+def sweep_resources(spec, scheduler=None):
+    r"""What a sweep needs, estimated before any work: bytes and counts.
+
+    With ``r = min(batch_size, draws)`` rows per task, ``G`` grid points and
+    :math:`b_d` the bytes of one setting's recorded arrays (:func:`result_layout`):
+
+    * a task holds :math:`r\,(b_d + 16Gd^2 + 64d^2)` bytes (its results, the solver's
+      covariances on the grid and a copy, the weights and initial state);
+    * the results, loaded by :func:`load_results` / ``sweep summarize``, are
+      :math:`\sum_{\text{blocks}} \text{draws}\,b_d` bytes;
+    * the driver's bookkeeping is ``draws`` bytes of ``done`` flags per block and
+      ``_TASK_BYTES`` per task.
+
+    Returns
+    -------
+    dict
+        ``task_bytes``, ``results_bytes``, ``driver_bytes``, ``n_tasks``, ``n_settings``.
+    """
+    rows = min(spec.batch_size, spec.draws)
+    grid = spec.record.grid if spec.record.eigenvalues else 1
+
+    def row_bytes(d):
+        return sum(int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+                   for shape, dtype, _ in result_layout(spec, d).values())
+    dims = sorted(set(spec.dims))
+    task = max(rows * (row_bytes(d) + 16.0 * grid * d * d + 64.0 * d * d) for d in dims)
+    results = sum(float(spec.draws) * row_bytes(d) for _, d in spec.blocks)
+    per_task = _TASK_BYTES["inprocess" if scheduler == "inprocess" else "dask"]
+    driver = float(spec.draws) * len(spec.blocks) + float(spec.n_tasks) * per_task
+    return {"task_bytes": task, "results_bytes": results, "driver_bytes": driver,
+            "n_tasks": spec.n_tasks, "n_settings": spec.n_settings}
+
+
+def _gib(n):
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_resources(spec, scheduler=None):
+    """Refuse, before any work, a sweep whose memory would not fit this machine.
+
+    One line, with the size needed and the key to change (see :func:`sweep_resources`).
+    """
+    need = sweep_resources(spec, scheduler)
+    total = _memory_bytes()
+    if total is None:
+        return need
+    limit = _MEMORY_SHARE * total
+    have = f"{_MEMORY_SHARE:.0%} of this machine's {_gib(total)} of memory"
+    if need["task_bytes"] > limit:
+        raise ValueError(f"sweep: one task would hold {_gib(need['task_bytes'])} "
+                         f"({min(spec.batch_size, spec.draws)} settings, d up to "
+                         f"{max(spec.dims)}, record.grid = {spec.record.grid}), more than "
+                         f"{have}; lower sweep.batch_size, record.grid or sweep.dims.")
+    if need["driver_bytes"] > limit:
+        raise ValueError(f"sweep: {need['n_tasks']} tasks of {spec.draws} draws would need "
+                         f"{_gib(need['driver_bytes'])} of bookkeeping, more than {have}; "
+                         "raise sweep.batch_size or lower sweep.draws.")
+    if need["results_bytes"] > limit:
+        raise ValueError(f"sweep: the results ({need['n_settings']} settings) would take "
+                         f"{_gib(need['results_bytes'])} to load, more than {have}; lower "
+                         "sweep.draws, record.grid or sweep.dims, or record fewer arrays.")
+    return need
 
 
 class _Progress:
@@ -196,13 +271,21 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     workers : int, optional
         Worker processes of the local cluster (only with ``None``/``"local"``).
     progress : bool
-        Show a progress bar (tasks done, tasks/s, settings/s) on stderr.
+        Show a line with the size of the sweep (tasks, settings, memory per task and of
+        the results) at once, then a progress bar (tasks done, tasks/s, settings/s), on
+        stderr.
     connect_timeout : float
         Seconds to wait for a scheduler before :class:`SchedulerUnreachableError`.
 
     Returns
     -------
     SweepReport
+
+    Raises
+    ------
+    ValueError
+        Before any work, when a task, the driver's bookkeeping or the results would need
+        more than half of this machine's memory (:func:`sweep_resources`), with the size.
     """
     if isinstance(spec, dict):
         spec = SweepSpec.from_dict(spec)
@@ -216,6 +299,12 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     if not (isinstance(connect_timeout, (int, float)) and connect_timeout > 0):
         raise ValueError(f"`connect_timeout` must be a positive number, got "
                          f"{connect_timeout!r}.")
+    need = check_resources(spec, scheduler)
+    if progress:
+        print(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings in "
+              f"{len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
+              f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
+              f"{need['results_bytes'] / 2**20:.3g} MiB", file=sys.stderr, flush=True)
     store = SweepStore(out, spec)
     damaged = store.repair()
     if damaged:

@@ -233,3 +233,10 @@ def test_huge_initial_covariance_is_decided(kind, scale):
     att = kind(Q, -Q, np.eye(3))
     res = gp.certified_limit(att, scale * np.eye(3))
     assert (res.outcome, res.rank) == ("rank", 2), res.message
+
+
+def test_a_dimension_too_large_for_memory_is_refused_up_front():
+    d = 200
+    Q = np.ones((1, d)) / np.sqrt(d)
+    with pytest.raises(ValueError, match=r"200-dimensional.*20100 factored unknowns.*GiB"):
+        gp.certified_limit(gp.Softmax(Q, -Q, np.eye(d)), np.eye(d))

@@ -490,3 +490,57 @@ def test_a_batch_larger_than_the_draws_stores_chunks_of_the_draws(tmp_path):
     assert res.n_done == 4
     ref = compute_batch(spec, 0)
     np.testing.assert_array_equal(res.blocks[("l2", 2)]["final_cov"], ref["final_cov"])
+
+
+@pytest.mark.parametrize("change, needs", [
+    ({"draws": 10**12}, "bookkeeping"),
+    ({"draws": 10**9, "batch_size": 1}, "bookkeeping"),
+    ({"dims": [10**6]}, "one task"),
+    ({"batch_size": 10**9, "draws": 10**9}, "one task"),
+    ({"record.grid": 10**8}, "one task"),
+    ({"draws": 10**9, "batch_size": 10**5}, "results"),
+])
+def test_a_sweep_too_large_for_the_machine_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                      change, needs):
+    data = small_spec().to_dict()
+    for key, value in change.items():
+        table, name = key.split(".") if "." in key else ("sweep", key)
+        data[table][name] = value
+    spec = SweepSpec.from_dict(data)
+    monkeypatch.setattr(_sweep_run, "compute_batch", lambda *a: pytest.fail("work started"))
+    out = tmp_path / "res"
+    with pytest.raises(ValueError, match=rf"{needs}.* GiB.*memory"):
+        run_sweep(spec, out, scheduler="inprocess", progress=False)
+    assert not out.exists()
+    need = _sweep_run.sweep_resources(spec, "inprocess")
+    # the estimate is the size of what would be stored: at least the rows of final_cov
+    assert need["results_bytes"] >= 8 * spec.draws * min(spec.dims) ** 2
+
+
+def test_a_long_sweep_says_its_size_before_the_first_task(tmp_path, monkeypatch, capsys):
+    """dims 2..101: the size is on stderr at once, then the bar follows each task."""
+    spec = small_spec(dims=list(range(2, 102)), draws=2, batch_size=1)
+
+    def first_task(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(_sweep_run, "compute_batch", first_task)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
+    err = capsys.readouterr().err
+    n_blocks = len(spec.blocks)
+    assert f"sweep: {n_blocks * 2} task(s), {n_blocks * 2} settings in {n_blocks} block(s), " \
+           "d up to 101" in err
+
+
+def test_cli_refuses_a_sweep_too_large_with_one_line(tmp_path, capsys):
+    from gaussian_pde.cli._main import main
+
+    data = small_spec().to_dict()
+    data["sweep"]["draws"] = 10**12
+    (tmp_path / "big.toml").write_text(SweepSpec.from_dict(data).to_toml())
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", "run", str(tmp_path / "big.toml"), "--inprocess", "--out",
+              str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "GiB" in err
+    assert not (tmp_path / "res").exists()
