@@ -79,6 +79,7 @@ from ..integrate._results import Status
 from ..integrate._solve import integrate_system
 from ..particles._simulate import _rng
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
+from ._mixture_kernel import softmax_average
 
 __all__ = [
     "GaussianMixture",
@@ -236,6 +237,12 @@ def _total_cov(w, means, covs):
 # --------------------------------------------------------------------------------------
 # the velocity against a mixture
 
+#: entries of the (components, points) logit block evaluated at once (32 MB of float64)
+_CHUNK_ENTRIES = 1 << 22
+#: from this many (point, component) pairs on, the compiled one-pass softmax
+#: (:mod:`gaussian_pde.closure._mixture_kernel`, about twice as fast and O(N + K) memory)
+_COMPILED_PAIRS = 1 << 18
+
 
 @dataclasses.dataclass(frozen=True)
 class _Head:
@@ -344,6 +351,13 @@ def _head_velocity(head, logw, means, covs, X):
     :math:`a_k = -\frac12\log\det P_k - \frac12\alpha_k^THc_k`,
     :math:`b_k = \frac12A^T(c_k + \alpha_k) - \frac12B_k^TH\alpha_k`,
     :math:`M_k = \frac12B_k^TA` (:func:`component_log_partition`, expanded).
+
+    Cost per point and component: one row of two matrix products of widths
+    :math:`1 + d + d^2` and :math:`d + d^2`, and one exponential, so
+    :math:`O(NKd^2)` for ``N`` points; the points go in blocks of
+    ``_CHUNK_ENTRIES / K`` so the ``(K, block)`` logits stay in a few MB, whatever ``N``;
+    from ``_COMPILED_PAIRS`` pairs on the compiled one-pass softmax
+    (:func:`~gaussian_pde.closure._mixture_kernel.softmax_average`) needs no such block.
     """
     A, H = head.A, head.H
     c, B, logdet = component_terms(A, H, means, covs)
@@ -355,13 +369,30 @@ def _head_velocity(head, logw, means, covs, X):
         a = a - 0.5 * np.sum(Ha * c, axis=1)
         b = b - 0.5 * np.einsum("kji,kj->ki", B, Ha)
     M = 0.5 * np.swapaxes(B, 1, 2) @ A                           # (K, d, d)
+    # logit = [1, x, x (x) x] @ coef, and sum_k pi_k [c_k, B_k] = pi @ out: two GEMMs
+    # logit = coef @ [1, x, x (x) x], and sum_k pi_k [c_k, B_k] = out @ pi: two GEMMs
+    coef = np.concatenate([(logw + a)[:, None], b, M.reshape(K, d * d)], axis=1)  # (K, F)
+    out = np.concatenate([c, B.reshape(K, d * d)], axis=1)                      # (K, R)
     N = X.shape[0]
-    quad = (X[:, :, None] * X[:, None, :]).reshape(N, d * d)
-    logit = (logw + a) + X @ b.T + quad @ M.reshape(K, d * d).T  # (N, K)
-    pi = np.exp(logit - logit.max(axis=1, keepdims=True))       # log-domain softmax over k
-    pi /= pi.sum(axis=1, keepdims=True)
-    Bbar = (pi @ B.reshape(K, d * d)).reshape(N, d, d)
-    mbar = pi @ c + np.einsum("nij,nj->ni", Bbar, X)
+    if N * K >= _COMPILED_PAIRS:
+        feat = np.concatenate([np.ones((N, 1)), X, (X[:, :, None] * X[:, None, :])
+                               .reshape(N, d * d)], axis=1)
+        if np.all(np.isfinite(feat)) and np.all(np.isfinite(coef)):
+            r = softmax_average(feat, np.ascontiguousarray(coef), np.ascontiguousarray(out))
+            mbar = r[:, :d] + np.einsum("nij,nj->ni", r[:, d:].reshape(N, d, d), X)
+            return mbar @ head.V.T
+    mbar = np.empty((N, d))
+    rows = max(1, _CHUNK_ENTRIES // K)      # points per block: K x P logits stay small
+    for lo in range(0, N, rows):
+        x = X[lo:lo + rows]
+        feat = np.concatenate([np.ones((1, x.shape[0])), x.T,
+                               (x.T[:, None, :] * x.T[None, :, :]).reshape(d * d, -1)])
+        pi = coef @ feat                                         # (K, P)
+        pi -= pi.max(axis=0)                                     # log-domain softmax over k
+        np.exp(pi, out=pi)
+        r = (out.T @ pi) / pi.sum(axis=0)                        # (d + d^2, P)
+        mbar[lo:lo + rows] = (r[:d] + np.einsum("ijn,jn->in", r[d:].reshape(d, d, -1),
+                                                x.T)).T
     return mbar @ head.V.T
 
 
@@ -408,12 +439,26 @@ def mixture_velocity(attention, mixture, x):
 
 
 def _closure(heads, logw, means, L, Z, W):
-    """``(alpha', L')`` of every component, (K, d) and (K, d, d)."""
+    r"""``(alpha', L')`` of every component, (K, d) and (K, d, d).
+
+    A point mass (:math:`L_k = 0`) keeps :math:`L_k' = \mathbb E[\Gamma(\alpha_k)z^T] = 0`
+    exactly and moves with :math:`\alpha_k' = \Gamma(\alpha_k)`: its field is evaluated at
+    its mean alone, not summed over nodes whose weights add up to 1 only to rounding.
+    """
     K, d = means.shape
     covs = L @ np.swapaxes(L, 1, 2)
-    X = means[:, None, :] + Z @ np.swapaxes(L, 1, 2)             # (K, N, d)
-    G = _velocity(heads, logw, means, covs, X.reshape(-1, d)).reshape(K, -1, d)
-    return W @ G, np.swapaxes(G, 1, 2) @ (W[:, None] * Z)
+    point = ~np.any(L.reshape(K, -1) != 0, axis=1)
+    spread = ~point
+    X = means[spread][:, None, :] + Z @ np.swapaxes(L[spread], 1, 2)   # (K_s, N, d)
+    n = X.shape[0] * X.shape[1]
+    G = _velocity(heads, logw, means, covs, np.concatenate([X.reshape(-1, d), means[point]]))
+    Gs = G[:n].reshape(X.shape)
+    dm = np.empty((K, d))
+    dL = np.zeros((K, d, d))
+    dm[spread] = W @ Gs
+    dL[spread] = np.swapaxes(Gs, 1, 2) @ (W[:, None] * Z)
+    dm[point] = G[n:]
+    return dm, dL
 
 
 def mixture_closure_terms(attention, mixture, n_per_dim=DEFAULT_N_PER_DIM):
@@ -556,6 +601,22 @@ class _MixtureSystem:
 
     __call__ = fun
 
+    def jacobian(self, t, y):
+        r"""Forward-difference Jacobian of :meth:`fun` (``n`` evaluations, counted).
+
+        For the stiff hand-over of ``method="auto"`` (its probes of :math:`h\rho(J)` and
+        LSODA's Newton iterations); steps :math:`\sqrt{\epsilon}\max(1, |y_i|)`.
+        """
+        y = np.asarray(y, dtype=float)
+        f0 = self.fun(t, y)
+        J = np.empty((f0.size, y.size))
+        for i in range(y.size):
+            h = 1.49e-8 * max(1.0, abs(y[i]))
+            yi = y.copy()
+            yi[i] += h
+            J[:, i] = (self.fun(t, yi) - f0) / h
+        return J
+
     def trace(self, y):
         means, L = self.split(y)
         mbar = self.w @ means
@@ -677,8 +738,82 @@ class MixtureSolution:
         return np.stack([_total_cov(self.weights, m, c) for m, c in zip(self.means, self.covs)])
 
 
+def _distinct(mixture):
+    """``(rep, first)``: each component's index among the distinct ones, and their firsts."""
+    seen, rep = {}, np.empty(mixture.K, dtype=int)
+    for k in range(mixture.K):
+        key = (mixture.means[k].tobytes(), mixture.covs[k].tobytes())
+        rep[k] = seen.setdefault(key, len(seen))
+    first = np.unique(rep, return_index=True)[1]
+    return rep, first
+
+
+def _solve_gaussian(attention, mixture, t_span, *, merge_tol, stop_at_merge, **options):
+    """One component: :func:`gaussian_pde.solve` on its mean and covariance."""
+    from ..integrate import solve
+
+    if not isinstance(stop_at_merge, (bool, np.bool_)):
+        raise TypeError(f"`stop_at_merge` must be a bool, got {type(stop_at_merge).__name__}.")
+    if merge_tol is not None:
+        merge_tol = validate_positive(merge_tol, "merge_tol")
+    sol = solve(attention, mixture.means[0], mixture.covs[0], t_span, **options)
+    t_events = dict(sol.t_events)
+    if merge_tol is not None:
+        t_events["merge"] = np.empty(0)     # one component: nothing to merge
+    return MixtureSolution(
+        t=sol.t, weights=mixture.weights.copy(), means=sol.mean[:, None].copy(),
+        covs=sol.cov[:, None].copy(), factors=sol.factor[:, None].copy(),
+        status=sol.status, message=sol.message, t_blowup=sol.t_blowup, t_final=sol.t_final,
+        means_final=sol.mean_final[None].copy(), covs_final=sol.cov_final[None].copy(),
+        t_events=t_events, nfev=sol.nfev, merge_tol=merge_tol)
+
+
+#: largest state (K (d + d^2) unknowns) given a finite-difference Jacobian for the stiff
+#: hand-over of ``method="auto"``; above it LSODA differences on its own, when it is reached
+_FD_JACOBIAN_MAX = 240
+#: evaluations a run takes at the least (DOP853's first step guess and step)
+_MIN_EVALUATIONS = 14
+#: runs estimated to take longer than this (seconds) say so when they start
+_ANNOUNCE_S = 60.0
+
+
+def _check_size(mixture, system, opts, merge_tol):
+    """Refuse what would not fit in memory; announce a run estimated at a minute or more."""
+    import time
+    import warnings
+
+    K, d = mixture.K, mixture.d
+    n_nodes = system.Z.shape[0]
+    n_out = opts.t_eval.size if opts.t_eval is not None else 1
+    # per evaluation: the nodes, their field and features (K n^d rows of ~2 + 2d + d^2)
+    need = K * n_nodes * (2 + 2 * d + d * d) + 3 * n_out * K * (d + d * d)
+    what = f"K = {K} components of {n_nodes} nodes"
+    if merge_tol is not None:       # the pairwise distances, their square roots and heights
+        need += K * (K - 1) // 2 * (6 * d * d + 4)
+        what += " and their K(K-1)/2 pairwise distances (`merge_tol`)"
+    try:
+        validate_allocation(need, "mixture")
+    except ValueError:
+        raise ValueError(f"`mixture` with {what} needs {need * 8 / 2**30:.3g} GiB of arrays, "
+                         "more than half of this machine's memory.") from None
+    # time: a pilot evaluation of the field on one component's nodes, scaled to all K
+    probe = min(K, max(1, 4096 // n_nodes))
+    X = (mixture.means[:probe, None, :]
+         + system.Z @ np.swapaxes(mixture.factors()[:probe], 1, 2)).reshape(-1, d)
+    start = time.perf_counter()
+    with np.errstate(all="ignore"):
+        _velocity(system.heads, system.logw, mixture.means, mixture.covs, X)
+    per_eval = (time.perf_counter() - start) * K / probe
+    if per_eval * _MIN_EVALUATIONS > _ANNOUNCE_S:
+        warnings.warn(f"solve_mixture: {K} components x {n_nodes} nodes in d = {d}: one "
+                      f"evaluation takes about {per_eval:.3g} s here, a run at least "
+                      f"{_MIN_EVALUATIONS} of them (about {per_eval * _MIN_EVALUATIONS / 60:.2g}"
+                      " min or more).", UserWarning, stacklevel=3)
+    return per_eval
+
+
 def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
-                  method="RK45", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
+                  method="auto", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
                   steady_tol=None, steady_atol=0.0, rank_tol=None, merge_tol=None,
                   stop_at_merge=False, events=(), max_step=np.inf, first_step=None,
                   max_nfev=50_000):
@@ -708,7 +843,9 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40); default 8.
     method : str or OdeSolver subclass
-        A :func:`scipy.integrate.solve_ivp` method; default ``"RK45"``.
+        ``"auto"`` (the default, as in :func:`gaussian_pde.solve`: DOP853 until Hairer's
+        stiffness test fires, then LSODA, with LSODA's own finite-difference Jacobian for
+        two or more distinct components) or a :func:`scipy.integrate.solve_ivp` method.
     rtol, atol : float
         Tolerances on the entries of the means and factors.
     blowup_threshold, steady_tol, steady_atol, rank_tol
@@ -733,20 +870,62 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     Returns
     -------
     MixtureSolution
+
+    Notes
+    -----
+    *Reductions.* Identical components (the same mean and covariance) follow the same
+    equation forever, so they are solved once, with their weights added, and copied back:
+    two identical components give exactly the result of one. A mixture of one distinct
+    component is a Gaussian, whose field is affine: it is solved by
+    :func:`gaussian_pde.solve` itself (the same steps, stiff hand-over, events and
+    statuses; ``n_per_dim`` plays no part). A point mass (zero covariance) keeps a zero
+    factor exactly and moves with the field at its mean.
+
+    *Cost.* One evaluation of the closure takes :math:`O(K^2 n^d d^2)` operations
+    (``K`` components, :math:`n^d` nodes each, every node against every component) and
+    :math:`O(Kn^d d)` memory; a run estimated at a minute or more says so when it starts
+    (a ``UserWarning`` with the estimate). Merge events need the :math:`K(K-1)/2` pairwise
+    distances at every step; a request whose memory would not fit is refused up front.
     """
     heads = _heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     d = mixture.d
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
+    rep, first = _distinct(mixture)
+    if first.size < mixture.K:
+        reduced = GaussianMixture(np.bincount(rep, weights=mixture.weights),
+                                  mixture.means[first], mixture.covs[first])
+        sol = solve_mixture(attention, reduced, t_span, t_eval=t_eval, n_per_dim=n_per_dim,
+                            method=method, rtol=rtol, atol=atol,
+                            blowup_threshold=blowup_threshold, steady_tol=steady_tol,
+                            steady_atol=steady_atol, rank_tol=rank_tol, merge_tol=merge_tol,
+                            stop_at_merge=stop_at_merge, events=events, max_step=max_step,
+                            first_step=first_step, max_nfev=max_nfev)
+        return dataclasses.replace(
+            sol, weights=mixture.weights.copy(), means=sol.means[:, rep],
+            covs=sol.covs[:, rep], factors=sol.factors[:, rep],
+            means_final=sol.means_final[rep], covs_final=sol.covs_final[rep])
+    if mixture.K == 1:
+        return _solve_gaussian(attention, mixture, t_span, t_eval=t_eval, method=method,
+                               rtol=rtol, atol=atol, blowup_threshold=blowup_threshold,
+                               steady_tol=steady_tol, steady_atol=steady_atol,
+                               rank_tol=rank_tol, merge_tol=merge_tol,
+                               stop_at_merge=stop_at_merge, events=events,
+                               max_step=max_step, first_step=first_step, max_nfev=max_nfev)
+    auto = isinstance(method, str) and method == "auto"
     opts, method, events = run_options(
-        t_span, method, events, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
-        first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,
-        steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
+        t_span, "DOP853" if auto else method, events, t_eval=t_eval, rtol=rtol, atol=atol,
+        max_step=max_step, first_step=first_step, max_nfev=max_nfev,
+        blowup_threshold=blowup_threshold, steady_tol=steady_tol, steady_atol=steady_atol,
+        rank_tol=rank_tol)
+    method = "auto" if auto else method
     if not isinstance(stop_at_merge, (bool, np.bool_)):
         raise TypeError(f"`stop_at_merge` must be a bool, got {type(stop_at_merge).__name__}.")
     system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)
     if merge_tol is not None:
         merge_tol = validate_positive(merge_tol, "merge_tol")
+    _check_size(mixture, system, opts, merge_tol)
+    if merge_tol is not None:
         events = events + tuple(_merge_events(system, merge_tol, bool(stop_at_merge)))
     y0 = system.pack(mixture.means, mixture.factors())
     with np.errstate(all="ignore"):
@@ -754,7 +933,8 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     if not all(np.all(np.isfinite(f)) for f in f0):
         raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
                          "nodes overflows float64; rescale the data or the weights.")
-    run = integrate_system(system, y0, opts, method, user_events=events)
+    jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
+    run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
     means, L = system.split(run.y)
     mf, Lf = system.split(run.y_final)
     t_events = dict(run.t_events)

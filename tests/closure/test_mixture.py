@@ -227,3 +227,139 @@ def test_merge_heights_count_clusters():
     h = mx.merge_heights(D)
     np.testing.assert_allclose(h, [0.5, 1.0, 4.0, 14.5])
     assert 1 + np.sum(h > 2.0) == 3
+
+
+# ------------------------------------------------------------------ exact reductions
+
+
+def _stiff_softmax(seed):
+    """Softmax with K != -Q where the explicit steps stall: seed 53 finishes at t = 1 under
+    gp.solve (after its stiff hand-over), seed 18 blows up at t = 0.83."""
+    rng = np.random.default_rng(seed)
+    Q, K, V = (rng.standard_normal((2, 2)) * s for s in (2, 2, 3))
+    return gp.Softmax(Q, K, V)
+
+
+def _one_component_cases():
+    rng = np.random.default_rng(7)
+    m, C = np.array([0.1, -0.2]), np.array([[0.5, 0.1], [0.1, 0.4]])
+    return [(_stiff_softmax(53), np.zeros(2), 0.5 * np.eye(2)),
+            (_stiff_softmax(18), np.zeros(2), 0.5 * np.eye(2)),
+            (gp.L2.example(2, rng), m, C), (gp.MultiHead.example(2, rng), m, C)]
+
+
+@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("tol", [{}, {"rtol": 1e-10, "atol": 1e-12}])
+def test_one_component_equals_solve(case, tol):
+    """Same statuses, times, evaluations and events as gp.solve (the same run)."""
+    att, m, C = _one_component_cases()[case]
+    t_eval = np.linspace(0.0, 0.8, 9)
+
+    def trace_one(t, mean, cov):     # a user event on the covariance
+        return np.trace(cov) - 1.2
+    opts = dict(tol, t_eval=t_eval, events=[trace_one], steady_tol=1e-6)
+    ref = gp.solve(att, m, C, (0, 1), **{"rtol": 1e-8, "atol": 1e-10, **opts})
+    sol = gp.solve_mixture(att, gp.GaussianMixture([1.0], [m], [C]), (0, 1), **opts)
+    assert sol.status == ref.status and sol.message == ref.message
+    assert sol.t_final == pytest.approx(ref.t_final, rel=1e-8)
+    assert sol.t_events.keys() == ref.t_events.keys()
+    for key in ref.t_events:
+        np.testing.assert_allclose(sol.t_events[key], ref.t_events[key], rtol=1e-8)
+    np.testing.assert_allclose(sol.covs[:, 0], ref.cov, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(sol.means[:, 0], ref.mean, rtol=1e-8, atol=1e-12)
+    assert sol.success       # the stiff settings: gp.solve's hand-over, not a stall
+
+
+def test_identical_components_equal_one():
+    att = _stiff_softmax(53)
+    C = 0.5 * np.eye(2)
+    one = gp.solve_mixture(att, gp.GaussianMixture([1.0], [[0.0, 0.0]], [C]), (0, 1))
+    two = gp.solve_mixture(att, gp.GaussianMixture([0.3, 0.7], [[0.0, 0.0]] * 2, [C, C]),
+                           (0, 1))
+    assert two.status == one.status == "finished" and two.nfev == one.nfev
+    np.testing.assert_array_equal(two.means, np.repeat(one.means, 2, axis=1))
+    np.testing.assert_array_equal(two.covs, np.repeat(one.covs, 2, axis=1))
+    np.testing.assert_array_equal(two.weights, [0.3, 0.7])
+    # three components, two of them the same: the two-component mixture, copied back
+    rng = np.random.default_rng(2)
+    att = gp.L2.example(2, rng)
+    means, covs = [[0.0, 0.0], [2.0, 0.5]], [C, 0.3 * np.eye(2)]
+    pair = gp.solve_mixture(att, gp.GaussianMixture([0.5, 0.5], means, covs), (0, 0.5),
+                            merge_tol=0.5)
+    trio = gp.solve_mixture(att, gp.GaussianMixture([0.2, 0.5, 0.3], [means[0], means[1],
+                                                                       means[0]],
+                                                    [covs[0], covs[1], covs[0]]),
+                            (0, 0.5), merge_tol=0.5)
+    np.testing.assert_array_equal(trio.means, pair.means[:, [0, 1, 0]])
+    np.testing.assert_array_equal(trio.covs_final, pair.covs_final[[0, 1, 0]])
+    np.testing.assert_array_equal(trio.merge_times, pair.merge_times)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_point_masses_stay_exact(which):
+    """Point masses are particles: alpha_k' = V sum_j pi_j(alpha_k) m_j(alpha_k), with the
+    particle system integrated from its definition; their factors stay exactly zero."""
+    from scipy.integrate import solve_ivp
+
+    rng = np.random.default_rng(11)
+    att = [gp.Softmax.example(2, rng), gp.L2.example(2, rng)][which]
+    w = np.array([0.2, 0.3, 0.5])
+    x0 = rng.normal(size=(3, 2))
+    zero = np.zeros((3, 2, 2))
+    t = np.linspace(0, 0.5, 6)
+    sol = gp.solve_mixture(att, gp.GaussianMixture(w, x0, zero), (0, 0.5), t_eval=t,
+                           rtol=1e-11, atol=1e-13)
+    assert sol.status == "finished"
+    assert not np.any(sol.factors) and not np.any(sol.covs)
+
+    def particles(_, y):
+        x = y.reshape(3, 2)
+        return gp.mixture_velocity(att, gp.GaussianMixture(w, x, zero), x).ravel()
+    ref = solve_ivp(particles, (0, 0.5), x0.ravel(), t_eval=t, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(sol.means.reshape(6, -1), ref.y.T, rtol=1e-8, atol=1e-10)
+    # beside a spread component, the point mass keeps a zero factor too
+    mix = gp.GaussianMixture([0.4, 0.6], [[0.0, 0.0], [1.0, 0.5]], [np.zeros((2, 2)),
+                                                                    0.2 * np.eye(2)])
+    both = gp.solve_mixture(att, mix, (0, 0.5), t_eval=t)
+    assert not np.any(both.factors[:, 0]) and np.all(np.trace(both.covs[:, 1], axis1=1,
+                                                               axis2=2) > 0)
+
+
+def test_compiled_and_blocked_fields_agree():
+    """Many components take the compiled one-pass softmax, few the blocked NumPy path."""
+    rng = np.random.default_rng(3)
+    att = gp.MultiHead.example(2, rng)
+    K = 300
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)) * 2,
+                             [_random_cov(rng, 2) for _ in range(K)])
+    X = rng.normal(size=(1000, 2)) * 2
+    heads = mx._heads(att)
+    fast = mx._velocity(heads, np.log(mix.weights), mix.means, mix.covs, X)
+    assert X.shape[0] * K >= mx._COMPILED_PAIRS
+    slow = np.concatenate([mx._velocity(heads, np.log(mix.weights), mix.means, mix.covs,
+                                        X[i:i + 1]) for i in range(0, 1000, 97)])
+    np.testing.assert_allclose(fast[::97], slow, rtol=1e-12, atol=1e-12)
+
+
+def test_too_many_components_refused_or_announced_up_front(monkeypatch):
+    rng = np.random.default_rng(4)
+    att = gp.Softmax.example(2, rng)
+    K = 20_000
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
+                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+    monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(ValueError, match=r"K = 20000 components.*pairwise.* GiB"):
+        gp.solve_mixture(att, mix, (0, 0.01), merge_tol=0.1)
+    # without merges the memory is O(K n^d): the run is announced with its estimate
+    small = gp.GaussianMixture(mix.weights[:400] * K / 400, mix.means[:400], mix.covs[:400])
+    monkeypatch.setattr(mx, "_ANNOUNCE_S", 0.0)
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+    monkeypatch.setattr(mx, "integrate_system", started)
+    with pytest.warns(UserWarning, match=r"400 components x 64 nodes.*one evaluation takes "
+                                         r"about .* s here"), pytest.raises(Started):
+        gp.solve_mixture(att, small, (0, 0.01))
