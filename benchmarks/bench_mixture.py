@@ -28,6 +28,16 @@ whatever the accuracy of the moments; it is printed for information.
 
 Run: ``python benchmarks/bench_mixture.py [--quick]`` (``--quick``: t = 5, a smaller
 reference). Prints one line per stage and the ratio.
+
+**Scaling in K** (``--scaling``): softmax in d = 2 (``gp.Softmax.example(2, 0)``), K
+random components (means N(0, 4 I), covariances 0.1 I, equal weights), over t in
+(0, 0.01) at the defaults (64 nodes per component). Per K: the whole ``solve_mixture``
+(best of 2), its evaluations, the time per evaluation, that time divided by
+:math:`K^2 n^d d^2` (constant if the cost grows like :math:`K^2`), and, for K up to 400,
+the one-shot evaluation the closure used before (every node against every component in
+one ``(K n^d, K)`` array, reimplemented here) timed on the same state, interleaved: the
+ratio old / new per evaluation. The exponent of the time per evaluation in K is fitted on
+K >= 100. Writes ``bench_mixture_scaling.json`` through ``_record.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import warnings
 import numpy as np
 
 import gaussian_pde as gp
+from gaussian_pde.closure import _mixture as MX
 from gaussian_pde.studies import _clusters as C
 
 
@@ -52,10 +63,84 @@ def _particles(att, mix, n, t_end, seed):
     return time.perf_counter() - t0, p.x_final, lab
 
 
+def _one_shot(head, logw, means, covs, X):
+    """The field as evaluated before the blocks: one (points, K) array of logits."""
+    A, H = head.A, head.H
+    c, B, logdet = MX.component_terms(A, H, means, covs)
+    K, d = means.shape
+    b = 0.5 * (c + means) @ A
+    M = 0.5 * np.swapaxes(B, 1, 2) @ A
+    N = X.shape[0]
+    quad = (X[:, :, None] * X[:, None, :]).reshape(N, d * d)
+    logit = (logw - 0.5 * logdet) + X @ b.T + quad @ M.reshape(K, d * d).T
+    pi = np.exp(logit - logit.max(axis=1, keepdims=True))
+    pi /= pi.sum(axis=1, keepdims=True)
+    Bbar = (pi @ B.reshape(K, d * d)).reshape(N, d, d)
+    return (pi @ c + np.einsum("nij,nj->ni", Bbar, X)) @ head.V.T
+
+
+def scaling(ks, json_path=None):
+    """Time per evaluation and per run against K (module docstring)."""
+    att = gp.Softmax.example(2, 0)
+    (head,) = MX._heads(att)
+    rows = []
+    for K in ks:
+        rng = np.random.default_rng(K)
+        mix = gp.GaussianMixture(np.full(K, 1 / K), 2 * rng.normal(size=(K, 2)),
+                                 np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+        Z, _ = MX.standard_nodes(2, MX.DEFAULT_N_PER_DIM)
+        X = (mix.means[:, None, :] + Z @ np.swapaxes(mix.factors(), 1, 2)).reshape(-1, 2)
+        logw = np.log(mix.weights)
+        new, old = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            MX._velocity([head], logw, mix.means, mix.covs, X)
+            new.append(time.perf_counter() - t0)
+            if K <= 400:
+                t0 = time.perf_counter()
+                _one_shot(head, logw, mix.means, mix.covs, X)
+                old.append(time.perf_counter() - t0)
+        runs = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            sol = gp.solve_mixture(att, mix, (0, 0.01))
+            runs.append(time.perf_counter() - t0)
+        per = min(new)
+        row = {"K": K, "solve_s": min(runs), "nfev": sol.nfev, "status": str(sol.status),
+               "eval_s": per, "eval_per_K2_n_d2_ns": 1e9 * per / (K * K * Z.shape[0] * 4),
+               "old_eval_s": min(old) if old else None,
+               "old_over_new": min(old) / per if old else None}
+        rows.append(row)
+        print(f"K = {K:5d}: solve {row['solve_s']:7.2f} s ({sol.nfev} evaluations, "
+              f"{sol.status}); one evaluation {per:.4f} s = "
+              f"{row['eval_per_K2_n_d2_ns']:.2f} ns x K^2 n^d d^2"
+              + (f"; before: {row['old_eval_s']:.4f} s ({row['old_over_new']:.1f}x)"
+                 if old else ""))
+    big = [r for r in rows if r["K"] >= 100]
+    slope = (float(np.polyfit(np.log([r["K"] for r in big]),
+                              np.log([r["eval_s"] for r in big]), 1)[0])
+             if len(big) >= 2 else None)
+    if slope is not None:
+        print(f"time per evaluation grows like K^{slope:.2f} (K >= 100)")
+    from _record import write_record
+
+    write_record("bench_mixture_scaling", {"d": 2, "t_span": [0, 0.01], "rows": rows,
+                                           "exponent_K": slope}, json_path)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="t = 5 and a smaller reference")
+    ap.add_argument("--scaling", action="store_true",
+                    help="time per evaluation and per run against K (d = 2)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[25, 50, 100, 200, 400, 1000],
+                    help="component counts of --scaling")
+    ap.add_argument("--json", default=None, help="where --scaling writes its record")
     args = ap.parse_args(argv)
+    if args.scaling:
+        scaling(args.ks, args.json)
+        return
     t_end = 5.0 if args.quick else 20.0
     R, n_ref = (3, 300) if args.quick else (4, 1000)
     att = C.cluster_attention("l2", 3, q=0.3, seed=0)
