@@ -516,3 +516,40 @@ def test_score_bound_bounds_every_score(rng):
         assert np.max(np.abs(s)) <= score_bound(att, x)
         both = gp.MultiHead([att, att])
         assert score_bound(both, x) == score_bound(att, x)
+
+
+def test_progress_reports_every_output_time():
+    att = gp.Softmax(np.eye(2), -np.eye(2), np.eye(2))
+    x0 = gp.sample_gaussian(np.zeros(2), np.eye(2), n=50, seed=0)
+    lines = []
+    ps = gp.simulate_particles(att, x0, (0, 1), t_eval=[0, 0.5, 1], method="rk4", dt=0.1,
+                               progress=lines.append)
+    assert len(lines) == 3 and lines[-1].startswith("particles: t = 1 of 1 (")
+    # 5 + 5 RK4 steps of 4 evaluations each by the last output time
+    assert ps.nfev == 40 and "(40 evaluations" in lines[-1] and "(20 evaluations" in lines[1]
+    with pytest.raises(TypeError, match="`progress`"):
+        gp.simulate_particles(att, x0, (0, 1), progress="yes")
+
+
+def test_a_long_run_says_so_when_it_starts(monkeypatch):
+    """The estimate is the time of one evaluation times the fewest evaluations."""
+    from gaussian_pde.particles import _simulate as S
+
+    att = gp.Softmax(np.eye(2), -np.eye(2), np.eye(2))
+    x0 = gp.sample_gaussian(np.zeros(2), np.eye(2), n=40, seed=0)
+    monkeypatch.setattr(S, "_ANNOUNCE_S", 0.0)
+    lines = []
+    with pytest.warns(UserWarning, match=r"n = 40 tokens in d = 2: one evaluation takes "
+                                         r"about .* rk4 needs at least 43 evaluations"):
+        gp.simulate_particles(att, x0, (0, 1), t_eval=[0, 0.5, 1], method="rk4", dt=0.1,
+                              progress=lines.append)
+    assert lines[0].startswith("simulate_particles: n = 40 tokens")
+    monkeypatch.setattr(S, "_ANNOUNCE_S", 1e9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        gp.simulate_particles(att, x0, (0, 1), t_eval=[0, 0.5, 1], method="rk4", dt=0.1)
+
+
+def test_the_docstring_states_the_cost():
+    doc = gp.simulate_particles.__doc__
+    assert "n^2(2k + 2d)" in doc and "n^2 d" in doc and "evaluations" in doc
