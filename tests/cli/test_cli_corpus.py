@@ -54,6 +54,12 @@ FILES = {
     "weights_nan.json": '{"Q": [[NaN, 0]], "K": [[1, 0]], "V": [[1, 0], [0, 1]]}',
     "weights_syntax.json": '{"Q": [[1, 0]',
     "a_file": "not a folder",
+    # legal specifications too large for the machine: refused before any work
+    "huge_draws.toml": GOOD_SPEC.replace("draws = 2", "draws = 1000000000000"),
+    "huge_grid.toml": GOOD_SPEC.replace("grid = 3", "grid = 100000000"),
+    "huge_dims.toml": GOOD_SPEC.replace("dims = [2]", "dims = [1000000]"),
+    "huge_tasks.toml": GOOD_SPEC.replace("draws = 2\nbatch_size = 2",
+                                         "draws = 1000000000\nbatch_size = 1"),
 }
 
 COMPARE = ["compare", "--attention", "l2", "--n", "20", "--seeds", "1", "--num-times", "2",
@@ -118,6 +124,14 @@ CASES = {
        for where, path in {"file": "a_file", "below-file": "a_file/sub",
                            "proc": "/proc/gaussian_pde_out"}.items()},
     "summarize-plot-below-file": ["sweep", "summarize", "a_file", "--plot", "a_file/x.png"],
+    # folders that exist but take no files: checked by writing, before any work
+    **{f"out-{root[1:]}-{cmd}": [*argv, "--out", root]
+       for cmd, argv in {"examples": ["--examples"], "compare": COMPARE,
+                         "published": ["reproduce", "--protocol", "published"],
+                         "stabilizers": ["stabilizers", "--quick"],
+                         "sweep": ["sweep", "run", "good.toml", "--inprocess"]}.items()
+       for root in ("/proc", "/sys") if os.path.isdir(root)},
+    "summarize-plot-proc": ["sweep", "summarize", "a_file", "--plot", "/proc/x.png"],
 }
 
 #: known failures fixed at the root elsewhere (the numerics' validation of sweep specs)
