@@ -88,6 +88,7 @@ def main(argv=None):
     p.add_argument("--d", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--memory", action="store_true", help="also measure peak RSS at n=100,000")
+    p.add_argument("--json", default=None, help="where the record goes (default: docs/...)")
     p.add_argument("--memory-child", nargs=3, metavar=("N", "D", "DTYPE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
@@ -101,6 +102,7 @@ def main(argv=None):
           f"(tiles {rows} x {cols}), best of {args.repeat}")
     print(f"{'n':>7} {'dtype':>8} {'velocity s':>11} {'floor s':>9} {'ratio':>6} "
           f"{'best floor s':>13} {'ratio':>6} {'f32 rel err':>12}")
+    rows = []
     for n in args.n:
         att, x = problem(n, d)
         v64 = None
@@ -120,12 +122,19 @@ def main(argv=None):
                 err = f"{np.max(np.abs(v - v64)) / np.max(np.abs(v64)):.2e}"
             print(f"{n:>7} {np.dtype(dtype).name:>8} {tv:>11.3f} {tf:>9.3f} {tv / tf:>6.2f} "
                   f"{tbest:>13.3f} {tv / tbest:>6.2f} {err:>12}", flush=True)
+            rows.append({"n": n, "d": d, "dtype": np.dtype(dtype).name, "velocity_s": tv,
+                         "floor_s": tf, "ratio": tv / tf, "best_floor_s": tbest,
+                         "ratio_best": tv / tbest, "f32_rel_err": err or None})
     if args.memory:
         for dtype in ("float64", "float32"):
             out = subprocess.run([sys.executable, __file__, "--memory-child", "100000",
                                   str(d), dtype], capture_output=True, text=True, check=True)
             print(f"peak RSS, one velocity evaluation, n = 100000, d = {d}, {dtype}: "
                   f"{out.stdout.strip()} MiB")
+    from _record import write_record
+
+    write_record("bench_particles", {"chunk_size": rows and DEFAULT_CHUNK_SIZE, "rows": rows},
+                 args.json)
     return 0
 
 
