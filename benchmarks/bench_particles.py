@@ -102,7 +102,7 @@ def main(argv=None):
           f"(tiles {rows} x {cols}), best of {args.repeat}")
     print(f"{'n':>7} {'dtype':>8} {'velocity s':>11} {'floor s':>9} {'ratio':>6} "
           f"{'best floor s':>13} {'ratio':>6} {'f32 rel err':>12}")
-    rows = []
+    records = []
     for n in args.n:
         att, x = problem(n, d)
         v64 = None
@@ -122,7 +122,7 @@ def main(argv=None):
                 err = f"{np.max(np.abs(v - v64)) / np.max(np.abs(v64)):.2e}"
             print(f"{n:>7} {np.dtype(dtype).name:>8} {tv:>11.3f} {tf:>9.3f} {tv / tf:>6.2f} "
                   f"{tbest:>13.3f} {tv / tbest:>6.2f} {err:>12}", flush=True)
-            rows.append({"n": n, "d": d, "dtype": np.dtype(dtype).name, "velocity_s": tv,
+            records.append({"n": n, "d": d, "dtype": np.dtype(dtype).name, "velocity_s": tv,
                          "floor_s": tf, "ratio": tv / tf, "best_floor_s": tbest,
                          "ratio_best": tv / tbest, "f32_rel_err": err or None})
     if args.memory:
@@ -133,8 +133,7 @@ def main(argv=None):
                   f"{out.stdout.strip()} MiB")
     from _record import write_record
 
-    write_record("bench_particles", {"chunk_size": rows and DEFAULT_CHUNK_SIZE, "rows": rows},
-                 args.json)
+    write_record("bench_particles", {"chunk_size": rows, "rows": records}, args.json)
     return 0
 
 
