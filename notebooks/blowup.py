@@ -82,7 +82,6 @@ for ax, title in zip(axes, [r"$\mathrm{tr}\,\Sigma(t)$", r"relative error of $\m
     ax.legend(fontsize=7)
 fig.tight_layout()
 fig.savefig(OUT / "blowup.png", dpi=90)
-plt.close(fig)
 print("time where particles leave the ODE (20 % error in tr):", leave)
 
 # %% [markdown]

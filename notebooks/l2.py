@@ -48,7 +48,6 @@ print("slopes of error against n:", {k: round(v, 3) for k, v in report.slopes.it
 print("seed-to-seed standard errors:", {k: round(v, 3) for k, v in report.slope_sem.items()})
 for fig_name, fig in all_figures(report).items():
     fig.savefig(OUT / f"l2_{fig_name}.png", dpi=90)
-    plt.close(fig)
 
 # %% [markdown]
 # ## Checks

@@ -44,7 +44,6 @@ z = np.abs(cov_m - sol.cov) / np.maximum(cov_se, 1e-12)
 print("largest |masked - softmax ODE| in seed standard errors:", round(float(z.max()), 2))
 fig = plot_moments(flat)
 fig.savefig(OUT / "masked_flat_moments.png", dpi=90)
-plt.close(fig)
 
 # %% [markdown]
 # ## Position-dependent mean $\alpha(\tau) = \alpha_0 + (\tau - 1/2)(2, -1)$
@@ -58,7 +57,6 @@ ramp = compare(att, mean_of_tau, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="
 for name, fig in [("ramp_moments", plot_moments(ramp)),
                   ("ramp_diagnostics", plot_diagnostics(ramp))]:
     fig.savefig(OUT / f"masked_{name}.png", dpi=90)
-    plt.close(fig)
 
 # %% [markdown]
 # ## Checks

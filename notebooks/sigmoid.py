@@ -41,7 +41,6 @@ report = compare(att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="rk4"
                  dt=T_END / (4 if QUICK else 40))
 for name, fig in [("moments", plot_moments(report)), ("diagnostics", plot_diagnostics(report))]:
     fig.savefig(OUT / f"sigmoid_{name}.png", dpi=90)
-    plt.close(fig)
 
 # %% [markdown]
 # ## Checks
