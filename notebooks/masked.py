@@ -11,7 +11,6 @@
 import os
 import pathlib
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp

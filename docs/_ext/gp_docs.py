@@ -1,5 +1,7 @@
-"""Sphinx extension of the gaussian_pde docs: generated API pages, the notebook gallery's
-sources, local MathJax, and tables rendered from result JSON at build time.
+"""Sphinx extension of the gaussian_pde docs.
+
+It writes the API pages and the notebook gallery's sources, serves MathJax from the site,
+and renders tables from the result JSON at build time.
 
 Directives (usable from MyST as ```` ```{gp-table} NAME ```` and from reST):
 
@@ -18,11 +20,10 @@ import re
 import shutil
 from pathlib import Path
 
+import gp_tables
 from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
-
-import gp_tables
 
 LOG = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ def certified_reasons():
     reasons = sorted({r for p in cert["panels"].values() for r in p["reasons"]})
     rows = []
     total = {r: 0 for r in reasons}
-    for key, p in cert["panels"].items():
+    for p in cert["panels"].values():
         label = f"{p['type']}, V = {'I' if p['values'] == 'identity' else 'R^T R'}, d = {p['d']}"
         for r in reasons:
             total[r] += p["reasons"].get(r, 0)
@@ -156,3 +156,19 @@ def benchmarks():
         for line in rec["results"].get("notes", []):
             out.append(line)
     return out
+
+
+def attention_types():
+    """The registered attention types and what each can do (read from the registry)."""
+    import gaussian_pde as gp
+
+    def yes(v):
+        return "yes" if v is True else ("no" if v in (False, None) else str(v))
+
+    rows = [[name, f"gp.{cls.__name__}", yes(getattr(cls, "gaussian_preserving", None)),
+             yes(getattr(cls, "exact_jacobian", None)), yes(getattr(cls, "closure", None))]
+            for name, cls in gp.ATTENTIONS.items()]
+    return [(["name", "class", "keeps Gaussians Gaussian", "exact Jacobian",
+              "closure when not exact"], rows, "The registered attention types"),
+            "Read from `gp.ATTENTIONS` when the site is built: a type registered with "
+            "`gp.register_attention` appears here."]
