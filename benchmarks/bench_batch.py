@@ -61,4 +61,6 @@ def main():
               f"{1e3 * t:.3f} ms/trajectory; speed-up per trajectory: {t * a.n / t_batch:.1f}x")
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded_main
+
+    recorded_main("bench_batch", main)

@@ -19,8 +19,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE / "_ext"))
 
-import gaussian_pde  # noqa: E402
 import gp_docs  # noqa: E402
+
+import gaussian_pde  # noqa: E402
 
 project = "gaussian_pde"
 author = "the gaussian_pde authors"
@@ -39,7 +40,8 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_gallery_src", "**/sg_execution_times.rst", "sg_execution_times.rst"]
+exclude_patterns = ["_build", "_gallery_src", "_static", "make_results.py",
+                    "**/sg_execution_times.rst", "sg_execution_times.rst"]
 templates_path = ["_templates"]
 html_static_path = ["_static"]
 

@@ -151,7 +151,12 @@ def benchmarks():
         out.append(f"{rec['benchmark']}: written by `python benchmarks/{rec['command']}` on "
                    f"{rec['date']}; {m.get('cpu')}, {m.get('cores')} cores; "
                    + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".")
-        for t in rec["results"].get("tables", []):
+        res = rec["results"]
+        scalars = [[k, _fmt(x)] for k, x in res.items()
+                   if isinstance(x, (int, float, str, bool)) and k not in ("tables", "notes")]
+        if scalars:
+            out.append((["quantity", "value"], scalars, rec["benchmark"]))
+        for t in res.get("tables", []):
             out.append((t["columns"], t["rows"], t.get("title") or rec["benchmark"]))
         for line in rec["results"].get("notes", []):
             out.append(line)

@@ -140,7 +140,7 @@ def run_examples(args, append=False, progress=None):
         head = report.read_text().split(EXAMPLES_MARKER, 1)[0].rstrip("\n")
         text = head + "\n\n" + EXAMPLES_MARKER + "\n" + _report(results, fig_path.name, "##")
     else:
-        text = EXAMPLES_MARKER + "\n" + _report(results, fig_path.name, "#")
+        text = _report(results, fig_path.name, "#")
     write_text(report, text)
     print(f"gaussian-pde: wrote the built-in examples: {fig_path}, {out / 'trajectories.npz'} "
           f"and their report in {report}")

@@ -475,6 +475,8 @@ def examples_section(path):
     if not path.is_file():
         return ""
     text = path.read_text()
+    if text.startswith("# Built-in 2-D examples"):   # ``--examples`` alone: its whole report
+        return "\n\n" + EXAMPLES_MARKER + "\n#" + text.rstrip("\n") + "\n"
     i = text.find(EXAMPLES_MARKER)
     return "" if i < 0 else "\n\n" + text[i:].rstrip("\n") + "\n"
 
