@@ -44,6 +44,7 @@ exclude_patterns = ["_build", "_gallery_src", "_static", "make_results.py",
                     "**/sg_execution_times.rst", "sg_execution_times.rst"]
 templates_path = ["_templates"]
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 # MyST: docs/math.md is written with $...$ and $$...$$
 myst_enable_extensions = ["dollarmath", "amsmath"]

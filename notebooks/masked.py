@@ -1,6 +1,10 @@
 # %% [markdown]
 # # Masked (causal) attention: positions matter
 #
+# **What this validates**: masked attention against the softmax ODE where they must
+# agree (position-independent data), and how far a position-dependent mean moves the
+# particles from it. The figures show the moments of both runs.
+#
 # Tokens carry positions $\tau\in[0,1]$; a token attends to tokens at $\tau'\le\tau$.
 # With position-independent data the mean field equals unmasked softmax (docs/math.md
 # section 3.4), which this notebook checks against `gaussian_pde.solve` for softmax; with a

@@ -1,6 +1,10 @@
 # %% [markdown]
 # # Sigmoid attention: particles only (no exact Gaussian closure)
 #
+# **What this validates**: the particles of a type without an exact Gaussian solution:
+# their covariance with error bars over seeds, and their distance from a Gaussian. The
+# figures show both against time.
+#
 # $\Gamma[\mu](x) = V\int\sigma(s(x,y) + b)\,y\,d\mu(y)$ is not normalised, so Gaussians
 # are not preserved (docs/math.md section 3.4) and `gaussian_pde.solve` rejects it. This notebook
 # follows the covariance of the particles (eigenvalues and $\Sigma/\mathrm{tr}\,\Sigma$),

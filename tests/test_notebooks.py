@@ -44,3 +44,10 @@ def test_notebook_runs_and_asserts(path, tmp_path, monkeypatch):
     # every notebook shows its comparison as a figure (left open for the docs gallery)
     assert plt.get_fignums(), "the notebook shows no figure"
     plt.close("all")
+
+
+def test_every_notebook_states_what_it_validates():
+    for path in sorted(NOTEBOOKS[0].parent.glob("*.py")):
+        header = path.read_text().split("\n# %%", 1)[0]
+        assert header.startswith("# %% [markdown]\n# # "), path.name     # a title first
+        assert "**What this validates**" in header, path.name

@@ -210,10 +210,11 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 # -------------------------------------------------------------------------- MathJax
 
-#: the parts of MathJax 2 that the TeX input with CommonHTML output loads
-_MATHJAX_PARTS = ("MathJax.js", "config", "extensions", "jax/input/TeX", "jax/element",
-                  "jax/output/CommonHTML", "fonts/HTML-CSS/TeX/woff", "localization/en")
-_MATHJAX_CONFIG = "TeX-AMS_CHTML"
+#: the parts of MathJax 2 copied into the site (its TeX input, outputs, fonts and menus)
+_MATHJAX_PARTS = ("MathJax.js", "config", "extensions", "jax", "fonts/HTML-CSS/TeX",
+                  "localization/en")
+#: combined configurations, the first one present is used (the wheel ships only some)
+_MATHJAX_CONFIGS = ("TeX-AMS_CHTML", "TeX-AMS-MML_HTMLorMML-full", "TeX-AMS-MML_HTMLorMML")
 
 
 def local_mathjax() -> Path | None:
@@ -232,9 +233,12 @@ def local_mathjax() -> Path | None:
 
 def mathjax_path() -> str:
     """``mathjax_path`` for conf.py: the copy in ``_static/mathjax`` when one exists."""
-    if local_mathjax() is None:
-        return f"https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config={_MATHJAX_CONFIG}"
-    return f"mathjax/MathJax.js?config={_MATHJAX_CONFIG}"
+    src = local_mathjax()
+    if src is None:
+        return f"https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config={_MATHJAX_CONFIGS[0]}"
+    config = next(c for c in _MATHJAX_CONFIGS + ("default",)
+                  if (src / "config" / f"{c}.js").is_file() or c == "default")
+    return f"mathjax/MathJax.js?config={config}"
 
 
 def _copy_mathjax(app, exception):
@@ -279,7 +283,7 @@ def _row(cells):
     row = nodes.row()
     for c in cells:
         entry = nodes.entry()
-        entry += nodes.paragraph(text=str(c))
+        entry += inline_paragraph(str(c))
         row += entry
     return row
 
@@ -300,10 +304,19 @@ class TableDirective(SphinxDirective):
         out = []
         for item in fn():
             if isinstance(item, str):
-                out.append(nodes.paragraph(text=item))
+                out.append(inline_paragraph(item))
             else:
                 out.append(table_node(*item))
         return out
+
+
+def inline_paragraph(text):
+    """A paragraph in which ```code``` spans are literals (the rest is plain text)."""
+    para = nodes.paragraph()
+    for i, part in enumerate(text.split("`")):
+        if part:
+            para += nodes.literal(text=part) if i % 2 else nodes.Text(part)
+    return para
 
 
 class CliTableDirective(SphinxDirective):

@@ -53,9 +53,9 @@ def published_counts():
         row = [label]
         for d in ds:
             true = cert["panels"][f"{kind}_{val}_d{d}"]["true"]
-            row.append(f"{_counts(hist[kind][val][d])}  |  {_counts(true)}")
+            row += [_counts(hist[kind][val][d]), _counts(true)]
         rows.append(row)
-    header = ["panel"] + [f"d = {d}: published | true" for d in ds]
+    header = ["panel"] + [f"d = {d}, {w}" for d in ds for w in ("published", "true")]
     return [("Counts of the limit ranks 0..d over the 100 settings of each panel: the "
              "published script replayed (`published_histograms.json`), and the certified "
              "true limit of the same attempts (`published_certified.json`)."),
