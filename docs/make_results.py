@@ -45,7 +45,7 @@ def main(argv=None) -> int:
             quick = ["--quick"] if args.quick and cmd[:2] != ["reproduce", "--protocol"] else []
             full = [sys.executable, "-m", "gaussian_pde", *cmd, *quick,
                     "--out", str(RESULTS / folder)]
-            print("$", " ".join(full[1:]), flush=True)
+            print("$ python", " ".join(full[1:]), flush=True)
             subprocess.run(full, check=True)
     return 0
 

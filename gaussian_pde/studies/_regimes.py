@@ -530,7 +530,7 @@ def regime_figures(out, results, save_figure, progress=None):
         fams = [f for f in FAMILIES if (f, name) in results]
         ncol = min(3, len(fams))
         nrow = -(-len(fams) // ncol)
-        fig = plt.figure(figsize=(4.3 * ncol, 4.0 * nrow + 0.8))
+        fig = plt.figure(figsize=(4.3 * ncol, 4.0 * nrow + 1.1))
         for j, family in enumerate(fams):
             r = results[(family, name)]
             title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
@@ -561,7 +561,7 @@ def regime_figures(out, results, save_figure, progress=None):
         fig.suptitle(f"{name}: the paper's 2-D families (published draws)\n"
                      r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=13)
         # fixed margins: tight_layout would draw the (slow) 3-D panels once more
-        fig.subplots_adjust(left=0.07, right=0.95, bottom=0.06, top=1 - 0.9 / fig.get_figheight(),
+        fig.subplots_adjust(left=0.07, right=0.95, bottom=0.06, top=1 - 1.25 / fig.get_figheight(),
                             wspace=0.3, hspace=0.3)
         paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=110)
         plt.close(fig)
