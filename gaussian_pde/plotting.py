@@ -256,7 +256,10 @@ def plot_eigenvalue_flow(t, covs, ax=None, *, normalized=True, logx=True, color=
 
 def _eigenvalue_bands(t, covs, ax, normalized):
     """Median and 10-90 % band over trajectories of each ordered eigenvalue (labelled)."""
-    with np.errstate(invalid="ignore", divide="ignore"):
+    import warnings
+
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # times where every sample is NaN
         finite = np.isfinite(covs).all(axis=(-2, -1))
         w = np.full(covs.shape[:-1], np.nan)
         w[finite] = np.linalg.eigvalsh(covs[finite])
@@ -267,7 +270,8 @@ def _eigenvalue_bands(t, covs, ax, normalized):
         for i in range(d):
             lo, med, hi = np.nanpercentile(w[..., i], [10, 50, 90], axis=0)
             ok = np.isfinite(med)
-            name = "largest" if i == 0 else ("smallest" if i == d - 1 else f"{i + 1}th")
+            suffix = {2: "nd", 3: "rd"}.get(i + 1, "th")
+            name = "largest" if i == 0 else ("smallest" if i == d - 1 else f"{i + 1}{suffix} largest")
             line, = ax.plot(t[ok], med[ok], lw=1.8, label=f"{name} (median)")
             ax.fill_between(t[ok], lo[ok], hi[ok], color=line.get_color(), alpha=0.2, lw=0)
     ax.legend(fontsize=8, loc="lower left")
