@@ -85,9 +85,12 @@ sphinx_gallery_conf = {
 
 # MathJax served from the site itself (the build machine and the reader may be offline).
 mathjax_path = gp_docs.mathjax_path()
+# (the theme marks the page body ``tex2jax_ignore``; Sphinx's math spans are processed)
 mathjax2_config = {"tex2jax": {"inlineMath": [["\\(", "\\)"]],
                                "displayMath": [["\\[", "\\]"]],
-                               "processEscapes": True}}
+                               "processEscapes": True,
+                               "ignoreClass": "tex2jax_ignore|mathjax_ignore|document",
+                               "processClass": "tex2jax_process|mathjax_process|math|output_area"}}
 
 # Theme
 html_theme = "pydata_sphinx_theme"

@@ -210,43 +210,51 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 # -------------------------------------------------------------------------- MathJax
 
-#: the parts of MathJax 2 copied into the site (its TeX input, outputs, fonts and menus)
-_MATHJAX_PARTS = ("MathJax.js", "config", "extensions", "jax", "fonts/HTML-CSS/TeX",
-                  "localization/en")
-#: combined configurations, the first one present is used (the wheel ships only some)
-_MATHJAX_CONFIGS = ("TeX-AMS_CHTML", "TeX-AMS-MML_HTMLorMML-full", "TeX-AMS-MML_HTMLorMML")
+#: combined configurations, the first one present is used, and the parts of MathJax 2
+#: that each needs in the site (its TeX input, its output and fonts, the menus)
+_MATHJAX_CONFIGS = {
+    "TeX-AMS_CHTML": ("jax/output/CommonHTML", "fonts/HTML-CSS/TeX/woff"),
+    "TeX-AMS-MML_HTMLorMML-full": ("jax/output/HTML-CSS", "jax/output/NativeMML",
+                                   "fonts/HTML-CSS"),
+    "TeX-AMS-MML_HTMLorMML": ("jax/output/HTML-CSS", "jax/output/NativeMML", "fonts/HTML-CSS"),
+}
+_MATHJAX_COMMON = ("MathJax.js", "config", "extensions", "jax/input/TeX", "jax/input/MathML",
+                   "jax/element", "localization/en")
 
 
-def local_mathjax() -> Path | None:
-    """A MathJax 2 on this machine: the ``jupyter-server-mathjax`` wheel or Debian's."""
+def local_mathjax() -> tuple[Path, str] | None:
+    """``(folder, config)`` of a MathJax 2 on this machine (Debian's or the PyPI wheel's)."""
+    candidates = [Path("/usr/share/javascript/mathjax")]
     try:
         import jupyter_server_mathjax
 
-        p = Path(jupyter_server_mathjax.__file__).parent / "static"
-        if (p / "MathJax.js").is_file():
-            return p
+        candidates.append(Path(jupyter_server_mathjax.__file__).parent / "static")
     except ImportError:
         pass
-    p = Path("/usr/share/javascript/mathjax")
-    return p if (p / "MathJax.js").is_file() else None
+    for folder in candidates:
+        if not (folder / "MathJax.js").is_file():
+            continue
+        for config in _MATHJAX_CONFIGS:
+            if (folder / "config" / f"{config}.js").is_file():
+                return folder, config
+    return None
 
 
 def mathjax_path() -> str:
     """``mathjax_path`` for conf.py: the copy in ``_static/mathjax`` when one exists."""
-    src = local_mathjax()
-    if src is None:
-        return f"https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config={_MATHJAX_CONFIGS[0]}"
-    config = next(c for c in _MATHJAX_CONFIGS + ("default",)
-                  if (src / "config" / f"{c}.js").is_file() or c == "default")
-    return f"mathjax/MathJax.js?config={config}"
+    found = local_mathjax()
+    if found is None:
+        return "https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config=TeX-AMS_CHTML"
+    return f"mathjax/MathJax.js?config={found[1]}"
 
 
 def _copy_mathjax(app, exception):
-    src = local_mathjax()
-    if exception is not None or src is None or app.builder.format != "html":
+    found = local_mathjax()
+    if exception is not None or found is None or app.builder.format != "html":
         return
+    src, config = found
     dst = Path(app.outdir) / "_static" / "mathjax"
-    for part in _MATHJAX_PARTS:
+    for part in _MATHJAX_COMMON + _MATHJAX_CONFIGS[config]:
         s, d = src / part, dst / part
         if not s.exists():
             continue
