@@ -73,7 +73,7 @@ def main():
     print("| panel | settings | CPU s per setting | steps: median | steps: max | outcomes |")
     print("|---|---|---|---|---|---|")
     for key, r in rows.items():
-        out = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
+        out = ", ".join(f"{v} x {k}" for k, v in sorted(r["outcomes"].items()))
         print(f"| {key} | {r['n']} | {r['cpu_s_per_setting']:.3f} | {r['steps_median']} | "
               f"{r['steps_max']} | {out} |")
 
