@@ -141,3 +141,71 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def parse_tables(text: str) -> dict:
+    """Markdown tables and text lines of a script's output as ``{"tables", "notes"}``.
+
+    A table is a run of lines starting with ``|`` (its second line the ``|---|`` rule); its
+    title is the last non-empty text line before it. Every other non-empty line is a note.
+    """
+    tables, notes, lines = [], [], text.splitlines()
+    i, last_text = 0, None
+    while i < len(lines):
+        line = lines[i].strip()
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].strip().startswith("|---"):
+            cols = [c.strip() for c in line.strip("|").split("|")]
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            title = last_text
+            if title is not None and notes and notes[-1] == title:
+                notes.pop()
+            tables.append({"title": title, "columns": cols, "rows": rows})
+            last_text = None
+            continue
+        if line:
+            notes.append(line)
+            last_text = line
+        i += 1
+    return {"tables": tables, "notes": notes}
+
+
+def recorded_main(name: str, main) -> None:
+    """Run ``main()`` with its output shown and recorded: ``--json PATH`` overrides the path.
+
+    What the script prints is kept as it is on the terminal and written, parsed by
+    :func:`parse_tables`, through :func:`write_record`.
+    """
+    import io
+
+    argv, path = list(sys.argv[1:]), None
+    if "--json" in argv:
+        i = argv.index("--json")
+        if i + 1 >= len(argv):
+            raise SystemExit("--json needs a PATH")
+        path = argv[i + 1]
+        del argv[i:i + 2]
+    sys.argv[1:] = argv
+
+    class _Tee(io.TextIOBase):
+        def __init__(self, stream):
+            self.stream, self.buf = stream, io.StringIO()
+
+        def write(self, s):
+            self.stream.write(s)
+            self.buf.write(s)
+            return len(s)
+
+        def flush(self):
+            self.stream.flush()
+
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee
+    try:
+        main()
+    finally:
+        sys.stdout = tee.stream
+    target = write_record(name, parse_tables(tee.buf.getvalue()), path)
+    print(f"recorded: {target}", file=sys.stderr)

@@ -73,4 +73,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded_main
+
+    recorded_main("accuracy_exact", main)

@@ -53,7 +53,7 @@ def main():
                 gp.solve(atts[i], None, covs[i], (0, 5), t_eval=t_eval, method=method)
             t_single[label] = min(t_single[label], (time.process_time() - t0) / idx.size)
     st, cnt = np.unique(bs.status.astype(str), return_counts=True)
-    print(f"statuses: {dict(zip(st, cnt))}")
+    print(f"statuses: {dict(zip(map(str, st), map(int, cnt)))}")
     print(f"batch of {a.n} (best of {a.rounds}): {t_batch:.3f} s = "
           f"{1e3 * t_batch / a.n:.3f} ms/trajectory")
     for label, t in t_single.items():
@@ -61,4 +61,6 @@ def main():
               f"{1e3 * t:.3f} ms/trajectory; speed-up per trajectory: {t * a.n / t_batch:.1f}x")
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded_main
+
+    recorded_main("bench_batch", main)

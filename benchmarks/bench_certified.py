@@ -16,6 +16,7 @@ every panel, each with the published draw k = i; default 20, about a minute of C
 import argparse
 import collections
 import json
+import sys
 import time
 
 import numpy as np
@@ -64,11 +65,20 @@ def main():
         rows[key] = dict(n=len(jobs), cpu_s_per_setting=s / len(jobs),
                          steps_median=int(np.median(steps)), steps_max=int(steps.max()),
                          outcomes=dict(collections.Counter(r.outcome for r in res)))
-        print(key, json.dumps(rows[key]), flush=True)
+        print(key, json.dumps(rows[key]), file=sys.stderr, flush=True)
     step_s = pub.step_seconds()
-    print(json.dumps(dict(n=total_n, cpu_s=total_s, cpu_s_per_setting=total_s / total_n,
-                          step_us=step_s * 1e6, certified_over_step=total_s / step_s)))
+    print(f"Certified limit, CPU per setting ({total_n} settings, {total_s:.2f} s of CPU in "
+          f"all; one published step {step_s * 1e6:.1f} us, so a setting costs "
+          f"{total_s / total_n / step_s:.0f} published steps):")
+    print("| panel | settings | CPU s per setting | steps: median | steps: max | outcomes |")
+    print("|---|---|---|---|---|---|")
+    for key, r in rows.items():
+        out = ", ".join(f"{v} x {k}" for k, v in sorted(r["outcomes"].items()))
+        print(f"| {key} | {r['n']} | {r['cpu_s_per_setting']:.3f} | {r['steps_median']} | "
+              f"{r['steps_max']} | {out} |")
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded_main
+
+    recorded_main("bench_certified", main)

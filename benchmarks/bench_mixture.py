@@ -200,4 +200,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded_main
+
+    recorded_main("bench_mixture", main)

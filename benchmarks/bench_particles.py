@@ -138,4 +138,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from _record import recorded_main
+
+    recorded_main("bench_particles", main)

@@ -114,9 +114,9 @@ def main():
            "checked": checked, "mismatch": mismatch, "panels": panels,
            "histograms": res["histograms"]}
     print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({**out, "details": res["details"]}, fh, indent=1)
+    from _record import write_record
+
+    write_record("bench_published", {**out, "details": res["details"]}, args.json)
     if args.paths:
         with open(args.paths, "w") as fh:
             json.dump(res["paths"], fh)

@@ -447,4 +447,6 @@ def short_tables(seeds=40):
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded_main
+
+    recorded_main("bench_solve", main)

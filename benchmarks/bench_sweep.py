@@ -15,7 +15,6 @@ the driver's writes). Run::
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -55,7 +54,6 @@ def main(argv=None):
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[5, 25])
     parser.add_argument("--repeat", type=int, default=2,
                         help="timings per measurement; the fastest is kept (shared machines)")
-    parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args(argv)
 
     from distributed import Client
@@ -110,11 +108,10 @@ def main(argv=None):
               f"{r['dask1_settings_per_s']:.0f} | {r['dask2_settings_per_s']:.0f} | "
               f"{r['direct_ms_per_task']:.0f} | {r['inprocess_overhead_ms_per_task']:.1f}, "
               f"{r['dask1_overhead_ms_per_task']:.1f}, {r['dask2_overhead_ms_per_task']:.1f} |")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=2)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from _record import recorded_main
+
+    recorded_main("bench_sweep", main)

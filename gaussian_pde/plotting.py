@@ -123,9 +123,9 @@ def plot_cone_trajectories(covs, ax=None, *, limit_direction=None, color="tab:bl
     ax.set_xlabel(r"$a-b$")
     ax.set_ylabel(r"$2c$")
     ax.set_zlabel(r"$a+b$")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
     return ax
 
 
@@ -189,14 +189,14 @@ def plot_disk_trajectories(covs, ax=None, *, outcomes=None, limit_direction=None
     ax.set_ylim(-1.08, 1.08)
     ax.set_xlabel(r"$(a-b)/\mathrm{tr}\,\Sigma$")
     ax.set_ylabel(r"$2c/\mathrm{tr}\,\Sigma$")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=8, loc="lower left")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
     return ax
 
 
 def plot_eigenvalue_flow(t, covs, ax=None, *, normalized=True, logx=True, color=None,
-                         title=None):
+                         title=None, summary=False):
     r"""Eigenvalues over time of :math:`\Sigma/\operatorname{tr}\Sigma` (or of :math:`\Sigma`).
 
     Parameters
@@ -216,6 +216,10 @@ def plot_eigenvalue_flow(t, covs, ax=None, *, normalized=True, logx=True, color=
         Line colour (default: the colour cycle).
     title : str, optional
         Axes title.
+    summary : bool
+        One labelled line per eigenvalue (ordered by size: the median over the
+        trajectories, with a band from their 10th to 90th percentile) instead of one line
+        per eigenvalue and trajectory.
     """
     t = validate_array(t, "t", ndim=1)
     covs = validate_array(covs, "covs", ndim=(3, 4), finite=False)
@@ -225,24 +229,52 @@ def plot_eigenvalue_flow(t, covs, ax=None, *, normalized=True, logx=True, color=
         raise ValueError(f"`covs` must have shape (n, {t.size}, d, d), got {covs.shape}.")
     if ax is None:
         ax = _new_ax()
-    for cv in covs:
+    if summary:
+        _eigenvalue_bands(t, covs, ax, normalized)
+    for cv in (() if summary else covs):
         k = np.isfinite(cv).all(axis=(-2, -1))
         if not k.any():
             continue
         w = np.linalg.eigvalsh(cv[k])
         if normalized:
-            w = w / np.sum(w, axis=-1, keepdims=True)
+            w = np.clip(w / np.sum(w, axis=-1, keepdims=True), 1e-300, 1.0)
         w = np.clip(w, 1e-300, None)
         ax.plot(t[k], w, color=color, lw=0.8, alpha=0.6)
+    if normalized:
+        ax.set_ylim(top=1.5)      # eigenvalues of Sigma / tr Sigma are at most 1
     if logx:
         ax.set_xscale("symlog", linthresh=1e-2)
+        ax.set_xlim(0, float(np.nanmax(t)))   # times are non-negative
     ax.set_yscale("log")
     ax.set_xlabel("t (depth)")
     ax.set_ylabel(r"eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$" if normalized
                   else r"eigenvalues of $\Sigma$")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
     return ax
+
+
+def _eigenvalue_bands(t, covs, ax, normalized):
+    """Median and 10-90 % band over trajectories of each ordered eigenvalue (labelled)."""
+    import warnings
+
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # times where every sample is NaN
+        finite = np.isfinite(covs).all(axis=(-2, -1))
+        w = np.full(covs.shape[:-1], np.nan)
+        w[finite] = np.linalg.eigvalsh(covs[finite])
+        if normalized:
+            w = np.clip(w / np.sum(w, axis=-1, keepdims=True), 1e-300, 1.0)
+        w = w[..., ::-1]                     # largest first
+        d = w.shape[-1]
+        for i in range(d):
+            lo, med, hi = np.nanpercentile(w[..., i], [10, 50, 90], axis=0)
+            ok = np.isfinite(med)
+            suffix = {2: "nd", 3: "rd"}.get(i + 1, "th")
+            name = "largest" if i == 0 else ("smallest" if i == d - 1 else f"{i + 1}{suffix} largest")
+            line, = ax.plot(t[ok], med[ok], lw=1.8, label=f"{name} (median)")
+            ax.fill_between(t[ok], lo[ok], hi[ok], color=line.get_color(), alpha=0.2, lw=0)
+    ax.legend(fontsize=8, loc="lower left")
 
 
 def plot_rank_histogram(ranks, d, ax=None, *, title=None):
@@ -274,11 +306,13 @@ def plot_rank_histogram(ranks, d, ax=None, *, title=None):
             raise ValueError(f"`ranks[{lab!r}]` has ranks above d = {d}.")
         counts = np.bincount(np.where(r < 0, d + 1, r), minlength=d + 2)
         bars = ax.bar(x + (j - (len(labels) - 1) / 2) * width, counts, width, label=lab)
-        ax.bar_label(bars, labels=[str(c) if c else "" for c in counts], fontsize=7)
+        ax.bar_label(bars, labels=[str(c) if c else "" for c in counts], fontsize=8)
     ax.set_xticks(x, [str(i) for i in range(d + 1)] + ["?"])
     ax.set_xlabel("rank of the limit covariance")
     ax.set_ylabel("number of settings")
-    ax.legend(fontsize=7, loc="upper left")
+    top = max((b.get_height() for c in ax.containers for b in c), default=1.0)
+    ax.set_ylim(0, 1.4 * max(top, 1.0))        # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper left", ncol=len(labels))
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
     return ax

@@ -1,6 +1,10 @@
 # %% [markdown]
 # # Many clusters: the Gaussian-mixture closure against particles
 #
+# **What this validates**: the Gaussian-mixture closure against labelled particles
+# (exact for one component; W2, per-component moments and cluster counts otherwise). The
+# figure shows the components' ellipses from both.
+#
 # A mixture $\sum_k w_k\mathcal N(\alpha_k,\Sigma_k)$ is moved by `gp.solve_mixture`
 # (per-component Gaussian closure with the closed-form field against a mixture) and, from
 # a labelled sample, by `gp.simulate_particles`. We check: one component is the exact

@@ -1,6 +1,10 @@
 # %% [markdown]
 # # L2 attention: moment ODE against particles
 #
+# **What this validates**: the exact L2 moment ODE against particles: the error of the
+# particles' moments decays like $n^{-1/2}$ and stays within sampling error. The figures
+# show the moments against time and the error against $n$.
+#
 # L2 attention, score $-c|Qx - Ky|^2$, keeps Gaussians Gaussian (docs/math.md section 3.3). With
 # K = -Q and V = I the covariance collapses onto the line orthogonal to Q.
 #
@@ -13,7 +17,6 @@
 import os
 import pathlib
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
@@ -48,7 +51,6 @@ print("slopes of error against n:", {k: round(v, 3) for k, v in report.slopes.it
 print("seed-to-seed standard errors:", {k: round(v, 3) for k, v in report.slope_sem.items()})
 for fig_name, fig in all_figures(report).items():
     fig.savefig(OUT / f"l2_{fig_name}.png", dpi=90)
-    plt.close(fig)
 
 # %% [markdown]
 # ## Checks

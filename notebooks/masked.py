@@ -1,6 +1,10 @@
 # %% [markdown]
 # # Masked (causal) attention: positions matter
 #
+# **What this validates**: masked attention against the softmax ODE where they must
+# agree (position-independent data), and how far a position-dependent mean moves the
+# particles from it. The figures show the moments of both runs.
+#
 # Tokens carry positions $\tau\in[0,1]$; a token attends to tokens at $\tau'\le\tau$.
 # With position-independent data the mean field equals unmasked softmax (docs/math.md
 # section 3.4), which this notebook checks against `gaussian_pde.solve` for softmax; with a
@@ -11,7 +15,6 @@
 import os
 import pathlib
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
@@ -44,7 +47,6 @@ z = np.abs(cov_m - sol.cov) / np.maximum(cov_se, 1e-12)
 print("largest |masked - softmax ODE| in seed standard errors:", round(float(z.max()), 2))
 fig = plot_moments(flat)
 fig.savefig(OUT / "masked_flat_moments.png", dpi=90)
-plt.close(fig)
 
 # %% [markdown]
 # ## Position-dependent mean $\alpha(\tau) = \alpha_0 + (\tau - 1/2)(2, -1)$
@@ -58,7 +60,6 @@ ramp = compare(att, mean_of_tau, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="
 for name, fig in [("ramp_moments", plot_moments(ramp)),
                   ("ramp_diagnostics", plot_diagnostics(ramp))]:
     fig.savefig(OUT / f"masked_{name}.png", dpi=90)
-    plt.close(fig)
 
 # %% [markdown]
 # ## Checks

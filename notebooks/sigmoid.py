@@ -1,6 +1,10 @@
 # %% [markdown]
 # # Sigmoid attention: particles only (no exact Gaussian closure)
 #
+# **What this validates**: the particles of a type without an exact Gaussian solution:
+# their covariance with error bars over seeds, and their distance from a Gaussian. The
+# figures show both against time.
+#
 # $\Gamma[\mu](x) = V\int\sigma(s(x,y) + b)\,y\,d\mu(y)$ is not normalised, so Gaussians
 # are not preserved (docs/math.md section 3.4) and `gaussian_pde.solve` rejects it. This notebook
 # follows the covariance of the particles (eigenvalues and $\Sigma/\mathrm{tr}\,\Sigma$),
@@ -11,7 +15,6 @@
 import os
 import pathlib
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
@@ -41,7 +44,6 @@ report = compare(att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="rk4"
                  dt=T_END / (4 if QUICK else 40))
 for name, fig in [("moments", plot_moments(report)), ("diagnostics", plot_diagnostics(report))]:
     fig.savefig(OUT / f"sigmoid_{name}.png", dpi=90)
-    plt.close(fig)
 
 # %% [markdown]
 # ## Checks

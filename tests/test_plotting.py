@@ -64,3 +64,30 @@ def test_package_import_does_not_import_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_eigenvalue_flow_summary_is_labelled_and_fits_the_unit_interval():
+    """Summary mode: one labelled median line per ordered eigenvalue of Sigma / tr Sigma,
+    every value in (0, 1], the largest line above the smallest, the axis topped near 1."""
+    import matplotlib.pyplot as plt
+
+    t = np.linspace(0.0, 5.0, 20)
+    rng = np.random.default_rng(0)
+    covs = []
+    for _ in range(7):
+        g = rng.standard_normal((3, 3))
+        s0 = g @ g.T + 0.1 * np.eye(3)
+        covs.append([s0 * np.exp(np.array([2.0, 0.0, -1.0]) * tt)[None, :] @ np.eye(3)
+                     for tt in t])
+    covs = np.array(covs)
+    covs = 0.5 * (covs + np.swapaxes(covs, -1, -2))
+    covs[0, 5] = np.nan                      # a NaN sample is skipped
+    ax = plotting.plot_eigenvalue_flow(t, covs, summary=True)
+    lines = ax.get_lines()
+    assert [ln.get_label() for ln in lines] == ["largest (median)", "2nd largest (median)",
+                                                "smallest (median)"]
+    ys = [ln.get_ydata() for ln in lines]
+    assert all(np.all((y > 0) & (y <= 1)) for y in ys)
+    assert np.all(ys[0] >= ys[-1])
+    assert ax.get_ylim()[1] <= 1.5
+    plt.close("all")

@@ -32,6 +32,7 @@ from ..attention._sigmoid import Sigmoid
 from ..attention._sinkhorn import Sinkhorn
 from ..attention._softmax import Softmax
 from ..integrate._solve import solve
+from ..studies._reproduce import EXAMPLES_MARKER
 from ._options import add_out_argument, default_out, output_dir
 from ._progress import progress_for
 
@@ -135,8 +136,9 @@ def run_examples(args, append=False, progress=None):
     if progress is not None:
         progress(f"figure: {fig_path.name}")
     report = out / "report.md"
-    if append and report.exists():
-        text = report.read_text().rstrip("\n") + "\n\n" + _report(results, fig_path.name, "##")
+    if append and report.exists():   # replace an earlier examples section, never repeat it
+        head = report.read_text().split(EXAMPLES_MARKER, 1)[0].rstrip("\n")
+        text = head + "\n\n" + EXAMPLES_MARKER + "\n" + _report(results, fig_path.name, "##")
     else:
         text = _report(results, fig_path.name, "#")
     write_text(report, text)

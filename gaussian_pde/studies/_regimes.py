@@ -528,12 +528,14 @@ def regime_figures(out, results, save_figure, progress=None):
              if any((f, n) in results for f in FAMILIES)]
     for name in types:
         fams = [f for f in FAMILIES if (f, name) in results]
-        fig = plt.figure(figsize=(4.6 * len(fams), 4.8))
+        ncol = min(3, len(fams))
+        nrow = -(-len(fams) // ncol)
+        fig = plt.figure(figsize=(4.3 * ncol, 4.0 * nrow + 1.1))
         for j, family in enumerate(fams):
             r = results[(family, name)]
             title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
             if family in CONE:
-                ax = fig.add_subplot(1, len(fams), j + 1, projection="3d")
+                ax = fig.add_subplot(nrow, ncol, j + 1, projection="3d")
                 lines = [_direction(a) for a in limit_lines(r["outcomes"])]
                 first = r["line"] if r["line"] is not None else (lines[0] if lines else None)
                 if family in ("zero", "plane"):
@@ -550,33 +552,38 @@ def regime_figures(out, results, save_figure, progress=None):
                     _draw_plane(ax, r)
                 ax.view_init(elev=20, azim=-60)
             else:
-                ax = fig.add_subplot(1, len(fams), j + 1)
+                ax = fig.add_subplot(nrow, ncol, j + 1)
                 labels = [str(o.outcome) for o in r["outcomes"]]
                 if family == "depends":      # converging, but past the script's stop
                     labels = [f"rank, tr > {SCRIPT_STOP:g}" if lab == "rank" and big else lab
                               for lab, big in zip(labels, passes_script_stop(r["covs"]))]
                 plotting.plot_disk_trajectories(r["covs"], ax, outcomes=labels, title=title)
         fig.suptitle(f"{name}: the paper's 2-D families (published draws)\n"
-                     r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=11)
+                     r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=13)
         # fixed margins: tight_layout would draw the (slow) 3-D panels once more
-        fig.subplots_adjust(left=0.04, right=0.97, bottom=0.1, top=0.8, wspace=0.45)
-        paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=90)
+        fig.subplots_adjust(left=0.07, right=0.95, bottom=0.06, top=1 - 1.25 / fig.get_figheight(),
+                            wspace=0.3, hspace=0.3)
+        paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=110)
         plt.close(fig)
         if progress is not None:
             progress(f"figure: regimes_{name}.png")
 
     fams = [f for f in FAMILIES if (f, "softmax") in results]
-    fig, axes = plt.subplots(1, max(len(fams), 1), figsize=(3.6 * max(len(fams), 1), 3.6),
-                             squeeze=False)
-    for ax, family in zip(axes[0], fams):
+    n = max(len(fams), 1)
+    ncol = min(3, n)
+    nrow = -(-n // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.3 * ncol, 3.6 * nrow + 0.7), squeeze=False)
+    for ax, family in zip(axes.ravel(), fams):
         r = results[(family, "softmax")]
-        plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax,
-                                      title=f"softmax, {family}")
-        ax.set_ylim(bottom=_VANISHED)        # below: lost in rounding (see _classify)
-    fig.suptitle(r"Eigenvalue flows of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax; one line per "
-                 r"eigenvalue and $\Sigma_0$; cut at $10^{-12}$)", fontsize=11)
-    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.15, top=0.8, wspace=0.3)
-    paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=90)
+        plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax, summary=True,
+                                      title=f"softmax: {_TITLES[family].splitlines()[0]}")
+        ax.set_ylim(bottom=_VANISHED, top=1.5)   # below: lost in rounding (see _classify)
+    for ax in axes.ravel()[len(fams):]:
+        ax.set_visible(False)
+    fig.suptitle(r"Eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax): median over the "
+                 r"starting covariances, 10-90 % band; cut at $10^{-12}$", fontsize=13)
+    fig.tight_layout()
+    paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=110)
     plt.close(fig)
     if progress is not None:
         progress("figure: eigenvalue_flows.png")

@@ -18,10 +18,10 @@ Histogram settings: :math:`Q \in \mathbb R^{\lfloor d/2\rfloor \times d}` standa
 
 *published*
     the published script's counts, replayed number for number by
-    ``gaussian-pde reproduce --protocol published`` into the same folder
-    (:func:`gaussian_pde.studies.published_histograms`, minutes); the report reads
-    ``published_histograms.json`` and, setting by setting, ``published_certified.json``
-    when they are there, so the default run stays fast;
+    :func:`gaussian_pde.studies.published_histograms` (in this run, unless
+    ``gaussian-pde reproduce --protocol published`` wrote ``published_histograms.json``
+    into the same folder, whose counts are read instead); setting by setting, the report
+    also reads ``published_certified.json`` when that run made it;
 *true*
     for softmax with :math:`V = I` the exact limit
     :math:`\Sigma_0^{1/2}\Pi_{\ker C}\Sigma_0^{1/2}`; otherwise the covariance integrated
@@ -252,7 +252,7 @@ def _figures(out, regimes, hists, ds, progress=None, published=None):
 
     paths = regime_figures(out, regimes, save_figure, progress=progress)
 
-    fig, axes = plt.subplots(len(ds), 4, figsize=(16, 3.2 * len(ds)), squeeze=False)
+    fig, axes = plt.subplots(len(ds), 4, figsize=(13, 3.1 * len(ds)), squeeze=False)
     for i, d in enumerate(ds):
         for j, (kind, vname) in enumerate(_PANELS):
             h = hists[(kind, vname, d)]
@@ -264,10 +264,10 @@ def _figures(out, regimes, hists, ds, progress=None, published=None):
             plotting.plot_rank_histogram(
                 series, d, axes[i, j],
                 title=f"{kind}, V = {'I' if vname == 'I' else 'R^T R'}, d = {d}")
-    fig.suptitle("Rank of the stationary covariance: the published replay vs the true limit "
-                 "(? = undecided)", fontsize=11)
+    shown = "the published script replayed vs the true limit" if published else "the true limit"
+    fig.suptitle(f"Rank of the limit covariance: {shown} (? = undecided)", fontsize=13)
     fig.tight_layout()
-    paths["rank_histograms"] = save_figure(fig, out / "rank_histograms.png", dpi=80)
+    paths["rank_histograms"] = save_figure(fig, out / "rank_histograms.png", dpi=110)
     plt.close(fig)
     if progress is not None:
         progress("figure: rank_histograms.png")
@@ -284,6 +284,14 @@ def _read_published(out):
     if not path.is_file():
         return None
     raw = json.loads(path.read_text())
+    return {(k, v, d): c for k, vv in raw.items() for v, dd in vv.items() for d, c in dd.items()}
+
+
+def _replay_published():
+    """The published script's counts, replayed in this process (:func:`published_histograms`)."""
+    from ._published import published_histograms
+
+    raw = published_histograms()["histograms"]
     return {(k, v, d): c for k, vv in raw.items() for v, dd in vv.items() for d, c in dd.items()}
 
 
@@ -315,8 +323,11 @@ def _report(cfg, regimes, hists, ds, paths, timing, published=None, pub_cert=Non
           "of G, scale 1/sqrt(d).", "",
           "* **published**: the published script replayed number for number "
           "(`gaussian-pde reproduce --protocol published`, docs/math.md section 9; its own "
-          "settings, seeds 40/26/27/41), read from `published_histograms.json` in this "
-          "folder when that run was made here;",
+          "settings, seeds 40/26/27/41), " + (
+              "replayed in this run in {:.1f} s ({:.1f} s of CPU);".format(
+                  *timing["published_replay_s"])
+              if timing.get("published_replay_s") is not None else
+              "read from `published_histograms.json` in this folder;"),
           "* **true**: for softmax with V = I the exact limit (docs/math.md 4.1); otherwise "
           "the covariance integrated to t = 1e8 (`solve_batch`) and classified (relative "
           f"threshold {ACCURATE_RTOL:g}) where that gives d - rank(Q); every other setting "
@@ -361,7 +372,7 @@ def _published_section(pub_cert):
     L = ["## Published histograms against the true limit, setting by setting", ""]
     if pub_cert is None:
         return L + ["Not run in this folder: `gaussian-pde reproduce --protocol published "
-                    "--out <this folder>` replays the published script (minutes) and "
+                    "--out <this folder>` replays the published script and "
                     "certifies the limit of each of its settings.", ""]
     L += ["Each recorded setting of the replay (its Q, V and the Sigma_0 of its converged "
           "attempt) integrated by `certified_limits` (docs/math.md 4.5). Reasons: "
@@ -455,6 +466,22 @@ def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None, certif
                      [(kind, vname, d) for kind, vname in _PANELS]}
 
 
+#: first line of the main job's examples section in ``report.md`` (kept by a later run)
+EXAMPLES_MARKER = "<!-- gaussian-pde: built-in examples -->"
+
+
+def examples_section(path):
+    """The built-in examples' section of an existing ``report.md`` ("" when there is none)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return ""
+    text = path.read_text()
+    if text.startswith("# Built-in 2-D examples"):   # ``--examples`` alone: its whole report
+        return "\n\n" + EXAMPLES_MARKER + "\n#" + text.rstrip("\n") + "\n"
+    i = text.find(EXAMPLES_MARKER)
+    return "" if i < 0 else "\n\n" + text[i:].rstrip("\n") + "\n"
+
+
 def progress_steps():
     """Number of times :func:`reproduce` calls its ``progress`` callback.
 
@@ -499,6 +526,11 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
                               parallel=not quick, progress=progress, certify=certify)
     compute_s, cpu_s = time.perf_counter() - w0, _cpu_time() - c0
     published = _read_published(out)
+    replay_s = None
+    if published is None:    # the replay takes seconds: the figure shows both protocols
+        r0, rc0 = time.perf_counter(), time.process_time()
+        published = _replay_published()
+        replay_s = (time.perf_counter() - r0, time.process_time() - rc0)   # wall, CPU
     pub_cert = _read_published_certified(out)
     paths = _figures(out, regimes, hists, ds, progress=progress, published=published)
     wall_s = time.perf_counter() - w0
@@ -508,7 +540,7 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
     # where one step of their scheme costs PUBLISHED_STEP_S; that step is timed here
     step_s = step_seconds(500 if quick else 2000)
     scripts_s = PUBLISHED_SCRIPTS_S * step_s / PUBLISHED_STEP_S
-    timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s,
+    timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s, published_replay_s=replay_s,
                   published_step_us=step_s * 1e6, published_scripts_s=scripts_s,
                   speedup_compute=scripts_s / compute_s, speedup_wall=scripts_s / wall_s)
     text, summary = _report(cfg, regimes, hists, ds, paths, timing, published, pub_cert)
@@ -527,6 +559,6 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
                                                source=list(h["source"]),
                                                outcome=list(h["outcome"]))
                           for (k, v, d), h in hists.items()}), indent=1) + "\n")
-    report = write_text(out / "report.md", text)
+    report = write_text(out / "report.md", text + examples_section(out / "report.md"))
     return dict(report=report, figures={k: pathlib.Path(p) for k, p in paths.items()},
                 timing=timing, histograms=summary, config=cfg)

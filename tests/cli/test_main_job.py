@@ -73,3 +73,16 @@ def test_bad_output_folder(tmp_path, capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err == (f"gaussian-pde run: error: `--out` is an existing "
                                        f"file, not a folder: {blocker}.\n")
+
+
+def test_reproduce_after_the_main_job_keeps_the_examples(tmp_path):
+    """One report per folder: a later ``reproduce`` keeps the examples section, once."""
+    assert main(["--examples", "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["reproduce", "--quick", "--quiet", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# gaussian-pde reproduce")
+    assert report.count("Built-in 2-D examples") == 1
+    assert main(["--quick", "--quiet", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert report.count("Built-in 2-D examples") == 1
+    assert "replayed in this run in" in report or "published_histograms.json" in report

@@ -1,0 +1,109 @@
+"""The README and the docs pages: their code runs as written, the README stays short and
+lists every command, and the version agrees with the changelog.
+
+A ```python block is executed in a fresh namespace; when the next fenced block is a
+```text block, what the code prints must be that text, line for line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import pathlib
+import re
+
+import pytest
+
+import gaussian_pde as gp
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
+
+
+def code_blocks(path):
+    """``[(line, code, expected output or None)]`` of the ```python blocks of ``path``."""
+    text = path.read_text()
+    fences = [(m.group(1).strip(), m.group(2), m.start(), m.end()) for m in _FENCE.finditer(text)]
+    out = []
+    for i, (lang, body, start, end) in enumerate(fences):
+        if lang != "python":
+            continue
+        expected = None
+        if i + 1 < len(fences) and fences[i + 1][0] == "text" \
+                and not text[end:fences[i + 1][2]].strip():
+            expected = fences[i + 1][1]
+        out.append((text.count("\n", 0, start) + 1, body, expected))
+    return out
+
+
+BLOCKS = [pytest.param(p, line, code, expected, id=f"{p.relative_to(ROOT)}:{line}")
+          for p in PAGES for line, code, expected in code_blocks(p)]
+
+
+def test_the_readme_has_examples_with_their_output():
+    blocks = code_blocks(ROOT / "README.md")
+    assert len(blocks) >= 3 and all(e is not None for _, _, e in blocks)
+
+
+def test_the_block_reader_pairs_code_with_its_output(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("x\n```python\nprint(1)\n```\n\n```text\n1\n```\n```python\na = 2\n```\n")
+    assert code_blocks(page) == [(2, "print(1)\n", "1\n"), (9, "a = 2\n", None)]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("path, line, code, expected", BLOCKS)
+def test_code_block_runs_and_prints_what_the_page_shows(path, line, code, expected,
+                                                         monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(code, f"{path.name}:{line}", "exec"), {"__name__": "__main__"})
+    if expected is not None:
+        got = [ln.rstrip() for ln in buf.getvalue().strip("\n").splitlines()]
+        assert got == [ln.rstrip() for ln in expected.strip("\n").splitlines()]
+
+
+def test_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def _leaf_commands(parser, prefix="gaussian-pde"):
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = _leaf_commands(sub, f"{prefix} {name}")
+                out += nested or [f"{prefix} {name}"]
+    return out
+
+
+def test_readme_command_table_lists_every_subcommand():
+    from gaussian_pde.cli._main import build_parser
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([^`]+)` \|", section, re.M))
+    leaves = _leaf_commands(build_parser())
+    assert len(leaves) >= 6
+    assert set(leaves) <= listed, sorted(set(leaves) - listed)
+    assert listed <= set(leaves) | {"gaussian-pde"}, sorted(listed - set(leaves))
+
+
+def test_version_agrees_with_the_changelog():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", text, re.M)
+    assert versions, "no '## [X.Y.Z] - YYYY-MM-DD' entry"
+    assert versions[0] == gp.__version__
+    for v in versions:
+        body = text.split(f"## [{v}]", 1)[1].split("\n## [", 1)[0]
+        assert re.search(r"^### (Added|Changed|Fixed)$", body, re.M), v
+
+
+def test_no_study_output_in_the_docs_source():
+    """Results live in docs/_static/results/, never beside the maths."""
+    stray = [p.name for p in (ROOT / "docs").iterdir()
+             if p.suffix in (".json", ".png", ".npz") or p.name == "clusters"]
+    assert not stray
