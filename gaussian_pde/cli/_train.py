@@ -19,9 +19,9 @@ DEFAULT_OUT = default_out("train")
 INSTALL = 'pip install -e ".[train]"'
 
 #: study sizes: the full study and --quick
-FULL = dict(seeds=5, learning_rates=(1e-3, 1e-2, 3e-2), n_steps=200, batch=32, depth=4,
+FULL = dict(seeds=5, learning_rates=(1e-3, 1e-2, 1e-1), n_steps=200, batch=32, depth=4,
             bridge_tokens=(64, 256, 1024), bridge_sequences=4)
-QUICK = dict(seeds=2, learning_rates=(1e-3, 3e-2), n_steps=60, batch=16, depth=3,
+QUICK = dict(seeds=2, learning_rates=(1e-3, 1e-1), n_steps=60, batch=16, depth=3,
              bridge_tokens=(64, 256), bridge_sequences=2, optimize=False)
 
 

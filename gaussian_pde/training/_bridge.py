@@ -99,7 +99,8 @@ def gaussian_prediction(params, spec, mean0, cov0, *, n_per_dim=3, blowup_thresh
     stack, per = gaussian_stack(params, spec)
     sol = gp.propagate_gaussian(stack, mean0, cov0, n_per_dim=n_per_dim,
                                 blowup_threshold=blowup_threshold)
-    return sol.mean[::per], sol.cov[::per], bool(np.all(sol.exact)), str(sol.status)
+    exact = bool(sol.exact.size == len(stack.layers) and np.all(sol.exact))
+    return sol.mean[::per], sol.cov[::per], exact, str(sol.status)
 
 
 def _pde_field(att, ff, x):

@@ -96,14 +96,15 @@ class GPT2Checkpoint:
     ln_2: list
     mlp: list
 
-    def stack(self, *, layernorm=False, ffn=False, offsets=True, h=1.0):
+    def stack(self, *, layernorm=False, ffn=False, offsets=True, h=1.0, n_per_dim=3):
         r"""The residual :class:`gaussian_pde.Stack` of the checkpoint.
 
         Attention sub-layers :math:`x + h(\mathrm{Attn}(x) + c)`; with ``layernorm`` the
         field is in pre-norm position (``PreNorm(LayerNorm(ln_1))``); with ``ffn`` an MLP
         sub-layer follows each attention (``PreNorm(LayerNorm(ln_2), MLP)`` with
         ``layernorm``). ``offsets=False`` drops :math:`c` (attention-only, Gaussian-exact
-        without LayerNorm).
+        without LayerNorm). ``n_per_dim``: Gauss-Hermite nodes per dimension of the
+        LayerNorm's pushed Gaussian (its tensor rule has ``n_per_dim ** d`` nodes).
         """
         layers = []
         for i in range(self.n_layer):
@@ -112,12 +113,12 @@ class GPT2Checkpoint:
                 att = gp.FieldSum([att, gp.Affine(np.zeros((self.d, self.d)),
                                                   self.value_offset[i])])
             if layernorm:
-                att = gp.PreNorm(gp.LayerNorm(self.d, *self.ln_1[i]), att)
+                att = gp.PreNorm(gp.LayerNorm(self.d, *self.ln_1[i]), att, n_per_dim=n_per_dim)
             layers.append(att)
             if ffn:
                 f = self.mlp[i]
-                layers.append(gp.PreNorm(gp.LayerNorm(self.d, *self.ln_2[i]), f)
-                              if layernorm else f)
+                layers.append(gp.PreNorm(gp.LayerNorm(self.d, *self.ln_2[i]), f,
+                                         n_per_dim=n_per_dim) if layernorm else f)
         return gp.Stack(layers, h=h, mode="residual")
 
 
