@@ -62,3 +62,24 @@ def test_help_lists_train():
     pytest.importorskip("argparse")
     r = _run("from gaussian_pde.cli._main import main; main(['--help'])")
     assert "train" in r.stdout
+
+
+def test_cli_out_that_is_a_file_is_refused(tmp_path, capsys):
+    from gaussian_pde.cli._main import main
+
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--quick", "--out", str(f)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gaussian-pde train: error: `--out` is an existing file, not a folder: {f}."]
+
+
+def test_cli_help_names_the_default_folder(capsys):
+    from gaussian_pde.cli._main import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "gaussian_pde_output/train" in out and "--seeds" in out and "--quick" in out

@@ -29,13 +29,14 @@ def test_tiny_model_learns_in_a_few_steps():
 
 def test_same_seed_same_history_other_seed_other_history():
     kw = dict(learning_rates=(1e-2,), n_steps=5, batch=4, n_tokens=6, **TINY)
-    a = train("no_ln", "regression", seeds=(1,), **kw).runs[0]
-    b = train("no_ln", "regression", seeds=(1,), **kw).runs[0]
-    c = train("no_ln", "regression", seeds=(2,), **kw).runs[0]
+    first = train("no_ln", "regression", seeds=(1, 2), **kw)
+    a, c = first.run(1, 1e-2), first.run(2, 1e-2)
+    b = train("no_ln", "regression", seeds=(1, 2), **kw).run(1, 1e-2)
     assert np.array_equal(a.loss, b.loss) and np.array_equal(a.grad_norm, b.grad_norm)
     assert not np.allclose(a.loss, c.loss)
 
 
+@pytest.mark.slow
 def test_lanes_are_independent():
     """A run trained alongside others is the run trained alone (vmap lanes do not mix)."""
     kw = dict(n_steps=4, batch=4, n_tokens=6, **TINY)
