@@ -25,8 +25,10 @@ LAYERS = [
     {"plotting"},
     {"studies"},
     {"sweep"},
-    {"cli"},
-    {"__init__", "__main__"},
+    {"__init__"},
+    # training is a client of the public package (``import gaussian_pde as gp``)
+    {"training"},
+    {"cli", "__main__"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "sweep": ("gaussian_pde.cli._sweep", "resumable parameter sweeps (local or Dask cluster)"),
     "stabilizers": ("gaussian_pde.cli._stabilizers", "residual / normalisation stabiliser study"),
     "clusters": ("gaussian_pde.cli._clusters", "Gaussian-mixture closure against particles"),
+    "train": ("gaussian_pde.cli._train", "train the paper's models beside the PDE simulator"),
 }
 
 #: options of the bare command that may come before the subcommand

@@ -1,0 +1,192 @@
+r"""A GPT-2-shaped checkpoint as the package's attention heads and depth stack (NumPy only).
+
+GPT-2 stores its linear maps as ``Conv1D`` weights of shape ``(in, out)``, applied as
+:math:`y = xW + b`. Layer ``i`` of a state dict (keys optionally prefixed ``transformer.``):
+
+=============================  ==============  ===================================
+``h.{i}.attn.c_attn.weight``   ``(d, 3d)``     query, key, value columns in that order
+``h.{i}.attn.c_attn.bias``     ``(3d,)``       :math:`b_q, b_k, b_v`
+``h.{i}.attn.c_proj.weight``   ``(d, d)``      output map :math:`W_O^T`
+``h.{i}.attn.c_proj.bias``     ``(d,)``
+``h.{i}.ln_1.weight / .bias``  ``(d,)``        LayerNorm before attention
+``h.{i}.ln_2.weight / .bias``  ``(d,)``        LayerNorm before the MLP
+``h.{i}.mlp.c_fc.weight``      ``(d, f)``      and ``.bias`` ``(f,)``
+``h.{i}.mlp.c_proj.weight``    ``(f, d)``      and ``.bias`` ``(d,)``
+=============================  ==============  ===================================
+
+With :math:`H` heads of size :math:`k = d/H`, head :math:`h` takes the rows
+:math:`hk..(h+1)k` of :math:`Q = W_q^T`, :math:`K = W_k^T`, :math:`W_V = W_v^T` and the
+columns :math:`hk..(h+1)k` of :math:`W_O`, so that (scale :math:`1/\sqrt k`, GPT-2's)
+
+.. math::
+
+    \mathrm{Attn}(x_i) = \sum_h V_h\sum_j w^h_{ij}x_j + c,\qquad
+    V_h = W_{O,h}W_{V,h},\qquad c = W_O b_v + b_O .
+
+The biases enter as follows: :math:`b_k` adds :math:`\langle Qx_i + b_q, b_k\rangle` to
+every score of query :math:`i`, which the softmax cancels exactly; :math:`b_v` adds
+:math:`W_O b_v` to every output (the weights sum to one), hence the constant :math:`c`;
+:math:`b_q` adds :math:`\langle b_q, Kx_j\rangle`, a tilt by a linear function of the key
+that the package's softmax score :math:`c\langle Qx, Ky\rangle` does not have: it is
+dropped with a warning (its norm is kept in :attr:`GPT2Checkpoint.query_bias_norm`). The
+causal mask of GPT-2 is not applied (position-free tokens), nor its position embeddings.
+GPT-2's MLP uses the tanh approximation of GELU; the package's :class:`gaussian_pde.MLP`
+uses the exact GELU :math:`u\Phi(u)` (they differ by less than :math:`10^{-3}`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import warnings
+
+import numpy as np
+
+import gaussian_pde as gp
+
+__all__ = ["GPT2Checkpoint", "load_gpt2"]
+
+_INSTALL = 'pip install -e ".[train]"'
+
+
+def _read(source):
+    if isinstance(source, dict):
+        return {str(k): np.asarray(v) for k, v in source.items()}
+    path = pathlib.Path(source)
+    if not path.is_file():
+        raise ValueError(f"`source` is not a file: {path}.")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.numpy import load_file
+        except ImportError:
+            raise ImportError(f"reading .safetensors needs the `safetensors` package: "
+                              f"{_INSTALL}") from None
+        return dict(load_file(str(path)))
+    raise ValueError(f"`source` must be a .npz or .safetensors file, got {path.name!r}.")
+
+
+@dataclasses.dataclass
+class GPT2Checkpoint:
+    r"""The layers of a GPT-2-shaped checkpoint in the package's terms.
+
+    Attributes
+    ----------
+    d, n_head, n_layer : int
+    attention : list of gaussian_pde.MultiHead
+        One per layer (scale :math:`1/\sqrt k`).
+    value_offset : list of ndarray (d,)
+        :math:`c = W_O b_v + b_O` of each layer.
+    query_bias_norm : list of float
+        :math:`|b_q|` of each layer (the dropped term).
+    ln_1, ln_2 : list of (gamma, beta)
+    mlp : list of gaussian_pde.MLP
+    """
+
+    d: int
+    n_head: int
+    n_layer: int
+    attention: list
+    value_offset: list
+    query_bias_norm: list
+    ln_1: list
+    ln_2: list
+    mlp: list
+
+    def stack(self, *, layernorm=False, ffn=False, offsets=True, h=1.0, n_per_dim=3):
+        r"""The residual :class:`gaussian_pde.Stack` of the checkpoint.
+
+        Attention sub-layers :math:`x + h(\mathrm{Attn}(x) + c)`; with ``layernorm`` the
+        field is in pre-norm position (``PreNorm(LayerNorm(ln_1))``); with ``ffn`` an MLP
+        sub-layer follows each attention (``PreNorm(LayerNorm(ln_2), MLP)`` with
+        ``layernorm``). ``offsets=False`` drops :math:`c` (attention-only, Gaussian-exact
+        without LayerNorm). ``n_per_dim``: Gauss-Hermite nodes per dimension of the
+        LayerNorm's pushed Gaussian (its tensor rule has ``n_per_dim ** d`` nodes).
+        """
+        layers = []
+        for i in range(self.n_layer):
+            att = self.attention[i]
+            if offsets:
+                att = gp.FieldSum([att, gp.Affine(np.zeros((self.d, self.d)),
+                                                  self.value_offset[i])])
+            if layernorm:
+                att = gp.PreNorm(gp.LayerNorm(self.d, *self.ln_1[i]), att, n_per_dim=n_per_dim)
+            layers.append(att)
+            if ffn:
+                f = self.mlp[i]
+                layers.append(gp.PreNorm(gp.LayerNorm(self.d, *self.ln_2[i]), f,
+                                         n_per_dim=n_per_dim) if layernorm else f)
+        return gp.Stack(layers, h=h, mode="residual")
+
+
+def _get(sd, key, shape):
+    if key not in sd:
+        raise ValueError(f"the state dict has no `{key}`.")
+    a = np.asarray(sd[key], float)
+    if a.shape != shape:
+        raise ValueError(f"`{key}` must have shape {shape}, got {a.shape}.")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"`{key}` contains NaN or infinite values.")
+    return a
+
+
+def load_gpt2(source, n_head):
+    r"""Load a GPT-2-shaped state dict into a :class:`GPT2Checkpoint`.
+
+    Parameters
+    ----------
+    source : path or dict
+        A ``.npz`` file (NumPy only), a ``.safetensors`` file (needs ``safetensors``), or a
+        dict of arrays; keys as in the module docstring, optionally prefixed
+        ``transformer.``.
+    n_head : int
+        Number of heads (not stored in a state dict); must divide :math:`d`.
+    """
+    if isinstance(n_head, bool) or not isinstance(n_head, (int, np.integer)) or n_head < 1:
+        raise ValueError(f"`n_head` must be a positive integer, got {n_head!r}.")
+    sd = {re.sub(r"^transformer\.", "", k): v for k, v in _read(source).items()}
+    layers = sorted({int(m.group(1)) for k in sd if (m := re.match(r"h\.(\d+)\.", k))})
+    if not layers or layers != list(range(len(layers))):
+        raise ValueError("`source` holds no GPT-2 layers `h.0.*`, `h.1.*`, ... "
+                         f"(found layer indices {layers}).")
+    if "h.0.attn.c_attn.weight" not in sd:
+        raise ValueError("the state dict has no `h.0.attn.c_attn.weight`.")
+    d = np.shape(sd["h.0.attn.c_attn.weight"])[0]
+    if d % n_head:
+        raise ValueError(f"`n_head` = {n_head} does not divide the width d = {d}.")
+    k = d // n_head
+    out = {f: [] for f in ("attention", "value_offset", "query_bias_norm", "ln_1", "ln_2",
+                           "mlp")}
+    dropped = []
+    for i in layers:
+        p = f"h.{i}."
+        W = _get(sd, p + "attn.c_attn.weight", (d, 3 * d))
+        b = _get(sd, p + "attn.c_attn.bias", (3 * d,))
+        Wp = _get(sd, p + "attn.c_proj.weight", (d, d))
+        bp = _get(sd, p + "attn.c_proj.bias", (d,))
+        Q, K, Wv = W[:, :d].T, W[:, d:2 * d].T, W[:, 2 * d:].T
+        Wo = Wp.T
+        heads = [gp.Softmax(Q[h * k:(h + 1) * k], K[h * k:(h + 1) * k],
+                            Wo[:, h * k:(h + 1) * k] @ Wv[h * k:(h + 1) * k],
+                            scale=1.0 / np.sqrt(k)) for h in range(n_head)]
+        out["attention"].append(gp.MultiHead(heads))
+        out["value_offset"].append(Wo @ b[2 * d:] + bp)
+        qn = float(np.linalg.norm(b[:d]))
+        out["query_bias_norm"].append(qn)
+        if qn > 0:
+            dropped.append(i)
+        for ln in ("ln_1", "ln_2"):
+            out[ln].append((_get(sd, p + ln + ".weight", (d,)), _get(sd, p + ln + ".bias", (d,))))
+        f = np.shape(sd.get(p + "mlp.c_fc.weight", np.zeros((d, 0))))[1]
+        W1 = _get(sd, p + "mlp.c_fc.weight", (d, f))
+        out["mlp"].append(gp.MLP(W1.T, _get(sd, p + "mlp.c_fc.bias", (f,)),
+                                 _get(sd, p + "mlp.c_proj.weight", (f, d)).T,
+                                 _get(sd, p + "mlp.c_proj.bias", (d,)), activation="gelu"))
+    if dropped:
+        warnings.warn(f"query biases of layers {dropped} are dropped: the package's softmax "
+                      "score has no term linear in the key (see GPT2Checkpoint.query_bias_norm)",
+                      RuntimeWarning, stacklevel=2)
+    return GPT2Checkpoint(d=d, n_head=n_head, n_layer=len(layers), **out)

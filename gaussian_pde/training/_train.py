@@ -1,0 +1,219 @@
+r"""Training: Adam on a task, every (seed, learning rate) pair in one compiled program.
+
+All pairs train side by side (``jax.vmap`` over lanes, ``jax.lax.scan`` over steps), so
+one compilation serves a whole grid. Seed ``s`` fixes the initialisation
+(``jax.random.PRNGKey(s)``) and the data (NumPy ``default_rng(s)``), so every variant sees
+the same batches and starts from the same draws of the shared weights.
+
+Divergence (docs/math.md 11.3): a run diverges at the first step whose loss is not finite,
+whose gradient norm is not finite, or whose loss exceeds ``divergence_factor`` times the
+loss of step 0. From that step on its parameters are frozen (no update is applied), so the
+run is recorded, not crashed, and the other lanes are untouched; the curves after it are
+``NaN``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ._model import init_params, loss_fn
+from ._spec import _check_int, model_spec
+from ._tasks import get_task
+
+__all__ = ["Run", "TrainResult", "train"]
+
+
+@dataclasses.dataclass
+class Run:
+    r"""History of one training run (one seed, one learning rate).
+
+    Attributes
+    ----------
+    seed : int
+    learning_rate : float
+    loss : ndarray, shape (n_steps,)
+        Training loss at each step (before its update); ``NaN`` after divergence.
+    grad_norm : ndarray, shape (n_steps,)
+        Global gradient norm :math:`\|\nabla_\theta\mathcal L\|_2`.
+    max_layer_grad_norm : ndarray, shape (n_steps,)
+        Largest gradient norm of one layer's block weights.
+    divergence_step : int or None
+        First diverged step, ``None`` if the run never diverged.
+    params, init_params : dict
+        Final (frozen at divergence) and initial parameters, NumPy arrays.
+    """
+
+    seed: int
+    learning_rate: float
+    loss: np.ndarray
+    grad_norm: np.ndarray
+    max_layer_grad_norm: np.ndarray
+    divergence_step: int | None
+    params: dict
+    init_params: dict
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run diverged."""
+        return self.divergence_step is not None
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """Runs of one model on one task: :attr:`runs` in (seed, learning rate) order."""
+
+    spec: object
+    task: object
+    runs: list
+    n_steps: int
+    batch: int
+    divergence_factor: float
+
+    def run(self, seed, learning_rate):
+        """The run of ``seed`` at ``learning_rate``."""
+        for r in self.runs:
+            if r.seed == seed and math.isclose(r.learning_rate, learning_rate):
+                return r
+        raise KeyError(f"no run with seed {seed} and learning rate {learning_rate}.")
+
+
+def _check_rates(learning_rates):
+    if isinstance(learning_rates, numbers.Real):
+        learning_rates = (learning_rates,)
+    out = []
+    for i, lr in enumerate(learning_rates):
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+            raise TypeError(f"`learning_rates[{i}]` must be a real number, got "
+                            f"{type(lr).__name__}.")
+        if not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"`learning_rates[{i}]` must be a finite positive number, "
+                             f"got {lr!r}.")
+        out.append(float(lr))
+    if not out:
+        raise ValueError("`learning_rates` must contain at least one rate.")
+    return tuple(out)
+
+
+def _check_seeds(seeds):
+    if isinstance(seeds, numbers.Integral):
+        seeds = (seeds,)
+    seeds = tuple(_check_int(s, f"seeds[{i}]", 0) for i, s in enumerate(seeds))
+    if not seeds:
+        raise ValueError("`seeds` must contain at least one seed.")
+    return seeds
+
+
+def _layer_norms(grads):
+    """Gradient norm of each weight set of the blocks, shape (S,)."""
+    sq = [jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in grads["blocks"].values()]
+    return jnp.sqrt(sum(sq))
+
+
+def _make_lane(spec, task, factor):
+    adam = optax.scale_by_adam()
+
+    def lane(params, lr, xs, ys):
+        def step(carry, data):
+            p, opt, div, loss0, i = carry
+            loss, g = jax.value_and_grad(loss_fn)(p, spec, task, *data)
+            gnorm = jnp.sqrt(sum(jnp.sum(a ** 2) for a in jax.tree_util.tree_leaves(g)))
+            loss0 = jnp.where(i == 0, loss, loss0)
+            bad = ~jnp.isfinite(loss) | ~jnp.isfinite(gnorm) | (loss > factor * loss0)
+            div = div | bad
+            upd, new_opt = adam.update(g, opt, p)
+            keep = lambda old, new: jnp.where(div, old, new)  # noqa: E731
+            p = jax.tree_util.tree_map(lambda a, u: keep(a, a - lr * u), p, upd)
+            opt = jax.tree_util.tree_map(keep, opt, new_opt)
+            return (p, opt, div, loss0, i + 1), (loss, gnorm, jnp.max(_layer_norms(g)), div)
+
+        init = (params, adam.init(params), jnp.array(False), jnp.array(0.0, xs.dtype),
+                jnp.array(0))
+        (p, *_), hist = jax.lax.scan(step, init, (xs, ys))
+        return p, hist
+
+    return jax.jit(jax.vmap(lane))
+
+
+def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch=32,
+          divergence_factor=10.0, n_tokens=None, optimize=True, **spec_changes):
+    r"""Train ``model`` on ``task`` with Adam for every seed and learning rate.
+
+    Parameters
+    ----------
+    model : str or ModelSpec
+        A variant name of :data:`~gaussian_pde.training.VARIANTS` or a spec.
+    task : str or Task
+        ``"mixture"`` or ``"regression"`` (:data:`~gaussian_pde.training.TASKS`), or a Task.
+    seeds : sequence of int
+        Non-negative seeds (initialisation and data).
+    learning_rates : sequence of float
+        Adam step sizes, finite and positive.
+    n_steps, batch : int
+        Optimiser steps and sequences per batch (at least 1).
+    divergence_factor : float
+        A loss above this multiple of the step-0 loss is divergence (finite, > 1).
+    n_tokens : int, optional
+        Sequence length (default: the task's).
+    optimize : bool
+        Compile with XLA's backend optimisations (default). ``False`` (level 0) compiles
+        about twice as fast and runs slower: worth it for a few short runs. Results agree
+        to float32 rounding, which training can amplify.
+    **spec_changes
+        Fields of :class:`ModelSpec` to change (``depth=6``, ``width=8``, ...).
+
+    Returns
+    -------
+    TrainResult
+        One :class:`Run` per (seed, learning rate), seeds outer.
+
+    Examples
+    --------
+    >>> from gaussian_pde.training import train
+    >>> res = train("pre_ln", "mixture", n_steps=3, batch=4, depth=1, width=4)
+    >>> res.runs[0].loss.shape
+    (3,)
+    """
+    spec = model_spec(model, **spec_changes)
+    task = get_task(task, n_tokens=n_tokens)
+    seeds, rates = _check_seeds(seeds), _check_rates(learning_rates)
+    n_steps = _check_int(n_steps, "n_steps", 1)
+    batch = _check_int(batch, "batch", 1)
+    if (isinstance(divergence_factor, bool) or not isinstance(divergence_factor, numbers.Real)
+            or not math.isfinite(divergence_factor) or divergence_factor <= 1):
+        raise ValueError(f"`divergence_factor` must be a finite number above 1, "
+                         f"got {divergence_factor!r}.")
+    lanes = [(s, lr) for s in seeds for lr in rates]
+    inits = {s: init_params(spec, task, jax.random.PRNGKey(s)) for s in seeds}
+    data = {s: task.batches(s, n_steps, batch) for s in seeds}
+    dtype = jnp.asarray(0.0).dtype
+    stack = lambda *a: jnp.stack(a)  # noqa: E731
+    params = jax.tree_util.tree_map(stack, *[inits[s] for s, _ in lanes])
+    xs = jnp.asarray(np.stack([data[s][0] for s, _ in lanes]), dtype)
+    ys = np.stack([data[s][1] for s, _ in lanes])
+    ys = jnp.asarray(ys, jnp.int32 if task.loss == "cross_entropy" else dtype)
+    lr = jnp.asarray([lr for _, lr in lanes], dtype)
+    lane = _make_lane(spec, task, float(divergence_factor)).lower(params, lr, xs, ys)
+    opts = None if optimize else {"xla_backend_optimization_level": 0}
+    final, (loss, gnorm, lgn, div) = lane.compile(compiler_options=opts)(params, lr, xs, ys)
+    final = jax.tree_util.tree_map(np.asarray, final)
+    loss, gnorm, lgn, div = (np.asarray(a, float) for a in (loss, gnorm, lgn, div))
+    runs = []
+    for i, (s, r) in enumerate(lanes):
+        first = int(np.argmax(div[i] > 0)) if div[i].any() else None
+        curves = [a[i].copy() for a in (loss, gnorm, lgn)]
+        if first is not None:
+            for c in curves:
+                c[first + 1:] = np.nan
+        runs.append(Run(seed=s, learning_rate=r, loss=curves[0], grad_norm=curves[1],
+                        max_layer_grad_norm=curves[2], divergence_step=first,
+                        params=jax.tree_util.tree_map(lambda a, i=i: a[i], final),
+                        init_params=jax.tree_util.tree_map(np.asarray, inits[s])))
+    return TrainResult(spec=spec, task=task, runs=runs, n_steps=n_steps, batch=batch,
+                       divergence_factor=float(divergence_factor))

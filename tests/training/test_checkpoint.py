@@ -1,0 +1,137 @@
+"""GPT-2-shaped checkpoints: the loader against an independent NumPy GPT-2 forward (no JAX)."""
+
+import numpy as np
+import pytest
+
+import gaussian_pde as gp
+from gaussian_pde.training import load_gpt2
+
+D, H, F, NL = 6, 2, 10, 2
+
+
+def _state_dict(rng, query_bias=0.0):
+    sd = {}
+    for i in range(NL):
+        p = f"transformer.h.{i}."
+        b = rng.standard_normal(3 * D)
+        b[:D] *= query_bias
+        sd.update({
+            p + "attn.c_attn.weight": rng.standard_normal((D, 3 * D)) / np.sqrt(D),
+            p + "attn.c_attn.bias": b,
+            p + "attn.c_proj.weight": rng.standard_normal((D, D)) / np.sqrt(D),
+            p + "attn.c_proj.bias": rng.standard_normal(D),
+            p + "attn.bias": np.tril(np.ones((1, 1, 4, 4))),    # GPT-2's mask buffer: ignored
+            p + "ln_1.weight": 1 + 0.1 * rng.standard_normal(D),
+            p + "ln_1.bias": 0.1 * rng.standard_normal(D),
+            p + "ln_2.weight": 1 + 0.1 * rng.standard_normal(D),
+            p + "ln_2.bias": 0.1 * rng.standard_normal(D),
+            p + "mlp.c_fc.weight": rng.standard_normal((D, F)) / np.sqrt(D),
+            p + "mlp.c_fc.bias": 0.1 * rng.standard_normal(F),
+            p + "mlp.c_proj.weight": rng.standard_normal((F, D)) / np.sqrt(F),
+            p + "mlp.c_proj.bias": 0.1 * rng.standard_normal(D),
+        })
+    return {k: v.astype(np.float32) for k, v in sd.items()}
+
+
+def _gpt2_attention(sd, i, x):
+    """GPT-2's attention written from its definition (Conv1D x @ W + b, no causal mask)."""
+    p = f"transformer.h.{i}.attn."
+    qkv = x @ sd[p + "c_attn.weight"].astype(float) + sd[p + "c_attn.bias"]
+    q, k, v = np.split(qkv, 3, axis=1)
+    n, hd = x.shape[0], D // H
+    heads = []
+    for h in range(H):
+        sl = slice(h * hd, (h + 1) * hd)
+        s = q[:, sl] @ k[:, sl].T / np.sqrt(hd)
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        heads.append(w @ v[:, sl])
+    a = np.concatenate(heads, axis=1)
+    assert a.shape == (n, D)
+    return a @ sd[p + "c_proj.weight"].astype(float) + sd[p + "c_proj.bias"]
+
+
+def _ln(x, g, b):
+    xc = x - x.mean(axis=1, keepdims=True)
+    return xc / np.sqrt((xc ** 2).mean(axis=1, keepdims=True) + 1e-5) * g + b
+
+
+def _gpt2_mlp(sd, i, x):
+    from scipy.special import ndtr
+
+    p = f"transformer.h.{i}.mlp."
+    u = x @ sd[p + "c_fc.weight"].astype(float) + sd[p + "c_fc.bias"]
+    return (u * ndtr(u)) @ sd[p + "c_proj.weight"].astype(float) + sd[p + "c_proj.bias"]
+
+
+@pytest.fixture(params=["npz", "safetensors", "dict"])
+def checkpoint(request, tmp_path):
+    sd = _state_dict(np.random.default_rng(3))
+    if request.param == "npz":
+        path = tmp_path / "ckpt.npz"
+        np.savez(path, **sd)
+        return load_gpt2(path, n_head=H), sd
+    if request.param == "safetensors":
+        st = pytest.importorskip("safetensors.numpy")
+        path = tmp_path / "ckpt.safetensors"
+        st.save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, str(path))
+        return load_gpt2(path, n_head=H), sd
+    return load_gpt2(sd, n_head=H), sd
+
+
+def test_layers_match_gpt2_attention(checkpoint):
+    ck, sd = checkpoint
+    assert (ck.d, ck.n_head, ck.n_layer) == (D, H, NL)
+    x = np.random.default_rng(0).standard_normal((25, D))
+    for i in range(NL):
+        want = _gpt2_attention(sd, i, x)
+        got = ck.attention[i].particle_velocity(x)[0] + ck.value_offset[i]
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        assert all(isinstance(h, gp.Softmax) for h in ck.attention[i].heads)
+
+
+def test_stack_matches_gpt2_blocks(checkpoint):
+    ck, sd = checkpoint
+    x = np.random.default_rng(1).standard_normal((20, D))
+    want = x.copy()
+    for i in range(NL):
+        p = f"transformer.h.{i}."
+        want = want + _gpt2_attention(sd, i, _ln(want, sd[p + "ln_1.weight"], sd[p + "ln_1.bias"]))
+        want = want + _gpt2_mlp(sd, i, _ln(want, sd[p + "ln_2.weight"], sd[p + "ln_2.bias"]))
+    stack = ck.stack(layernorm=True, ffn=True)
+    assert stack.n_layers == 2 * NL
+    got = gp.propagate_particles(stack, x).x_final
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    # attention only, no offsets: a Gaussian-exact stack
+    sol = gp.propagate_gaussian(ck.stack(offsets=False, h=0.1), np.zeros(D), np.eye(D),
+                                n_per_dim=3)
+    assert np.all(sol.exact)
+
+
+def test_query_bias_is_dropped_with_a_warning():
+    sd = _state_dict(np.random.default_rng(4), query_bias=1.0)
+    with pytest.warns(RuntimeWarning, match="query biases"):
+        ck = load_gpt2(sd, n_head=H)
+    assert min(ck.query_bias_norm) > 0
+
+
+def test_bad_checkpoints(tmp_path):
+    sd = _state_dict(np.random.default_rng(5))
+    with pytest.raises(ValueError, match="n_head"):
+        load_gpt2(sd, n_head=4)
+    with pytest.raises(ValueError, match="n_head"):
+        load_gpt2(sd, n_head=0)
+    bad = dict(sd)
+    bad["transformer.h.1.attn.c_proj.weight"] = np.zeros((D, D + 1))
+    with pytest.raises(ValueError, match="h.1.attn.c_proj.weight"):
+        load_gpt2(bad, n_head=H)
+    bad = {k: v for k, v in sd.items() if k != "transformer.h.0.ln_2.bias"}
+    with pytest.raises(ValueError, match="h.0.ln_2.bias"):
+        load_gpt2(bad, n_head=H)
+    with pytest.raises(ValueError, match="GPT-2 layers"):
+        load_gpt2({"wte.weight": np.zeros((3, D))}, n_head=H)
+    (tmp_path / "x.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=".npz or .safetensors"):
+        load_gpt2(tmp_path / "x.pt", n_head=H)
+    with pytest.raises(ValueError, match="not a file"):
+        load_gpt2(tmp_path / "missing.npz", n_head=H)
