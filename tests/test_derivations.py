@@ -155,7 +155,7 @@ def test_user_defined_type_registers_and_offers_its_capabilities(restore_registr
         # analytic in L, but the integrators' closed-form Jacobians cover softmax and L2
         exact_jacobian = False
 
-        def _particle_velocity(self, x, opts):
+        def particle_kernel(self, x, opts):
             qx, kx = self._projections(x)
             a = np.column_stack([self.scale * qx, np.ones(len(x))])
             b = np.column_stack([kx, -0.5 * self.scale * np.sum(kx**2, axis=1)])

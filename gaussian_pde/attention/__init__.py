@@ -1,0 +1,31 @@
+"""Attention types: the contract (:class:`Attention`), the types, and their registry.
+
+What the other subpackages need of an attention they import from here: the contract and
+its helpers, the registry, the particle kernels' options and diagnostics, and the
+moments' entry points. No code outside this subpackage names a concrete type: it calls
+the contract (see :class:`Attention`).
+"""
+
+from ._base import CLOSURES, Attention, SingleHeadAttention, has_hook
+from ._compiled import kernel as compiled_kernel
+from ._examples import example_data
+from ._kernels import (
+    DEFAULT_CHUNK_SIZE,
+    ParticleDiagnostics,
+    ParticleOptions,
+    SinkhornConvergenceWarning,
+    make_options,
+    resolve_dtype,
+)
+from ._masked import default_positions
+from ._moments import moment_rhs, validate_attention
+from ._registry import ATTENTIONS, capabilities, get_attention, names_with, register_attention
+from ._scores import QuadraticScore, quadratic_heads
+
+__all__ = [
+    "ATTENTIONS", "Attention", "CLOSURES", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
+    "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
+    "capabilities", "compiled_kernel", "default_positions", "example_data", "get_attention",
+    "has_hook", "make_options", "moment_rhs", "names_with", "quadratic_heads",
+    "register_attention", "resolve_dtype", "validate_attention",
+]

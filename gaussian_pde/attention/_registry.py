@@ -1,16 +1,17 @@
 """The one registry of attention types: name -> class.
 
 The CLI, sweeps and tests iterate over :data:`ATTENTIONS`. A new type registers itself
-with :func:`register_attention` (see the README section "Adding an attention type"),
-which checks the capabilities it declares (:class:`~gaussian_pde.Attention`):
-``gaussian_preserving``, ``exact_jacobian``, ``closure`` and the particle kernel
-``_particle_velocity``. Code that needs types with a given capability filters the
-registry by these attributes, e.g. :func:`names_with`.
+with :func:`register_attention` (see docs/adding_an_attention_type.md). What a type can
+do is read off what it implements (:func:`capabilities`), never declared beside it:
+``exact_jacobian`` is "implements ``jacobian_parts``", ``closure`` is ``"quadrature"``
+for a type that implements ``gaussian_closure_field`` and ``"block_causal"`` for one
+that uses positions. Code that needs types with a given capability filters the registry,
+e.g. :func:`names_with`.
 """
 
 from __future__ import annotations
 
-from ._base import CLOSURES, Attention
+from ._base import Attention, has_hook
 from ._l2 import L2
 from ._masked import Masked
 from ._multihead import MultiHead
@@ -18,7 +19,7 @@ from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
 
-__all__ = ["ATTENTIONS", "get_attention", "register_attention", "names_with"]
+__all__ = ["ATTENTIONS", "get_attention", "register_attention", "names_with", "capabilities"]
 
 #: name -> attention class
 ATTENTIONS: dict[str, type[Attention]] = {
@@ -30,35 +31,67 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "masked": Masked,
 }
 
+#: the contract's optional hooks, whose implementation is a capability
+_HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs", "stack_kernel",
+          "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
+          "gaussian_closure_field", "definition_field", "example_setting")
+
+
+#: capabilities read off the class, and what a type implements to have them
+_DERIVED = {"exact_jacobian": "implement `jacobian_parts`",
+            "closure": "implement `gaussian_closure_field`, or set `uses_positions`"}
+
+
+def capabilities(cls):
+    """What ``cls`` can do, read off what it implements.
+
+    Returns
+    -------
+    dict
+        ``gaussian_preserving``, ``uses_positions`` (declared booleans), the derived
+        ``exact_jacobian`` and ``closure``, ``batched`` (a generated module and weights:
+        ``solve_batch`` stacks it) and, per optional hook of the contract, whether the
+        class implements it.
+    """
+    caps = dict(gaussian_preserving=cls.gaussian_preserving, uses_positions=cls.uses_positions,
+                exact_jacobian=cls.exact_jacobian, closure=cls.closure,
+                batched=getattr(cls, "generated", None) is not None)
+    caps.update({hook: has_hook(cls, hook) for hook in _HOOKS})
+    return caps
+
 
 def _check_capabilities(cls):
-    """The capabilities ``cls`` declares are well formed and consistent (else an error)."""
+    """What ``cls`` implements is well formed and consistent (else an error)."""
     where = f"attention type {cls.__name__} ({cls.name!r})"
-    for attr in ("gaussian_preserving", "exact_jacobian", "uses_positions"):
+    for attr, hook in _DERIVED.items():
+        for base in cls.__mro__[:cls.__mro__.index(Attention)]:
+            if attr in vars(base):
+                raise TypeError(f"{where}: `{attr}` is derived from what the type implements "
+                                f"({hook}), not declared; remove `{attr} = ...` from "
+                                f"{base.__name__}.")
+    for attr in ("gaussian_preserving", "uses_positions"):
         if not isinstance(getattr(cls, attr), bool):
             raise TypeError(f"{where}: `{attr}` must be True or False, got "
                             f"{getattr(cls, attr)!r}.")
-    if cls.closure is not None and cls.closure not in CLOSURES:
-        raise ValueError(f"{where}: `closure` must be None or one of "
-                         f"{', '.join(map(repr, CLOSURES))}, got {cls.closure!r}.")
     if cls.gaussian_preserving and cls.closure is not None:
         raise ValueError(f"{where}: a Gaussian-preserving type has exact moment equations; "
-                         f"`closure` must be None, got {cls.closure!r}.")
+                         f"it must not use positions or define `gaussian_closure_field` "
+                         f"(closure {cls.closure!r}).")
     if cls.exact_jacobian and not cls.gaussian_preserving:
-        raise ValueError(f"{where}: `exact_jacobian` needs exact moment equations "
+        raise ValueError(f"{where}: `jacobian_parts` needs exact moment equations "
                          "(`gaussian_preserving = True`).")
-    if cls._particle_velocity is Attention._particle_velocity:
+    if not has_hook(cls, "particle_kernel"):
         raise TypeError(f"{where} has no particle kernel: define "
-                        "`_particle_velocity(self, x, opts)` (see gaussian_pde.Attention).")
+                        "`particle_kernel(self, x, opts)` (see gaussian_pde.Attention).")
 
 
 def register_attention(cls):
     """Add an attention class to the registry under ``cls.name`` (usable as a decorator).
 
-    The class must declare well-formed capabilities (:class:`~gaussian_pde.Attention`):
-    booleans ``gaussian_preserving``, ``exact_jacobian`` and ``uses_positions``,
-    ``closure`` None or one of ``"quadrature"``, ``"block_causal"`` (None for a
-    Gaussian-preserving type), and a particle kernel ``_particle_velocity``.
+    The class must subclass :class:`~gaussian_pde.Attention`, have booleans
+    ``gaussian_preserving`` and ``uses_positions``, a particle kernel
+    ``particle_kernel``, and implement ``jacobian_parts`` only with exact moment
+    equations (:func:`capabilities`).
     """
     if not (isinstance(cls, type) and issubclass(cls, Attention)):
         raise TypeError(f"`cls` must be a subclass of gaussian_pde.Attention, got {cls!r}.")
@@ -69,14 +102,14 @@ def register_attention(cls):
     return cls
 
 
-def names_with(**capabilities):
-    """Registered names whose class has the given capability values, in registry order.
+def names_with(**wanted):
+    """Registered names whose class has the given :func:`capabilities`, in registry order.
 
     >>> names_with(gaussian_preserving=False)
     ['sigmoid', 'masked']
     """
     return [name for name, cls in ATTENTIONS.items()
-            if all(getattr(cls, k) == v for k, v in capabilities.items())]
+            if all(capabilities(cls)[k] == v for k, v in wanted.items())]
 
 
 def get_attention(name):

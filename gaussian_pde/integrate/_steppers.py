@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.integrate._ivp import dop853_coefficients as _dop
 
-from ._differences import closed_form_holds, column_steps
+from ._differences import column_steps
 from ._field import analytic_jacobian
 
 __all__ = ["DOP853Stepper", "RosenbrockStepper", "MixedStep", "rms", "SAFETY", "MIN_FACTOR"]
@@ -271,8 +271,8 @@ class RosenbrockStepper:
         r, d = y.shape[0], self.d
         if self.jac_mode != "analytic":
             return self._central(idx, y)
-        if self.field.has_l2:
-            holds = closed_form_holds(y.reshape(r, d, d))
+        if self.field.limited:
+            holds = self.field.jacobian_holds(y.reshape(r, d, d))
             if not holds.all():
                 J = np.empty((r, self.n, self.n))
                 if holds.any():
