@@ -43,11 +43,13 @@ def quadratic_heads(attention, name="attention", what="the mixture closure"):
         raise TypeError(f"`{name}` must be an attention object, got {type(attention).__name__}.")
     out = []
     for i, h in enumerate(attention.heads):
+        if h is not attention:                      # a head that is a sum of heads itself
+            out.extend(quadratic_heads(h, f"{name}.heads[{i}]", what))
+            continue
         score = h.quadratic_score()
         if score is None:
-            where = name if h is attention else f"{name}.heads[{i}]"
-            raise TypeError(f"`{where}` ({h.name}): {what} needs softmax or L2 heads (or "
-                            "a MultiHead of them): heads whose score is quadratic in the key "
-                            "token, whose velocity against a mixture is in closed form.")
+            raise TypeError(f"`{name}` ({h.name}): {what} needs heads whose score is quadratic "
+                            "in the key token (softmax and L2 heads, or a MultiHead of them), "
+                            "whose velocity against a Gaussian or a mixture is in closed form.")
         out.append(score)
     return out

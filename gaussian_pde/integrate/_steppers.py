@@ -18,6 +18,8 @@ step-size rule, the events and the output are shared by both methods.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 from scipy.integrate._ivp import dop853_coefficients as _dop
 
@@ -206,6 +208,10 @@ _RH = np.array([[10.12623508344586, -7.487995877610167, -34.80091861555747,
                  24.76722511418386, -6.594389125716872, 0.0]])
 #: a stage state this many times larger than the step's start is rejected outright
 _WILD = 1e6
+
+#: the RODAS4 coefficients (``a``, ``b``, ``c`` and ``gamma`` of the Hairer-Wanner form
+#: above), for every Rosenbrock loop of the package
+RODAS4 = types.SimpleNamespace(a=_RA, b=_RB, c=_RC, gamma=_RGAMMA)
 
 
 

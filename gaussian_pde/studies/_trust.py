@@ -62,7 +62,8 @@ import time
 
 import numpy as np
 
-from ..closure._mixture import GaussianMixture, _heads, solve_mixture
+from ..attention import quadratic_heads as _heads
+from ..closure._mixture import GaussianMixture, solve_mixture
 from ._clusters import (
     _cases,
     cluster_attention,
@@ -118,7 +119,7 @@ def batched_particle_velocity(heads, x):
     r"""Particle velocities of a stack of independent token clouds.
 
     For every head with score :math:`s(x, y) = -\tfrac12y^THy + y^TAx + r(x)` (the
-    quadratic form of :func:`gaussian_pde.closure._mixture._heads`; :math:`r` cancels),
+    quadratic form of :func:`gaussian_pde.attention.quadratic_heads`; :math:`r` cancels),
 
     .. math:: v_i = \sum_{\text{heads}} V\sum_j\operatorname{softmax}_j\big(s(x_i, x_j)\big)\,x_j,
 
@@ -127,8 +128,8 @@ def batched_particle_velocity(heads, x):
 
     Parameters
     ----------
-    heads : list of _Head
-        From :func:`~gaussian_pde.closure._mixture._heads`.
+    heads : list of QuadraticScore
+        From :func:`~gaussian_pde.attention.quadratic_heads`.
     x : ndarray, shape (S, n, d)
         ``S`` clouds of ``n`` tokens.
 

@@ -238,7 +238,8 @@ def _certify(spec, attention, d, draws, rows):
     """
     if spec.weights.key != "minus_query":
         return
-    from ..studies._certified import _heads, certified_limits
+    from ..attention import quadratic_heads
+    from ..studies import certified_limits
 
     picked, atts, covs = [], [], []
     for j, draw in enumerate(draws):
@@ -246,7 +247,7 @@ def _certify(spec, attention, d, draws, rows):
             continue
         att, cov0 = draw_setting(spec, attention, d, draw)
         try:
-            _heads(att)
+            quadratic_heads(att)
         except TypeError:
             return
         if np.linalg.eigvalsh(cov0)[0] <= 0:
