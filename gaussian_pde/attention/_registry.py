@@ -112,6 +112,27 @@ def names_with(**wanted):
             if all(capabilities(cls)[k] == v for k, v in wanted.items())]
 
 
+#: modules of this package that are not attention types
+_INFRASTRUCTURE = {"_base", "_compiled", "_examples", "_kernels", "_moments", "_registry",
+                   "_scores"}
+
+
+def _discover():
+    """Import every type module of this package: a type registers itself on import.
+
+    A new type is one file, ``attention/_<name>.py``, whose class is decorated with
+    :func:`register_attention`; nothing here lists it.
+    """
+    import importlib
+    import pkgutil
+
+    package = __name__.rsplit(".", 1)[0]
+    path = importlib.import_module(package).__path__
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        if info.name.startswith("_") and info.name not in _INFRASTRUCTURE:
+            importlib.import_module(f"{package}.{info.name}")
+
+
 def get_attention(name):
     """The attention class registered under ``name``."""
     if isinstance(name, type) and issubclass(name, Attention):
@@ -123,3 +144,6 @@ def get_attention(name):
     except KeyError:
         raise ValueError(f"unknown attention type {name!r}; "
                          f"known types: {', '.join(ATTENTIONS)}.") from None
+
+
+_discover()

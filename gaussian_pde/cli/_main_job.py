@@ -44,10 +44,17 @@ def builtin_examples():
 
 
 def _settings():
-    """Name -> the type's ``example_setting()`` dict, for the types that have one."""
+    """Name -> the type's ``example_setting()`` dict, for the types that define one.
+
+    A type's example is its own: a subclass that does not define ``example_setting``
+    itself has none (it would repeat its parent's).
+    """
     out = {}
     for name in ATTENTIONS:
-        ex = get_attention(name).example_setting()
+        cls = get_attention(name)
+        if "example_setting" not in vars(cls):
+            continue
+        ex = cls.example_setting()
         if ex is not None:
             out[name] = ex
     return out
