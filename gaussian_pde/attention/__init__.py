@@ -19,13 +19,21 @@ from ._kernels import (
 )
 from ._masked import default_positions
 from ._moments import moment_rhs, validate_attention
-from ._registry import ATTENTIONS, capabilities, get_attention, names_with, register_attention
+from ._registry import (
+    ATTENTIONS,
+    ENTRY_POINT_GROUP,
+    capabilities,
+    get_attention,
+    load_entry_points,
+    names_with,
+    register_attention,
+)
 from ._scores import QuadraticScore, quadratic_heads
 
 __all__ = [
-    "ATTENTIONS", "Attention", "CLOSURES", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
+    "ATTENTIONS", "Attention", "CLOSURES", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
     "capabilities", "compiled_kernel", "default_positions", "example_data", "get_attention",
-    "has_hook", "make_options", "moment_rhs", "names_with", "quadratic_heads",
+    "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
     "register_attention", "resolve_dtype", "validate_attention",
 ]

@@ -19,7 +19,8 @@ from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
 
-__all__ = ["ATTENTIONS", "get_attention", "register_attention", "names_with", "capabilities"]
+__all__ = ["ATTENTIONS", "ENTRY_POINT_GROUP", "get_attention", "register_attention",
+           "names_with", "capabilities", "load_entry_points"]
 
 #: name -> attention class
 ATTENTIONS: dict[str, type[Attention]] = {
@@ -131,6 +132,50 @@ def _discover():
     for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
         if info.name.startswith("_") and info.name not in _INFRASTRUCTURE:
             importlib.import_module(f"{package}.{info.name}")
+    load_entry_points()
+
+
+#: the entry-point group through which other packages register attention types
+ENTRY_POINT_GROUP = "gaussian_pde.attentions"
+
+
+def load_entry_points():
+    """Register the attention classes that installed packages advertise.
+
+    A package lists its classes in the entry-point group ``gaussian_pde.attentions``
+    (``name = module:Class``, e.g. in ``setup.cfg``: ``[options.entry_points]
+    gaussian_pde.attentions = mytype = mypkg.attention:MyType``). Each is loaded and
+    registered (:func:`register_attention`) unless a type of that name already is. An
+    entry point that cannot be loaded, or that is not an attention class, is reported
+    with a ``RuntimeWarning`` and skipped: a broken plugin does not break the package.
+    Called at import; call it again after installing a package in a running process.
+
+    Returns
+    -------
+    list of str
+        The names registered by this call.
+    """
+    import warnings
+    from importlib.metadata import entry_points
+
+    added = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, Attention)):
+                raise TypeError(f"it is {cls!r}, not a subclass of gaussian_pde.Attention")
+            if ATTENTIONS.get(cls.name) is cls:
+                continue
+            if cls.name in ATTENTIONS:
+                raise ValueError(f"a type named {cls.name!r} is already registered")
+            register_attention(cls)
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin is reported
+            warnings.warn(f"entry point {ep.name!r} ({ep.value}) of group "
+                          f"{ENTRY_POINT_GROUP!r} was not registered: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        added.append(cls.name)
+    return added
 
 
 def get_attention(name):
