@@ -122,3 +122,28 @@ def test_cli_and_closure_see_it(cls):
     np.testing.assert_allclose(clo.cov[-1], ode.cov[-1], rtol=1e-6)
     with pytest.raises(ValueError, match="shape"):
         cls(np.eye(2), np.eye(2), np.eye(2), q=[1.0, 2.0, 3.0])
+
+
+def test_the_recipe_two_hand_written_files():
+    """docs/adding_an_attention_type.md: the type's name appears in its derivation, its
+    attention module and the generated module only (the code outside them calls the
+    contract), and the recipe names those files."""
+    import pathlib
+
+    root = pathlib.Path(gp.__file__).resolve().parents[1]
+    sources = [p for p in list((root / "gaussian_pde").rglob("*.py"))
+               + list((root / "derivations").glob("*.py"))]
+    naming = sorted(str(p.relative_to(root)) for p in sources if NAME in p.read_text())
+    assert naming == ["derivations/biased_softmax.py", "gaussian_pde/_generated/biased_softmax.py",
+                      "gaussian_pde/attention/_biased_softmax.py"]
+    recipe = (root / "docs" / "adding_an_attention_type.md").read_text()
+    for path in ("derivations/biased_softmax.py", "gaussian_pde/attention/_biased_softmax.py",
+                 "python derivations/generate.py"):
+        assert path in recipe
+
+
+def test_mixture_closure_refuses_a_score_with_a_linear_term(cls):
+    ex = cls.example_setting()
+    mix = gp.GaussianMixture(np.ones(1), ex["mean0"][None], ex["cov0"][None])
+    with pytest.raises(TypeError, match="quadratic"):
+        gp.solve_mixture(ex["attention"], mix, (0.0, 0.1))
