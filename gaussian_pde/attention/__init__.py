@@ -17,8 +17,10 @@ from ._kernels import (
     make_options,
     resolve_dtype,
 )
-from ._masked import default_positions
+from ._l2 import L2
+from ._masked import Masked, default_positions
 from ._moments import moment_rhs, validate_attention
+from ._multihead import MultiHead
 from ._registry import (
     ATTENTIONS,
     ENTRY_POINT_GROUP,
@@ -29,8 +31,12 @@ from ._registry import (
     register_attention,
 )
 from ._scores import QuadraticScore, quadratic_heads
+from ._sigmoid import Sigmoid
+from ._sinkhorn import Sinkhorn
+from ._softmax import Softmax
 
 __all__ = [
+    "L2", "Masked", "MultiHead", "Sigmoid", "Sinkhorn", "Softmax",
     "ATTENTIONS", "Attention", "CLOSURES", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
     "capabilities", "compiled_kernel", "default_positions", "example_data", "get_attention",

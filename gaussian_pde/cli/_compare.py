@@ -27,8 +27,7 @@ import pathlib
 import numpy as np
 
 from .._common.io import save_figure, write_json, write_text
-from ..attention._base import SingleHeadAttention
-from ..attention._registry import ATTENTIONS, get_attention
+from ..attention import ATTENTIONS, SingleHeadAttention, get_attention
 from ._options import add_out_argument, default_out, output_dir
 from ._progress import progress_for
 

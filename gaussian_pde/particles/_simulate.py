@@ -37,13 +37,13 @@ from .._common.validation import (
     validate_tolerance,
     validate_vector,
 )
-from ..attention._kernels import (
+from ..attention import (
     ParticleDiagnostics,
     SinkhornConvergenceWarning,
+    default_positions,
     make_options,
+    validate_attention,
 )
-from ..attention._masked import default_positions
-from ..attention._moments import validate_attention
 from ..integrate._events import (
     blowup_extrapolate,
     blowup_probe_step,

@@ -52,9 +52,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
-from ..attention._l2 import L2
-from ..attention._multihead import MultiHead
-from ..attention._softmax import Softmax
+from ..attention import L2, MultiHead, Softmax
 from ..closure._mixture import (
     GaussianMixture,
     merge_heights,

@@ -37,8 +37,7 @@ from .._common.validation import (
     validate_tolerance,
     validate_vector,
 )
-from ..attention._kernels import make_options
-from ..attention._moments import validate_attention
+from ..attention import make_options, validate_attention
 from ..integrate._solve import solve
 from ..particles._simulate import (
     PARTICLE_METHODS,

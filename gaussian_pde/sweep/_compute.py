@@ -13,8 +13,7 @@ import numpy as np
 
 from ..analysis import Outcome, classify_trajectory
 from ..analysis import limit_rank as _limit_rank
-from ..attention._multihead import MultiHead
-from ..attention._registry import get_attention
+from ..attention import MultiHead, get_attention
 from ..integrate._batch import solve_batch
 from ..integrate._results import Status
 from ..integrate._solve import solve
