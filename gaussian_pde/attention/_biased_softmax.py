@@ -30,6 +30,7 @@ from ._base import SingleHeadAttention, normalized_definition_field
 from ._examples import example_data
 from ._kernels import ParticleDiagnostics, normalized_average, softmax_features
 from ._registry import register_attention
+from ._softmax import Softmax
 
 __all__ = ["BiasedSoftmax"]
 
@@ -90,15 +91,11 @@ class BiasedSoftmax(SingleHeadAttention):
 
     @classmethod
     def jacobian_parts(cls, weights, L, mean=None):
-        r"""Plain softmax's :math:`A = cV`, :math:`C = K^TQ`; the mean's :math:`r = K^T(Q\alpha + q)`."""
-        Q, K, V, c, q, _ = weights
-        KtQ = np.swapaxes(K, -1, -2) @ Q
-        S = L @ np.swapaxes(L, -1, -2)
-        A = c * V
-        M = A @ S @ KtQ
+        r"""Plain softmax's :math:`M, A, C, N`; the mean's :math:`r = K^TQ\alpha + K^Tq`."""
+        M, A, C, N, r = Softmax.jacobian_parts(weights[:4], L, mean)
         if mean is None:
-            return M, A, KtQ, None, None
-        return M, A, KtQ, V + M, np.swapaxes(K, -1, -2) @ (Q @ mean + q[..., 0])
+            return M, A, C, None, None
+        return M, A, C, N, r + np.swapaxes(weights[1], -1, -2) @ weights[4][..., 0]
 
     def riccati_matrix(self):
         r""":math:`A + A^T` when :math:`V = I`: the covariance is plain softmax's."""
