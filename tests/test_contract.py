@@ -29,7 +29,6 @@ KNOWN = {
     "gaussian_pde/cli/_clusters.py",
     "gaussian_pde/studies/_closure_error.py",
     "gaussian_pde/studies/_clusters.py",
-    "gaussian_pde/studies/_compare.py",
     "gaussian_pde/studies/_published.py",
     "gaussian_pde/studies/_published_certified.py",
     "gaussian_pde/studies/_regimes.py",
