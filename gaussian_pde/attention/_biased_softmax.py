@@ -41,14 +41,10 @@ class BiasedSoftmax(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix.
+    Q, K, V, scale
+        As :class:`~gaussian_pde.SingleHeadAttention` (``Q``, ``K`` of shape ``(k, d)``).
     q, k_b : array_like, shape (k,), optional
         Query and key biases (default zero).
-    scale : float, optional
-        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
 
     Examples
     --------

@@ -118,10 +118,7 @@ class MultiHead(Attention):
 
     def riccati_matrix(self):
         r""":math:`\sum_h S_h` when every head has one, else ``None``."""
-        parts = [h.riccati_matrix() for h in self.heads]
-        if any(S is None for S in parts):
-            return None
-        return sum(parts)
+        return _sum_or_none([h.riccati_matrix() for h in self.heads])
 
     def scalar_solution(self, mean0, var0, t):
         """The heads' class's ``scalar_solution_of_sum`` when all heads share one, else None."""
@@ -146,10 +143,7 @@ class MultiHead(Attention):
 
     def mean_generator(self):
         r""":math:`\sum_h N_h` when every head's mean equation is free of :math:`\Sigma`, else ``None``."""
-        parts = [h.mean_generator() for h in self.heads]
-        if any(N is None for N in parts):
-            return None
-        return sum(parts)
+        return _sum_or_none([h.mean_generator() for h in self.heads])
 
     def particle_kernel(self, x, opts):
         r"""Sum of the heads' particle velocities; diagnostics of the worst head."""
@@ -169,3 +163,10 @@ class MultiHead(Attention):
 
     def __hash__(self):
         return hash(("MultiHead",) + self.heads)
+
+
+def _sum_or_none(parts):
+    """The sum of the heads' closed-form pieces, or ``None`` if any head has none."""
+    if any(p is None for p in parts):
+        return None
+    return sum(parts)
