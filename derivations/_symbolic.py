@@ -932,19 +932,24 @@ def _eye_line(ref):
     return ("_eye", f"np.eye({ref}.shape[-1])")
 
 
-def affine_functions(field, title):
+def affine_functions(field, title, signature=SIGNATURE, weights_doc="", kernel=True):
     """The generated functions for an affine field whose ``M`` and ``b`` are known.
 
     ``field_matrix``, ``field_offset``, ``moment_rhs``, ``cov_rhs`` (covariance only) and
     ``factor_rhs`` (:math:`L' = M(LL^T) L`). Every function broadcasts over leading axes of
-    ``alpha`` (``(..., d)``), ``Sigma`` and ``L`` (``(..., d, d)``).
+    ``alpha`` (``(..., d)``), ``Sigma`` and ``L`` (``(..., d, d)``). ``signature``: the
+    weights every function takes first (default ``Q, K, V, scale``; a type with more
+    weights, e.g. biases, lists them, and ``weights_doc`` documents the extra ones);
+    ``kernel``: also the hoisted ``factor_weights``/``factor_apply``/``factor_kernel``
+    (for the default signature only).
     """
+    SIGNATURE = signature
     mean_rhs, cov_rhs, factor_rhs = moment_equations(M_sym, b_sym)
     M_code = numpy_code(field.M)
     b_code = numpy_code(field.b)
     M_of_L = numpy_code(field.M.xreplace({Sigma: L * L.T}))
     eq_M, eq_b = latex_matrix(field.M), latex_matrix(field.b)
-    common = STATE_DOC
+    common = STATE_DOC + weights_doc
 
     def with_eye(body, ref):
         codes = [c for _, c in body]
@@ -984,8 +989,9 @@ def affine_functions(field, title):
             ":math:`\\Sigma = LL^T`;\nit keeps :math:`\\Sigma` symmetric PSD and its rank.\n"
             f"{common}L : ndarray, shape (..., d, d)\n    Factor of the covariance.\n",
             with_eye([("M", M_of_L)], "L"), ("M @ L",)),
-        factor_kernel(field.M.xreplace({Sigma: L * L.T}) * L, title),
     ]
+    if kernel:
+        funcs.append(factor_kernel(field.M.xreplace({Sigma: L * L.T}) * L, title))
     return funcs
 
 
@@ -1038,24 +1044,28 @@ def check_by_integration(score, field, subs, dim, points=None):
     return sp.Matrix.hstack(*diffs)
 
 
-def integration_checks(score, derive):
+def integration_checks(score, derive, extra_1d=None, extra_2d=None):
     """The standard independent checks of a quadratic-score derivation.
 
     d = 1 fully symbolic, and d = 2 with explicit rational weights, ``k = 1`` (singular
-    interaction matrix) and a correlated covariance, at three query tokens.
+    interaction matrix) and a correlated covariance, at three query tokens. ``extra_1d``
+    and ``extra_2d`` give values of the score's further symbols (biases: ``k x 1``
+    matrices, ``k = 1``).
     """
     def check_1d():
         q, kk, v, a = sp.symbols("q k_1 v a", real=True)
         c, sig = sp.symbols("c sigma", positive=True)
         subs = {Q: sp.Matrix([[q]]), K: sp.Matrix([[kk]]), V: sp.Matrix([[v]]),
-                alpha: sp.Matrix([a]), Sigma: sp.Matrix([[sig**2]]), scale: c}
+                alpha: sp.Matrix([a]), Sigma: sp.Matrix([[sig**2]]), scale: c,
+                **(extra_1d or {})}
         return check_by_integration(score, derive(), subs, 1).is_zero_matrix
 
     def check_2d():
         R = sp.Rational
         subs = {Q: sp.Matrix([[1, R(1, 2)]]), K: sp.Matrix([[R(-1, 3), 1]]),
                 V: sp.Matrix([[1, R(1, 4)], [0, 2]]), alpha: sp.Matrix([R(1, 2), -1]),
-                Sigma: sp.Matrix([[2, R(1, 2)], [R(1, 2), 1]]), scale: R(1, 2)}
+                Sigma: sp.Matrix([[2, R(1, 2)], [R(1, 2), 1]]), scale: R(1, 2),
+                **(extra_2d or {})}
         points = [[0, 0], [1, 0], [R(-1, 2), 2]]
         return check_by_integration(score, derive(), subs, 2, points).is_zero_matrix
 

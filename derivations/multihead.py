@@ -34,6 +34,11 @@ def check_linearity(heads=3):
         for i in range(3))
 
 
+def equations_latex():
+    """LaTeX lines of the multi-head section of ``equations.md``."""
+    return ["$$M = \\sum_h M_h,\\quad b = \\sum_h b_h$$ (moment equations add over heads)", ""]
+
+
 CHECKS = {"moment equations are additive over heads": check_linearity}
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from ._common.validation import (
     validate_positive,
     validate_threshold,
 )
-from .attention._base import Attention
+from .attention import Attention
 from .integrate._events import blowup_signature
 from .integrate._results import Status
 

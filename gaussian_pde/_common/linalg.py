@@ -16,7 +16,8 @@ from scipy.linalg.lapack import dposv as _dposv
 from scipy.linalg.lapack import dtrtrs as _dtrtrs
 
 __all__ = ["T", "sym", "solve", "psd_sqrt", "sinkhorn_phi", "sinkhorn_cross", "l2_gain",
-           "l2_gain_parts", "psd_factor", "numerical_rank", "has_full_numerical_rank"]
+           "l2_gain_parts", "psd_factor", "numerical_rank", "has_full_numerical_rank",
+           "JACOBIAN_SPREAD_MAX", "closed_form_holds"]
 
 
 def T(X):
@@ -336,3 +337,19 @@ def _inverse_gram(B, k):
     X, _ = _dtrtrs(R2, _eye(k), trans=1)
     E, _ = _dtrtrs(R2, X)
     return E
+
+
+#: a closed-form Jacobian built from the L2 gain is used while the non-zero column norms
+#: of the factor span less than this ratio (its error grows like the spread squared times
+#: eps: about 1e-8 of the solver's tolerance at this spread; gaussian_pde.integrate._differences)
+JACOBIAN_SPREAD_MAX = 1e4
+
+
+def closed_form_holds(L):
+    """Whether the non-zero column norms of ``L`` (``(..., d, d)``) span < the limit."""
+    L = np.asarray(L, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = np.sqrt(np.einsum("...ij,...ij->...j", L, L))
+        cmax = c.max(axis=-1)
+        cmin = np.where(c > 0, c, np.inf).min(axis=-1)
+        return ~(cmax > JACOBIAN_SPREAD_MAX * cmin)     # NaN and all-zero: True

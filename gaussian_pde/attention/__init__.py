@@ -1,0 +1,45 @@
+"""Attention types: the contract (:class:`Attention`), the types, and their registry.
+
+What the other subpackages need of an attention they import from here: the contract and
+its helpers, the registry, the particle kernels' options and diagnostics, and the
+moments' entry points. No code outside this subpackage names a concrete type: it calls
+the contract (see :class:`Attention`).
+"""
+
+from ._base import CLOSURES, Attention, SingleHeadAttention, has_hook
+from ._compiled import kernel as compiled_kernel
+from ._examples import example_data
+from ._kernels import (
+    DEFAULT_CHUNK_SIZE,
+    ParticleDiagnostics,
+    ParticleOptions,
+    SinkhornConvergenceWarning,
+    make_options,
+    resolve_dtype,
+)
+from ._l2 import L2
+from ._masked import Masked, default_positions
+from ._moments import moment_rhs, validate_attention
+from ._multihead import MultiHead
+from ._registry import (
+    ATTENTIONS,
+    ENTRY_POINT_GROUP,
+    capabilities,
+    get_attention,
+    load_entry_points,
+    names_with,
+    register_attention,
+)
+from ._scores import QuadraticScore, quadratic_heads
+from ._sigmoid import Sigmoid
+from ._sinkhorn import Sinkhorn
+from ._softmax import Softmax
+
+__all__ = [
+    "L2", "Masked", "MultiHead", "Sigmoid", "Sinkhorn", "Softmax",
+    "ATTENTIONS", "Attention", "CLOSURES", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
+    "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
+    "capabilities", "compiled_kernel", "default_positions", "example_data", "get_attention",
+    "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
+    "register_attention", "resolve_dtype", "validate_attention",
+]

@@ -24,15 +24,52 @@ from __future__ import annotations
 import abc
 
 import numpy as np
+from scipy.special import logsumexp
 
 from .._common.validation import validate_matrix, validate_positive
 from ._kernels import make_options
 
-__all__ = ["Attention", "SingleHeadAttention", "CLOSURES"]
+__all__ = ["Attention", "SingleHeadAttention", "CLOSURES", "has_hook", "normalized_definition_field"]
 
 
 #: the values of :attr:`Attention.closure` for types that do not preserve Gaussians
 CLOSURES = ("quadrature", "block_causal")
+
+
+def has_hook(cls, hook):
+    """Whether ``cls`` implements the contract method ``hook`` (overrides the default)."""
+    return getattr(cls, hook).__func__ is not getattr(Attention, hook).__func__ \
+        if isinstance(Attention.__dict__.get(hook), classmethod) \
+        else getattr(cls, hook) is not getattr(Attention, hook)
+
+
+class _ExactJacobian:
+    """Derived capability: whether the type implements ``jacobian_parts``.
+
+    On an instance: whether every one of its heads does.
+    """
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return has_hook(owner, "jacobian_parts")
+        return all(has_hook(type(h), "jacobian_parts") if h is obj else h.exact_jacobian
+                   for h in obj.heads)
+
+
+class _Closure:
+    """Derived capability: how a type without exact moments is closed.
+
+    ``"block_causal"`` for a type with token positions, ``"quadrature"`` for one that
+    implements ``gaussian_closure_field``, else ``None``.
+    """
+
+    def __get__(self, obj, owner=None):
+        cls = owner if obj is None else type(obj)
+        if cls.uses_positions:
+            return "block_causal"
+        if has_hook(cls, "gaussian_closure_field"):
+            return "quadrature"
+        return None
 
 
 class Attention(abc.ABC):
@@ -54,26 +91,22 @@ class Attention(abc.ABC):
         :func:`gaussian_pde.solve` accept the type. Otherwise those hooks raise
         ``TypeError`` and :attr:`closure` says what replaces them. Default ``True``.
     exact_jacobian : bool
-        Whether the factor-form field :math:`L' = F(L)` has an exact (closed-form)
-        Jacobian that the stiff integrators of :mod:`gaussian_pde.integrate` use instead
-        of finite differences. Its right-hand side is then analytic in :math:`L` (sums,
-        products and solves, no eigen- or singular-value decomposition; L2 evaluates its
-        solve through an SVD for accuracy, but takes the solve for a complex argument),
-        so the complex step :math:`\operatorname{Im} F(L + i\delta E)/\delta` is exact too. ``True``
-        for softmax and L2, ``False`` for Sinkhorn (its :math:`\varphi` uses an SVD), for
-        the non-Gaussian-preserving types, and by default: a new type leaves it
-        ``False`` (the closed forms cover the softmax and L2 heads only).
-        :class:`~gaussian_pde.MultiHead`: ``True`` iff every head has it (on the class:
-        ``False``, what holds for every instance).
+        Derived, not declared: whether the type implements :meth:`jacobian_parts`, the
+        closed-form Jacobian of its factor field that the stiff integrators of
+        :mod:`gaussian_pde.integrate` use instead of differences. Read on an instance
+        it holds iff every one of its :attr:`heads` has it (:class:`~gaussian_pde.MultiHead`
+        on the class: ``False``, what holds for every instance).
     closure : {None, "quadrature", "block_causal"}
-        How the type is handled when it does not preserve Gaussians:
+        Derived, not declared: how the type is handled when it does not preserve
+        Gaussians (``"block_causal"`` where it uses positions, ``"quadrature"`` where it
+        implements :meth:`gaussian_closure_field`):
 
         ``None``
             exact moment equations (every Gaussian-preserving type); for a type that
             does not preserve Gaussians, no Gaussian closure (particles only);
         ``"quadrature"``
             the Gaussian closure of :func:`gaussian_pde.solve_closure`: the field against
-            the Gaussian by quadrature (Stein's lemma in the score for sigmoid), moments
+            the Gaussian of :meth:`gaussian_closure_field`, moments
             by Gauss-Hermite quadrature (:class:`~gaussian_pde.AttentionField`);
         ``"block_causal"``
             tokens carry positions; the block-causal family of Gaussians of
@@ -85,39 +118,96 @@ class Attention(abc.ABC):
 
     Notes
     -----
-    The hooks a type implements:
+    **The contract.** Everything the solvers, closures, particles, studies, sweeps and
+    the CLI know about a type, they learn by calling these methods; what a type can do
+    is what it implements (:func:`gaussian_pde.attention.capabilities` reads it off the
+    class), never its name or class. A hook that a type does not implement keeps the
+    default below, which either computes the answer from the other hooks or returns
+    ``None`` ("not available": the caller then takes the general path or refuses).
 
-    ``d``, ``field_matrix``, ``field_offset``, ``moment_rhs``, ``cov_rhs``, ``factor_rhs``
+    Exact moments (Gaussian-preserving types):
+
+    ``d``, ``field_matrix(cov)``, ``field_offset(mean, cov)``, ``moment_rhs``, ``cov_rhs``, ``factor_rhs``
         the affine field and the moment equations (abstract; non-Gaussian-preserving
         types make them raise ``TypeError``);
-    ``factor_kernel``
-        optional fast closure ``L -> L'``;
-    ``mean_generator``
-        optional: the constant :math:`N` of a mean equation :math:`\alpha' = N\alpha`
-        that does not involve :math:`\Sigma` (Sinkhorn), which :func:`gaussian_pde.solve`
-        then solves in closed form; ``None`` by default;
-    ``_particle_velocity(x, opts)``
+    ``heads``
+        the heads whose fields add up to this one (``(self,)``; :class:`MultiHead` its
+        heads): every per-head hook below is summed over ``heads`` by its caller;
+    ``weights()`` and ``generated``
+        the arrays the generated module's functions take, and that module
+        (``derivations/<name>.py`` writes it; ``None`` for a type without one): with
+        both, ``solve_batch`` stacks the type;
+    ``factor_kernel()``
+        optional fast closure ``L -> L'`` (default :meth:`factor_rhs`);
+    ``fused_term(with_mean, out=None)``
+        ``Z -> Z'`` for one state ``Z = L`` or ``[L | mean]`` (the integrator's
+        right-hand side); the default is built from ``factor_kernel``,
+        ``field_offset`` and ``field_matrix``;
+    ``fused_rhs(with_mean, out, counter)``
+        optional one-call ``rhs(t, y)`` of the flattened state for the Fortran codes,
+        or ``None`` (default: the integrator wraps ``fused_term``);
+    ``mean_is_linear()``
+        whether :math:`\alpha' = N(\Sigma)\alpha` (a zero mean stays zero); default False;
+    ``jacobian_parts(weights, L, mean=None)`` (classmethod)
+        ``(M, A, C, N, r)`` with :math:`dM[d\Sigma] = A\,d\Sigma\,C`,
+        :math:`N = \partial_\alpha\alpha'`, :math:`d(N\alpha) = A\,d\Sigma\,r`
+        (``N, r`` None without a mean), weights stacked or not; or ``None`` (default):
+        no closed-form Jacobian, the stiff solvers take differences;
+    ``jacobian_holds(L)`` (classmethod)
+        where the closed form keeps its digits (default: everywhere);
+    ``stack_kernel()`` (classmethod)
+        optional compiled ``kernel(W, L, out)`` of the stacked factor field on the
+        weight products of ``generated.factor_weights``, or ``None``;
+    ``compiled_field()``
+        optional, the Numba kernel of the factor field for the compiled batch integrator
+        (default ``None``);
+    ``mean_generator()``
+        optional constant :math:`N` of :math:`\alpha' = N\alpha` (Sinkhorn), or ``None``;
+    ``riccati_matrix()``
+        optional :math:`S` with :math:`\Sigma' = \Sigma S\Sigma` (closed-form covariance
+        and blow-up time), or ``None``;
+    ``scalar_solution(mean0, var0, t)``
+        optional closed-form ``(mean(t), var(t))`` for ``d = 1``, or ``None``.
+
+    Closures:
+
+    ``quadratic_score()``
+        a :class:`~gaussian_pde.attention.QuadraticScore` (the score is
+        :math:`-\tfrac12 y^THy + y^TAx + r(x)`: the mixture closure, the certified
+        limits, the batched particles of the studies), or ``None``;
+    ``gaussian_closure_field(mean, cov, x, tol)``
+        for a type that does not preserve Gaussians: its field against the Gaussian
+        at the tokens ``x`` (the Gaussian closure of :func:`gaussian_pde.solve_closure`),
+        or ``None``;
+    ``definition_field(Y, logw, X)``
+        the field from its definition against the weighted measure
+        :math:`\sum_j w_j\delta_{y_j}` (quadrature checks of the closure engine); raises
+        ``TypeError`` by default;
+    ``closure``, ``uses_positions``
+        ``"block_causal"`` and ``True`` for masked attention (token positions).
+
+    Particles and examples:
+
+    ``particle_kernel(x, opts)``
         the particle kernel: unchecked velocities :math:`\Gamma[\mu_n](x_i)` of the
         tokens ``x`` (shape ``(n, d)``, validated) with validated
-        :class:`~gaussian_pde.attention._kernels.ParticleOptions`; returns ``(v, diag)``,
+        :class:`~gaussian_pde.attention.ParticleOptions`; returns ``(v, diag)``,
         ``v`` of shape ``(n, d)`` and a :class:`~gaussian_pde.ParticleDiagnostics`.
-        :meth:`particle_velocity` (the public entry) and
-        :func:`gaussian_pde.simulate_particles` call it; every registered type provides
-        it (:func:`gaussian_pde.register_attention` checks);
-    ``example(d, rng)``
-        a random valid instance of dimension ``d`` (classmethod), which the tests that
-        run over the registry use: a new type supplies one (single-head types inherit
-        that of :class:`SingleHeadAttention`).
+        Every registered type provides it (:func:`gaussian_pde.register_attention`
+        checks);
+    ``example(d, rng)`` (classmethod)
+        a random valid instance of dimension ``d``, for the tests run over the registry;
+    ``example_setting()`` (classmethod)
+        optional built-in 2-D example ``dict(attention, mean0, cov0, horizon, t_end)``
+        of the main job and ``compare`` (``mean0`` callable for positions), or ``None``.
     """
 
     #: registry name, e.g. ``"softmax"``
     name: str = ""
     #: whether the PDE maps Gaussians to Gaussians for this type
     gaussian_preserving: bool = True
-    #: whether the factor-form field has an exact (closed-form) Jacobian
-    exact_jacobian: bool = False
-    #: None (exact moment ODE), "quadrature" or "block_causal" (see :data:`CLOSURES`)
-    closure: str | None = None
+    #: derived: "block_causal" (positions), "quadrature" (gaussian_closure_field) or None
+    closure = _Closure()
     #: whether tokens carry sequence positions (masked attention)
     uses_positions: bool = False
 
@@ -154,6 +244,146 @@ class Attention(abc.ABC):
         calls :meth:`factor_rhs`; generated types hoist the weight-only products.
         """
         return self.factor_rhs
+
+    @property
+    def heads(self):
+        """The heads whose fields add up to this one: ``(self,)`` for a single head."""
+        return (self,)
+
+    exact_jacobian = _ExactJacobian()
+
+    def fused_term(self, with_mean, out=None):
+        r"""``term(Z) -> Z'`` for one state ``Z = L`` (``(d, d)``) or ``[L | mean]`` (``(d, d + 1)``).
+
+        The default: :meth:`factor_kernel` for the factor and
+        ``field_offset + field_matrix @ mean`` for the mean; a non-finite trial state
+        gives NaN (the step is then rejected). With ``out`` (C-contiguous, the state's
+        shape) the result is written there.
+        """
+        kernel = self.factor_kernel()
+        d = self.d
+        m = d + 1 if with_mean else d
+
+        def value(Z):
+            try:
+                if not with_mean:
+                    return np.asarray(kernel(Z), dtype=float)
+                L = np.ascontiguousarray(Z[:, :d])
+                mean = Z[:, d].copy()
+                cov = L @ L.T
+                res = np.empty((d, d + 1))
+                res[:, :d] = kernel(L)
+                res[:, d] = self.field_offset(mean, cov) + self.field_matrix(cov) @ mean
+                return res
+            except np.linalg.LinAlgError:    # a non-finite trial state: reject the step
+                return np.full((d, m), np.nan)
+
+        if out is None:
+            return value
+
+        def term(Z):
+            out[...] = value(Z)
+            return out
+
+        return term
+
+    def fused_rhs(self, with_mean, out, counter):
+        r"""Optional one-call ``rhs(t, y)`` of the flat state (adds one to ``counter.nfev``).
+
+        ``rhs.field`` is the matching :meth:`fused_term` writing into ``out``. ``None``
+        (the default): the integrator wraps :meth:`fused_term`.
+        """
+        return None
+
+    def mean_is_linear(self):
+        r"""Whether :math:`\alpha' = N(\Sigma)\alpha` (linear, homogeneous in the mean).
+
+        Then a zero mean stays zero and a scaled mean obeys the same equation. Default
+        ``False`` (not known).
+        """
+        return False
+
+    @classmethod
+    def jacobian_parts(cls, weights, L, mean=None):
+        r"""Closed-form pieces of the Jacobian of the factor field, or ``None``.
+
+        Parameters
+        ----------
+        weights : tuple of ndarray
+            :meth:`weights`, each with optional leading stack axes.
+        L : ndarray, shape (..., d, d)
+            Factor(s).
+        mean : ndarray, shape (d,), optional
+            The mean (unstacked states only).
+
+        Returns
+        -------
+        (M, A, C, N, r) or None
+            :math:`dM[d\Sigma] = A\,d\Sigma\,C` with :math:`M` the field matrix,
+            :math:`N = \partial_\alpha\alpha'` and :math:`d(N\alpha) = A\,d\Sigma\,r`
+            (``None, None`` without a mean). ``None`` (default): no closed form.
+        """
+        return None
+
+    @classmethod
+    def jacobian_holds(cls, L):
+        """Where :meth:`jacobian_parts` keeps its digits: a boolean per factor (default all)."""
+        return np.ones(np.shape(L)[:-2], dtype=bool)
+
+    @classmethod
+    def stack_kernel(cls):
+        """Optional compiled ``kernel(W, L, out)`` of the stacked factor field, or ``None``.
+
+        ``W`` is the first of the generated ``factor_weights`` products, ``L`` a
+        ``(B, d, d)`` float64 stack.
+        """
+        return None
+
+    def riccati_matrix(self):
+        r"""Optional :math:`S` with :math:`\Sigma' = \Sigma S\Sigma` exactly, or ``None``.
+
+        :func:`gaussian_pde.exact_covariance` and :func:`gaussian_pde.blowup_time` solve
+        that Riccati equation in closed form.
+        """
+        return None
+
+    def scalar_solution(self, mean0, var0, t):
+        """Optional closed-form ``(mean(t), var(t))`` of a ``d = 1`` type, or ``None``."""
+        return None
+
+    def quadratic_score(self):
+        r"""The :class:`QuadraticScore` of a head whose score is quadratic in ``y``, or ``None``.
+
+        Sums of heads (:attr:`heads`) are handled by the callers.
+        """
+        return None
+
+    def gaussian_closure_field(self, mean, cov, x, tol):
+        r"""The field against :math:`\mathcal N(\alpha,\Sigma)` at tokens ``x``, or ``None``.
+
+        For a type that does not preserve Gaussians: what the Gaussian closure of
+        :func:`gaussian_pde.solve_closure` uses (``tol``: error bound of its
+        one-dimensional quadratures). ``None`` (default): no Gaussian closure.
+        """
+        return None
+
+    def definition_field(self, Y, logw, X):
+        r"""The field at ``X`` from its definition against :math:`\sum_j w_j\delta_{y_j}`.
+
+        ``Y`` (m, d) atoms, ``logw`` (m,) their log weights; used by the quadrature
+        checks of the closure engine. Raises ``TypeError`` by default.
+        """
+        raise TypeError(f"no quadrature definition for attention type {self.name!r}.")
+
+    @classmethod
+    def example_setting(cls):
+        """Optional built-in 2-D example of the main job and ``compare``, or ``None``.
+
+        ``dict(attention=..., mean0=..., cov0=..., horizon=..., t_end=...)``: the
+        horizon of the main job (default 20) and the final time of ``compare``
+        (default 1); ``mean0`` may be callable (position-dependent means).
+        """
+        return None
 
     def mean_generator(self):
         r"""The matrix :math:`N` with :math:`\alpha' = N\alpha` whatever :math:`\Sigma`, or ``None``.
@@ -215,9 +445,9 @@ class Attention(abc.ABC):
                             dtype=dtype, state=state, want_ess=want_ess,
                             sinkhorn_tol=sinkhorn_tol, sinkhorn_max_iter=sinkhorn_max_iter,
                             warn=warn)
-        return self._particle_velocity(x, opts)
+        return self.particle_kernel(x, opts)
 
-    def _particle_velocity(self, x, opts):
+    def particle_kernel(self, x, opts):
         r"""The particle kernel: unchecked velocities :math:`\Gamma[\mu_n](x_i)`.
 
         Every attention type implements this hook (the registry refuses a type that
@@ -296,7 +526,10 @@ class SingleHeadAttention(Attention):
         self._frozen = True
 
     #: module generated by ``derivations/generate.py`` with the right-hand sides
-    _generated = None
+    generated = None
+
+    #: the names of :meth:`weights`, in order (the keys of ``solve_batch``'s stacked weights)
+    weight_names = ("Q", "K", "V", "scale")
 
     @classmethod
     def example(cls, d=2, rng=None):
@@ -320,27 +553,31 @@ class SingleHeadAttention(Attention):
     def d(self) -> int:
         return self.Q.shape[1]
 
-    def _weights(self):
+    def weights(self):
         return self.Q, self.K, self.V, self.scale
 
     def field_matrix(self, cov):
-        return self._generated.field_matrix(*self._weights(), cov)
+        return self.generated.field_matrix(*self.weights(), cov)
 
     def field_offset(self, mean, cov):
-        return self._generated.field_offset(*self._weights(), mean, cov)
+        return self.generated.field_offset(*self.weights(), mean, cov)
 
     def moment_rhs(self, mean, cov):
-        return self._generated.moment_rhs(*self._weights(), mean, cov)
+        return self.generated.moment_rhs(*self.weights(), mean, cov)
 
     def cov_rhs(self, cov):
-        return self._generated.cov_rhs(*self._weights(), cov)
+        return self.generated.cov_rhs(*self.weights(), cov)
 
     def factor_rhs(self, L):
-        return self._generated.factor_rhs(*self._weights(), L)
+        return self.generated.factor_rhs(*self.weights(), L)
 
     def factor_kernel(self):
-        make = getattr(self._generated, "factor_kernel", None)
-        return self.factor_rhs if make is None else make(*self._weights())
+        make = getattr(self.generated, "factor_kernel", None)
+        return self.factor_rhs if make is None else make(*self.weights())
+
+    def score_matrix(self, X, Y):
+        r"""Scores ``S[i, j] = s(x_i, y_j)``; the default is the bilinear :math:`y_j^TAx_i`."""
+        return X @ self.A.T @ Y.T
 
     def _projections(self, x):
         """Queries :math:`Qx_i` and keys :math:`Kx_i` of the tokens, shape (n, k) each."""
@@ -370,3 +607,13 @@ class SingleHeadAttention(Attention):
     def __hash__(self):
         return hash((type(self).__name__, self.scale, self.Q.tobytes(), self.K.tobytes(),
                      self.V.tobytes()))
+
+
+def normalized_definition_field(self, Y, logw, X):
+    r"""``definition_field`` of a softmax-normalised head with scores ``score_matrix``.
+
+    :math:`\Gamma(x_i) = V\sum_j p_{ij}y_j`, :math:`p_{ij} \propto w_je^{s(x_i, y_j)}`.
+    """
+    S = self.score_matrix(X, Y) + logw
+    P = np.exp(S - logsumexp(S, axis=1, keepdims=True))
+    return (P @ Y) @ self.V.T

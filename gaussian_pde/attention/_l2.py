@@ -17,9 +17,14 @@ and :math:`\alpha' = b + M\alpha`, :math:`\Sigma' = M\Sigma + \Sigma M^T`.
 
 from __future__ import annotations
 
+import numpy as np
+from scipy.special import lambertw
+
+from .._common.linalg import closed_form_holds, l2_gain, l2_gain_parts
 from .._generated import l2 as _gen
-from ._base import SingleHeadAttention
+from ._base import SingleHeadAttention, normalized_definition_field
 from ._kernels import ParticleDiagnostics, l2_features, normalized_average
+from ._scores import QuadraticScore
 
 __all__ = ["L2"]
 
@@ -38,13 +43,181 @@ class L2(SingleHeadAttention):
     """
 
     name = "l2"
-    exact_jacobian = True
-    _generated = _gen
+    generated = _gen
+    definition_field = normalized_definition_field
 
-    def _particle_velocity(self, x, opts):
+    def mean_is_linear(self):
+        r"""True: :math:`b = VP^{-1}\alpha` is linear in the mean."""
+        return True
+
+    def fused_term(self, with_mean, out=None):
+        r""":math:`ML = \sqrt{2c}\,VL\,G\,QL` by the push-through identity.
+
+        :math:`G = (I + B^TB)^{-1}B^T` is the gain of :math:`B = \sqrt{2c}\,KL`
+        (:func:`~gaussian_pde._common.linalg.l2_gain`: a Cholesky solve with
+        :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3`, Householder QR of
+        :math:`[B; I_d]` beyond, where a solve's errors of order the condition number
+        times rounding would stall the step control once the covariance spreads over many
+        orders of magnitude); with the mean,
+        :math:`N\alpha = V\alpha + \sqrt{2c}\,VL\,G(Q - K)\alpha`.
+        """
+        return _fused(self, with_mean, out)
+
+    @classmethod
+    def jacobian_parts(cls, weights, L, mean=None):
+        r""":math:`A = 2cVP^{-1}`, :math:`C = K^T(I_k + 2cK\Sigma K^T)^{-1}Q`, :math:`M = 2cVP^{-1}\Sigma K^TQ`.
+
+        All from the gain :math:`G = (I + B^TB)^{-1}B^T` of :math:`B = \sqrt{2c}\,KL` and
+        :math:`E = (I_k + BB^T)^{-1}` (:func:`~gaussian_pde._common.linalg.l2_gain_parts`:
+        one factorisation, no inverse): :math:`P^{-1} = I - \sqrt{2c}\,LGK`,
+        :math:`P^{-1}\Sigma K^TQ = LGQ/\sqrt{2c}` and :math:`C = K^TEQ`, whose entries
+        (down to :math:`1/s^2`) the difference :math:`K^TQ - 2cK^TKP^{-1}\Sigma K^TQ`
+        would bury under its rounding. With the mean :math:`N = VP^{-1} + M` and
+        :math:`r = K^TE(Q - K)\alpha`.
+        """
+        Q, K, V, c = weights
+        d = L.shape[-1]
+        s = np.sqrt(2 * c)
+        B = s * (K @ L)
+        G, E = _gain_parts(B) if B.ndim == 2 else l2_gain_parts(B)
+        LG = L @ G
+        Xi = np.eye(d) - s * (LG @ K)                    # P^{-1}
+        P = (LG @ Q) / s
+        A = (2 * c) * (V @ Xi)
+        M = (2 * c) * (V @ P)
+        Kt = np.swapaxes(K, -1, -2)
+        C = Kt @ (E @ Q)
+        if mean is None:
+            return M, A, C, None, None
+        return M, A, C, V @ Xi + M, Kt @ (E @ ((Q - K) @ mean))
+
+    @classmethod
+    def jacobian_holds(cls, L):
+        """While the factor's column norms span less than ``JACOBIAN_SPREAD_MAX``.
+
+        Beyond, the closed form loses digits like the spread squared
+        (:mod:`gaussian_pde.integrate._differences`).
+        """
+        return closed_form_holds(L)
+
+    def scalar_solution(self, mean0, var0, t):
+        r"""``d = 1``: :math:`s' = 4vas^2/(1 + 2\kappa s)`, solved by the Lambert W function.
+
+        With :math:`h = 2\kappa`, :math:`m = 4va`:
+        :math:`-1/s + h\ln s = -1/s_0 + h\ln s_0 + mt`, :math:`s = 1/(h\,W(e^{-R/h}/h))`,
+        and :math:`\ln(\alpha/\alpha_0) = \tfrac{v}{m}\big[-1/s + 2a\ln s\big]_{s_0}^{s}`.
+        """
+        q, k, v, c = self.Q[:, 0], self.K[:, 0], self.V[0, 0], self.scale
+        a, kappa = c * float(q @ k), c * float(k @ k)
+        m0, s0 = mean0, var0
+        va = v * a
+        h, m = 2.0 * kappa, 4.0 * va
+        if m == 0:  # v = 0 or a = 0: the variance is constant
+            rate = v * (1.0 + 2.0 * a * s0) / (1.0 + h * s0)
+            return m0 * np.exp(rate * t), np.full_like(t, s0)
+        R = -1.0 / s0 + h * np.log(s0) + m * t
+        # s = 1/(h W(exp(-R/h)/h)), in logs: W(e^z) with z = -R/h - ln h
+        s = 1.0 / (h * _lambertw_exp(-R / h - np.log(h)))
+        mean = m0 * np.exp(v / m * ((-1.0 / s + 2 * a * np.log(s))
+                                    - (-1.0 / s0 + 2 * a * np.log(s0))))
+        return mean, s
+
+    def quadratic_score(self):
+        """:math:`H = 2cK^TK`, :math:`A = 2cK^TQ`."""
+        c = self.scale
+        return QuadraticScore(A=2 * np.asarray(self.A), H=2 * c * self.K.T @ self.K,
+                              V=np.asarray(self.V))
+
+    def score_matrix(self, X, Y):
+        """``S[i, j] = -c|Qx_i - Ky_j|^2``."""
+        qx, ky = X @ self.Q.T, Y @ self.K.T
+        return -self.scale * (np.sum(qx**2, 1)[:, None] - 2 * qx @ ky.T + np.sum(ky**2, 1)[None])
+
+    @classmethod
+    def example_setting(cls):
+        """:math:`K = -Q`, :math:`V = I`: collapse onto the line orthogonal to ``Q`` (rank 1 limit)."""
+        from ._examples import example_data
+
+        Q, _, _, _, mean0, cov0 = example_data()
+        return dict(attention=cls(Q, -Q, np.eye(2)), mean0=mean0, cov0=cov0)
+
+    def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{-c|Qx_i - Kx_j|^2}`."""
         qx, kx = self._projections(x)
         a, b = l2_features(qx, kx, self.scale)
         avg, ess = normalized_average(a, b, x, chunk_size=opts.chunk_size, dtype=opts.dtype,
                                       want_ess=opts.want_ess)
         return avg @ self.V.T, ParticleDiagnostics(ess=ess)
+
+
+def _fused(head, with_mean, out=None):
+    """:meth:`L2.fused_term`."""
+    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
+    d, k = head.d, head.k
+    m = d + 1 if with_mean else d
+    s = np.sqrt(2.0 * c)
+    # [sVZ; sKZ; QZ] and, with the mean, (Q - K)Z, whose last column (Q - K) alpha
+    # replaces that of QZ: one assignment per evaluation instead of a copy and a
+    # difference
+    blocks = [s * V, s * K, Q] + ([Q - K] if with_mean else [])
+    W = np.ascontiguousarray(np.vstack(blocks))
+    P = np.empty((W.shape[0], m))
+    G = np.zeros((m, m))
+    if with_mean:
+        G[d, d] = 1.0 / s      # s V alpha / s = V alpha
+    X, B, QZ, Gd = P[:d], P[d:d + k, :d], P[d + k:d + 2 * k], G[:d]
+    qka, QKa = (QZ[:, d], P[d + 2 * k:, d]) if with_mean else (None, None)
+
+    def gain():
+        """``B^T (I_k + B B^T)^{-1} = (I_d + B^T B)^{-1} B^T`` (:func:`l2_gain`).
+
+        NaN for a non-finite trial state (the step is then rejected) instead of
+        LAPACK's convergence error.
+        """
+        if k == 1:
+            b = B[0]
+            n2 = float(b.dot(b))
+            return (b / (1.0 + n2))[:, None] if n2 < 1e300 else _gain(B)
+        return _gain(B)
+
+    w_dot, x_dot, dot = W.dot, X.dot, np.dot
+
+    def term(Z):
+        w_dot(Z, out=P)
+        if with_mean:
+            qka[...] = QKa                       # [QL | (Q - K) alpha]
+        dot(gain(), QZ, out=Gd)
+        return x_dot(G, out=out)
+
+    return term
+
+
+def _gain(B):
+    """:func:`l2_gain`; NaN for a non-finite trial state (the step is rejected)."""
+    try:
+        return l2_gain(B)
+    except np.linalg.LinAlgError:
+        return np.full(B.shape[::-1], np.nan)
+
+
+def _gain_parts(B):
+    """:func:`l2_gain_parts`; NaN for a non-finite state."""
+    try:
+        return l2_gain_parts(B)
+    except np.linalg.LinAlgError:
+        k, d = B.shape
+        return np.full((d, k), np.nan), np.full((k, k), np.nan)
+
+
+def _lambertw_exp(z):
+    """Principal Lambert W of ``exp(z)``, stable for large ``z``."""
+    z = np.asarray(z, dtype=float)
+    out = np.empty_like(z)
+    small = z < 500
+    out[small] = lambertw(np.exp(z[small])).real
+    if np.any(~small):  # W(e^z) = z - ln z + ln z / z + ... ; refine by Newton on w + ln w = z
+        w = z[~small] - np.log(z[~small])
+        for _ in range(8):
+            w -= (w + np.log(w) - z[~small]) / (1.0 + 1.0 / w)
+        out[~small] = w
+    return out

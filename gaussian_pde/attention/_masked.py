@@ -60,14 +60,23 @@ class Masked(SingleHeadAttention):
 
     name = "masked"
     gaussian_preserving = False
-    exact_jacobian = False
-    #: block-causal Gaussian closure (gaussian_pde.closure._masked)
-    closure = "block_causal"
     uses_positions = True
 
     field_matrix = field_offset = moment_rhs = cov_rhs = factor_rhs = _no_closure
 
-    def _particle_velocity(self, x, opts):
+    @classmethod
+    def example_setting(cls):
+        """:math:`K = -Q`, :math:`V = I`, a mean that moves with the position."""
+        from ._examples import example_data
+
+        Q, _, _, _, mean0, cov0 = example_data()
+
+        def masked_mean(tau):
+            return mean0 + np.outer(tau - 0.5, [2.0, -1.0])
+
+        return dict(attention=cls(Q, -Q, np.eye(2)), mean0=masked_mean, cov0=cov0)
+
+    def particle_kernel(self, x, opts):
         r"""Causal particle velocity :math:`V\sum_{\tau_j\le\tau_i} w_{ij}x_j / \sum_{\tau_j\le\tau_i} w_{ij}`."""
         n = x.shape[0]
         tau = default_positions(n) if opts.positions is None else opts.positions

@@ -20,25 +20,6 @@ from ._softmax import Softmax
 __all__ = ["MultiHead"]
 
 
-class _AllHeads:
-    """A capability a sum of heads has iff every head has it.
-
-    Read on an instance it is ``all(head.<name> for head in heads)``; read on the class
-    it is ``on_class``, the value that holds for every instance.
-    """
-
-    def __init__(self, on_class):
-        self.on_class = on_class
-
-    def __set_name__(self, owner, name):
-        self.attr = name
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            return self.on_class
-        return all(getattr(h, self.attr) for h in obj.heads)
-
-
 class MultiHead(Attention):
     r"""Sum of attention heads.
 
@@ -59,9 +40,6 @@ class MultiHead(Attention):
     name = "multihead"
     #: every head preserves Gaussians (checked by the constructor), so the sum does
     gaussian_preserving = True
-    closure = None
-    #: True iff every head has an exact Jacobian (softmax and L2 heads)
-    exact_jacobian = _AllHeads(on_class=False)
 
     def __init__(self, heads):
         if isinstance(heads, Attention):
@@ -82,8 +60,13 @@ class MultiHead(Attention):
         dims = {h.d for h in heads}
         if len(dims) != 1:
             raise ValueError(f"all `heads` must have the same dimension d, got {sorted(dims)}.")
-        self.heads = heads
+        self._heads = heads
         self._frozen = True
+
+    @property
+    def heads(self):
+        """The heads (a tuple), whose fields add up to this one."""
+        return self._heads
 
     @property
     def d(self) -> int:
@@ -129,19 +112,45 @@ class MultiHead(Attention):
 
         return kernel
 
+    def mean_is_linear(self):
+        r"""Whether every head's mean equation is linear in the mean (then so is the sum)."""
+        return all(h.mean_is_linear() for h in self.heads)
+
+    def riccati_matrix(self):
+        r""":math:`\sum_h S_h` when every head has one, else ``None``."""
+        return _sum_or_none([h.riccati_matrix() for h in self.heads])
+
+    def scalar_solution(self, mean0, var0, t):
+        """The heads' class's ``scalar_solution_of_sum`` when all heads share one, else None."""
+        cls = type(self.heads[0])
+        solve_sum = getattr(cls, "scalar_solution_of_sum", None)
+        if solve_sum is None or any(type(h) is not cls for h in self.heads):
+            return None
+        return solve_sum(self.heads, mean0, var0, t)
+
+    def definition_field(self, Y, logw, X):
+        """The sum of the heads' fields from their definitions."""
+        return sum(h.definition_field(Y, logw, X) for h in self.heads)
+
+    @classmethod
+    def example_setting(cls):
+        """A softmax head with :math:`K = -Q`, :math:`V = I` plus an L2 head with :math:`K = -Q`."""
+        from ._examples import example_data
+
+        Q, _, V, q2, mean0, cov0 = example_data()
+        return dict(attention=cls([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0=mean0,
+                    cov0=cov0)
+
     def mean_generator(self):
         r""":math:`\sum_h N_h` when every head's mean equation is free of :math:`\Sigma`, else ``None``."""
-        parts = [h.mean_generator() for h in self.heads]
-        if any(N is None for N in parts):
-            return None
-        return sum(parts)
+        return _sum_or_none([h.mean_generator() for h in self.heads])
 
-    def _particle_velocity(self, x, opts):
+    def particle_kernel(self, x, opts):
         r"""Sum of the heads' particle velocities; diagnostics of the worst head."""
         v = 0.0
         parts = []
         for i, h in enumerate(self.heads):
-            vh, dh = h._particle_velocity(x, opts.for_head(i))
+            vh, dh = h.particle_kernel(x, opts.for_head(i))
             v = v + vh
             parts.append(dh)
         return v, ParticleDiagnostics.combine(parts)
@@ -154,3 +163,10 @@ class MultiHead(Attention):
 
     def __hash__(self):
         return hash(("MultiHead",) + self.heads)
+
+
+def _sum_or_none(parts):
+    """The sum of the heads' closed-form pieces, or ``None`` if any head has none."""
+    if any(p is None for p in parts):
+        return None
+    return sum(parts)

@@ -1,16 +1,17 @@
 """The one registry of attention types: name -> class.
 
 The CLI, sweeps and tests iterate over :data:`ATTENTIONS`. A new type registers itself
-with :func:`register_attention` (see the README section "Adding an attention type"),
-which checks the capabilities it declares (:class:`~gaussian_pde.Attention`):
-``gaussian_preserving``, ``exact_jacobian``, ``closure`` and the particle kernel
-``_particle_velocity``. Code that needs types with a given capability filters the
-registry by these attributes, e.g. :func:`names_with`.
+with :func:`register_attention` (see docs/adding_an_attention_type.md). What a type can
+do is read off what it implements (:func:`capabilities`), never declared beside it:
+``exact_jacobian`` is "implements ``jacobian_parts``", ``closure`` is ``"quadrature"``
+for a type that implements ``gaussian_closure_field`` and ``"block_causal"`` for one
+that uses positions. Code that needs types with a given capability filters the registry,
+e.g. :func:`names_with`.
 """
 
 from __future__ import annotations
 
-from ._base import CLOSURES, Attention
+from ._base import Attention, has_hook
 from ._l2 import L2
 from ._masked import Masked
 from ._multihead import MultiHead
@@ -18,7 +19,8 @@ from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
 
-__all__ = ["ATTENTIONS", "get_attention", "register_attention", "names_with"]
+__all__ = ["ATTENTIONS", "ENTRY_POINT_GROUP", "get_attention", "register_attention",
+           "names_with", "capabilities", "load_entry_points"]
 
 #: name -> attention class
 ATTENTIONS: dict[str, type[Attention]] = {
@@ -30,35 +32,67 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "masked": Masked,
 }
 
+#: the contract's optional hooks, whose implementation is a capability
+_HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs", "stack_kernel",
+          "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
+          "gaussian_closure_field", "definition_field", "example_setting")
+
+
+#: capabilities read off the class, and what a type implements to have them
+_DERIVED = {"exact_jacobian": "implement `jacobian_parts`",
+            "closure": "implement `gaussian_closure_field`, or set `uses_positions`"}
+
+
+def capabilities(cls):
+    """What ``cls`` can do, read off what it implements.
+
+    Returns
+    -------
+    dict
+        ``gaussian_preserving``, ``uses_positions`` (declared booleans), the derived
+        ``exact_jacobian`` and ``closure``, ``batched`` (a generated module and weights:
+        ``solve_batch`` stacks it) and, per optional hook of the contract, whether the
+        class implements it.
+    """
+    caps = dict(gaussian_preserving=cls.gaussian_preserving, uses_positions=cls.uses_positions,
+                exact_jacobian=cls.exact_jacobian, closure=cls.closure,
+                batched=getattr(cls, "generated", None) is not None)
+    caps.update({hook: has_hook(cls, hook) for hook in _HOOKS})
+    return caps
+
 
 def _check_capabilities(cls):
-    """The capabilities ``cls`` declares are well formed and consistent (else an error)."""
+    """What ``cls`` implements is well formed and consistent (else an error)."""
     where = f"attention type {cls.__name__} ({cls.name!r})"
-    for attr in ("gaussian_preserving", "exact_jacobian", "uses_positions"):
+    for attr, hook in _DERIVED.items():
+        for base in cls.__mro__[:cls.__mro__.index(Attention)]:
+            if attr in vars(base):
+                raise TypeError(f"{where}: `{attr}` is derived from what the type implements "
+                                f"({hook}), not declared; remove `{attr} = ...` from "
+                                f"{base.__name__}.")
+    for attr in ("gaussian_preserving", "uses_positions"):
         if not isinstance(getattr(cls, attr), bool):
             raise TypeError(f"{where}: `{attr}` must be True or False, got "
                             f"{getattr(cls, attr)!r}.")
-    if cls.closure is not None and cls.closure not in CLOSURES:
-        raise ValueError(f"{where}: `closure` must be None or one of "
-                         f"{', '.join(map(repr, CLOSURES))}, got {cls.closure!r}.")
     if cls.gaussian_preserving and cls.closure is not None:
         raise ValueError(f"{where}: a Gaussian-preserving type has exact moment equations; "
-                         f"`closure` must be None, got {cls.closure!r}.")
+                         f"it must not use positions or define `gaussian_closure_field` "
+                         f"(closure {cls.closure!r}).")
     if cls.exact_jacobian and not cls.gaussian_preserving:
-        raise ValueError(f"{where}: `exact_jacobian` needs exact moment equations "
+        raise ValueError(f"{where}: `jacobian_parts` needs exact moment equations "
                          "(`gaussian_preserving = True`).")
-    if cls._particle_velocity is Attention._particle_velocity:
+    if not has_hook(cls, "particle_kernel"):
         raise TypeError(f"{where} has no particle kernel: define "
-                        "`_particle_velocity(self, x, opts)` (see gaussian_pde.Attention).")
+                        "`particle_kernel(self, x, opts)` (see gaussian_pde.Attention).")
 
 
 def register_attention(cls):
     """Add an attention class to the registry under ``cls.name`` (usable as a decorator).
 
-    The class must declare well-formed capabilities (:class:`~gaussian_pde.Attention`):
-    booleans ``gaussian_preserving``, ``exact_jacobian`` and ``uses_positions``,
-    ``closure`` None or one of ``"quadrature"``, ``"block_causal"`` (None for a
-    Gaussian-preserving type), and a particle kernel ``_particle_velocity``.
+    The class must subclass :class:`~gaussian_pde.Attention`, have booleans
+    ``gaussian_preserving`` and ``uses_positions``, a particle kernel
+    ``particle_kernel``, and implement ``jacobian_parts`` only with exact moment
+    equations (:func:`capabilities`).
     """
     if not (isinstance(cls, type) and issubclass(cls, Attention)):
         raise TypeError(f"`cls` must be a subclass of gaussian_pde.Attention, got {cls!r}.")
@@ -69,14 +103,79 @@ def register_attention(cls):
     return cls
 
 
-def names_with(**capabilities):
-    """Registered names whose class has the given capability values, in registry order.
+def names_with(**wanted):
+    """Registered names whose class has the given :func:`capabilities`, in registry order.
 
     >>> names_with(gaussian_preserving=False)
     ['sigmoid', 'masked']
     """
     return [name for name, cls in ATTENTIONS.items()
-            if all(getattr(cls, k) == v for k, v in capabilities.items())]
+            if all(capabilities(cls)[k] == v for k, v in wanted.items())]
+
+
+#: modules of this package that are not attention types
+_INFRASTRUCTURE = {"_base", "_compiled", "_examples", "_kernels", "_moments", "_registry",
+                   "_scores"}
+
+
+def _discover():
+    """Import every type module of this package: a type registers itself on import.
+
+    A new type is one file, ``attention/_<name>.py``, whose class is decorated with
+    :func:`register_attention`; nothing here lists it.
+    """
+    import importlib
+    import pkgutil
+
+    package = __name__.rsplit(".", 1)[0]
+    path = importlib.import_module(package).__path__
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        if info.name.startswith("_") and info.name not in _INFRASTRUCTURE:
+            importlib.import_module(f"{package}.{info.name}")
+    load_entry_points()
+
+
+#: the entry-point group through which other packages register attention types
+ENTRY_POINT_GROUP = "gaussian_pde.attentions"
+
+
+def load_entry_points():
+    """Register the attention classes that installed packages advertise.
+
+    A package lists its classes in the entry-point group ``gaussian_pde.attentions``
+    (``name = module:Class``, e.g. in ``setup.cfg``: ``[options.entry_points]
+    gaussian_pde.attentions = mytype = mypkg.attention:MyType``). Each is loaded and
+    registered (:func:`register_attention`) unless a type of that name already is. An
+    entry point that cannot be loaded, or that is not an attention class, is reported
+    with a ``RuntimeWarning`` and skipped: a broken plugin does not break the package.
+    Called at import; call it again after installing a package in a running process.
+
+    Returns
+    -------
+    list of str
+        The names registered by this call.
+    """
+    import warnings
+    from importlib.metadata import entry_points
+
+    added = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, Attention)):
+                raise TypeError(f"it is {cls!r}, not a subclass of gaussian_pde.Attention")
+            if ATTENTIONS.get(cls.name) is cls:
+                continue
+            if cls.name in ATTENTIONS:
+                raise ValueError(f"a type named {cls.name!r} is already registered")
+            register_attention(cls)
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin is reported
+            warnings.warn(f"entry point {ep.name!r} ({ep.value}) of group "
+                          f"{ENTRY_POINT_GROUP!r} was not registered: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        added.append(cls.name)
+    return added
 
 
 def get_attention(name):
@@ -90,3 +189,6 @@ def get_attention(name):
     except KeyError:
         raise ValueError(f"unknown attention type {name!r}; "
                          f"known types: {', '.join(ATTENTIONS)}.") from None
+
+
+_discover()

@@ -18,6 +18,7 @@ import numbers
 
 import numpy as np
 
+from .._common.gaussian import logistic_normal_moments
 from ._base import SingleHeadAttention
 from ._kernels import ParticleDiagnostics, sigmoid_average
 
@@ -54,9 +55,6 @@ class Sigmoid(SingleHeadAttention):
 
     name = "sigmoid"
     gaussian_preserving = False
-    exact_jacobian = False
-    #: Gaussian closure: Stein's lemma in the score, Gauss-Hermite moments
-    closure = "quadrature"
 
     def __init__(self, Q, K, V, bias=0.0, scale=None):
         if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not np.isfinite(bias):
@@ -73,7 +71,30 @@ class Sigmoid(SingleHeadAttention):
         Q, K, V = cls._example_weights(d, rng)
         return cls(Q, K, V, bias=float(rng.uniform(-1.0, 1.0)))
 
-    def _particle_velocity(self, x, opts):
+    def gaussian_closure_field(self, mean, cov, x, tol):
+        r"""Stein's lemma in the score :math:`z = y^TAx + b \sim \mathcal N(\alpha^TAx + b,\ x^TA^T\Sigma Ax)`.
+
+        .. math:: \Gamma(x) = V\big(\alpha\,\mathbb E[\sigma(z)] + \Sigma A x\,\mathbb E[\sigma'(z)]\big),
+
+        the one-dimensional expectations by
+        :func:`~gaussian_pde.logistic_normal_moments` (error bound ``tol``).
+        """
+        A = self.A
+        u = x @ A.T                             # u_i = A x_i
+        m = u @ mean + self.bias
+        s = np.sqrt(np.clip(np.einsum("ij,jk,ik->i", u, cov, u), 0.0, None))
+        e_sig, e_dsig, _ = logistic_normal_moments(m, s, tol)
+        return (e_sig[:, None] * mean + e_dsig[:, None] * (u @ cov)) @ self.V.T
+
+    @classmethod
+    def example_setting(cls):
+        """The 2-D example with K replaced by -K, a general ``V`` and bias ``-1/2``."""
+        from ._examples import example_data
+
+        Q, K, V, _, mean0, cov0 = example_data()
+        return dict(attention=cls(Q, -K, V, bias=-0.5), mean0=mean0, cov0=cov0)
+
+    def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\frac1n\sum_j \sigma(c\langle Qx_i, Kx_j\rangle + b)\,x_j`."""
         qx, kx = self._projections(x)
         avg, ess = sigmoid_average(self.scale * qx, kx, x, self.bias,

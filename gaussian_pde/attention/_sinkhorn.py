@@ -16,7 +16,10 @@ valid for singular ``A`` and singular :math:`\Sigma` (nothing is inverted).
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import brentq
+from scipy.special import logsumexp
 
+from .._common.linalg import sinkhorn_cross
 from .._generated import sinkhorn as _gen
 from ._base import SingleHeadAttention
 from ._kernels import sinkhorn_average
@@ -38,15 +41,85 @@ class Sinkhorn(SingleHeadAttention):
     """
 
     name = "sinkhorn"
-    #: the field involves phi(B^T B) through an SVD: no closed-form Jacobian
-    exact_jacobian = False
-    _generated = _gen
+    generated = _gen
+
+    def mean_is_linear(self):
+        r"""True: :math:`\alpha' = V\alpha`."""
+        return True
+
+    def fused_term(self, with_mean, out=None):
+        r""":math:`L' = VL\,B\varphi(B^TB)`, :math:`B = L^TAL`, and :math:`\alpha' = V\alpha`."""
+        K, Q, V, c = self.K, self.Q, self.V, float(self.scale)
+        d = self.d
+        A = c * (K.T @ Q)
+        V = np.ascontiguousarray(V)
+        dot = np.dot
+        if not with_mean:
+            def term(L):
+                return dot(V, dot(L, _cross(dot(L.T, dot(A, L)))), out=out)
+
+            return term
+        C = np.zeros((d + 1, d + 1))
+        C[d, d] = 1.0              # alpha' = V alpha
+
+        def term(Z):
+            L = Z[:, :d]
+            C[:d, :d] = _cross(dot(L.T, dot(A, L)))
+            return dot(V, dot(Z, C), out=out)
+
+        return term
+
+    def scalar_solution(self, mean0, var0, t):
+        r"""``d = 1``: :math:`s' = 2vas^2\varphi(a^2s^2)`, :math:`\alpha(t) = \alpha_0e^{vt}`.
+
+        :math:`F(s) = -1/s - \sqrt{1 + 4a^2s^2}/s + 2|a|\operatorname{asinh}(2|a|s)`
+        satisfies :math:`F(s) = F(s_0) + 4vat`, inverted by a bracketing root finder to
+        machine precision (``F`` is monotone).
+        """
+        m0, s0 = mean0, var0
+        a, v = self.scale * float(self.Q[:, 0] @ self.K[:, 0]), self.V[0, 0]
+        if a == 0 or v == 0:
+            return m0 * np.exp(v * t), np.full_like(t, s0)
+        b = 2.0 * abs(a)
+
+        def F(s):
+            return -1.0 / s - np.sqrt(1.0 + b * b * s * s) / s + b * np.arcsinh(b * s)
+
+        target = F(s0) + 4.0 * v * a * t
+        out = np.empty_like(t)
+        for i, rhs in np.ndenumerate(target):
+            lo, hi = s0, s0
+            if rhs >= F(s0):
+                while F(hi) < rhs:
+                    hi *= 2.0
+                    if hi > 1e300:
+                        raise ValueError("`t` reaches the blow-up time.")
+            else:
+                while F(lo) > rhs:
+                    lo /= 2.0
+            out[i] = brentq(lambda s, r=rhs: F(s) - r, lo, hi, xtol=1e-300, rtol=1e-15, maxiter=500)
+        return m0 * np.exp(v * t), out
+
+    def definition_field(self, Y, logw, X):
+        """The conditional mean of the weighted entropic self-coupling, times ``V``."""
+        g = _sinkhorn_potential(self.score_matrix(Y, Y), logw)
+        S = self.score_matrix(X, Y) + g + logw
+        P = np.exp(S - logsumexp(S, axis=1, keepdims=True))
+        return (P @ Y) @ self.V.T
+
+    @classmethod
+    def example_setting(cls):
+        """The 2-D example with K replaced by -K and a general ``V``."""
+        from ._examples import example_data
+
+        Q, K, V, _, mean0, cov0 = example_data()
+        return dict(attention=cls(Q, -K, V), mean0=mean0, cov0=cov0)
 
     def mean_generator(self):
         r""":math:`V`: the mean obeys :math:`\alpha' = V\alpha` whatever :math:`\Sigma`."""
         return self.V.copy()
 
-    def _particle_velocity(self, x, opts):
+    def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j n\pi_{ij}x_j` with :math:`\pi` the Sinkhorn plan.
 
         The plan is the doubly stochastic scaling of :math:`e^{c\langle Qx_i, Kx_j\rangle}`
@@ -65,3 +138,24 @@ class Sinkhorn(SingleHeadAttention):
             want_ess=opts.want_ess, warn=opts.warn)
         state["f"], state["g"] = f, g
         return avg @ self.V.T, diag
+
+
+def _cross(B):
+    """:func:`sinkhorn_cross`; NaN for a non-finite trial state (the step is rejected)."""
+    try:
+        return sinkhorn_cross(B)
+    except np.linalg.LinAlgError:
+        return np.full_like(B, np.nan)
+
+
+def _sinkhorn_potential(S, logw, tol=1e-13, max_iter=20_000):
+    r"""Column potential ``g`` of the weighted entropic self-coupling :math:`e^{S_{ij} + f_i + g_j} w_iw_j`."""
+    f = np.zeros(S.shape[0])
+    g = np.zeros(S.shape[1])
+    for _ in range(max_iter):
+        f = -logsumexp(S + g + logw, axis=1)
+        g_new = -logsumexp(S.T + f + logw, axis=1)
+        if np.max(np.abs(g_new - g)) < tol:
+            return g_new
+        g = g_new
+    return g

@@ -16,9 +16,13 @@ Against :math:`\mathcal N(\alpha,\Sigma)` the field is affine with
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._generated import softmax as _gen
-from ._base import SingleHeadAttention
+from ._base import SingleHeadAttention, normalized_definition_field
+from ._compiled import kernel as compiled_kernel
 from ._kernels import ParticleDiagnostics, normalized_average, softmax_features
+from ._scores import QuadraticScore
 
 __all__ = ["Softmax"]
 
@@ -45,13 +49,168 @@ class Softmax(SingleHeadAttention):
     """
 
     name = "softmax"
-    exact_jacobian = True
-    _generated = _gen
+    generated = _gen
+    definition_field = normalized_definition_field
 
-    def _particle_velocity(self, x, opts):
+    def mean_is_linear(self):
+        r"""True: :math:`\alpha' = (V + M)\alpha`."""
+        return True
+
+    def fused_term(self, with_mean, out=None):
+        r""":math:`Z' = (cVZ)\,G`, :math:`G = [(KL)^T(QZ);\ e_{d+1}^T/c]`: three products.
+
+        With ``Z = [L | alpha]`` the last row of :math:`G` turns the last column of
+        :math:`cVZ` into :math:`V\alpha`, so that :math:`Z' = [ML \mid M\alpha + V\alpha]`;
+        near a steady state (``QL -> 0``) the field stays accurate to rounding.
+        """
+        return _fused(self, with_mean, out)
+
+    def fused_rhs(self, with_mean, out, counter):
+        """The three products on the flat state by one compiled call (:mod:`._compiled`).
+
+        Without Numba the three ``ndarray.dot`` calls run in one Python frame.
+        """
+        return _fused(self, with_mean, out, counter)
+
+    @classmethod
+    def jacobian_parts(cls, weights, L, mean=None):
+        r""":math:`A = cV`, :math:`C = K^TQ`, :math:`M = A\Sigma C`; :math:`N = V + M`, :math:`r = C\alpha`."""
+        Q, K, V, c = weights
+        KtQ = np.swapaxes(K, -1, -2) @ Q
+        S = L @ np.swapaxes(L, -1, -2)
+        A = c * V
+        M = A @ S @ KtQ
+        if mean is None:
+            return M, A, KtQ, None, None
+        return M, A, KtQ, V + M, KtQ @ mean
+
+    @classmethod
+    def stack_kernel(cls):
+        """The compiled ``softmax_apply_stack`` (:mod:`._compiled`), or None without Numba."""
+        return compiled_kernel("softmax_apply_stack")
+
+    def riccati_matrix(self):
+        r""":math:`S = A + A^T` when :math:`V = I` (:math:`\Sigma' = \Sigma(A + A^T)\Sigma`), else None."""
+        if not np.array_equal(self.V, np.eye(self.d)):
+            return None
+        return self.A + self.A.T
+
+    def scalar_solution(self, mean0, var0, t):
+        r""":math:`s = s_0/(1 - 2vas_0t)`, :math:`m = m_0e^{vt}/\sqrt{1 - 2vas_0t}` (``d = 1``)."""
+        return _scalar_softmax(self.scale * float(self.K[:, 0] @ self.Q[:, 0]) * float(self.V[0, 0]),
+                               float(self.V[0, 0]), mean0, var0, t)
+
+    @classmethod
+    def scalar_solution_of_sum(cls, heads, mean0, var0, t):
+        """The scalar solution of a sum of softmax heads: their ``v a`` and ``v`` add."""
+        va = sum(h.scale * float(h.K[:, 0] @ h.Q[:, 0]) * float(h.V[0, 0]) for h in heads)
+        v = sum(float(h.V[0, 0]) for h in heads)
+        return _scalar_softmax(va, v, mean0, var0, t)
+
+    def quadratic_score(self):
+        """:math:`H = 0`, :math:`A = cK^TQ`."""
+        return QuadraticScore(A=np.asarray(self.A), H=None, V=np.asarray(self.V))
+
+    @classmethod
+    def example_setting(cls):
+        """:math:`A + A^T` indefinite, :math:`V = I`: Riccati blow-up in finite time (exact t* = 0.586)."""
+        from ._examples import example_data
+
+        Q, K, _, _, mean0, cov0 = example_data()
+        return dict(attention=cls(Q, K, np.eye(2)), mean0=mean0, cov0=cov0, horizon=3.0,
+                    t_end=0.4)
+
+    def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{c\langle Qx_i, Kx_j\rangle}`."""
         qx, kx = self._projections(x)
         a, b = softmax_features(self.scale * qx, kx)
         avg, ess = normalized_average(a, b, x, chunk_size=opts.chunk_size, dtype=opts.dtype,
                                       want_ess=opts.want_ess)
         return avg @ self.V.T, ParticleDiagnostics(ess=ess)
+
+
+def _scalar_softmax(va, v, m0, s0, t):
+    denom = 1.0 - 2.0 * va * s0 * t
+    if np.any(denom <= 0):
+        raise ValueError("`t` reaches the blow-up time.")
+    return m0 * np.exp(v * t) / np.sqrt(denom), s0 / denom
+
+
+def _fused(head, with_mean, out=None, counter=None):
+    """:meth:`Softmax.fused_term` (``counter`` None) or :meth:`Softmax.fused_rhs`."""
+    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
+    d, k = head.d, head.k
+    m = d + 1 if with_mean else d
+    W = np.ascontiguousarray(np.vstack([c * V, K, Q]))
+    # fused_rhs: the same products on the flat state, counted, by one compiled call
+    # (._compiled), which needs none of the NumPy work arrays below
+    kernel = compiled_kernel("softmax_field") if counter is not None else None
+    if kernel is not None:
+        return _compiled_rhs(kernel, W, c, m, out, counter)
+    # work arrays and their views, made once: an evaluation is three products, called as
+    # bound ndarray.dot methods (numpy's module-level dot adds a dispatch layer that costs
+    # about as much as the product of these small matrices)
+    P = np.empty((d + 2 * k, m))                 # [cVZ; KZ; QZ]
+    G = np.empty((m, m))                         # (KZ)^T QZ, last row replaced below
+    X, KZt, QZ = P[:d], P[d:d + k].T, P[d + k:]  # contiguous blocks: no copies in dot
+    w_dot, kzt_dot, x_dot = W.dot, KZt.dot, X.dot
+    if not with_mean:
+        def term(L):
+            w_dot(L, out=P)
+            kzt_dot(QZ, out=G)
+            return x_dot(G, out=out)
+    else:
+        # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the
+        # last column of cVZ into V alpha, the offset b: Z' = (cVZ) G = [ML | M alpha + V alpha]
+        last, offset = G[d], np.zeros(m)
+        offset[d] = 1.0 / c
+
+        def term(Z):
+            w_dot(Z, out=P)
+            kzt_dot(QZ, out=G)
+            last[...] = offset
+            return x_dot(G, out=out)
+
+    if counter is None:
+        return term
+    # without Numba: the three ndarray.dot calls in one Python frame
+    flat = out.reshape(-1)
+    if not with_mean:
+        def rhs(t, y):
+            counter.nfev += 1
+            w_dot(y.reshape(d, m), out=P)
+            kzt_dot(QZ, out=G)
+            x_dot(G, out=out)
+            return flat
+    else:
+        def rhs(t, y):
+            counter.nfev += 1
+            w_dot(y.reshape(d, m), out=P)
+            kzt_dot(QZ, out=G)
+            last[...] = offset
+            x_dot(G, out=out)
+            return flat
+
+    rhs.field = term
+    return rhs
+
+
+def _compiled_rhs(kernel, W, c, m, out, counter):
+    """:meth:`Softmax.fused_rhs` by the compiled ``softmax_field``."""
+    d = out.shape[0]
+    flat = out.reshape(-1)
+    ws = np.zeros((W.shape[0] + m + 1, m))
+    if m > d:
+        ws[-1, d] = 1.0 / c        # the mean's row of G (see ._compiled)
+
+    def rhs(t, y):
+        counter.nfev += 1
+        kernel(y, W, ws, flat)
+        return flat
+
+    def field(Z):
+        kernel(np.ascontiguousarray(Z, dtype=float).reshape(-1), W, ws, flat)
+        return out
+
+    rhs.field = field
+    return rhs

@@ -27,15 +27,11 @@ import pathlib
 import numpy as np
 
 from .._common.io import save_figure, write_json, write_text
-from ..attention._base import SingleHeadAttention
-from ..attention._registry import ATTENTIONS, get_attention
+from ..attention import ATTENTIONS, SingleHeadAttention, get_attention
 from ._options import add_out_argument, default_out, output_dir
 from ._progress import progress_for
 
 DEFAULT_OUT = default_out("compare")
-#: final time of the built-in examples (default: 1); the softmax example blows up at
-#: t* = 0.586 (exact, V = I), so it is compared before that
-_T_END = {"softmax": 0.4}
 
 
 def compare_examples():
@@ -45,14 +41,14 @@ def compare_examples():
     registered type that has one. ``mean0`` is callable (position-dependent) for masked
     attention.
     """
-    from ._main_job import builtin_examples
+    from ._main_job import _settings
 
-    return {name: (att, m0, c0, _T_END.get(name, 1.0))
-            for name, (att, m0, c0) in builtin_examples().items()}
+    return {name: (ex["attention"], ex["mean0"], ex["cov0"], ex.get("t_end", 1.0))
+            for name, ex in _settings().items()}
 
 
 def add_arguments(parser):
-    parser.add_argument("--attention", default="softmax", choices=list(ATTENTIONS),
+    parser.add_argument("--attention", default=next(iter(ATTENTIONS)), choices=list(ATTENTIONS),
                         help="registered attention type (default: %(default)s)")
     parser.add_argument("--n", type=int, nargs="+", default=[500, 2000, 8000],
                         help="numbers of tokens (default: %(default)s)")

@@ -24,68 +24,53 @@ import pathlib
 import numpy as np
 
 from .._common.io import save_figure, write_npz, write_text
-from ..attention._l2 import L2
-from ..attention._masked import Masked
-from ..attention._multihead import MultiHead
-from ..attention._registry import ATTENTIONS, get_attention
-from ..attention._sigmoid import Sigmoid
-from ..attention._sinkhorn import Sinkhorn
-from ..attention._softmax import Softmax
+from ..attention import ATTENTIONS, get_attention
 from ..integrate._solve import solve
 from ..studies._reproduce import EXAMPLES_MARKER
 from ._options import add_out_argument, default_out, output_dir
 from ._progress import progress_for
 
 DEFAULT_OUT = default_out()
-#: horizon of the main job's examples (default: 20)
-_HORIZON = {"softmax": 3.0}
-
-
-def example_data():
-    """``(Q, K, V, q2, mean0, cov0)`` of the built-in 2-D examples.
-
-    Shared by the main job and ``gaussian-pde compare``.
-    """
-    return (np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]),
-            np.array([[1.0, 0.3], [-0.2, 0.7]]), np.array([[0.2, 1.0]]),
-            np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]]))
 
 
 def builtin_examples():
     """One built-in 2-D example per attention type: name -> (attention, mean0, cov0).
 
-    In the order of the registry (:data:`gaussian_pde.ATTENTIONS`); a registered type
-    without an example here is left out. ``mean0`` is callable (position-dependent) for
-    masked attention.
+    In the order of the registry (:data:`gaussian_pde.ATTENTIONS`): each type's own
+    ``example_setting()``; a registered type without one is left out. ``mean0`` is
+    callable (position-dependent) for types with positions.
     """
-    Q, K, V, q2, mean0, cov0 = example_data()
+    return {name: (ex["attention"], ex["mean0"], ex["cov0"])
+            for name, ex in _settings().items()}
 
-    def masked_mean(tau):
-        return mean0 + np.outer(tau - 0.5, [2.0, -1.0])
 
-    examples = {
-        # A + A^T indefinite, V = I: Riccati blow-up in finite time (exact t* = 0.586)
-        Softmax: (Softmax(Q, K, np.eye(2)), mean0, cov0),
-        # K = -Q, V = I: collapse onto the line orthogonal to Q (rank 1 limit)
-        L2: (L2(Q, -Q, np.eye(2)), mean0, cov0),
-        Sinkhorn: (Sinkhorn(Q, -K, V), mean0, cov0),
-        MultiHead: (MultiHead([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0, cov0),
-        Sigmoid: (Sigmoid(Q, -K, V, bias=-0.5), mean0, cov0),
-        Masked: (Masked(Q, -Q, np.eye(2)), masked_mean, cov0),
-    }
-    return {name: examples[get_attention(name)] for name in ATTENTIONS
-            if get_attention(name) in examples}
+def _settings():
+    """Name -> the type's ``example_setting()`` dict, for the types that define one.
+
+    A type's example is its own: a subclass that does not define ``example_setting``
+    itself has none (it would repeat its parent's).
+    """
+    out = {}
+    for name in ATTENTIONS:
+        cls = get_attention(name)
+        if "example_setting" not in vars(cls):
+            continue
+        ex = cls.example_setting()
+        if ex is not None:
+            out[name] = ex
+    return out
 
 
 def default_examples():
     """The main job's examples: name -> (attention, mean0, cov0, horizon).
 
     Every built-in example whose moments obey the Gaussian moment ODEs (a
-    Gaussian-preserving type with a constant mean), in the order of the registry.
+    Gaussian-preserving type with a constant mean), in the order of the registry; the
+    horizon is the example's ``horizon`` (default 20).
     """
-    return {name: (att, m0, c0, _HORIZON.get(name, 20.0))
-            for name, (att, m0, c0) in builtin_examples().items()
-            if att.gaussian_preserving and not callable(m0)}
+    return {name: (ex["attention"], ex["mean0"], ex["cov0"], ex.get("horizon", 20.0))
+            for name, ex in _settings().items()
+            if ex["attention"].gaussian_preserving and not callable(ex["mean0"])}
 
 
 def add_arguments(parser):

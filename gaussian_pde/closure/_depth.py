@@ -58,7 +58,7 @@ from .._common.validation import (
     validate_tolerance,
     validate_vector,
 )
-from ..attention._base import Attention
+from ..attention import Attention
 from ..integrate._events import event_options
 from ..integrate._results import Status
 from ..particles._simulate import particle_moments, sliced_wasserstein_to_gaussian

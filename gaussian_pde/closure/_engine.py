@@ -36,8 +36,8 @@ import abc
 import functools
 
 import numpy as np
-from scipy.special import expit, logsumexp, ndtr, ndtri
 
+from .._common.gaussian import logistic_normal_moments
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
     validate_covariance,
@@ -46,7 +46,7 @@ from .._common.validation import (
     validate_tolerance,
     validate_vector,
 )
-from ..attention._base import Attention
+from ..attention import Attention, has_hook
 from ..integrate._options import run_options
 from ..integrate._results import MomentSolution
 from ..integrate._solve import integrate_system
@@ -199,54 +199,6 @@ class FieldSum(Field):
 # the logistic function of a Gaussian, with an error bound
 
 
-def logistic_normal_moments(m, s, tol=1e-12):
-    r"""Expectations of the logistic function and its derivative of a Gaussian, with an error bound.
-
-    Trapezoidal rule in :math:`t` for :math:`\int f(m + st)\,\varphi(t)\,dt`, with
-    :math:`f = \sigma` or :math:`\sigma' = \sigma(1-\sigma)`. Both are analytic and bounded by
-    1 in the strip :math:`|\operatorname{Im} w| \le \pi/2` (:math:`|1 + e^{-w}| \ge 1` there),
-    so the integrand is analytic in :math:`|\operatorname{Im} t| < a = \min(\pi/(2 s), 2)`
-    with :math:`\int |f\varphi|(t \pm ia)\,dt \le e^{a^2/2} =: M`. The infinite trapezoidal
-    sum with step :math:`h` then errs by at most :math:`2M/(e^{2\pi a/h} - 1)`
-    (Trefethen and Weideman, SIAM Review 56 (2014), Thm 5.1); truncating it at
-    :math:`|t| \le T` adds at most :math:`h\sum_{|t_k|>T}\varphi(t_k) \le 2\Phi(-(T - h))`.
-    ``h`` and ``T`` are chosen so that the sum of both is below ``tol``.
-
-    Parameters
-    ----------
-    m, s : array_like
-        Means and standard deviations (``s >= 0``), broadcast together.
-    tol : float
-        Absolute error bound to meet, in ``(0, 1e-3]``.
-
-    Returns
-    -------
-    e_sig, e_dsig : ndarray
-        The two expectations.
-    bound : float
-        A rigorous bound on the absolute quadrature error of each (rounding aside).
-    """
-    tol = validate_tolerance(tol, "tol", upper=1e-3 + 1e-18)
-    m, s = np.broadcast_arrays(np.asarray(m, float), np.asarray(s, float))
-    if np.any(s < 0) or not np.all(np.isfinite(s)) or not np.all(np.isfinite(m)):
-        raise ValueError("`s` must be finite and non-negative and `m` finite.")
-    s_max = float(np.max(s, initial=0.0))
-    a = min(np.pi / (2 * s_max), 2.0) if s_max > 0 else 2.0
-    M = np.exp(a * a / 2)
-    h = 2 * np.pi * a / np.log1p(4 * M / tol)
-    T = -ndtri(tol / 4) + h
-    k = np.arange(-np.ceil(T / h), np.ceil(T / h) + 1)
-    t = k * h
-    wt = h * np.exp(-0.5 * t * t) / np.sqrt(2 * np.pi)
-    disc = 2 * M / np.expm1(2 * np.pi * a / h)
-    trunc = 2 * ndtr(-(k[-1] * h - h))
-    z = m[..., None] + s[..., None] * t
-    sig = expit(z)
-    e_sig = sig @ wt
-    e_dsig = (sig * (1 - sig)) @ wt
-    return e_sig, e_dsig, float(disc + trunc)
-
-
 # --------------------------------------------------------------------------------------
 # attention fields
 
@@ -261,13 +213,10 @@ class AttentionField(Field):
       Gauss-Hermite rule (Sinkhorn: weighted log-domain Sinkhorn on the nodes, then the
       conditional law of ``y`` given any ``x``). A check of the closure engine, not a way to
       compute: it converges to the affine field as ``n_inner`` grows;
-    * sigmoid: by Stein's lemma in the score :math:`z = y^TAx + b \sim
-      \mathcal N(\alpha^TAx + b,\ x^TA^T\Sigma Ax)`,
-
-      .. math:: \Gamma(x) = V\big(\alpha\,\mathbb E[\sigma(z)] + \Sigma A x\,\mathbb E[\sigma'(z)]\big),
-
-      the one-dimensional expectations by :func:`logistic_normal_moments` (error bound
-      ``logistic_tol``);
+    * a type that does not preserve Gaussians but implements
+      :meth:`~gaussian_pde.Attention.gaussian_closure_field` (sigmoid: Stein's lemma in
+      the score, one-dimensional expectations with error bound ``logistic_tol``): that
+      field;
     * masked attention needs positions: use :mod:`gaussian_pde.closure._masked`.
     """
 
@@ -276,10 +225,11 @@ class AttentionField(Field):
             raise TypeError(f"`attention` must be an attention object, got "
                             f"{type(attention).__name__}.")
         # what the type can do is declared on it: `gaussian_preserving` and `closure`
-        if attention.closure == "block_causal" or attention.uses_positions:
+        if attention.uses_positions:
             raise TypeError(f"`attention` ({attention.name}) uses token positions; use "
                             "gaussian_pde.closure._masked for its block-causal closure.")
-        if not attention.gaussian_preserving and attention.closure != "quadrature":
+        if not attention.gaussian_preserving and not has_hook(type(attention),
+                                                              "gaussian_closure_field"):
             raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians and "
                             f"declares no Gaussian closure (closure = {attention.closure!r}); "
                             "simulate particles instead.")
@@ -306,58 +256,13 @@ class AttentionField(Field):
         aff = self.affine(mean, cov)
         if aff is not None:
             return aff[0] + x @ aff[1].T
-        if att.closure == "quadrature":
-            return self._sigmoid(mean, cov, x)
+        if not att.gaussian_preserving:
+            return att.gaussian_closure_field(mean, cov, x, self.logistic_tol)
         Y, w = gauss_hermite_gaussian(mean, cov, self.n_inner)
-        return _definition_field(att, Y, np.log(w), x)
-
-    def _sigmoid(self, mean, cov, x):
-        att = self.attention
-        A = att.A
-        u = x @ A.T                             # u_i = A x_i
-        m = u @ mean + att.bias
-        s = np.sqrt(np.clip(np.einsum("ij,jk,ik->i", u, cov, u), 0.0, None))
-        e_sig, e_dsig, _ = logistic_normal_moments(m, s, self.logistic_tol)
-        return (e_sig[:, None] * mean + e_dsig[:, None] * (u @ cov)) @ att.V.T
+        return att.definition_field(Y, np.log(w), x)
 
     def particle(self, x, positions=None):
         return self.attention.particle_velocity(x)[0]
-
-
-def _scores(att, X, Y):
-    """Score matrix ``S[i, j] = s(x_i, y_j)`` of a single head."""
-    if att.name == "l2":
-        qx, ky = X @ att.Q.T, Y @ att.K.T
-        return -att.scale * (np.sum(qx**2, 1)[:, None] - 2 * qx @ ky.T + np.sum(ky**2, 1)[None])
-    return X @ att.A.T @ Y.T
-
-
-def _definition_field(att, Y, logw, X):
-    """Mean-field velocity from the definition, the measure being ``sum_j w_j delta_{y_j}``."""
-    if att.name == "multihead":
-        return sum(_definition_field(h, Y, logw, X) for h in att.heads)
-    if att.name in ("softmax", "l2"):
-        S = _scores(att, X, Y) + logw
-    elif att.name == "sinkhorn":
-        g = _sinkhorn_potential(_scores(att, Y, Y), logw)
-        S = _scores(att, X, Y) + g + logw
-    else:
-        raise TypeError(f"no quadrature definition for attention type {att.name!r}.")
-    P = np.exp(S - logsumexp(S, axis=1, keepdims=True))
-    return (P @ Y) @ att.V.T
-
-
-def _sinkhorn_potential(S, logw, tol=1e-13, max_iter=20_000):
-    r"""Column potential ``g`` of the weighted entropic self-coupling :math:`e^{S_{ij} + f_i + g_j} w_iw_j`."""
-    f = np.zeros(S.shape[0])
-    g = np.zeros(S.shape[1])
-    for _ in range(max_iter):
-        f = -logsumexp(S + g + logw, axis=1)
-        g_new = -logsumexp(S.T + f + logw, axis=1)
-        if np.max(np.abs(g_new - g)) < tol:
-            return g_new
-        g = g_new
-    return g
 
 
 # --------------------------------------------------------------------------------------

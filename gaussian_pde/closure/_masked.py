@@ -34,7 +34,7 @@ from .._common.validation import (
     validate_int,
     validate_quadrature,
 )
-from ..attention._masked import Masked
+from ..attention import Masked
 from ..integrate._options import run_options
 from ..integrate._results import Status
 from ..integrate._solve import integrate_system

@@ -72,8 +72,7 @@ from .._common.validation import (
     validate_positive,
     validate_quadrature,
 )
-from ..attention._base import Attention
-from ..attention._multihead import MultiHead
+from ..attention import QuadraticScore, quadratic_heads
 from ..integrate._options import run_options
 from ..integrate._results import Status
 from ..integrate._solve import integrate_system
@@ -244,33 +243,13 @@ _CHUNK_ENTRIES = 1 << 22
 _COMPILED_PAIRS = 1 << 18
 
 
-@dataclasses.dataclass(frozen=True)
-class _Head:
-    """One head's quadratic score: bilinear coupling ``A`` (``y^T A x``), Hessian ``H``, ``V``."""
-
-    A: np.ndarray
-    H: np.ndarray | None    # None: softmax (H = 0)
-    V: np.ndarray
+#: one head's quadratic score (``Attention.quadratic_score``): ``A``, ``H`` (None: 0), ``V``
+_Head = QuadraticScore
 
 
 def _heads(attention, name="attention"):
-    """The quadratic-score heads of softmax, L2 or a MultiHead of them; else TypeError."""
-    if not isinstance(attention, Attention):
-        raise TypeError(f"`{name}` must be an attention object, got {type(attention).__name__}.")
-    if isinstance(attention, MultiHead):
-        out = []
-        for i, h in enumerate(attention.heads):
-            out.extend(_heads(h, f"{name}.heads[{i}]"))
-        return out
-    if attention.name == "softmax":
-        return [_Head(A=np.asarray(attention.A), H=None, V=np.asarray(attention.V))]
-    if attention.name == "l2":
-        c = attention.scale
-        return [_Head(A=2 * np.asarray(attention.A), H=2 * c * attention.K.T @ attention.K,
-                      V=np.asarray(attention.V))]
-    raise TypeError(f"`{name}` ({attention.name}): the mixture closure needs softmax or L2 "
-                    "heads (or a MultiHead of them), whose velocity against a mixture is in "
-                    "closed form.")
+    """The quadratic scores of the heads of ``attention`` (``quadratic_heads``); else TypeError."""
+    return quadratic_heads(attention, name)
 
 
 def component_terms(A, H, means, covs):

@@ -19,6 +19,7 @@ from ._batch import solve_batch
 from ._exact import blowup_time, exact_covariance, scalar_solution
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import solve
+from ._steppers import RODAS4
 
-__all__ = ["BatchSolution", "MomentSolution", "Status", "blowup_time", "exact_covariance",
-           "scalar_solution", "solve", "solve_batch"]
+__all__ = ["BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
+           "exact_covariance", "scalar_solution", "solve", "solve_batch"]

@@ -365,8 +365,8 @@ def _blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, suspected):
     cov, dcov = cov_rate(Ln[over], dLn[over])
     tr_, dtr = np.trace(cov, axis1=1, axis2=2), np.trace(dcov, axis1=1, axis2=2)
     hh = blowup_probe_step(tr_, dtr)
-    L2 = Ln[over] + hh[:, None, None] * dLn[over]
-    cov2, dcov2 = cov_rate(L2, field.at(g, L2))
+    L_end = Ln[over] + hh[:, None, None] * dLn[over]
+    cov2, dcov2 = cov_rate(L_end, field.at(g, L_end))
     rec.nfev[g] += 1
     tstar, finite = blowup_extrapolate(t_new[over], tr_, dtr, np.trace(cov2, axis1=1, axis2=2),
                                        np.trace(dcov2, axis1=1, axis2=2), hh)

@@ -27,23 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._common.linalg import JACOBIAN_SPREAD_MAX, closed_form_holds
+
 __all__ = ["JACOBIAN_SPREAD_MAX", "closed_form_holds", "column_steps", "central_jacobian"]
 
-#: the closed-form L2 Jacobian is used while the non-zero column norms of the factor
-#: span less than this ratio (its error grows like the spread squared times eps: about
-#: 1e-8 of the solver's tolerance at this spread)
-JACOBIAN_SPREAD_MAX = 1e4
 _EPS3 = np.finfo(float).eps ** (1.0 / 3.0)
-
-
-def closed_form_holds(L):
-    """Whether the non-zero column norms of ``L`` (``(..., d, d)``) span < the limit."""
-    L = np.asarray(L, dtype=float)
-    with np.errstate(over="ignore", invalid="ignore"):
-        c = np.sqrt(np.einsum("...ij,...ij->...j", L, L))
-        cmax = c.max(axis=-1)
-        cmin = np.where(c > 0, c, np.inf).min(axis=-1)
-        return ~(cmax > JACOBIAN_SPREAD_MAX * cmin)     # NaN and all-zero: True
 
 
 def column_steps(Z):

@@ -24,30 +24,23 @@ In ``d = 1`` every Gaussian-preserving type is a scalar ODE for the variance
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import lambertw
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import validate_array, validate_covariance, validate_positive
-from ..attention._l2 import L2
-from ..attention._moments import validate_attention
-from ..attention._multihead import MultiHead
-from ..attention._sinkhorn import Sinkhorn
-from ..attention._softmax import Softmax
+from ..attention import validate_attention
 
 __all__ = ["exact_covariance", "blowup_time", "scalar_solution", "linear_mean", "expm_stack"]
 
 
-def _softmax_identity_S(attention):
-    """``S = sum_h (A_h + A_h^T)`` when every head is softmax with ``V = I``, else error."""
-    heads = attention.heads if isinstance(attention, MultiHead) else (attention,)
-    for h in heads:
-        if type(h) is not Softmax or not np.array_equal(h.V, np.eye(h.d)):
-            raise ValueError(
-                "`attention` has no closed-form covariance: the exact solution is known for "
-                "softmax attention with V = I (one head or a MultiHead of such heads), "
-                f"got {attention!r}" + ("" if type(h) is not Softmax else " with V != I") + ".")
-    return sum(h.A + h.A.T for h in heads)
+def _riccati_S(attention):
+    r""":math:`S` of :math:`\Sigma' = \Sigma S\Sigma` (``Attention.riccati_matrix``), else error."""
+    S = attention.riccati_matrix()
+    if S is None:
+        raise ValueError(
+            "`attention` has no closed-form covariance: the exact solution is known for "
+            "a type whose covariance obeys Sigma' = Sigma S Sigma (softmax attention with "
+            f"V = I, one head or a MultiHead of such heads; none with V != I), got {attention!r}.")
+    return S
 
 
 def blowup_time(attention, cov0):
@@ -59,7 +52,7 @@ def blowup_time(attention, cov0):
     Raises ``ValueError`` for attention types without a closed form.
     """
     validate_attention(attention)
-    S = _softmax_identity_S(attention)
+    S = _riccati_S(attention)
     cov0 = validate_covariance(cov0, "cov0", d=attention.d)
     R = psd_sqrt(cov0)
     lam = np.linalg.eigvalsh(R @ S @ R)[-1]
@@ -98,7 +91,7 @@ def exact_covariance(attention, cov0, t):
         :math:`\Sigma_0^{1/2}(I - t\,\Sigma_0^{1/2} S\Sigma_0^{1/2})^{-1}\Sigma_0^{1/2}`.
     """
     validate_attention(attention)
-    S = _softmax_identity_S(attention)
+    S = _riccati_S(attention)
     cov0 = validate_covariance(cov0, "cov0", d=attention.d)
     t_arr = _validate_times(t)
     if np.any(t_arr < 0):
@@ -112,11 +105,6 @@ def exact_covariance(attention, cov0, t):
     mats = eye - t_arr[..., None, None] * C
     out = R @ np.linalg.solve(mats, np.broadcast_to(R, mats.shape))
     return 0.5 * (out + np.swapaxes(out, -1, -2))
-
-
-def _scalar_weights(head):
-    q, k, v, c = head.Q[:, 0], head.K[:, 0], head.V[0, 0], head.scale
-    return c * float(q @ k), c * float(k @ k), v
 
 
 def scalar_solution(attention, mean0, var0, t):
@@ -151,70 +139,10 @@ def scalar_solution(attention, mean0, var0, t):
         raise ValueError(f"`mean0` must be one number (d = 1), got shape {m0.shape}.")
     m0 = float(m0.reshape(-1)[0])
     t = _validate_times(t)
-    if isinstance(attention, MultiHead):
-        if not all(type(h) is Softmax for h in attention.heads):
-            raise ValueError("the scalar solution of a MultiHead is implemented for softmax heads.")
-        va = sum(_scalar_weights(h)[0] * _scalar_weights(h)[2] for h in attention.heads)
-        v = sum(_scalar_weights(h)[2] for h in attention.heads)
-        kind = "softmax"
-    else:
-        a, kappa, v = _scalar_weights(attention)
-        va = v * a
-        kind = attention.name
-    if kind == "softmax":
-        denom = 1.0 - 2.0 * va * s0 * t
-        if np.any(denom <= 0):
-            raise ValueError("`t` reaches the blow-up time.")
-        return m0 * np.exp(v * t) / np.sqrt(denom), s0 / denom
-    if type(attention) is L2:
-        h, m = 2.0 * kappa, 4.0 * va
-        if m == 0:  # v = 0 or a = 0: the variance is constant
-            rate = v * (1.0 + 2.0 * a * s0) / (1.0 + h * s0)
-            return m0 * np.exp(rate * t), np.full_like(t, s0)
-        R = -1.0 / s0 + h * np.log(s0) + m * t
-        # s = 1/(h W(exp(-R/h)/h)), in logs: W(e^z) with z = -R/h - ln h
-        s = 1.0 / (h * _lambertw_exp(-R / h - np.log(h)))
-        mean = m0 * np.exp(v / m * ((-1.0 / s + 2 * a * np.log(s))
-                                    - (-1.0 / s0 + 2 * a * np.log(s0))))
-        return mean, s
-    if type(attention) is Sinkhorn:
-        a, _, v = _scalar_weights(attention)
-        if a == 0 or v == 0:
-            return m0 * np.exp(v * t), np.full_like(t, s0)
-        b = 2.0 * abs(a)
-
-        def F(s):
-            return -1.0 / s - np.sqrt(1.0 + b * b * s * s) / s + b * np.arcsinh(b * s)
-
-        target = F(s0) + 4.0 * v * a * t
-        out = np.empty_like(t)
-        for i, rhs in np.ndenumerate(target):
-            lo, hi = s0, s0
-            if rhs >= F(s0):
-                while F(hi) < rhs:
-                    hi *= 2.0
-                    if hi > 1e300:
-                        raise ValueError("`t` reaches the blow-up time.")
-            else:
-                while F(lo) > rhs:
-                    lo /= 2.0
-            out[i] = brentq(lambda s, r=rhs: F(s) - r, lo, hi, xtol=1e-300, rtol=1e-15, maxiter=500)
-        return m0 * np.exp(v * t), out
-    raise ValueError(f"no scalar closed form for {attention!r}.")
-
-
-def _lambertw_exp(z):
-    """Principal Lambert W of ``exp(z)``, stable for large ``z``."""
-    z = np.asarray(z, dtype=float)
-    out = np.empty_like(z)
-    small = z < 500
-    out[small] = lambertw(np.exp(z[small])).real
-    if np.any(~small):  # W(e^z) = z - ln z + ln z / z + ... ; refine by Newton on w + ln w = z
-        w = z[~small] - np.log(z[~small])
-        for _ in range(8):
-            w -= (w + np.log(w) - z[~small]) / (1.0 + 1.0 / w)
-        out[~small] = w
-    return out
+    sol = attention.scalar_solution(m0, s0, t)
+    if sol is None:
+        raise ValueError(f"no scalar closed form for {attention!r}.")
+    return sol
 
 
 def linear_mean(generator, mean0, times):

@@ -3,10 +3,11 @@ r"""The stacked factor-form field ``L' = M(Sigma) L`` and its exact Jacobian.
 One :class:`Field` evaluates the covariance equation in factor form (docs/math.md
 section 10) for a stack of trajectories whose attentions may differ: trajectories with the
 same structure (type, number of heads, ``k``, ``d``) share one vectorised call of the
-generated functions in :mod:`gaussian_pde._generated`, which broadcast over leading axes
-of the state and of stacked weights ``Q, K, V`` of shape ``(B, k, d)`` (a softmax stack
-runs the same products in a loop compiled by Numba, :mod:`._compiled`). The same object,
-with one row, is the right-hand side of :func:`gaussian_pde.solve`'s exact Jacobian.
+generated functions of the type (``Attention.generated``), which broadcast over leading
+axes of the state and of stacked weights (``Attention.weights()``, e.g. ``Q, K, V`` of
+shape ``(B, k, d)``; a type with a compiled stacked loop, ``Attention.stack_kernel()``,
+runs the same products there). The same object, with one row, is the right-hand side of
+:func:`gaussian_pde.solve`'s exact Jacobian.
 """
 
 from __future__ import annotations
@@ -15,22 +16,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .._common.linalg import l2_gain_parts
 from .._common.validation import validate_array
-from ..attention._base import Attention, SingleHeadAttention
-from ..attention._multihead import MultiHead
-from ..attention._registry import get_attention
-from ._compiled import kernel as compiled_kernel
+from ..attention import Attention, get_attention, has_hook
 
 __all__ = ["Field", "build_field", "analytic_jacobian", "cov_rate"]
-
-#: generated modules whose factor field has an exact Jacobian (:func:`analytic_jacobian`)
-_HOLOMORPHIC = ("softmax", "l2")
-
-#: generated modules whose ``factor_apply`` on a stack of factors has a compiled loop
-#: (:mod:`._compiled`): NumPy's matmul on stacks of small matrices costs about 0.15 us per
-#: matrix and product
-_COMPILED_APPLY = {"softmax": "softmax_apply_stack"}
 
 
 def cov_rate(L, dL):
@@ -41,27 +30,30 @@ def cov_rate(L, dL):
 
 
 def _signature(att):
-    if isinstance(att, MultiHead):
-        return ("multihead",) + tuple(_signature(h) for h in att.heads)
-    if isinstance(att, SingleHeadAttention) and att._generated is not None:
-        return (type(att), att.k, att.d)
-    raise TypeError(f"`attentions_or_weights` holds an attention type that cannot be batched: "
-                    f"{att!r} (softmax, L2, Sinkhorn and MultiHead of those can).")
+    """Type and weight shapes of every head: trajectories with the same one share a call."""
+    sig = []
+    for h in att.heads:
+        if getattr(h, "generated", None) is None:
+            raise TypeError(f"`attentions_or_weights` holds an attention type that cannot be "
+                            f"batched: {att!r} (a batched type has a generated module and "
+                            "weights: softmax, L2, Sinkhorn and MultiHead of those can).")
+        sig.append((type(h),) + tuple(np.shape(w) for w in h.weights()))
+    return tuple(sig)
 
 
 def _heads(att):
-    return att.heads if isinstance(att, MultiHead) else (att,)
+    return att.heads
 
 
 class Field:
     """Stacked weights grouped by structure; evaluates ``L'`` for any subset of rows."""
 
     def __init__(self, groups, n):
-        # groups: list of (global indices or None for all, [(gen, Q, K, V, scale), ...]);
+        # groups: list of (global indices or None for all, [(cls, weights), ...]);
         # each head also keeps the generated weight products (factor_weights), computed
         # once here, so that an evaluation multiplies the state only
-        self.groups = [(idx, [(gen, Q, K, V, s, _weight_products(gen, Q, K, V, s))
-                              for gen, Q, K, V, s in heads]) for idx, heads in groups]
+        self.groups = [(idx, [(cls, ws, _weight_products(cls.generated, ws))
+                              for cls, ws in heads]) for idx, heads in groups]
         self.n = n
         self.group_of = np.empty(n, dtype=int)
         self.local = np.empty(n, dtype=int)
@@ -71,18 +63,17 @@ class Field:
             self.local[idx] = np.arange(idx.size)
         self.calls = 0
         self._cache_key = None
-        #: whether :func:`analytic_jacobian` applies (every head softmax or L2)
-        gens = {gen: gen.__name__.rsplit(".", 1)[-1] for _, heads in self.groups
-                for gen, *_ in heads}
-        kinds = set(gens.values())
-        #: generated module -> the name of its compiled stacked ``factor_apply``, loaded at
+        classes = []
+        for _, heads in self.groups:
+            classes += [cls for cls, *_ in heads if cls not in classes]
+        #: whether :func:`analytic_jacobian` applies (every head implements jacobian_parts)
+        self.analytic_jacobian = all(cls.exact_jacobian for cls in classes)
+        #: the head classes whose closed-form Jacobian holds only in part of the state
+        #: space (``jacobian_holds``: L2, within gaussian_pde.integrate._differences's spread)
+        self.limited = [cls for cls in classes if has_hook(cls, "jacobian_holds")]
+        #: class -> its compiled stacked ``factor_apply`` (``stack_kernel``), looked up at
         #: the first evaluation (``solve`` builds a field it may never evaluate)
-        self._compiled = {gen: _COMPILED_APPLY[kind] for gen, kind in gens.items()
-                          if kind in _COMPILED_APPLY}
-        self.analytic_jacobian = kinds <= set(_HOLOMORPHIC)
-        #: whether an L2 head is present, whose closed-form Jacobian holds only while the
-        #: factor's columns stay within gaussian_pde.integrate._differences's spread
-        self.has_l2 = "l2" in kinds
+        self._compiled = {cls: None for cls in classes if has_hook(cls, "stack_kernel")}
 
     def _plan(self, idx, stacked=False):
         """Rows and weights of each group for trajectories ``idx``.
@@ -101,9 +92,9 @@ class Field:
             if rows.size == 0:
                 continue
             loc = self.local[idx[rows]]
-            params = [(gen, take(Q, loc), take(K, loc), take(V, loc), take(s, loc),
+            params = [(cls, tuple(take(w, loc) for w in ws),
                        None if W is None else tuple(take(w, loc) for w in W))
-                      for gen, Q, K, V, s, W in heads]
+                      for cls, ws, W in heads]
             plan.append((None if rows.size == idx.size else rows, params))
         return plan
 
@@ -112,21 +103,33 @@ class Field:
 
     def _eval(self, params, L):
         out = None
-        for gen, Q, K, V, s, W in params:
-            name = self._compiled.get(gen)
+        for cls, ws, W in params:
             if W is None:
-                term = gen.factor_rhs(Q, K, V, s, L)
-            elif (name is not None and L.ndim == 3 and L.dtype == np.float64
+                term = cls.generated.factor_rhs(*ws, L)
+            elif (cls in self._compiled and L.ndim == 3 and L.dtype == np.float64
                   and W[0].shape[0] in (1, L.shape[0])
-                  and (fast := compiled_kernel(name)) is not None):
+                  and (fast := self._stack_kernel(cls)) is not None):
                 # real stacks of one state per trajectory; complex steps and the stacks
                 # of the finite-difference Jacobian take the generated products
                 term = np.empty_like(L)
                 fast(W[0], L, term)
             else:
-                term = gen.factor_apply(W, L)
+                term = cls.generated.factor_apply(W, L)
             out = term if out is None else out + term
         return out
+
+    def _stack_kernel(self, cls):
+        fast = self._compiled[cls]
+        if fast is None:
+            fast = self._compiled[cls] = cls.stack_kernel()
+        return fast
+
+    def jacobian_holds(self, L):
+        """Where every limited head class's closed form keeps its digits (per factor)."""
+        holds = np.ones(L.shape[0], dtype=bool)
+        for cls in self.limited:
+            holds &= cls.jacobian_holds(L)
+        return holds
 
     def __call__(self, L, plan=None):
         """``L'`` for a stack aligned with the active rows (or with ``plan``'s rows)."""
@@ -152,12 +155,12 @@ class Field:
         return self(L, self._plan(idx, stacked=True))
 
 
-def _weight_products(gen, Q, K, V, s):
+def _weight_products(gen, ws):
     """The generated module's hoisted weight products, or None if it has none."""
     make = getattr(gen, "factor_weights", None)
     if make is None:
         return None
-    weights = tuple(make(Q, K, V, s))
+    weights = tuple(make(*ws))
     # stacked inputs (and scale of shape (B, 1, 1)) give stacked products: one per row,
     # or one for all, which Field._plan can subset like the weights themselves
     assert all(np.ndim(w) == 3 for w in weights)
@@ -165,18 +168,22 @@ def _weight_products(gen, Q, K, V, s):
 
 
 def _stack_heads(atts):
-    """[(gen, Q, K, V, scale)] with leading batch axes for attentions of one signature."""
+    """[(cls, weights)] with leading batch axes for attentions of one signature.
+
+    Each weight gains a leading axis; a scalar (the scale) becomes ``(B, 1, 1)`` so that
+    it broadcasts against stacked matrices.
+    """
     per_head = list(zip(*[_heads(a) for a in atts]))
     out = []
     for heads in per_head:
-        gen = heads[0]._generated
-        Q = np.stack([h.Q for h in heads])
-        K = np.stack([h.K for h in heads])
-        V = np.stack([h.V for h in heads])
-        s = np.array([h.scale for h in heads])[:, None, None]
+        cols = list(zip(*[h.weights() for h in heads]))
+        ws = []
+        for col in cols:
+            w = np.stack([np.asarray(x, dtype=float) for x in col])
+            ws.append(w[:, None, None] if w.ndim == 1 else w)
         if len(heads) > 1 and all(h is heads[0] for h in heads):
-            Q, K, V, s = Q[:1], K[:1], V[:1], s[:1]
-        out.append((gen, Q, K, V, s))
+            ws = [w[:1] for w in ws]
+        out.append((type(heads[0]), tuple(ws)))
     return out
 
 
@@ -214,6 +221,10 @@ def build_field(attentions_or_weights, n):
     return Field(groups, n), dims.pop()
 
 
+#: the weights of a head that stacked weights (a mapping) can describe
+_QKV = ("Q", "K", "V", "scale")
+
+
 def _field_from_weights(w, n):
     unknown = set(w) - {"kind", "Q", "K", "V", "scale"}
     if unknown or not {"kind", "Q", "K", "V"} <= set(w):
@@ -224,7 +235,7 @@ def _field_from_weights(w, n):
         cls = get_attention(w["kind"])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"`attentions_or_weights['kind']`: {exc}") from None
-    if not (issubclass(cls, SingleHeadAttention) and cls._generated is not None):
+    if getattr(cls, "generated", None) is None or getattr(cls, "weight_names", None) != _QKV:
         raise ValueError("`attentions_or_weights['kind']` must be a single-head kind with "
                          f"exact moment equations, got {w['kind']!r}.")
     Q = validate_array(w["Q"], "Q", ndim=(2, 3))
@@ -250,46 +261,20 @@ def _field_from_weights(w, n):
         if arr.shape[0] not in (1, n):
             raise ValueError(f"stacked `{name}` must have 1 or {n} (= len(cov0s)) entries "
                              f"along its first axis, got {arr.shape[0]}.")
-    return Field([(None, [(cls._generated, Q, K, V, scale[:, None, None])])], n), d
+    return Field([(None, [(cls, (Q, K, V, scale[:, None, None]))])], n), d
 
 
+def _head_jacobian(cls, ws, L):
+    r"""Jacobian of one head's ``L' = M(\Sigma) L`` at stacked ``L`` (``jacobian_parts``).
 
-
-def _head_jacobian(kind, Q, K, V, s, L):
-    r"""Jacobian of one softmax or L2 head's ``L' = M(\Sigma) L`` at stacked ``L``.
-
-    Both fields have :math:`dM[d\Sigma] = A\,d\Sigma\,C`: softmax
-    :math:`M = sV\Sigma K^TQ`, :math:`A = sV`, :math:`C = K^TQ`; L2
-    :math:`M = 2sVX^{-1}\Sigma K^TQ`, :math:`X = 2s\Sigma K^TK + I`,
-    :math:`A = 2sVX^{-1}`, :math:`C = K^TQ - 2sK^TKX^{-1}\Sigma K^TQ = K^T(I_k + 2sK\Sigma
-    K^T)^{-1}Q`, all from the SVD of :math:`\sqrt{2s}\,KL`
-    (:func:`~gaussian_pde._common.linalg.l2_gain_parts`). With
-    :math:`d\Sigma = EL^T + LE^T` and :math:`B = CL`,
-    :math:`dF[E] = ME + AEL^TB + ALE^TB`, so for :math:`E = e_ae_b^T`
+    With :math:`dM[d\Sigma] = A\,d\Sigma\,C`, :math:`d\Sigma = EL^T + LE^T` and
+    :math:`B = CL`, :math:`dF[E] = ME + AEL^TB + ALE^TB`, so for :math:`E = e_ae_b^T`
     :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`.
     """
     r, d = L.shape[0], L.shape[-1]
     Lt = np.swapaxes(L, -1, -2)
-    Kt = np.swapaxes(K, -1, -2)
-    KtQ = Kt @ Q
-    S = L @ Lt
-    if kind == "softmax":
-        A = np.broadcast_to(s * V, (r, d, d))
-        C = KtQ
-        M = A @ S @ KtQ
-    else:
-        # from the gain G = (I + B^T B)^{-1} B^T of B = sqrt(2s) K L and
-        # E = (I_k + B B^T)^{-1} (one SVD, no inverse of X): X^{-1} = I - sqrt(2s) L G K,
-        # X^{-1} Sigma K^T Q = L G Q / sqrt(2s), C = K^T E Q (the difference
-        # K^T Q - 2s K^T K X^{-1} Sigma K^T Q would bury C's small entries in rounding)
-        r2 = np.sqrt(2 * s)
-        G, E = l2_gain_parts(r2 * (K @ L))
-        LG = L @ G
-        Xi = np.eye(d) - r2 * (LG @ K)
-        P = (LG @ Q) / r2
-        A = (2 * s) * (V @ Xi)
-        M = (2 * s) * (V @ P)
-        C = Kt @ (E @ Q)
+    M, A, C, _, _ = cls.jacobian_parts(ws, L)
+    A = np.broadcast_to(A, (r, d, d))
     B = C @ L
     J = np.empty((r, d, d, d, d))
     J[...] = np.einsum("ria,rbj->rijab", A, Lt @ B)
@@ -299,14 +284,14 @@ def _head_jacobian(kind, Q, K, V, s, L):
 
 
 def analytic_jacobian(field, idx, L):
-    """Jacobian of the field at rows ``idx`` (all heads softmax or L2), ``(r, n, n)``."""
+    """Jacobian of the field at rows ``idx`` (every head has ``jacobian_parts``), ``(r, n, n)``."""
     r, d = L.shape[0], L.shape[-1]
     out = None
     for rows, params in field._plan(idx):
         Lr = L if rows is None else L[rows]
         Jg = None
-        for gen, Q, K, V, s, _ in params:
-            term = _head_jacobian(gen.__name__.rsplit(".", 1)[-1], Q, K, V, s, Lr)
+        for cls, ws, _ in params:
+            term = _head_jacobian(cls, ws, Lr)
             Jg = term if Jg is None else Jg + term
         if rows is None:
             return Jg

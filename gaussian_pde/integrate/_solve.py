@@ -40,7 +40,7 @@ import numpy as np
 
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
-from ..attention._moments import validate_attention
+from ..attention import validate_attention
 from ._auto import STIFF_SOLVER
 from ._batch import solve_batch
 from ._events import (

@@ -18,10 +18,12 @@ step-size rule, the events and the output are shared by both methods.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 from scipy.integrate._ivp import dop853_coefficients as _dop
 
-from ._differences import closed_form_holds, column_steps
+from ._differences import column_steps
 from ._field import analytic_jacobian
 
 __all__ = ["DOP853Stepper", "RosenbrockStepper", "MixedStep", "rms", "SAFETY", "MIN_FACTOR"]
@@ -207,6 +209,10 @@ _RH = np.array([[10.12623508344586, -7.487995877610167, -34.80091861555747,
 #: a stage state this many times larger than the step's start is rejected outright
 _WILD = 1e6
 
+#: the RODAS4 coefficients (``a``, ``b``, ``c`` and ``gamma`` of the Hairer-Wanner form
+#: above), for every Rosenbrock loop of the package
+RODAS4 = types.SimpleNamespace(a=_RA, b=_RB, c=_RC, gamma=_RGAMMA)
+
 
 
 def _batched_inv(W):
@@ -271,8 +277,8 @@ class RosenbrockStepper:
         r, d = y.shape[0], self.d
         if self.jac_mode != "analytic":
             return self._central(idx, y)
-        if self.field.has_l2:
-            holds = closed_form_holds(y.reshape(r, d, d))
+        if self.field.limited:
+            holds = self.field.jacobian_holds(y.reshape(r, d, d))
             if not holds.all():
                 J = np.empty((r, self.n, self.n))
                 if holds.any():

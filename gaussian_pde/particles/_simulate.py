@@ -39,13 +39,13 @@ from .._common.validation import (
     validate_tolerance,
     validate_vector,
 )
-from ..attention._kernels import (
+from ..attention import (
     ParticleDiagnostics,
     SinkhornConvergenceWarning,
+    default_positions,
     make_options,
+    validate_attention,
 )
-from ..attention._masked import default_positions
-from ..attention._moments import validate_attention
 from ..integrate._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -325,14 +325,14 @@ class _Run:
 
     def fun(self, t, y):
         self.counters["nfev"] += 1
-        v, diag = self.att._particle_velocity(y.reshape(self.n, self.d), self.opts)
+        v, diag = self.att.particle_kernel(y.reshape(self.n, self.d), self.opts)
         self.note(diag)
         return v.ravel()
 
     def record(self, t, y):
         x = y.reshape(self.n, self.d)
         m, c = particle_moments(x)
-        _, diag = self.att._particle_velocity(x, self.diag_opts)
+        _, diag = self.att.particle_kernel(x, self.diag_opts)
         self.note(diag)
         rec = self.rec
         rec["t"].append(t)
@@ -565,7 +565,7 @@ def _check_initial_state(attention, x0, opts):
     """
     with np.errstate(all="ignore"):
         cov = particle_moments(x0)[1]
-        v, _ = attention._particle_velocity(x0, opts)
+        v, _ = attention.particle_kernel(x0, opts)
     if not np.all(np.isfinite(cov)):
         raise ValueError("`x0` is too large: the covariance of the tokens overflows float64 "
                          f"(largest |entry| {np.max(np.abs(x0)):.3g}); rescale the tokens.")

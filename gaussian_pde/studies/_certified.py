@@ -62,11 +62,8 @@ from .._common.validation import (
     validate_positive,
     validate_tolerance,
 )
-from ..attention._base import Attention
-from ..attention._l2 import L2
-from ..attention._multihead import MultiHead
-from ..attention._softmax import Softmax
-from ..integrate._steppers import _RA, _RB, _RC, _RGAMMA
+from ..attention import Attention, quadratic_heads
+from ..integrate import RODAS4
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
            "theorem_rank"]
@@ -169,23 +166,25 @@ def _check_definite(cov, name):
 
 
 def _heads(att, name="attention"):
-    """``[(kind, Q, K, V, scale)]`` for softmax / L2 heads; ``TypeError`` otherwise."""
-    if not isinstance(att, Attention):
-        raise TypeError(f"`{name}` must be an attention type, got {type(att).__name__}.")
-    heads = att.heads if isinstance(att, MultiHead) else [att]
+    """``[(kind, Q, K, V, scale, score)]`` of heads with a quadratic score; ``TypeError`` otherwise.
+
+    ``kind`` is ``"bilinear"`` where the score has no quadratic part (:math:`H = 0`:
+    softmax) and ``"quadratic"`` otherwise (L2); ``score`` is the head's
+    :class:`~gaussian_pde.attention.QuadraticScore`.
+    """
+    scores = quadratic_heads(att, name, what="certified_limit (for which N^T Sigma^-1 N "
+                             "is conserved)")
     out = []
-    for h in heads:
-        if isinstance(h, L2):
-            kind = "l2"
-        elif isinstance(h, Softmax):
-            kind = "softmax"
-        else:
-            raise TypeError(
-                f"`{name}`: certified_limit supports softmax and L2 heads (and their sums), "
-                f"for which N^T Sigma^-1 N is conserved; got {type(h).__name__}.")
+    for h, score in zip(_flat_heads(att), scores):
+        kind = "bilinear" if score.H is None else "quadratic"
         out.append((kind, np.asarray(h.Q, float), np.asarray(h.K, float),
-                    np.asarray(h.V, float), float(h.scale)))
+                    np.asarray(h.V, float), float(h.scale), score))
     return out
+
+
+def _flat_heads(att):
+    """The single heads of ``att``, nested sums flattened (the order of ``quadratic_heads``)."""
+    return [g for h in att.heads for g in ((h,) if h is att else _flat_heads(h))]
 
 
 def _frame(heads, d):
@@ -201,7 +200,7 @@ def _lyapunov_matrix(heads):
     """``V^{-1}`` for one head with K = -Q and V SPD, else ``None``."""
     if len(heads) != 1:
         return None
-    _, Q, K, V, _ = heads[0]
+    _, Q, K, V, _, _ = heads[0]
     if not np.allclose(K, -Q, rtol=0, atol=1e-14 * max(1.0, np.abs(Q).max())):
         return None
     if not np.allclose(V, V.T, rtol=0, atol=1e-13 * max(1.0, np.abs(V).max())):
@@ -294,7 +293,7 @@ class _LDLField:
         for j, kind in enumerate(self.kinds):
             Vt = LT @ self.V[:, j][sl] @ LiT
             At = Li @ self.A[:, j][sl] @ LiT
-            if kind == "softmax":
+            if kind == "bilinear":
                 Y = Y + (Vt * np.exp(lt[..., None] - ell)[..., None, :]) @ At
             else:
                 Ht = Li @ self.H[:, j][sl] @ LiT
@@ -353,12 +352,14 @@ def _build(attentions, d):
         heads = _heads(att)
         U[i], rq[i] = _frame(heads, d)
         u, k = U[i], int(rq[i])
-        for j, (kind, Q, K, Vh, c) in enumerate(heads):
-            A[i, j] = u.T @ (c * K.T @ Q) @ u
+        for j, (kind, _, _, Vh, _, score) in enumerate(heads):
+            # the score's coupling, with the factor 2 of the quadratic form's A taken out
+            # (M = 2V(P + H)^{-1}A below; exact: a power of two)
+            A[i, j] = u.T @ (score.A if kind == "bilinear" else 0.5 * score.A) @ u
             A[i, j][:, k:] = 0.0            # A N = 0 exactly (N spans ker Q): no rounding
             V[i, j] = u.T @ Vh @ u          # can feed N^T P N
-            if kind == "l2":
-                H[i, j] = u.T @ (2.0 * c * K.T @ K) @ u
+            if kind == "quadratic":
+                H[i, j] = u.T @ score.H @ u
         W = _lyapunov_matrix(heads)
         lyap.append(None if W is None else u.T @ W @ u)
     return kinds, A, V, H, U, rq, lyap
@@ -368,7 +369,7 @@ def _precision_rhs(kinds, A, V, H, P, S):
     r""":math:`F(P) = -(PM + M^TP)` of (4.4) at one :math:`P` (for the time scale)."""
     G = 0.0
     for j, kind in enumerate(kinds):
-        X = S if kind == "softmax" else 2.0 * np.linalg.inv(P + H[:, j])
+        X = S if kind == "bilinear" else 2.0 * np.linalg.inv(P + H[:, j])
         G = G + P @ V[:, j] @ X @ A[:, j]
     return -(G + np.swapaxes(G, -1, -2))
 
@@ -442,16 +443,16 @@ def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_M
                 out[:, :ny] = fld(v[:, :ny], v[:, ny])
             return out
 
-        Winv = _safe_inv(eye / (_RGAMMA * hh)[:, None, None] - _jacobian(fld, ya, ny))
+        Winv = _safe_inv(eye / (RODAS4.gamma * hh)[:, None, None] - _jacobian(fld, ya, ny))
         U = np.empty((6, m, n1))
         U[0] = (Winv @ fa(ya)[..., None])[..., 0]
         hinv = 1.0 / hh[:, None]
         with np.errstate(all="ignore"):            # a failed stage is a rejected step
             for s in range(1, 6):
-                Ys = ya + np.tensordot(_RA[s, :s], U[:s], axes=(0, 0))
-                rhs = fa(Ys) + np.tensordot(_RC[s, :s], U[:s], axes=(0, 0)) * hinv
+                Ys = ya + np.tensordot(RODAS4.a[s, :s], U[:s], axes=(0, 0))
+                rhs = fa(Ys) + np.tensordot(RODAS4.c[s, :s], U[:s], axes=(0, 0)) * hinv
                 U[s] = (Winv @ rhs[..., None])[..., 0]
-            y_new = ya + np.tensordot(_RB, U, axes=(0, 0))
+            y_new = ya + np.tensordot(RODAS4.b, U, axes=(0, 0))
         sc = rtol * np.maximum(1.0, np.maximum(np.abs(ya), np.abs(y_new)))
         with np.errstate(all="ignore"):
             err = np.sqrt(np.mean((U[5] / sc) ** 2, axis=1))
@@ -844,7 +845,7 @@ def theorem_rank(attention, cov0):
     w = np.linalg.eigvalsh(cov0)
     if not w[0] > 1e-10 * w[-1]:
         return None
-    _, Q, K, V, _ = heads[0]
+    _, Q, K, V, _, _ = heads[0]
     if _lyapunov_matrix(heads) is None:             # K = -Q and V symmetric positive definite
         return None
     Vs = 0.5 * (V + V.T)

@@ -19,9 +19,7 @@ import numpy as np
 
 from .._common.gaussian import bures_wasserstein
 from .._common.validation import validate_int, validate_positive
-from ..attention._masked import Masked
-from ..attention._sigmoid import Sigmoid
-from ..attention._softmax import Softmax
+from ..attention import Masked, Sigmoid, Softmax
 from ..closure._blocks import MLP, LayerNorm, PreNorm
 from ..closure._depth import Stack, propagate_gaussian, propagate_particles
 from ..closure._masked import block_positions, solve_masked_closure

@@ -52,9 +52,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
-from ..attention._l2 import L2
-from ..attention._multihead import MultiHead
-from ..attention._softmax import Softmax
+from ..attention import L2, MultiHead, Softmax
 from ..closure._mixture import (
     GaussianMixture,
     merge_heights,
@@ -874,13 +872,21 @@ def write_clusters(result, out):
     ``cluster_counts.png`` (number of clusters against depth, mixture and particles, one
     panel per case), ``merge_times.png``, and ``scaling.png`` (the :math:`n^{-1/2}` check).
     """
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = plot_clusters(result, out)
+    lines, summary, scal, seconds = cluster_report(result, figures)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return {"cases": summary, "scaling": scal, "seconds": seconds, "figures": figures}
+
+
+def plot_clusters(result, out):
+    """The figures of :func:`write_clusters` in ``out``; returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     runs = result["runs"]
     figures = []
     for d in sorted({r.closure.means.shape[2] for r in runs}):
@@ -944,6 +950,16 @@ def write_clusters(result, out):
         fig.savefig(out / "scaling.png", dpi=110)
         plt.close(fig)
         figures.append("scaling.png")
+    return figures
+
+
+def cluster_report(result, figures):
+    """The lines of ``report.md`` and the summary of :func:`write_clusters`.
+
+    Returns ``(lines, cases, scaling, seconds)``.
+    """
+    runs = result["runs"]
+    scaling = result.get("scaling")
     # report
     lines = ["# Many clusters: the Gaussian-mixture closure against particles", "",
              "Closure error: the labelled particles' per-component moments against the "
@@ -1041,5 +1057,4 @@ def write_clusters(result, out):
     if seconds is not None:
         lines += ["", f"Run time of the study: {seconds:.0f} s."]
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in figures) + "."]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return {"cases": summary, "scaling": scal, "seconds": seconds, "figures": figures}
+    return lines, summary, scal, seconds

@@ -38,8 +38,7 @@ import numpy as np
 
 from .._common.io import write_text
 from ..analysis import limit_rank
-from ..attention._l2 import L2
-from ..attention._softmax import Softmax
+from ..attention import L2, Softmax
 from . import _published as pub
 from ._certified import certified_limits
 

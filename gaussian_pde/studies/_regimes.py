@@ -50,10 +50,7 @@ import numpy as np
 
 from .._common.validation import validate_int, validate_positive
 from ..analysis import Outcome, classify_trajectory
-from ..attention._l2 import L2
-from ..attention._multihead import MultiHead
-from ..attention._sinkhorn import Sinkhorn
-from ..attention._softmax import Softmax
+from ..attention import L2, MultiHead, Sinkhorn, Softmax
 from ..integrate._batch import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]

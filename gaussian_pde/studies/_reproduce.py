@@ -53,8 +53,7 @@ from .._common.io import ensure_output_dir, save_figure, write_npz, write_text
 from .._common.linalg import psd_sqrt
 from .._common.validation import validate_int
 from ..analysis import classify_trajectory, limit_rank
-from ..attention._l2 import L2
-from ..attention._softmax import Softmax
+from ..attention import L2, Softmax
 from ..integrate._batch import solve_batch
 from ._certified import certified_limits, theorem_rank
 from ._published import step_seconds

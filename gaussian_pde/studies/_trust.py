@@ -62,7 +62,8 @@ import time
 
 import numpy as np
 
-from ..closure._mixture import GaussianMixture, _heads, solve_mixture
+from ..attention import quadratic_heads as _heads
+from ..closure._mixture import GaussianMixture, solve_mixture
 from ._clusters import (
     _cases,
     cluster_attention,
@@ -118,7 +119,7 @@ def batched_particle_velocity(heads, x):
     r"""Particle velocities of a stack of independent token clouds.
 
     For every head with score :math:`s(x, y) = -\tfrac12y^THy + y^TAx + r(x)` (the
-    quadratic form of :func:`gaussian_pde.closure._mixture._heads`; :math:`r` cancels),
+    quadratic form of :func:`gaussian_pde.attention.quadratic_heads`; :math:`r` cancels),
 
     .. math:: v_i = \sum_{\text{heads}} V\sum_j\operatorname{softmax}_j\big(s(x_i, x_j)\big)\,x_j,
 
@@ -127,8 +128,8 @@ def batched_particle_velocity(heads, x):
 
     Parameters
     ----------
-    heads : list of _Head
-        From :func:`~gaussian_pde.closure._mixture._heads`.
+    heads : list of QuadraticScore
+        From :func:`~gaussian_pde.attention.quadratic_heads`.
     x : ndarray, shape (S, n, d)
         ``S`` clouds of ``n`` tokens.
 
@@ -600,17 +601,28 @@ def write_trust(result, out, *, tol=0.05, study=None, growth=None, merges=None):
     bias interval is below ``tol``, *not trusted* when its lower end is above, else
     *unresolved*. ``study`` (:func:`remeasure_study`) adds a table, with the former ratio
     and its exact control from ``growth`` (:func:`growth_study`) where given. Returns the
-    JSON dict.
+    JSON dict. The report is computed (:func:`trust_report_lines`), plotted
+    (:func:`plot_trust_map`) and written here.
     """
     import json
 
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_trust_map(result, out / "trust_map.png", tol)
+    lines = trust_report_lines(result, tol, study=study, growth=growth, merges=merges)
+    (out / "trust.md").write_text("\n".join(lines) + "\n")
+    summary = dict(result, study=study, growth=growth, merges=merges, tol=tol)
+    (out / "trust.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def plot_trust_map(result, path, tol):
+    """The map of upper bias bounds per attention, dimension, scale and radius (``path``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     g, cells = result["grid"], result["cells"]
     kinds, ds, qs, rs = g["kinds"], g["d"], g["q"], g["radius"]
     fig, axes = plt.subplots(len(ds), len(kinds), figsize=(3.6 * len(kinds), 3.2 * len(ds)),
@@ -650,8 +662,14 @@ def write_trust(result, out, *, tol=0.05, study=None, growth=None, merges=None):
     fig.suptitle(f"Mixture closure bias (n -> infinity), K = 2 symmetric, V = {result['value']}."
                  f"\n'< b': trusted (bias below b < {tol:g}; *: resolved above 0); '?': unresolved "
                  "(Monte Carlo); 'x': biased", fontsize=7)
-    fig.savefig(out / "trust_map.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def trust_report_lines(result, tol, *, study=None, growth=None, merges=None):
+    """The lines of ``trust.md``: the grid's cells, the study's cases and the merge gaps."""
+    g, cells = result["grid"], result["cells"]
+    kinds, ds = g["kinds"], g["d"]
     lines = ["# Where the mixture closure can be trusted", "",
              "Measure (`gaussian_pde.studies._trust.closure_bias`): each closure starts from "
              "its own tokens' labelled moments (no initial Monte Carlo offset); at each time "
@@ -696,62 +714,73 @@ def write_trust(result, out, *, tol=0.05, study=None, growth=None, merges=None):
                          f"{max(c['hi'] for c in sel):.3f} | "
                          f"{f'{held}/{len(ctl)}' if ctl else '-'} |")
     if study:
-        grow = {r["name"]: r for r in (growth or [])}
-        lines += ["", "## The study's cases, re-measured", "",
-                  "Same attention (q = 0.7) and starting mixture as the clusters study, depth "
-                  f"{study[0]['t'][-1]:g}. Former ratio: max_t e(t) / e(0) of the study "
-                  "(closure from the true mixture, e = Gaussian-fit W2 of the labelled "
-                  "tokens, 400 tokens, `offset_growth`); exact control: the same ratio for "
-                  "one Gaussian with the case's total moments under the same attention, "
-                  "where the closure is exact.", "",
-                  "| case | bias | 90% interval | mc(4n) | verdict | mean part | cov part | "
-                  "size s | travel | former ratio | former ratio, exact control |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for c in study:
-            g_ = grow.get(c["name"])
-            tail = (f"{g_['growth']:.1f} | {g_['growth_control']:.1f} |" if g_
-                    else "- | - |")
-            lines.append(f"| {c['name']} | {c['bias']:.3f} | [{c['lo']:.3f}, {c['hi']:.3f}] | "
-                         f"{c['mc']:.3f} | {_verdict(c, tol)} | {c['bias_mean']:.3f} | "
-                         f"{c['bias_cov']:.3f} | {c['size']:.3f} | {c['travel']:.1f} | {tail}")
-        b = np.array([c["bias"] for c in study])
-        his = np.array([c["hi"] for c in study])
-        lines += ["", f"Bias over the {len(study)} cases: median {np.median(b):.3f}, largest "
-                  f"{b.max():.3f}; upper interval ends: median {np.median(his):.3f}, largest "
-                  f"{his.max():.3f}."]
-        if grow:
-            gr = np.array([r["growth"] for r in grow.values()])
-            gc = np.array([r["growth_control"] for r in grow.values()])
-            lines.append(f"Former ratio: median {np.median(gr):.1f}, largest {gr.max():.1f}; "
-                         f"exact control: median {np.median(gc):.1f}, largest "
-                         f"{gc.max():.1f}.")
+        lines += _study_lines(study, growth, tol)
     if merges:
-        lines += ["", "## Where the merge-time gap comes from", "",
-                  "Merge times of the closure, of the labelled tokens' moments (each token "
-                  "keeps its starting component) and of the EM fit of the unlabelled tokens "
-                  "(the study's rule), same tolerance and output times; gaps as in the "
-                  "study (`merge_gap_sources`). Kurtosis: Mardia's ratio (1 for a Gaussian), "
-                  "largest over the labelled components at the closure's first merge.", "",
-                  "| case | gap closure/EM | gap closure/labelled | gap labelled/EM | merges "
-                  "closure / labelled / EM | kurtosis |", "|---|---|---|---|---|---|"]
-        for r in merges:
-            lines.append(f"| {r['name']} | {r['gap_em']:.2f} | {r['gap_labelled']:.2f} | "
-                         f"{r['gap_labelled_em']:.2f} | {len(r['merges_mixture'])} / "
-                         f"{len(r['merges_labelled'])} / {len(r['merges_em'])} | "
-                         f"{r['kurtosis']:.2f} |")
-        lines += ["", "| starts | cases | median gap closure/EM | median gap closure/labelled | "
-                  "median gap labelled/EM | median kurtosis |", "|---|---|---|---|---|---|"]
-        for cfg in ("symmetric", "random"):
-            sel = [r for r in merges if r["config"] == cfg]
-            if sel:
-                med = [float(np.median([r[k] for r in sel])) for k in
-                       ("gap_em", "gap_labelled", "gap_labelled_em", "kurtosis")]
-                lines.append(f"| {cfg} | {len(sel)} | " + " | ".join(f"{v:.2f}" for v in med)
-                             + " |")
+        lines += _merge_lines(merges)
     if result.get("seconds") is not None:
         lines += ["", f"Process time of the map: {result['seconds']:.0f} s."]
     lines += ["", "Figure: `trust_map.png`."]
-    (out / "trust.md").write_text("\n".join(lines) + "\n")
-    summary = dict(result, study=study, growth=growth, merges=merges, tol=tol)
-    (out / "trust.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    return lines
+
+
+def _study_lines(study, growth, tol):
+    """The re-measured cases of the clusters study (with the former ratio from ``growth``)."""
+    lines = []
+    grow = {r["name"]: r for r in (growth or [])}
+    lines += ["", "## The study's cases, re-measured", "",
+              "Same attention (q = 0.7) and starting mixture as the clusters study, depth "
+              f"{study[0]['t'][-1]:g}. Former ratio: max_t e(t) / e(0) of the study "
+              "(closure from the true mixture, e = Gaussian-fit W2 of the labelled "
+              "tokens, 400 tokens, `offset_growth`); exact control: the same ratio for "
+              "one Gaussian with the case's total moments under the same attention, "
+              "where the closure is exact.", "",
+              "| case | bias | 90% interval | mc(4n) | verdict | mean part | cov part | "
+              "size s | travel | former ratio | former ratio, exact control |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in study:
+        g_ = grow.get(c["name"])
+        tail = (f"{g_['growth']:.1f} | {g_['growth_control']:.1f} |" if g_
+                else "- | - |")
+        lines.append(f"| {c['name']} | {c['bias']:.3f} | [{c['lo']:.3f}, {c['hi']:.3f}] | "
+                     f"{c['mc']:.3f} | {_verdict(c, tol)} | {c['bias_mean']:.3f} | "
+                     f"{c['bias_cov']:.3f} | {c['size']:.3f} | {c['travel']:.1f} | {tail}")
+    b = np.array([c["bias"] for c in study])
+    his = np.array([c["hi"] for c in study])
+    lines += ["", f"Bias over the {len(study)} cases: median {np.median(b):.3f}, largest "
+              f"{b.max():.3f}; upper interval ends: median {np.median(his):.3f}, largest "
+              f"{his.max():.3f}."]
+    if grow:
+        gr = np.array([r["growth"] for r in grow.values()])
+        gc = np.array([r["growth_control"] for r in grow.values()])
+        lines.append(f"Former ratio: median {np.median(gr):.1f}, largest {gr.max():.1f}; "
+                     f"exact control: median {np.median(gc):.1f}, largest "
+                     f"{gc.max():.1f}.")
+    return lines
+
+
+def _merge_lines(merges):
+    """Where the merge-time gap comes from: closure, labelled tokens and EM."""
+    lines = []
+    lines += ["", "## Where the merge-time gap comes from", "",
+              "Merge times of the closure, of the labelled tokens' moments (each token "
+              "keeps its starting component) and of the EM fit of the unlabelled tokens "
+              "(the study's rule), same tolerance and output times; gaps as in the "
+              "study (`merge_gap_sources`). Kurtosis: Mardia's ratio (1 for a Gaussian), "
+              "largest over the labelled components at the closure's first merge.", "",
+              "| case | gap closure/EM | gap closure/labelled | gap labelled/EM | merges "
+              "closure / labelled / EM | kurtosis |", "|---|---|---|---|---|---|"]
+    for r in merges:
+        lines.append(f"| {r['name']} | {r['gap_em']:.2f} | {r['gap_labelled']:.2f} | "
+                     f"{r['gap_labelled_em']:.2f} | {len(r['merges_mixture'])} / "
+                     f"{len(r['merges_labelled'])} / {len(r['merges_em'])} | "
+                     f"{r['kurtosis']:.2f} |")
+    lines += ["", "| starts | cases | median gap closure/EM | median gap closure/labelled | "
+              "median gap labelled/EM | median kurtosis |", "|---|---|---|---|---|---|"]
+    for cfg in ("symmetric", "random"):
+        sel = [r for r in merges if r["config"] == cfg]
+        if sel:
+            med = [float(np.median([r[k] for r in sel])) for k in
+                   ("gap_em", "gap_labelled", "gap_labelled_em", "kurtosis")]
+            lines.append(f"| {cfg} | {len(sel)} | " + " | ".join(f"{v:.2f}" for v in med)
+                         + " |")
+    return lines

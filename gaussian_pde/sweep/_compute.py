@@ -13,8 +13,7 @@ import numpy as np
 
 from ..analysis import Outcome, classify_trajectory
 from ..analysis import limit_rank as _limit_rank
-from ..attention._multihead import MultiHead
-from ..attention._registry import get_attention
+from ..attention import MultiHead, get_attention
 from ..integrate._batch import solve_batch
 from ..integrate._results import Status
 from ..integrate._solve import solve
@@ -238,7 +237,8 @@ def _certify(spec, attention, d, draws, rows):
     """
     if spec.weights.key != "minus_query":
         return
-    from ..studies._certified import _heads, certified_limits
+    from ..attention import quadratic_heads
+    from ..studies import certified_limits
 
     picked, atts, covs = [], [], []
     for j, draw in enumerate(draws):
@@ -246,7 +246,7 @@ def _certify(spec, attention, d, draws, rows):
             continue
         att, cov0 = draw_setting(spec, attention, d, draw)
         try:
-            _heads(att)
+            quadratic_heads(att)
         except TypeError:
             return
         if np.linalg.eigvalsh(cov0)[0] <= 0:

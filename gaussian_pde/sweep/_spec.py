@@ -61,15 +61,14 @@ SOLVE_METHODS = ("auto", "rosenbrock") + tuple(sorted(_SCIPY_METHODS))
 
 def _usable_types():
     """Registered names a sweep can run: the Gaussian-preserving types (exact moment ODEs)."""
-    from ..attention._registry import ATTENTIONS
+    from ..attention import ATTENTIONS
 
     return tuple(name for name, cls in ATTENTIONS.items() if cls.gaussian_preserving)
 
 
 def _single_heads():
     """Registered Gaussian-preserving single-head types: what a ``multihead`` head can be."""
-    from ..attention._base import SingleHeadAttention
-    from ..attention._registry import ATTENTIONS
+    from ..attention import ATTENTIONS, SingleHeadAttention
 
     return tuple(name for name, cls in ATTENTIONS.items()
                  if cls.gaussian_preserving and issubclass(cls, SingleHeadAttention))
@@ -344,7 +343,7 @@ class SweepSpec:
     record: RecordSpec = dataclasses.field(default_factory=RecordSpec)
 
     def __post_init__(self):
-        from ..attention._registry import ATTENTIONS
+        from ..attention import ATTENTIONS
 
         s = object.__setattr__
         att = self.attention

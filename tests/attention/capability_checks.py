@@ -248,7 +248,7 @@ def check_particles(att, rng, n=50):
     assert isinstance(diag, ParticleDiagnostics)
     assert diag.ess.shape == (n,) and np.all(diag.ess > 0)
     # the unchecked hook is what the public entry calls
-    v2, _ = att._particle_velocity(x, make_options(n, chunk_size=16))
+    v2, _ = att.particle_kernel(x, make_options(n, chunk_size=16))
     np.testing.assert_allclose(v2, v, rtol=1e-10, atol=1e-12 * np.abs(v).max())
     if att.uses_positions:
         vp, _ = att.particle_velocity(x, positions=rng.uniform(size=n))

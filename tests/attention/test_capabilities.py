@@ -9,21 +9,10 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from gaussian_pde.attention._kernels import ParticleDiagnostics
-from gaussian_pde.attention._registry import names_with
+from gaussian_pde.attention import ParticleDiagnostics, capabilities, has_hook, names_with
 from tests.attention import capability_checks as checks
 
 NAMES = list(gp.ATTENTIONS)
-
-#: the capabilities of the built-in types (class attributes)
-EXPECTED = {
-    "softmax": dict(gaussian_preserving=True, exact_jacobian=True, closure=None),
-    "l2": dict(gaussian_preserving=True, exact_jacobian=True, closure=None),
-    "sinkhorn": dict(gaussian_preserving=True, exact_jacobian=False, closure=None),
-    "multihead": dict(gaussian_preserving=True, exact_jacobian=False, closure=None),
-    "sigmoid": dict(gaussian_preserving=False, exact_jacobian=False, closure="quadrature"),
-    "masked": dict(gaussian_preserving=False, exact_jacobian=False, closure="block_causal"),
-}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -39,11 +28,22 @@ def test_example_is_reproducible_and_sized(name):
         assert a.d == d and a == b
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_builtin_capabilities(name):
+@pytest.mark.parametrize("name", NAMES)
+def test_capabilities_are_what_the_type_implements(name):
+    """``exact_jacobian`` and ``closure`` are read off the hooks, never declared."""
     cls = gp.ATTENTIONS[name]
-    for attr, value in EXPECTED[name].items():
-        assert getattr(cls, attr) == value, (name, attr)
+    caps = capabilities(cls)
+    assert caps["exact_jacobian"] == has_hook(cls, "jacobian_parts") == cls.exact_jacobian
+    expected = ("block_causal" if cls.uses_positions else
+                "quadrature" if has_hook(cls, "gaussian_closure_field") else None)
+    assert caps["closure"] == cls.closure == expected
+    # a type with exact moments has no closure; one without has no Jacobian
+    assert cls.gaussian_preserving == (cls.closure is None) or not cls.gaussian_preserving
+    if not cls.gaussian_preserving:
+        assert not cls.exact_jacobian
+    for attr in ("exact_jacobian", "closure"):
+        assert all(attr not in vars(base) for base in cls.__mro__
+                   if base is not gp.Attention), (name, attr)
 
 
 def test_every_class_declares_the_attributes():
@@ -52,7 +52,7 @@ def test_every_class_declares_the_attributes():
     assert gp.SingleHeadAttention.exact_jacobian is False
     for cls in (gp.Attention, gp.SingleHeadAttention, *gp.ATTENTIONS.values()):
         for attr in ("gaussian_preserving", "exact_jacobian", "closure", "uses_positions",
-                     "_particle_velocity", "example"):
+                     "particle_kernel", "example"):
             assert hasattr(cls, attr), (cls, attr)
 
 
@@ -82,10 +82,14 @@ def test_multihead_capabilities_come_from_its_heads(rng):
 
 
 def test_names_with_filters_the_registry():
-    assert names_with(gaussian_preserving=True) == ["softmax", "l2", "sinkhorn", "multihead"]
-    assert names_with(exact_jacobian=True) == ["softmax", "l2"]
-    assert names_with(closure="block_causal") == ["masked"]
+    for key, value in [("gaussian_preserving", True), ("exact_jacobian", True),
+                       ("closure", "block_causal"), ("quadratic_score", True)]:
+        assert names_with(**{key: value}) == [
+            n for n, cls in gp.ATTENTIONS.items() if capabilities(cls)[key] == value]
     assert names_with() == NAMES
+    # at least one built-in type on each side of every split the solvers make
+    assert names_with(exact_jacobian=True) and names_with(exact_jacobian=False)
+    assert names_with(gaussian_preserving=False) and names_with(closure="quadrature")
 
 
 class _ParticlesOnly(gp.SingleHeadAttention):
@@ -97,7 +101,7 @@ class _ParticlesOnly(gp.SingleHeadAttention):
     def moment_rhs(self, mean, cov):
         raise TypeError("particles_only does not preserve Gaussians.")
 
-    def _particle_velocity(self, x, opts):
+    def particle_kernel(self, x, opts):
         return np.tanh(x) @ self.V.T, ParticleDiagnostics(ess=np.ones(x.shape[0]))
 
 
@@ -117,12 +121,18 @@ def _subclass(**attrs):
     return type("Bad", (gp.Softmax,), {"name": "bad", **attrs})
 
 
+def _closure_field(self, mean, cov, x, tol):
+    return x
+
+
 @pytest.mark.parametrize("attrs, exc, match", [
-    (dict(closure="moments"), ValueError, "`closure` must be None or one of"),
-    (dict(closure="quadrature"), ValueError, "Gaussian-preserving type has exact"),
-    (dict(gaussian_preserving=False, closure="quadrature"), ValueError,
-     "`exact_jacobian` needs exact moment equations"),
-    (dict(exact_jacobian=1), TypeError, "`exact_jacobian` must be True or False"),
+    (dict(closure="moments"), TypeError, "`closure` is derived"),
+    (dict(exact_jacobian=True), TypeError, "`exact_jacobian` is derived"),
+    (dict(gaussian_closure_field=_closure_field), ValueError,
+     "Gaussian-preserving type has exact"),
+    (dict(gaussian_preserving=False, gaussian_closure_field=_closure_field), ValueError,
+     "`jacobian_parts` needs exact moment equations"),
+    (dict(uses_positions=1), TypeError, "`uses_positions` must be True or False"),
 ])
 def test_register_checks_declared_capabilities(attrs, exc, match):
     before = dict(gp.ATTENTIONS)

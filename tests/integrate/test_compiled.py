@@ -5,8 +5,7 @@ import pytest
 
 import gaussian_pde as gp
 from gaussian_pde._generated import softmax as gen
-from gaussian_pde.integrate import _field
-from gaussian_pde.integrate._compiled import kernel as compiled_kernel
+from gaussian_pde.attention import compiled_kernel
 from gaussian_pde.integrate._field import build_field
 
 
@@ -19,8 +18,8 @@ def test_field_of_a_softmax_stack_matches_the_generated_products(rng, monkeypatc
     one set of weights for all rows or one per row."""
     calls = []
     kernel = compiled_kernel("softmax_apply_stack")
-    monkeypatch.setattr(_field, "compiled_kernel",
-                        lambda name: lambda *args: (calls.append(name), kernel(*args)))
+    monkeypatch.setattr(gp.Softmax, "stack_kernel", classmethod(
+        lambda cls: lambda *args: (calls.append(cls), kernel(*args))))
     n = 7
     if shared:
         att = gp.Softmax(rng.standard_normal((k, d)), rng.standard_normal((k, d)),

@@ -160,7 +160,10 @@ def test_exact_jacobian_matches_finite_differences(kind, with_mean, rng):
 def test_fused_field_matches_the_generated_equations(kind, k, rng):
     """moment_field (one fused kernel for [L | mean]) against factor_rhs and moment_rhs,
     to rounding; "generic" is the fallback for types without a fused kernel."""
-    from gaussian_pde.integrate._fused import _generic, fortran_rhs, moment_field
+    from gaussian_pde.integrate._fused import fortran_rhs, moment_field
+
+    def _generic(att, with_mean, out=None):
+        return gp.Attention.fused_term(att, with_mean, out)
 
     d = 4
     heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
@@ -192,7 +195,7 @@ def test_fused_field_matches_the_generated_equations(kind, k, rng):
             counter = types.SimpleNamespace(nfev=0)
             rhs = fortran_rhs(att, with_mean, counter)
             first = rhs(0.0, Z.ravel())
-            # a single softmax head's is compiled (integrate._compiled): the same products
+            # a single softmax head's is compiled (attention._compiled): the same products
             # in another order of summation
             np.testing.assert_allclose(first, out.ravel(), rtol=1e-14,
                                        atol=1e-15 * np.abs(out).max())

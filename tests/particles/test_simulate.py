@@ -35,7 +35,14 @@ def direct_scores(att, x):
     qx, kx = x @ att.Q.T, x @ att.K.T
     if att.name == "l2":
         return -att.scale * np.sum((qx[:, None, :] - kx[None, :, :]) ** 2, axis=-1)
+    if att.name not in BILINEAR:
+        # a type without a reference here: its dense score matrix, against the tiled kernel
+        return att.score_matrix(x, x)
     return att.scale * qx @ kx.T
+
+
+#: the built-in types whose score is the bilinear c <Qx, Ky>
+BILINEAR = ("softmax", "sinkhorn", "sigmoid", "masked")
 
 
 def direct_sinkhorn_plan(S, iters=20_000, tol=1e-14):
@@ -83,10 +90,12 @@ def make_all(rng, d=3, k=2):
                                    gp.Sinkhorn(Q2, -K2, V)]),
         "sigmoid": Sigmoid(Q, K, V, bias=-0.4),
         "masked": Masked(Q, K, V),
-    }
+    } | {name: cls.example(d, rng) for name, cls in gp.ATTENTIONS.items()
+         if name not in ("softmax", "l2", "sinkhorn", "multihead", "sigmoid", "masked")}
 
 
-#: every registered type (make_all and direct_velocity cover the built-in ones)
+#: every registered type (make_all and direct_velocity have references for the built-in
+#: ones; a type registered later is built by its ``example`` and scored by ``score_matrix``)
 TYPES = list(gp.ATTENTIONS)
 
 

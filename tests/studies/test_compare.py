@@ -85,8 +85,8 @@ def test_compare_detects_a_wrong_ode():
     class Swapped(gp.L2):
         name = "l2"
 
-        def _particle_velocity(self, x, opts):
-            return wrong._particle_velocity(x, opts)
+        def particle_kernel(self, x, opts):
+            return wrong.particle_kernel(x, opts)
 
     rep = compare(Swapped(Q, -Q, np.eye(2)), mean0, cov0, n=[250, 1000, 4000], seeds=range(2),
                   t_eval=np.linspace(0, 0.6, 4), method="rk4", dt=0.2)

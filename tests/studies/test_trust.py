@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
+from gaussian_pde.attention import quadratic_heads as _heads
 from gaussian_pde.cli._main import main
-from gaussian_pde.closure._mixture import _heads
 from gaussian_pde.studies import _clusters as C
 from gaussian_pde.studies import _trust as T
 

@@ -1,0 +1,83 @@
+r"""Softmax attention with query and key biases: derivation of the moment equations.
+
+Score :math:`s(x, y) = c\,(Qx + q)^T(Ky + k_b)` (BERT, GPT-2: the projections carry
+biases). It is linear in ``y``, :math:`s = y^T(Ax + g) + r(x)` with :math:`A = cK^TQ`,
+:math:`g = cK^Tq` and :math:`r(x) = c(Qx + q)^Tk_b`, which cancels in the normalisation:
+the key bias drops out. The tilted Gaussian has mean :math:`\alpha + \Sigma(Ax + g)`, so
+
+.. math::
+
+    M = V\Sigma A,\qquad b = V(\alpha + c\,\Sigma K^Tq),\qquad
+    \alpha' = V(\alpha + \Sigma A\alpha + c\,\Sigma K^Tq),\qquad
+    \Sigma' = V\Sigma A\Sigma + \Sigma A^T\Sigma V^T .
+
+The covariance equation is that of plain softmax; the mean's equation has the extra
+drift :math:`cV\Sigma K^Tq` (it is no longer homogeneous in the mean).
+
+Run ``python derivations/biased_softmax.py`` (or ``python -m derivations.biased_softmax``)
+to print the derivation and its checks.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+try:
+    from . import _symbolic as S
+except ImportError:  # run as a script
+    import _symbolic as S
+
+NAME = "biased_softmax"
+TITLE = "Biased softmax attention"
+q = sp.MatrixSymbol("q", S.k, 1)
+k_b = sp.MatrixSymbol("k_b", S.k, 1)
+SCORE = S.scale * (S.Q * S.x + q).T * (S.K * S.y + k_b)
+#: the weights every generated function takes (``BiasedSoftmax.weights()``)
+SIGNATURE = S.SIGNATURE + ("q", "k_b")
+WEIGHTS_DOC = """q, k_b : ndarray, shape (..., k, 1)
+    Query and key biases (the key bias cancels).
+"""
+
+
+def derive():
+    """The affine field of the biased score (:func:`_symbolic.quadratic_score_field`)."""
+    return S.quadratic_score_field(SCORE)
+
+
+def functions():
+    """The generated functions: the affine field and the moment equations."""
+    return S.affine_functions(derive(), TITLE, signature=SIGNATURE, weights_doc=WEIGHTS_DOC,
+                              kernel=False)
+
+
+def check_zero_bias():
+    """At ``q = 0`` (any ``k_b``) the field is plain softmax's: ``M = V Sigma A``, ``b = V alpha``."""
+    field = derive()
+    zero = {q: sp.ZeroMatrix(S.k, 1)}
+    A = S.scale * S.K.T * S.Q
+    dM = S.simplify_matrix(field.M.xreplace(zero) - S.V * S.Sigma * A)
+    db = S.simplify_matrix(field.b.xreplace(zero) - S.V * S.alpha)
+    return all(e in (0, sp.ZeroMatrix(*e.shape)) or getattr(e, "is_ZeroMatrix", False)
+               for e in (dM, db))
+
+
+def check_key_bias_cancels():
+    """Neither ``M`` nor ``b`` involves the key bias."""
+    field = derive()
+    return k_b not in field.M.free_symbols | field.b.free_symbols
+
+
+_R = sp.Rational
+CHECKS = dict(S.integration_checks(
+    SCORE, derive,
+    extra_1d={q: sp.Matrix([[sp.Symbol("q_b", real=True)]]),
+              k_b: sp.Matrix([[sp.Symbol("k_bias", real=True)]])},
+    extra_2d={q: sp.Matrix([[_R(1, 3)]]), k_b: sp.Matrix([[_R(-2, 5)]])}))
+CHECKS["zero query bias is plain softmax"] = check_zero_bias
+CHECKS["the key bias cancels"] = check_key_bias_cancels
+
+
+if __name__ == "__main__":
+    print(TITLE)
+    S.print_field(derive())
+    raise SystemExit(0 if S.run_checks(CHECKS) else 1)

@@ -1,0 +1,94 @@
+"""No code outside ``attention/`` knows a concrete attention type: it calls the contract.
+
+Every module of the package outside ``gaussian_pde/attention/`` and
+``gaussian_pde/_generated/``, and ``derivations/generate.py``, is read with :mod:`ast`;
+a *mention* is an identifier equal to a registered class's name (``Softmax``, ...) or a
+string literal equal to a registered type name (``"softmax"``, ...), docstrings
+excepted. A few modules still hold type-specific studies and samplers; they are listed
+in ``KNOWN`` with what they mention, so that the list can only shrink: a module that no
+longer mentions a type fails here until it is taken off the list, and a new mention
+anywhere else fails at once.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import gaussian_pde as gp
+
+ROOT = pathlib.Path(gp.__file__).resolve().parent
+REPO = ROOT.parent
+
+#: modules (relative to the repository) that still name concrete types: the published
+#: and cluster studies reproduce settings of given types, the sweeps' multi-head
+#: sampler builds a MultiHead; each is a place to move knowledge into the types
+KNOWN = {
+    "gaussian_pde/__init__.py",           # the public names of the types themselves
+    "gaussian_pde/closure/_masked.py",
+    "gaussian_pde/cli/_clusters.py",
+    "gaussian_pde/studies/_closure_error.py",
+    "gaussian_pde/studies/_clusters.py",
+    "gaussian_pde/studies/_published.py",
+    "gaussian_pde/studies/_published_certified.py",
+    "gaussian_pde/studies/_regimes.py",
+    "gaussian_pde/studies/_reproduce.py",
+    "gaussian_pde/studies/_stabilizers.py",
+    "gaussian_pde/studies/_trust.py",
+    "gaussian_pde/sweep/_compute.py",
+    "gaussian_pde/sweep/_spec.py",
+}
+
+
+def _files():
+    out = [p for p in ROOT.rglob("*.py")
+           if not {"attention", "_generated"} & set(p.relative_to(ROOT).parts[:1])]
+    return sorted(out) + [REPO / "derivations" / "generate.py"]
+
+
+def _docstrings(tree):
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def mentions(path):
+    """The concrete type names and class names that ``path``'s code mentions."""
+    classes = {cls.__name__ for cls in gp.ATTENTIONS.values()}
+    names = set(gp.ATTENTIONS)
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in classes:
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in classes:
+            found.add(node.attr)
+        elif isinstance(node, ast.alias) and (node.asname or node.name).split(".")[-1] in classes:
+            found.add(node.name)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in skip and node.value.lower() in names):
+            found.add(repr(node.value))
+    return found
+
+
+@pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_concrete_type_outside_attention(path):
+    rel = str(path.relative_to(REPO))
+    found = mentions(path)
+    if rel in KNOWN:
+        assert found, f"{rel} no longer names a concrete type: take it off KNOWN"
+    else:
+        assert not found, (f"{rel} names concrete attention types {sorted(found)}: call the "
+                           "contract (gaussian_pde.Attention) instead")
+
+
+def test_the_check_finds_a_mention(tmp_path):
+    """The scan is not vacuous: code naming a type is caught, a docstring is not."""
+    p = tmp_path / "m.py"
+    p.write_text('"""Softmax and "l2" in prose."""\nfrom x import Softmax\nk = "l2"\n')
+    assert mentions(p) == {"Softmax", "'l2'"}
