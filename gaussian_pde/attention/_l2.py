@@ -17,6 +17,8 @@ and :math:`\alpha' = b + M\alpha`, :math:`\Sigma' = M\Sigma + \Sigma M^T`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._generated import l2 as _gen
 from ._base import SingleHeadAttention
 from ._kernels import ParticleDiagnostics, l2_features, normalized_average
@@ -40,6 +42,15 @@ class L2(SingleHeadAttention):
     name = "l2"
     exact_jacobian = True
     _generated = _gen
+
+    def compiled_field(self):
+        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, s, sV, sK, Q, V, K``."""
+        from . import _compiled_fields as cf
+
+        c = float(self.scale)
+        s = float(np.sqrt(2.0 * c))
+        data = (c, s, s * self.V, s * self.K, self.Q, self.V, self.K)
+        return cf.combine(self.d, [cf.pack_head(cf.L2, self.k, self.d, data)])
 
     def _particle_velocity(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{-c|Qx_i - Kx_j|^2}`."""

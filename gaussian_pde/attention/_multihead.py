@@ -129,6 +129,12 @@ class MultiHead(Attention):
 
         return kernel
 
+    def compiled_field(self):
+        """The sum of the heads' compiled fields, or ``None`` unless every head has one."""
+        from ._compiled_fields import add
+
+        return add([h.compiled_field() for h in self.heads])
+
     def mean_generator(self):
         r""":math:`\sum_h N_h` when every head's mean equation is free of :math:`\Sigma`, else ``None``."""
         parts = [h.mean_generator() for h in self.heads]
