@@ -502,7 +502,7 @@ def _refactor(y, f, d, m, atol, rtol):
     """Re-factor ``L -> LW`` (rate too) where the columns cancel; True where it did."""
     Z = y.reshape((d, m))
     dZ = f.reshape((d, m))
-    L = np.ascontiguousarray(Z[:, :d])
+    L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
     if not _finite(L.ravel()):
         return False
     s = np.linalg.svd(L)[1]
@@ -534,7 +534,7 @@ def _refactor(y, f, d, m, atol, rtol):
         for a in range(q):
             for b in range(q):
                 W[nz[a], nz[b]] = Vt[b, a]
-    Ld = np.ascontiguousarray(dZ[:, :d])
+    Ld = dZ[:, :d].copy()
     for i in range(d):
         for j in range(d):
             acc = 0.0
