@@ -21,8 +21,8 @@ a multi-head attention is the concatenation of its heads' packs and one kernel p
 serves every type and sum of types. The per-head formulas are those of
 :mod:`gaussian_pde.integrate._fused`:
 
-* softmax (data ``c, [cV; K; Q]``): :math:`Z' = (cVZ)\,G`,
-  :math:`G = \begin{pmatrix}(KL)^T(QZ)\\ e_{d+1}^T/c\end{pmatrix}`;
+* softmax (data ``c, [cV; K; Q]``): :math:`Z' = \big((cVL)(KL)^T\big)(QZ)`, and
+  :math:`V\alpha` added to the mean's column;
 * L2 (data ``c, s = \sqrt{2c}, sV, sK, Q, V, K``): :math:`L' = sVL\,\Gamma\,QL`,
   :math:`\alpha' = V\alpha + sVL\,\Gamma(Q - K)\alpha`, with the gain
   :math:`\Gamma = (I + B^TB)^{-1}B^T` of :math:`B = sKL` (a Cholesky solve with
@@ -252,28 +252,29 @@ def _nan(out):
 
 
 def _softmax_rhs(data, k, d, m, y, out, ws):
+    # the products in the order of the NumPy loop's (integrate._compiled's
+    # softmax_apply_stack): A = (cVL)(KL)^T first, then A (QZ); near a blow-up, where the
+    # factor's entries pass 1e20, the order decides which cancellations round
     c = data[0]
     r = d + 2 * k
     W = data[1:1 + r * d].reshape((r, d))
     Z = y.reshape((d, m))
     P = ws[:r * m].reshape((r, m))            # [cVZ; KZ; QZ]
-    G = ws[r * m:r * m + m * m].reshape((m, m))
+    A = ws[r * m:r * m + d * k].reshape((d, k))
     _mm(W, Z, P)
-    for a in range(d):                         # G = (KL)^T QZ
-        for b in range(m):
+    for i in range(d):                         # A = (cVL)(KL)^T
+        for j in range(k):
             acc = 0.0
-            for p in range(k):
-                acc += P[d + p, a] * P[d + k + p, b]
-            G[a, b] = acc
-    if m > d:                                  # the mean's row: V alpha
-        for b in range(m):
-            G[d, b] = 0.0
-        G[d, d] = 1.0 / c
-    for i in range(d):
+            for p in range(d):
+                acc += P[i, p] * P[d + j, p]
+            A[i, j] = acc
+    for i in range(d):                         # Z' = A (QZ), + V alpha in the mean's column
         for j in range(m):
             acc = 0.0
-            for p in range(m):
-                acc += P[i, p] * G[p, j]
+            for p in range(k):
+                acc += A[i, p] * P[d + k + p, j]
+            if j == d:
+                acc += P[i, d] / c
             out[i * m + j] = acc
 
 
