@@ -254,27 +254,32 @@ def _nan(out):
 def _softmax_rhs(data, k, d, m, y, out, ws):
     # the products in the order of the NumPy loop's (integrate._compiled's
     # softmax_apply_stack): A = (cVL)(KL)^T first, then A (QZ); near a blow-up, where the
-    # factor's entries pass 1e20, the order decides which cancellations round
+    # factor's entries pass 1e20, the order decides which cancellations round. Flat
+    # indices: W = [cV; K; Q] row-major from data[1], P = W Z in ws[:r m], A after it.
     c = data[0]
     r = d + 2 * k
-    W = data[1:1 + r * d].reshape((r, d))
-    Z = y.reshape((d, m))
-    P = ws[:r * m].reshape((r, m))            # [cVZ; KZ; QZ]
-    A = ws[r * m:r * m + d * k].reshape((d, k))
-    _mm(W, Z, P)
+    pa = r * m
+    for i in range(r):                         # P = W Z
+        wi = 1 + i * d
+        for j in range(m):
+            acc = 0.0
+            for p in range(d):
+                acc += data[wi + p] * y[p * m + j]
+            ws[i * m + j] = acc
     for i in range(d):                         # A = (cVL)(KL)^T
         for j in range(k):
             acc = 0.0
             for p in range(d):
-                acc += P[i, p] * P[d + j, p]
-            A[i, j] = acc
+                acc += ws[i * m + p] * ws[(d + j) * m + p]
+            ws[pa + i * k + j] = acc
+    q0 = (d + k) * m
     for i in range(d):                         # Z' = A (QZ), + V alpha in the mean's column
         for j in range(m):
             acc = 0.0
             for p in range(k):
-                acc += A[i, p] * P[d + k + p, j]
+                acc += ws[pa + i * k + p] * ws[q0 + p * m + j]
             if j == d:
-                acc += P[i, d] / c
+                acc += ws[i * m + d] / c
             out[i * m + j] = acc
 
 
@@ -575,9 +580,10 @@ def kernels():
     g = globals()
     for name in _HELPERS:     # the helpers first: the kernels call them as compiled globals
         if not hasattr(g[name], "py_func"):
-            g[name] = njit(cache=True)(g[name])
+            g[name] = njit(cache=True, error_model="numpy")(g[name])
     rhs_sig, jac_sig = signatures()
-    return (njit(rhs_sig, cache=True)(heads_rhs), njit(jac_sig, cache=True)(heads_jac))
+    opts = dict(cache=True, error_model="numpy", boundscheck=False)
+    return njit(rhs_sig, **opts)(heads_rhs), njit(jac_sig, **opts)(heads_jac)
 
 
 def add(fields):
