@@ -27,6 +27,10 @@ tolerances (rtol 1e-10, atol 1e-12). For every workload:
   multiply-adds (``floor_scalar``) and at the rate of a large BLAS ``dgemm``
   (``floor_blas``), both on one core.
 
+A first table times ``solve`` against ``solve_batch`` of one trajectory on the paper's
+steady-state workload (:func:`batch_of_one`): whether the single solve should run on the
+compiled batch core.
+
 ``--quick`` runs d = 3 and 5, B = 100 and 1000, both horizons, without a mean and with one
 (a couple of minutes). Times are best of ``--rounds``.
 """
@@ -204,6 +208,40 @@ def measure(B, d, T, with_mean, a, have_jax):
     return row
 
 
+def batch_of_one(seeds, T, repeat):
+    """``solve`` against ``solve_batch`` of one trajectory (compiled) on the paper workload.
+
+    The paper's steady-state setting (d = 5, Q in R^{2x5}, K = -Q, V = G^T G,
+    Sigma_0 = G G^T, scale 1/sqrt(d); the seeds of ``benchmarks/bench_solve.py``), to
+    ``T``, defaults only, interleaved ``repeat`` times, best of each; the error of both
+    against a DOP853 reference at rtol 1e-13.
+    """
+    rows = []
+    for seed in seeds:
+        r = np.random.default_rng(seed)
+        Q, G = r.standard_normal((2, 5)), r.standard_normal((5, 5))
+        att, cov0 = gp.Softmax(Q, -Q, G.T @ G, scale=1 / np.sqrt(5)), G @ G.T
+        ref = gp.solve_batch(att, cov0[None], (0.0, T), rtol=1e-13, atol=1e-15,
+                             method="DOP853", max_nfev=None).cov_final[0]
+        t_s = t_b = math.inf
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            s = gp.solve(att, None, cov0, (0.0, T))
+            t_s = min(t_s, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            b = gp.solve_batch(att, cov0[None], (0.0, T))
+            t_b = min(t_b, time.perf_counter() - t0)
+        rows.append(dict(seed=seed, T=T, solve_s=t_s, batch_of_one_s=t_b,
+                         batch_over_solve=t_b / t_s, solve_nfev=int(s.nfev),
+                         batch_nfev=int(b.nfev[0]), err_solve=rel_err(s.cov_final, ref),
+                         err_batch=rel_err(b.cov_final[0], ref)))
+        print(f"paper seed {seed}, T={T:g}: solve {1e3 * t_s:.1f} ms ({s.nfev} evals, err "
+              f"{rows[-1]['err_solve']:.1e}), batch of one {1e3 * t_b:.1f} ms "
+              f"({b.nfev[0]} evals, err {rows[-1]['err_batch']:.1e}): "
+              f"x{t_b / t_s:.2f}", flush=True)
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -226,6 +264,7 @@ def main():
     ds, Bs = ((3, 5), (100, 1000)) if a.quick else ((3, 5, 8), (100, 1000, 10000))
     rows = []
     gp.solve_batch(gp.Softmax.example(2, 0), np.eye(2)[None], (0, 1))   # load the compiled code
+    one = batch_of_one(range(3) if a.quick else range(10), 300.0, a.rounds + 1)
     for d in ds:
         for T in (10.0, 200.0):
             for with_mean in (False, True):
@@ -254,6 +293,7 @@ def main():
 
     path = write_record("bench_batch", {"quick": a.quick, "rate_scalar_flops": a.rate_scalar,
                                         "rate_blas_flops": a.rate_blas, "rows": rows,
+                                        "batch_of_one": one,
                                         "linearity": lin}, a.json)
     print(f"wrote {path}")
 
