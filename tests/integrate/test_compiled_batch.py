@@ -193,7 +193,7 @@ def test_compiled_jacobian_against_central_differences(rng):
             Z = rng.standard_normal((d, m))
             ws = np.empty(cf.ws_size)
 
-            def field(Zp, m=m, ws=ws):
+            def field(Zp, m=m, ws=ws, cf=cf):
                 out = np.empty(d * m)
                 cf.rhs(cf.params, d, m, np.ascontiguousarray(Zp).ravel(), out, ws)
                 return out.reshape(d, m)
