@@ -17,9 +17,15 @@ status. Finished trajectories leave the active stack, so a trajectory that blows
 costs nothing afterwards, and one that needs many steps only costs its own rows.
 
 Differences from :func:`gaussian_pde.solve`, all documented on :func:`solve_batch`: the
-covariance only (no mean); the blow-up time is estimated at the end of the step that
-passed the threshold instead of at the located crossing; steady-state and rank-collapse
-events are located by bisection on the dense output to ``2**-30`` of the step.
+blow-up time is estimated at the end of the step that passed the threshold instead of at
+the located crossing; steady-state and rank-collapse events are located by bisection on
+the dense output to ``2**-30`` of the step.
+
+Where every attention supplies a compiled field
+(:meth:`~gaussian_pde.Attention.compiled_field`), :func:`solve_batch` runs the same steps,
+events and output per trajectory in compiled code instead
+(:mod:`gaussian_pde.integrate._compiled_batch`, which also carries the mean); this module's
+loop serves the rest (covariance only).
 """
 
 # The event helpers defined inside the integration loop are called within the same
