@@ -122,7 +122,8 @@ class BatchSolution:
     nsteps : ndarray of int, shape (B,)
         Accepted steps per trajectory.
     ncalls : int
-        Vectorised right-hand-side calls for the whole batch.
+        Vectorised right-hand-side calls for the whole batch (1 on the compiled path:
+        one call of the compiled integrator).
     implicit : ndarray of bool, shape (B,)
         Where the trajectory ended on Rosenbrock (RODAS4) steps: every trajectory with
         ``method="rosenbrock"``, those found stiff with ``method="auto"``.
