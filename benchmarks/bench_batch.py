@@ -32,7 +32,8 @@ steady-state workload (:func:`batch_of_one`): whether the single solve should ru
 compiled batch core.
 
 ``--quick`` runs d = 3 and 5, B = 100 and 1000, both horizons, without a mean and with one
-(a couple of minutes). Times are best of ``--rounds``.
+(a few minutes on an idle 2-core machine); ``--d``, ``--B``, ``--T``, ``--mean`` pick
+other parts of the grid. Times are best of ``--rounds``.
 """
 
 from __future__ import annotations
@@ -255,6 +256,10 @@ def main():
     p.add_argument("--ref", type=int, default=30, help="trajectories of the tight reference")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--jax-max-b", type=int, default=10_000)
+    p.add_argument("--d", type=int, nargs="+", help="dimensions (overrides the grid's)")
+    p.add_argument("--B", type=int, nargs="+", help="batch sizes (overrides the grid's)")
+    p.add_argument("--T", type=float, nargs="+", help="horizons (default 10 200)")
+    p.add_argument("--mean", choices=("both", "no", "yes"), default="both")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     try:
@@ -268,12 +273,14 @@ def main():
     print(f"floors: {a.rate_scalar / 1e9:.2f} Gflop/s (compiled multiply-adds), "
           f"{a.rate_blas / 1e9:.2f} Gflop/s (dgemm), one core")
     ds, Bs = ((3, 5), (100, 1000)) if a.quick else ((3, 5, 8), (100, 1000, 10000))
+    ds, Bs, Ts = a.d or ds, a.B or Bs, a.T or (10.0, 200.0)
+    means = {"both": (False, True), "no": (False,), "yes": (True,)}[a.mean]
     rows = []
     gp.solve_batch(gp.Softmax.example(2, 0), np.eye(2)[None], (0, 1))   # load the compiled code
-    one = batch_of_one(range(3) if a.quick else range(10), 300.0, a.rounds + 1)
+    one = batch_of_one(range(3) if a.quick or a.d else range(10), 300.0, a.rounds + 1)
     for d in ds:
-        for T in (10.0, 200.0):
-            for with_mean in (False, True):
+        for T in Ts:
+            for with_mean in means:
                 for B in Bs:
                     row = measure(B, d, T, with_mean, a, have_jax)
                     rows.append(row)
@@ -298,10 +305,11 @@ def main():
                          "max_over_min": max(per) / min(per)}
     from _record import write_record
 
-    path = write_record("bench_batch", {"quick": a.quick, "rate_scalar_flops": a.rate_scalar,
-                                        "rate_blas_flops": a.rate_blas, "rows": rows,
-                                        "batch_of_one": one,
-                                        "linearity": lin}, a.json)
+    payload = {"quick": a.quick, "grid": {"d": list(ds), "B": list(Bs), "T": list(Ts),
+                                          "mean": list(means)},
+               "rate_scalar_flops": a.rate_scalar, "rate_blas_flops": a.rate_blas,
+               "rows": rows, "batch_of_one": one, "linearity": lin}
+    path = write_record("bench_batch", payload, a.json)
     print(f"wrote {path}")
 
 
