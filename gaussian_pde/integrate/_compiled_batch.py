@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -911,20 +912,27 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method):
 SERIAL_BELOW = 4
 
 
+#: one launch of the parallel driver at a time: Numba's "workqueue" threading layer (the
+#: fallback where neither TBB nor OpenMP is present) aborts the process on concurrent
+#: launches from several Python threads; each launch uses every core anyway
+_LAUNCH = threading.Lock()
+
+
 def _run(nb, *args):
     """The compiled driver, on one thread for fewer than :data:`SERIAL_BELOW` trajectories."""
     import numba
 
     drive = _core()
-    if nb >= SERIAL_BELOW:
-        drive(*args)
-        return
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        drive(*args)
-    finally:
-        numba.set_num_threads(threads)
+    with _LAUNCH:
+        if nb >= SERIAL_BELOW:
+            drive(*args)
+            return
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            drive(*args)
+        finally:
+            numba.set_num_threads(threads)
 
 
 def _mean_units(mean0, rtol, atol):
