@@ -100,7 +100,12 @@ def pack_head(code, k, d, data):
 
 
 def combine(d, parts):
-    """A :class:`CompiledField` of the sum of heads ``parts`` (from :func:`pack_head`)."""
+    """A :class:`CompiledField` of the sum of heads ``parts`` (from :func:`pack_head`).
+
+    None without Numba (the callers then take their NumPy paths).
+    """
+    if kernels() is None:
+        return None
     rhs, jac = kernels()
     packs = [p for p, _, _ in parts]
     params = np.concatenate([[float(len(packs))], *packs])
@@ -574,8 +579,14 @@ def signatures():
 
 @functools.cache
 def kernels():
-    """``(rhs, jac)``: :func:`heads_rhs` and :func:`heads_jac` compiled (cached on disk)."""
-    from numba import njit
+    """``(rhs, jac)``: :func:`heads_rhs` and :func:`heads_jac` compiled (cached on disk).
+
+    None without Numba.
+    """
+    try:
+        from numba import njit
+    except ImportError:         # pragma: no cover - numba is a dependency
+        return None
 
     g = globals()
     for name in _HELPERS:     # the helpers first: the kernels call them as compiled globals
@@ -588,7 +599,7 @@ def kernels():
 
 def add(fields):
     """The :class:`CompiledField` of a sum of fields, or None (one is None, or other kernels)."""
-    if not fields or any(f is None for f in fields):
+    if not fields or any(f is None for f in fields) or kernels() is None:
         return None
     rhs, jac = kernels()
     if any(f.rhs is not rhs or f.jac is not jac for f in fields):
