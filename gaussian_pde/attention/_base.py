@@ -385,6 +385,18 @@ class Attention(abc.ABC):
         """
         return None
 
+    def compiled_field(self):
+        r"""The factor field compiled (Numba), for the compiled integrators; ``None`` by default.
+
+        A type that supplies one returns a
+        :class:`~gaussian_pde.attention._compiled_fields.CompiledField`: kernels of
+        fixed signatures for :math:`Z' = [M(\Sigma)L \mid b + M\alpha]` and its
+        closed-form Jacobian, and its weights packed into one float64 vector.
+        :func:`gaussian_pde.solve_batch` then runs its compiled integrator; where this
+        returns ``None`` it runs the vectorised NumPy loop.
+        """
+        return None
+
     def mean_generator(self):
         r"""The matrix :math:`N` with :math:`\alpha' = N\alpha` whatever :math:`\Sigma`, or ``None``.
 

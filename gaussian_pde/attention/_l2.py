@@ -141,6 +141,15 @@ class L2(SingleHeadAttention):
         Q, _, _, _, mean0, cov0 = example_data()
         return dict(attention=cls(Q, -Q, np.eye(2)), mean0=mean0, cov0=cov0)
 
+    def compiled_field(self):
+        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, s, sV, sK, Q, V, K``."""
+        from . import _compiled_fields as cf
+
+        c = float(self.scale)
+        s = float(np.sqrt(2.0 * c))
+        data = (c, s, s * self.V, s * self.K, self.Q, self.V, self.K)
+        return cf.combine(self.d, [cf.pack_head(cf.L2, self.k, self.d, data)])
+
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{-c|Qx_i - Kx_j|^2}`."""
         qx, kx = self._projections(x)

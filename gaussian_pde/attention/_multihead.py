@@ -141,6 +141,12 @@ class MultiHead(Attention):
         return dict(attention=cls([Softmax(Q, -Q, np.eye(2)), L2(q2, -q2, V)]), mean0=mean0,
                     cov0=cov0)
 
+    def compiled_field(self):
+        """The sum of the heads' compiled fields, or ``None`` unless every head has one."""
+        from ._compiled_fields import add
+
+        return add([h.compiled_field() for h in self.heads])
+
     def mean_generator(self):
         r""":math:`\sum_h N_h` when every head's mean equation is free of :math:`\Sigma`, else ``None``."""
         return _sum_or_none([h.mean_generator() for h in self.heads])

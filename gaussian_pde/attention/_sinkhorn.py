@@ -119,6 +119,13 @@ class Sinkhorn(SingleHeadAttention):
         r""":math:`V`: the mean obeys :math:`\alpha' = V\alpha` whatever :math:`\Sigma`."""
         return self.V.copy()
 
+    def compiled_field(self):
+        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``A = cK^TQ, V``."""
+        from . import _compiled_fields as cf
+
+        data = (self.A, self.V)
+        return cf.combine(self.d, [cf.pack_head(cf.SINKHORN, self.k, self.d, data)])
+
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j n\pi_{ij}x_j` with :math:`\pi` the Sinkhorn plan.
 

@@ -120,6 +120,14 @@ class Softmax(SingleHeadAttention):
         return dict(attention=cls(Q, K, np.eye(2)), mean0=mean0, cov0=cov0, horizon=3.0,
                     t_end=0.4)
 
+    def compiled_field(self):
+        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, [cV; K; Q]``."""
+        from . import _compiled_fields as cf
+
+        c = float(self.scale)
+        data = (c, c * self.V, self.K, self.Q)
+        return cf.combine(self.d, [cf.pack_head(cf.SOFTMAX, self.k, self.d, data)])
+
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{c\langle Qx_i, Kx_j\rangle}`."""
         qx, kx = self._projections(x)

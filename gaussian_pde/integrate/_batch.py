@@ -17,9 +17,15 @@ status. Finished trajectories leave the active stack, so a trajectory that blows
 costs nothing afterwards, and one that needs many steps only costs its own rows.
 
 Differences from :func:`gaussian_pde.solve`, all documented on :func:`solve_batch`: the
-covariance only (no mean); the blow-up time is estimated at the end of the step that
-passed the threshold instead of at the located crossing; steady-state and rank-collapse
-events are located by bisection on the dense output to ``2**-30`` of the step.
+blow-up time is estimated at the end of the step that passed the threshold instead of at
+the located crossing; steady-state and rank-collapse events are located by bisection on
+the dense output to ``2**-30`` of the step.
+
+Where every attention supplies a compiled field
+(:meth:`~gaussian_pde.Attention.compiled_field`), :func:`solve_batch` runs the same steps,
+events and output per trajectory in compiled code instead
+(:mod:`gaussian_pde.integrate._compiled_batch`, which also carries the mean); this module's
+loop serves the rest (covariance only).
 """
 
 # The event helpers defined inside the integration loop are called within the same
@@ -30,11 +36,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from .._common.linalg import numerical_rank, psd_factor
 from .._common.validation import validate_array, validate_covariance
+from ..attention._base import Attention
+from ..attention._registry import get_attention
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -56,6 +65,7 @@ __all__ = ["solve_batch"]
 _BISECT = 30
 
 _METHODS = ("auto", "DOP853", "rosenbrock")
+_PATHS = ("auto", "compiled", "numpy")
 #: Hairer's DOP853 stiffness test: h |lambda| above this on _STIFF_STEPS accepted steps
 #: (a run of _NONSTIFF_RESET non-stiff steps resets the count) switches a row to RODAS4
 _STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
@@ -63,7 +73,7 @@ _STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
 
 def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10, atol=1e-12,
                 blowup_threshold=1e8, steady_tol=None, steady_atol=0.0, rank_tol=None,
-                max_step=np.inf, max_nfev=100_000, method="auto"):
+                max_step=np.inf, max_nfev=100_000, method="auto", mean0s=None, path="auto"):
     r"""Integrate many covariance trajectories at once, each with its own steps and events.
 
     .. math:: L_b' = M_b(\Sigma_b)L_b,\qquad \Sigma_b = L_bL_b^T,\qquad b = 1..B
@@ -90,6 +100,19 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         paper's criterion). ``max_nfev`` counts every evaluation of the field, the
         Jacobian's included (a Rosenbrock step costs ``d^2 + 6`` for softmax and L2,
         ``2 d^2 + 6`` otherwise; a DOP853 step 12).
+    mean0s : array_like, shape (B, d), optional
+        Initial means: the mean's equation :math:`\alpha_b' = b_b + M_b\alpha_b` is
+        integrated with the factor, in the state :math:`[L_b \mid \alpha_b]` (in the
+        units of :func:`gaussian_pde.solve`: a power of 2 that makes the tolerances
+        relative to the mean's size). Compiled path only.
+    path : {"auto", "compiled", "numpy"}
+        ``"auto"`` (default): the compiled integrator
+        (:mod:`gaussian_pde.integrate._compiled_batch`: the loop over trajectories in
+        Numba, parallel over them, the same steps, events, statuses and messages) where
+        every attention supplies a compiled field
+        (:meth:`~gaussian_pde.Attention.compiled_field`), the vectorised NumPy loop
+        otherwise; ``BatchSolution.path`` says which ran. ``"compiled"`` requires the
+        compiled path, ``"numpy"`` forces the NumPy loop.
     method : {"auto", "DOP853", "rosenbrock"}
         ``"DOP853"``: explicit Dormand-Prince 8(5,3) steps. ``"rosenbrock"``: the
         L-stable, stiffly accurate linearly implicit RODAS4 (Hairer and Wanner 1996) with
@@ -148,7 +171,17 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         raise ValueError("`cov0s` must not be empty.")
     cov0s = validate_covariance(cov0s, "cov0s", batch=True)
     nb, d = cov0s.shape[0], cov0s.shape[-1]
-    field, fd = build_field(attentions_or_weights, nb)
+    if not (isinstance(path, str) and path in _PATHS):
+        raise ValueError(f"`path` must be 'auto', 'compiled' or 'numpy', got {path!r}.")
+    if mean0s is not None:
+        mean0s = validate_array(mean0s, "mean0s", ndim=2)
+        if mean0s.shape != (nb, d):
+            raise ValueError(f"`mean0s` must have shape ({nb}, {d}) to match `cov0s`, "
+                             f"got {mean0s.shape}.")
+    atts = _attentions(attentions_or_weights, nb) if path != "numpy" else None
+    fd = None if atts is None else (atts if not isinstance(atts, list) else atts[0]).d
+    if atts is None:
+        field, fd = build_field(attentions_or_weights, nb)
     if fd != d:
         raise ValueError(f"`cov0s` must be {fd} x {fd} to match the attention's dimension, "
                          f"got shape {cov0s.shape}.")
@@ -158,9 +191,49 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     if not (isinstance(method, str) and method in _METHODS):
         raise ValueError("`method` must be 'auto', 'DOP853' or 'rosenbrock', "
                          f"got {method!r}.")
+    if atts is not None:
+        from . import _compiled_batch
+
+        fields = _compiled_batch.compiled_fields(atts)
+        if fields is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method)
+        field, _ = build_field(attentions_or_weights, nb)
+    if path == "compiled":
+        raise ValueError("`path='compiled'` needs a compiled field for every attention "
+                         "(`Attention.compiled_field()` returned None).")
+    if mean0s is not None:
+        raise ValueError("`mean0s` needs the compiled path: every attention must supply a "
+                         "compiled field (`Attention.compiled_field()` returned None).")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return _integrate(field, cov0s, opts, method)
+
+
+def _attentions(obj, n):
+    """One attention, or a list of ``n``, for the compiled path; None where it cannot run.
+
+    Stacked weights and sequences are checked by :func:`build_field` (the NumPy path's
+    messages); a mapping of stacked weights becomes one attention per trajectory.
+    """
+    if isinstance(obj, Attention):
+        return obj
+    if isinstance(obj, Mapping):
+        field, _ = build_field(obj, n)        # validates
+        (_, heads), = field.groups
+        gen, Q, K, V, s, _ = heads[0]
+        cls = get_attention(obj["kind"])
+        rows = max(x.shape[0] for x in (Q, K, V, s))
+        atts = [cls(Q[min(b, Q.shape[0] - 1)], K[min(b, K.shape[0] - 1)],
+                    V[min(b, V.shape[0] - 1)], float(s[min(b, s.shape[0] - 1)].ravel()[0]))
+                for b in range(rows)]
+        return atts[0] if rows == 1 else atts
+    if (isinstance(obj, Sequence) and not isinstance(obj, (str, bytes)) and len(obj) == n
+            and all(isinstance(a, Attention) for a in obj)
+            and len({a.d for a in obj}) == 1):
+        return list(obj)
+    return None
 
 
 # ----------------------------------------------------------------------------------------

@@ -122,10 +122,18 @@ class BatchSolution:
     nsteps : ndarray of int, shape (B,)
         Accepted steps per trajectory.
     ncalls : int
-        Vectorised right-hand-side calls for the whole batch.
+        Vectorised right-hand-side calls for the whole batch (1 on the compiled path:
+        one call of the compiled integrator).
     implicit : ndarray of bool, shape (B,)
         Where the trajectory ended on Rosenbrock (RODAS4) steps: every trajectory with
         ``method="rosenbrock"``, those found stiff with ``method="auto"``.
+    mean : ndarray, shape (B, T, d), or None
+        Means at ``t`` (NaN after a trajectory stopped); ``None`` without ``mean0s``.
+    mean_final : ndarray, shape (B, d), or None
+        Final means; ``None`` without ``mean0s``.
+    path : {"compiled", "numpy"}
+        Which integrator ran: the compiled one (every attention supplies a compiled
+        field) or the vectorised NumPy loop.
     """
 
     t: np.ndarray | None
@@ -140,6 +148,9 @@ class BatchSolution:
     nsteps: np.ndarray
     ncalls: int
     implicit: np.ndarray | None = None
+    mean: np.ndarray | None = None
+    mean_final: np.ndarray | None = None
+    path: str = "numpy"
 
     def __len__(self):
         return self.t_final.size
@@ -154,18 +165,21 @@ class BatchSolution:
         i = validate_int(i, "i")
         if not -len(self) <= i < len(self):
             raise IndexError(f"trajectory index {i} out of range for {len(self)} trajectories.")
+        with_mean = self.mean_final is not None
         if self.t is None:
             t = np.array([self.t_final[i]])
             cov = self.cov_final[i][None]
+            mean = self.mean_final[i][None] if with_mean else None
         else:
             keep = np.isfinite(self.cov[i, :, 0, 0])
             t, cov = self.t[keep], self.cov[i, keep]
+            mean = self.mean[i, keep] if with_mean else None
         tb = None if np.isnan(self.t_blowup[i]) else float(self.t_blowup[i])
         return MomentSolution(
-            t=t, mean=None, cov=cov, factor=psd_sqrt(cov), status=self.status[i],
+            t=t, mean=mean, cov=cov, factor=psd_sqrt(cov), status=self.status[i],
             message=self.message[i], t_blowup=tb, t_final=float(self.t_final[i]),
-            mean_final=None, cov_final=self.cov_final[i], t_events={},
-            nfev=int(self.nfev[i]))
+            mean_final=self.mean_final[i] if with_mean else None,
+            cov_final=self.cov_final[i], t_events={}, nfev=int(self.nfev[i]))
 
 
 def overflow_message(t_last, t_next):

@@ -1,0 +1,942 @@
+r"""The compiled batch integrator: every trajectory's steps, events and output in Numba.
+
+The loop over trajectories runs in compiled code, in parallel over trajectories
+(``prange``); each trajectory takes the steps of :func:`gaussian_pde.solve_batch`'s
+vectorised loop (:mod:`gaussian_pde.integrate._batch`) for one row:
+
+* DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
+  :mod:`gaussian_pde.integrate._steppers`), Hairer's stiffness test
+  (:math:`h|\lambda| > 6.1` on 15 accepted steps) and, with ``method="auto"``, the
+  hand-over for good to RODAS4 (the same coefficients, the Jacobian from the field's
+  closed form where it holds, column-scaled central differences otherwise; the
+  :math:`n \times n` matrix :math:`I/(\gamma h) - J` by LU with partial pivoting);
+* the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
+  the step that passed the trace threshold (probe step, extrapolation of
+  :math:`1/\operatorname{tr}\Sigma`, confirmation 100 times further up, the clock
+  restarted there), steady state and rank collapse (bisection on the dense output to
+  ``2**-30`` of the step), the evaluation budget, a step below rounding, overflow;
+* re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
+  (:mod:`gaussian_pde.integrate._refactor`);
+* dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
+  a step that needs it; RODAS4's order-3 continuous extension).
+
+The field is the attention type's :class:`~gaussian_pde.attention._compiled_fields.CompiledField`:
+``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
+integrator is compiled once (cached on disk) for every type. The state is
+:math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
+
+The trajectory's outcome comes back as codes and numbers; :func:`run` words the
+statuses and messages exactly as the NumPy loop does (through
+:func:`~gaussian_pde.integrate._events.blowup_verdict` for the blow-up).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import warnings
+
+import numpy as np
+from scipy.integrate._ivp import dop853_coefficients as _dop
+
+from ._steppers import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
+
+__all__ = ["integrate_compiled"]
+
+# outcome codes
+FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH, NFEV = range(10)
+
+_NS = _dop.N_STAGES
+_A = np.ascontiguousarray(_dop.A)
+_B = np.ascontiguousarray(_dop.B)
+_E3 = np.ascontiguousarray(_dop.E3)
+_E5 = np.ascontiguousarray(_dop.E5)
+_D = np.ascontiguousarray(_dop.D)
+_RA_ = np.ascontiguousarray(_RA)
+_RB_ = np.ascontiguousarray(_RB)
+_RC_ = np.ascontiguousarray(_RC)
+_RH_ = np.ascontiguousarray(_RH)
+_EPS = float(np.finfo(float).eps)
+_EPS3 = _EPS ** (1.0 / 3.0)
+#: the events' constants (gaussian_pde.integrate._events, _refactor, _batch)
+from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH  # noqa: E402
+from ._refactor import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
+
+_BISECT = 30
+_STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
+
+
+# ----------------------------------------------------------------------------------------
+# small pieces (plain Python, compiled by _core())
+# ----------------------------------------------------------------------------------------
+
+def _finite(x):
+    for v in x:
+        if not math.isfinite(v):
+            return False
+    return True
+
+
+def _rms(x, sc):
+    acc = 0.0
+    for i in range(x.size):
+        v = x[i] / sc[i]
+        acc += v * v
+    return math.sqrt(acc / x.size)
+
+
+def _l_trace(Z, d):
+    """``tr(Sigma) = |L|_F^2`` and its rate ``2 <L, L'>`` (rate from the second state)."""
+    acc = 0.0
+    for i in range(d):
+        for j in range(d):
+            acc += Z[i, j] * Z[i, j]
+    return acc
+
+
+def _l_dot(Z, dZ, d):
+    acc = 0.0
+    for i in range(d):
+        for j in range(d):
+            acc += Z[i, j] * dZ[i, j]
+    return 2.0 * acc
+
+
+def _guard(Ys, ymax):
+    """Zero a stage state that is not finite or wild; True where it was (reject the step)."""
+    for v in Ys:
+        if not abs(v) <= ymax:        # (NaN too)
+            Ys[:] = 0.0
+            return True
+    return False
+
+
+def _steady_gap(y, f, d, m, tol, atol):
+    Z = y.reshape((d, m))
+    dZ = f.reshape((d, m))
+    nc = 0.0
+    nd = 0.0
+    for i in range(d):
+        for j in range(d):
+            c = 0.0
+            e = 0.0
+            for p in range(d):
+                c += Z[i, p] * Z[j, p]
+                e += dZ[i, p] * Z[j, p] + Z[i, p] * dZ[j, p]
+            nc += c * c
+            nd += e * e
+    return math.log(math.sqrt(nd) + 1e-300) - math.log(tol * math.sqrt(nc) + atol + 1e-300)
+
+
+def _rank_gap(y, d, m, first, rank_tol):
+    Z = y.reshape((d, m))
+    S = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            c = 0.0
+            for p in range(d):
+                c += Z[i, p] * Z[j, p]
+            S[i, j] = c
+    if not _finite(S.ravel()):
+        return np.nan
+    w = np.linalg.eigvalsh(S)
+    j = min(first, d - 1)
+    return w[j] / max(w.sum(), 1e-300) - rank_tol
+
+
+def _lu(W, piv):
+    """LU with partial pivoting in place; False where singular."""
+    n = W.shape[0]
+    for k in range(n):
+        p = k
+        big = abs(W[k, k])
+        for i in range(k + 1, n):
+            if abs(W[i, k]) > big:
+                big = abs(W[i, k])
+                p = i
+        piv[k] = p
+        if not big > 0.0:
+            return False
+        if p != k:
+            for j in range(n):
+                W[k, j], W[p, j] = W[p, j], W[k, j]
+        inv = 1.0 / W[k, k]
+        for i in range(k + 1, n):
+            W[i, k] *= inv
+            lik = W[i, k]
+            if lik != 0.0:
+                for j in range(k + 1, n):
+                    W[i, j] -= lik * W[k, j]
+    return True
+
+
+def _lu_solve(W, piv, x):
+    n = W.shape[0]
+    for k in range(n):
+        p = piv[k]
+        if p != k:
+            x[k], x[p] = x[p], x[k]
+    for i in range(n):
+        acc = x[i]
+        for j in range(i):
+            acc -= W[i, j] * x[j]
+        x[i] = acc
+    for i in range(n - 1, -1, -1):
+        acc = x[i]
+        for j in range(i + 1, n):
+            acc -= W[i, j] * x[j]
+        x[i] = acc / W[i, i]
+
+
+def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
+    """The Jacobian into ``J``; returns the evaluations it cost (1 closed form, else 2n)."""
+    if jac(P, d, m, y, J, ws):
+        return 1
+    n = d * m
+    Z = y.reshape((d, m))
+    c = np.empty(m)
+    shortest = np.inf
+    for b in range(m):
+        s = 0.0
+        for i in range(d):
+            s += Z[i, b] * Z[i, b]
+        c[b] = math.sqrt(s)
+        if c[b] > 0 and c[b] < shortest:
+            shortest = c[b]
+    if not math.isfinite(shortest):
+        shortest = 1.0
+    for j in range(n):
+        b = j % m
+        delta = _EPS3 * (c[b] if c[b] > 0 else shortest)
+        up[:] = y
+        up[j] = y[j] + delta
+        rhs(P, d, m, up, fu, ws)
+        hi = up[j]
+        up[j] = y[j] - delta
+        rhs(P, d, m, up, fd, ws)
+        step = hi - up[j]
+        for i in range(n):
+            J[i, j] = (fu[i] - fd[i]) / step
+    return 2 * n
+
+
+# ----------------------------------------------------------------------------------------
+# the two steppers and their dense output
+# ----------------------------------------------------------------------------------------
+
+def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol):
+    """One DOP853 step; ``K[0]`` holds ``f(y)``. Returns ``(err, hlamb)``; ``K[12] = f(ynew)``."""
+    n = y.size
+    top = 0.0
+    for v in y:
+        top = max(top, abs(v))
+    ymax = _WILD * top
+    bad = False
+    for s in range(1, _NS):
+        for i in range(n):
+            acc = 0.0
+            for j in range(s):
+                acc += _A[s, j] * K[j, i]
+            tmp[i] = y[i] + acc * h
+        bad |= _guard(tmp, ymax)
+        rhs(P, d, m, tmp, K[s], ws)
+    for i in range(n):
+        acc = 0.0
+        for j in range(_NS):
+            acc += _B[j] * K[j, i]
+        ynew[i] = y[i] + h * acc
+    tmp[:] = ynew
+    bad |= _guard(tmp, ymax)
+    rhs(P, d, m, tmp, K[_NS], ws)
+    num = 0.0
+    den = 0.0
+    e5 = 0.0
+    e3 = 0.0
+    for i in range(n):
+        acc = 0.0
+        for j in range(_NS - 1):
+            acc += _A[_NS - 1, j] * K[j, i]
+        ylast = y[i] + h * acc
+        num += (K[_NS, i] - K[_NS - 1, i]) ** 2
+        den += (ynew[i] - ylast) ** 2
+        sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
+        a5 = 0.0
+        a3 = 0.0
+        for j in range(_NS + 1):
+            a5 += _E5[j] * K[j, i]
+            a3 += _E3[j] * K[j, i]
+        e5 += (a5 / sc) ** 2
+        e3 += (a3 / sc) ** 2
+    hlamb = h * math.sqrt(num / den) if den > 0 else 0.0
+    denom = e5 + 0.01 * e3
+    err = h * e5 / math.sqrt(denom * n) if denom > 0 else 0.0
+    if bad or not math.isfinite(err):
+        err = np.inf
+    return err, hlamb
+
+
+def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
+    """DOP853's dense-output coefficients ``F`` (7, n) of the step (three more stages)."""
+    n = y.size
+    Kx[:_NS + 1] = K[:_NS + 1]
+    for s in range(_NS + 1, 16):
+        for i in range(n):
+            acc = 0.0
+            for j in range(s):
+                acc += _A[s, j] * Kx[j, i]
+            tmp[i] = y[i] + acc * h
+        rhs(P, d, m, tmp, Kx[s], ws)
+    for i in range(n):
+        dy = ynew[i] - y[i]
+        F[0, i] = dy
+        F[1, i] = h * f[i] - dy
+        F[2, i] = 2 * dy - h * (K[_NS, i] + f[i])
+        for r in range(4):
+            acc = 0.0
+            for j in range(16):
+                acc += _D[r, j] * Kx[j, i]
+            F[3 + r, i] = h * acc
+
+
+def _dop_eval(F, y, x, out):
+    n = y.size
+    for i in range(n):
+        v = 0.0
+        for r in range(7):
+            v += F[6 - r, i]
+            v *= x if r % 2 == 0 else 1.0 - x
+        out[i] = v + y[i]
+
+
+def _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, rr, ws, atol, rtol):
+    """One RODAS4 step with the Jacobian ``J``; returns the error norm (inf: reject)."""
+    n = y.size
+    top = 0.0
+    for v in y:
+        top = max(top, abs(v))
+    ymax = _WILD * top
+    g = 1.0 / (_RGAMMA * h)
+    for i in range(n):
+        for j in range(n):
+            W[i, j] = -J[i, j]
+        W[i, i] += g
+    if not _lu(W, piv):
+        return np.inf
+    U[0] = f
+    _lu_solve(W, piv, U[0])
+    bad = False
+    for s in range(1, 6):
+        for i in range(n):
+            acc = 0.0
+            for j in range(s):
+                acc += _RA_[s, j] * U[j, i]
+            tmp[i] = y[i] + acc
+        bad |= _guard(tmp, ymax)
+        rhs(P, d, m, tmp, rr, ws)
+        for i in range(n):
+            acc = 0.0
+            for j in range(s):
+                acc += _RC_[s, j] * U[j, i]
+            U[s, i] = rr[i] + acc / h
+        _lu_solve(W, piv, U[s])
+    acc_e = 0.0
+    for i in range(n):
+        acc = 0.0
+        for j in range(6):
+            acc += _RB_[j] * U[j, i]
+        ynew[i] = y[i] + acc
+        sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
+        acc_e += (U[5, i] / sc) ** 2
+    err = math.sqrt(acc_e / n)
+    if bad or not math.isfinite(err):
+        err = np.inf
+    return err
+
+
+def _ros_eval(y, ynew, U, x, out):
+    n = y.size
+    for i in range(n):
+        h1 = 0.0
+        h2 = 0.0
+        for j in range(6):
+            h1 += _RH_[0, j] * U[j, i]
+            h2 += _RH_[1, j] * U[j, i]
+        out[i] = (1 - x) * y[i] + x * (ynew[i] + (1 - x) * (h1 + x * h2))
+
+
+# ----------------------------------------------------------------------------------------
+# one trajectory
+# ----------------------------------------------------------------------------------------
+
+def _nmin(a, b):
+    """``numpy.minimum`` of two floats (NaN propagates)."""
+    if a != a or b != b:
+        return np.nan
+    return a if a <= b else b
+
+
+def _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step, err_exp, tmp, tmp2, ws):
+    """Hairer, Norsett and Wanner II.4, as SciPy's ``select_initial_step``."""
+    n = y.size
+    d0 = 0.0
+    d1 = 0.0
+    for i in range(n):
+        sc = atol + abs(y[i]) * rtol
+        d0 += (y[i] / sc) ** 2
+        d1 += (f[i] / sc) ** 2
+    d0 = math.sqrt(d0 / n)
+    d1 = math.sqrt(d1 / n)
+    h0 = 1e-6 if (d0 < 1e-5 or d1 < 1e-5) else 0.01 * d0 / max(d1, 1e-300)
+    h0 = _nmin(h0, t1 - t0)
+    for i in range(n):
+        tmp[i] = y[i] + h0 * f[i]
+    rhs(P, d, m, tmp, tmp2, ws)
+    d2 = 0.0
+    for i in range(n):
+        sc = atol + abs(y[i]) * rtol
+        d2 += ((tmp2[i] - f[i]) / sc) ** 2
+    d2 = math.sqrt(d2 / n) / h0
+    if d1 <= 1e-15 and d2 <= 1e-15:
+        h1 = max(1e-6, h0 * 1e-3)
+    else:
+        big = d1 if d1 >= d2 else d2
+        if d2 != d2:
+            big = d2
+        h1 = (0.01 / max(big, 1e-300)) ** (-err_exp)
+    return _nmin(_nmin(_nmin(100 * h0, h1), t1 - t0), max_step)
+
+
+def _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, out, have):
+    """The state at fraction ``x`` of the step; returns the evaluations it cost."""
+    if imp:
+        _ros_eval(y, ynew, U, x, out)
+        return 0
+    extra = 0
+    if have[0] == 0:        # three more evaluations, only when output or an event needs it
+        _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws)
+        have[0] = 1
+        extra = 3
+    _dop_eval(F, y, x, out)
+    return extra
+
+
+def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, xb, tmp, ws,
+             ev, first, opt, steady_on):
+    """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
+    stop_t = np.inf
+    kind = 0
+    extra = 0
+    if steady_on:
+        g_new = _steady_gap(ynew, fnew, d, m, opt[4], opt[5])
+        if ev[0] > 0 and g_new <= 0:
+            lo, hi = 0.0, 1.0
+            for _ in range(_BISECT):
+                mid = 0.5 * (lo + hi)
+                extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
+                                   ws, xa, have)
+                rhs(P, d, m, xa, xb, ws)
+                extra += 1
+                if _steady_gap(xa, xb, d, m, opt[4], opt[5]) > 0:
+                    lo = mid
+                else:
+                    hi = mid
+            stop_t = t + hi * h
+            kind = 1
+        ev[0] = g_new
+    if opt[6] >= 0:
+        g_new = _rank_gap(ynew, d, m, first, opt[6])
+        if ev[1] > 0 and g_new <= 0 and first < d:
+            lo, hi = 0.0, 1.0
+            for _ in range(_BISECT):
+                mid = 0.5 * (lo + hi)
+                extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
+                                   ws, xa, have)
+                extra += 1
+                if _rank_gap(xa, d, m, first, opt[6]) > 0:
+                    lo = mid
+                else:
+                    hi = mid
+            tr_ = t + hi * h
+            if tr_ < stop_t:
+                stop_t = tr_
+                kind = 2
+        ev[1] = g_new
+    return kind, stop_t, extra
+
+
+def _store(y, d, m, cov_out, mean_out, j):
+    Z = y.reshape((d, m))
+    for i in range(d):
+        for k in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += Z[i, p] * Z[k, p]
+            cov_out[j, i, k] = acc
+        if m > d:
+            mean_out[j, i] = Z[i, d]
+
+
+def _blowup_look(rhs, P, d, m, t, ynew, fnew, tmp, tmp2, ws):
+    """:func:`~gaussian_pde.integrate._events.blowup_extrapolate` at the step end: ``(t*, finite)``."""
+    Z = ynew.reshape((d, m))
+    tr = _l_trace(Z, d)
+    dtr = _l_dot(Z, fnew.reshape((d, m)), d)
+    hh = _PROBE * tr / (dtr if dtr > 0 else 1.0)
+    for i in range(ynew.size):
+        tmp[i] = ynew[i] + hh * fnew[i]
+    rhs(P, d, m, tmp, tmp2, ws)
+    Z2 = tmp.reshape((d, m))
+    tr2 = _l_trace(Z2, d)
+    dtr2 = _l_dot(Z2, tmp2.reshape((d, m)), d)
+    u = 1.0 / tr
+    du = -(dtr / tr) / tr
+    du2 = (-(dtr2 / tr2) / tr2 - du) / hh
+    p = u * du2 / du ** 2
+    tstar = t - u / (du * (1.0 - p))
+    finite = (du < 0 and p < _P_FINITE and math.isfinite(tstar) and dtr > 0
+              and math.isfinite(du2))
+    return tstar, finite
+
+
+def _refactor(y, f, d, m, atol, rtol):
+    """Re-factor ``L -> LW`` (rate too) where the columns cancel; True where it did."""
+    Z = y.reshape((d, m))
+    dZ = f.reshape((d, m))
+    L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
+    if not _finite(L.ravel()):
+        return False
+    s = np.linalg.svd(L)[1]
+    c = np.empty(d)
+    for j in range(d):
+        acc = 0.0
+        for i in range(d):
+            acc += L[i, j] * L[i, j]
+        c[j] = math.sqrt(acc)
+    c = np.sort(c)[::-1]
+    ex = 0.0
+    for j in range(d):
+        if c[j] > _CANCELS * s[j]:
+            ex = max(ex, _EPS * c[j] / (atol + rtol * s[j]))
+    if not ex > REFACTOR_ABOVE:
+        return False
+    nz = np.empty(d, dtype=np.int64)
+    q = 0
+    for j in range(d):
+        if _col_sq(L, j) > 0:
+            nz[q] = j
+            q += 1
+    W = np.eye(d)
+    if q >= 2:
+        sub = np.empty((d, q))
+        for a in range(q):
+            sub[:, a] = L[:, nz[a]]
+        Vt = np.linalg.svd(sub, full_matrices=False)[2]
+        for a in range(q):
+            for b in range(q):
+                W[nz[a], nz[b]] = Vt[b, a]
+    Ld = dZ[:, :d].copy()
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            acd = 0.0
+            for p in range(d):
+                acc += L[i, p] * W[p, j]
+                acd += Ld[i, p] * W[p, j]
+            Z[i, j] = acc
+            dZ[i, j] = acd
+    return True
+
+
+def _col_sq(L, j):
+    acc = 0.0
+    for i in range(L.shape[0]):
+        acc += L[i, j] * L[i, j]
+    return acc
+
+
+def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres,
+                cov_out, mean_out):
+    """Integrate one trajectory from the flat state ``y`` (overwritten with the final one).
+
+    ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
+    (negative: off), t0, t1; ``iopt``: max_nfev (negative: none), method (0 auto,
+    1 DOP853, 2 RODAS4), steady on, scratch size. Writes ``ires`` (code, nfev, nsteps,
+    implicit) and ``fres`` (t_final, t_blowup, and the numbers the message needs).
+    """
+    atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
+    max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
+    n = d * m
+    ws = np.empty(iopt[3])
+    f, fnew, ynew = np.empty(n), np.empty(n), np.empty(n)
+    tmp, tmp2, xa, xb = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    K, Kx, F, U = np.empty((_NS + 1, n)), np.empty((16, n)), np.empty((7, n)), np.empty((6, n))
+    J, W, piv = np.empty((n, n)), np.empty((n, n)), np.empty(n, dtype=np.int64)
+    have = np.zeros(1, dtype=np.int64)
+    ev = np.zeros(2)
+    rhs(P, d, m, y, f, ws)
+    nfev = 1
+    fres[0] = t1
+    fres[1] = np.nan
+    if not _finite(f):
+        ires[0], ires[1], fres[0] = FIELD0, nfev, t0
+        return
+    if steady_on:
+        ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
+    if opt[6] >= 0:
+        ev[1] = _rank_gap(y, d, m, first, opt[6])
+    imp = method == 2
+    h_abs = _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
+                          -0.25 if imp else -0.125, tmp, tmp2, ws)
+    nfev += 1
+    t, base, tau = t0, 0.0, t0
+    limit, susp, s0, s1 = opt[3], False, np.nan, np.nan
+    rejected, fresh = False, False
+    iasti, nonsti, nsteps = 0, 0, 0
+    code = -1
+    while code < 0:
+        min_step = 10 * abs(np.nextafter(tau, np.inf) - tau)
+        if h_abs < min_step:
+            h_abs = min_step
+        if h_abs > max_step:
+            h_abs = max_step
+        h = _nmin(h_abs, (t1 - base) - tau)
+        hlamb = 0.0
+        if imp:
+            if not fresh:
+                nfev += _jacobian(rhs, jac, P, d, m, y, J, ws, tmp, xa, xb)
+                fresh = True
+            err = _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, xa, ws,
+                               atol, rtol)
+            nfev += 5
+            err_exp, max_factor = -0.25, 6.0
+        else:
+            K[0] = f
+            err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol)
+            nfev += _NS
+            err_exp, max_factor = -0.125, 10.0
+        acc = err < 1
+        if err == 0:
+            fac = max_factor
+        else:
+            fac = min(max_factor, SAFETY * (err if err > 0 else 1.0) ** err_exp)
+        if acc:
+            h_abs *= min(1.0, fac) if rejected else fac
+        else:
+            e = err if (math.isfinite(err) and err > 0) else 1e300
+            h_abs *= max(MIN_FACTOR, SAFETY * e ** err_exp)
+        rejected = not acc
+        if not acc and not h_abs >= min_step:
+            code = SMALL if _finite(ynew) else SMALL_OVERFLOW
+            fres[0] = t
+            break
+        if acc:
+            code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _accepted(
+                rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
+                xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
+                limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out)
+            if code >= 0:
+                break
+        if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
+            if acc:
+                if hlamb > _STIFF_HLAMB:
+                    iasti += 1
+                    nonsti = 0
+                else:
+                    nonsti += 1
+            if nonsti >= _NONSTIFF_RESET:
+                iasti = 0
+            if iasti >= _STIFF_STEPS:
+                imp = True
+                fresh = False
+        if max_nfev >= 0 and nfev > max_nfev:
+            code = NFEV
+            fres[0] = t
+            fres[2] = t
+    ires[0], ires[1], ires[2], ires[3] = code, nfev, nsteps, imp
+
+
+def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
+              xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
+              limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out):
+    """An accepted step: its rate, events, output, blow-up look, advance and re-factoring.
+
+    Returns the outcome code (negative: go on) and the updated scalars.
+    """
+    t1 = opt[8]
+    tau_new = tau + h
+    t_new = base + tau_new
+    if t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
+        t_new = t1
+        tau_new = t1 - base
+    else:
+        t_new = min(t_new, t1)
+    if imp:
+        rhs(P, d, m, ynew, fnew, ws)
+        nfev += 1
+    else:
+        fnew[:] = K[_NS]
+    out = (t, tau, base, limit, susp, s0, s1)
+    if not (_finite(fnew) and _finite(ynew)):
+        fres[0], fres[2], fres[3] = t, t, t_new
+        return (OVERFLOW,) + out + (nfev, nsteps, fresh)
+    nsteps += 1
+    have[0] = 0
+    kind, stop_t, extra = _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U,
+                                   have, xa, xb, tmp, ws, ev, first, opt, steady_on)
+    nfev += extra
+    if t_eval.size:
+        t_end = min(t_new, stop_t)
+        j = p_out[0]
+        while j < t_eval.size and t_eval[j] <= t_end:
+            x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
+            nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws,
+                              xa, have)
+            _store(xa, d, m, cov_out, mean_out, j)
+            j += 1
+        p_out[0] = j
+    if kind > 0:
+        nfev += _dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
+                          tmp, ws, xa, have)
+        y[:] = xa
+        fres[0], fres[2] = stop_t, stop_t
+        return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
+    looked = False
+    if _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
+        tstar, finite = _blowup_look(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
+        nfev += 1
+        fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t_new, limit, s0, s1
+        fres[7] = 1.0 if finite else 0.0
+        if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
+            y[:] = ynew
+            fres[0], fres[1] = t_new, tstar
+            return (BLOWUP,) + out + (nfev, nsteps, fresh)
+        grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
+        if limit * grow > MAX_GROWTH:
+            y[:] = ynew
+            fres[0] = t_new
+            return (GROWTH,) + out + (nfev, nsteps, fresh)
+        susp = finite
+        if finite:
+            s0, s1 = tstar, t_new
+        limit *= grow
+        looked = True
+    t, tau = t_new, tau_new
+    y[:] = ynew
+    f[:] = fnew
+    if looked:      # a blow-up look restarts the clock (as solve restarts there)
+        base, tau = t_new, 0.0
+    fresh = False
+    if nsteps % REFACTOR_EVERY == 0:
+        _refactor(y, f, d, m, opt[0], opt[1])
+    code = FINISHED if t_new >= t1 else -1
+    return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+
+
+def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
+           cov_out, mean_out):
+    """Every trajectory ``b`` of ``Y`` (``(B, n)``, overwritten), in parallel."""
+    nb = Y.shape[0]
+    nw = params.shape[0]
+    for b in prange(nb):
+        p_out = np.full(1, p0)
+        row = np.int64(b) if nw > 1 else np.int64(0)
+        _trajectory(rhs, jac, params[row], d, m, Y[b], t_eval, p_out,
+                    tr0[b], first[b], opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b])
+
+
+def prange(n):     # replaced by numba.prange when compiled
+    return range(n)
+
+
+_HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
+            "_lu", "_lu_solve", "_jacobian", "_dop_attempt", "_dop_dense", "_dop_eval",
+            "_ros_attempt", "_ros_eval", "_nmin", "_initial_step", "_dense_at", "_located",
+            "_store", "_blowup_look", "_refactor", "_col_sq", "_accepted", "_trajectory")
+
+
+@functools.cache
+def _core():
+    """The compiled driver (Numba, parallel over trajectories, cached on disk)."""
+    import numba
+    from numba import types as T
+
+    from ..attention._compiled_fields import signatures
+
+    g = globals()
+    for name in _HELPERS:
+        if not hasattr(g[name], "py_func"):
+            g[name] = numba.njit(cache=True, error_model="numpy")(g[name])
+    g["prange"] = numba.prange
+    rhs_sig, jac_sig = signatures()
+    vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
+    sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
+                 mat, vec, T.int64, vec, ivec, vec, ivec, T.int64[:, ::1], mat,
+                 T.float64[:, :, :, ::1], T.float64[:, :, ::1])
+    with warnings.catch_warnings():   # first-class function types are "experimental"
+        warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
+        return numba.njit(sig, cache=True, parallel=True, error_model="numpy")(_drive)
+
+
+# ----------------------------------------------------------------------------------------
+# the Python side: the fields, the call, the statuses and messages
+# ----------------------------------------------------------------------------------------
+
+def compiled_fields(attentions):
+    """``(rhs, jac, params (1 or B, p), ws_size)`` of attentions, or None.
+
+    None where one of them has no compiled field (``compiled_field()`` is None) or
+    where they do not share one pair of kernels. ``attentions``: one attention (for
+    every trajectory) or a list of one per trajectory.
+    """
+    single = not isinstance(attentions, list)
+    seen = {}
+    fields = []
+    for att in ([attentions] if single else attentions):
+        cf = seen.get(id(att))
+        if cf is None:
+            hook = getattr(att, "compiled_field", None)
+            cf = hook() if hook is not None else None
+            if cf is None:
+                return None
+            seen[id(att)] = cf
+        fields.append(cf)
+    rhs, jac = fields[0].rhs, fields[0].jac
+    if any(cf.rhs is not rhs or cf.jac is not jac for cf in fields):
+        return None
+    size = max(cf.params.size for cf in fields)
+    params = np.zeros((len(fields), size))
+    for i, cf in enumerate(fields):
+        params[i, :cf.params.size] = cf.params
+    if not single and len(seen) == 1:
+        params = params[:1]
+    return rhs, jac, params, max(cf.ws_size for cf in fields)
+
+
+def _messages(code, fres, t0, max_nfev):
+    """Status and message of one trajectory from its outcome (the NumPy loop's words)."""
+    from ._events import blowup_verdict
+    from ._results import Status, overflow_message
+
+    if code == FINISHED:
+        return Status.FINISHED, "reached the end of t_span"
+    if code in (BLOWUP, GROWTH):
+        tstar, t, limit, s0, s1, finite = fres[2:8]
+        verdict, message = blowup_verdict(float(tstar), bool(finite), float(t), float(limit),
+                                          (float(s0), float(s1)) if code == BLOWUP else None)
+        return verdict, message
+    if code in (STEADY, RANK):
+        name = "steady" if code == STEADY else "rank_collapse"
+        status = Status.STEADY if code == STEADY else Status.RANK_COLLAPSE
+        return status, f"terminal event {name!r} at t = {fres[2]:.10g}"
+    if code == FIELD0:
+        return Status.FAILED, (f"the field is not finite at t = {t0:.10g}: the rate of the "
+                               "initial covariance overflows float64")
+    if code in (SMALL, SMALL_OVERFLOW):
+        return Status.FAILED, ("step size too small (required step below rounding)"
+                               + ("; the trial states leave the floating-point range "
+                                  "(overflow)" if code == SMALL_OVERFLOW else ""))
+    if code == OVERFLOW:
+        return Status.FAILED, overflow_message(fres[2], fres[3])
+    return Status.FAILED, (f"gave up after {max_nfev} right-hand-side evaluations near "
+                           f"t = {fres[2]:.10g} (stiff or nearly singular dynamics)")
+
+
+def integrate_compiled(fields, cov0s, mean0s, opts, method):
+    """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`."""
+    import dataclasses
+
+    from .._common.linalg import psd_factor
+    from ._batch import _Record
+    from ._events import rank_first
+
+    rhs, jac, params, ws_size = fields
+    nb, d = cov0s.shape[0], cov0s.shape[-1]
+    m = d if mean0s is None else d + 1
+    t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
+    ev = opts.events
+    Y = np.zeros((nb, d, m))
+    Y[:, :, :d] = psd_factor(cov0s)
+    scale = None
+    if mean0s is not None:
+        scale = np.array([_mean_units(mu, opts.rtol, opts.atol) for mu in mean0s])
+        Y[:, :, d] = mean0s / scale[:, None]
+    Y = Y.reshape(nb, d * m)
+    tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
+    first = (np.zeros(nb, dtype=np.int64) if ev.rank_tol is None
+             else np.asarray(rank_first(cov0s, ev.rank_tol), dtype=np.int64))
+    opt = np.array([opts.atol, opts.rtol, opts.max_step, ev.blowup_threshold,
+                    0.0 if ev.steady_tol is None else ev.steady_tol, ev.steady_atol,
+                    -1.0 if ev.rank_tol is None else ev.rank_tol, t0, t1])
+    max_nfev = -1 if opts.max_nfev is None else int(opts.max_nfev)
+    iopt = np.array([max_nfev, ("auto", "DOP853", "rosenbrock").index(method),
+                     int(ev.steady_on), ws_size], dtype=np.int64)
+    te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
+    nt = te.size
+    cov_out = np.full((nb, nt, d, d), np.nan)
+    mean_out = np.full((nb, nt if m > d else 0, d), np.nan)
+    ires = np.zeros((nb, 4), dtype=np.int64)
+    fres = np.zeros((nb, 8))
+    p0 = int(np.searchsorted(te, t0, side="right"))
+    _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, iopt,
+         ires, fres, cov_out, mean_out)
+    rec = _Record(nb, d, t1, t_eval, method)
+    Z = Y.reshape(nb, d, m)
+    rec.L_final[:] = Z[:, :, :d]
+    rec.t_final[:] = fres[:, 0]
+    rec.t_blowup[:] = fres[:, 1]
+    rec.nfev[:] = ires[:, 1]
+    rec.nsteps[:] = ires[:, 2]
+    rec.implicit[:] = ires[:, 3] != 0
+    for b in range(nb):
+        rec.status[b], rec.message[b] = _messages(int(ires[b, 0]), fres[b], t0, max_nfev)
+    if t_eval is not None:
+        at0 = t_eval == t0
+        cov_out[:, at0] = cov0s[:, None]
+        rec.cov = cov_out
+    rec.note_rank(cov0s)
+    sol = rec.result(t_eval, 1)
+    extra = {"path": "compiled"}
+    if mean0s is not None:
+        mean_final = Z[:, :, d] * scale[:, None]
+        mean = None
+        if t_eval is not None:
+            mean = mean_out * scale[:, None, None]
+            mean[:, t_eval == t0] = mean0s[:, None]
+        extra.update(mean=mean, mean_final=mean_final)
+    return dataclasses.replace(sol, **extra)
+
+
+#: fewer trajectories than this run on one thread: waking the pool's threads costs more
+#: than a short trajectory (seen: 20 ms for one trajectory of 1 ms on a loaded machine)
+SERIAL_BELOW = 4
+
+
+#: one launch of the parallel driver at a time: Numba's "workqueue" threading layer (the
+#: fallback where neither TBB nor OpenMP is present) aborts the process on concurrent
+#: launches from several Python threads; each launch uses every core anyway
+_LAUNCH = threading.Lock()
+
+
+def _run(nb, *args):
+    """The compiled driver, on one thread for fewer than :data:`SERIAL_BELOW` trajectories."""
+    import numba
+
+    drive = _core()
+    with _LAUNCH:
+        if nb >= SERIAL_BELOW:
+            drive(*args)
+            return
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            drive(*args)
+        finally:
+            numba.set_num_threads(threads)
+
+
+def _mean_units(mean0, rtol, atol):
+    """The units of a trajectory's mean in the state (those of :func:`gaussian_pde.solve`)."""
+    from ._solve import _mean_scale
+
+    return _mean_scale(np.asarray(mean0, dtype=float), rtol, atol)

@@ -1,0 +1,239 @@
+"""The compiled batch integrator against the NumPy loop, exact solutions and invariants.
+
+Both paths take the same steps (the same tableau, error norm, step rule, stiffness test and
+events) for every trajectory, so for one trajectory without output they agree step for
+step: the same statuses, messages, step counts and evaluation counts, and states to
+rounding, amplified near a blow-up. The pinned 1e-9 (relative) on final states and blow-up
+times leaves several orders over the ~1e-13 seen away from blow-ups.
+"""
+
+import numpy as np
+import pytest
+
+import gaussian_pde as gp
+from tests._helpers import random_spd
+
+NUMPY = {"path": "numpy"}
+
+
+def _settings(rng, d, kinds=("softmax", "l2", "sinkhorn", "multihead")):
+    atts, covs = [], []
+    for i, kind in enumerate(kinds * 2):
+        if kind == "multihead":
+            att = gp.MultiHead([gp.Softmax.example(d, rng), gp.L2.example(d, rng)])
+        else:
+            att = gp.ATTENTIONS[kind].example(d, rng)
+        atts.append(att)
+        covs.append(random_spd(rng, d, rank=d if i % 3 else d - 1))
+    return atts, np.array(covs)
+
+
+@pytest.mark.parametrize("d", [2, 4])
+def test_compiled_equals_numpy_step_for_step(rng, d):
+    atts, covs = _settings(rng, d)
+    for att, cov in zip(atts, covs):
+        a = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000)
+        b = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000, **NUMPY)
+        assert a.path == "compiled" and b.path == "numpy"
+        assert a.status[0] == b.status[0], (att, a.message, b.message)
+        if "gave up" in b.message[0]:   # a long run to the budget: rounding moves its end
+            continue
+        assert a.message[0] == b.message[0], att
+        assert a.nsteps[0] == b.nsteps[0] and a.nfev[0] == b.nfev[0], att
+        if b.status[0] == "blowup":   # (the state past 1e10 x its trace is ill-conditioned)
+            assert a.t_blowup[0] == pytest.approx(b.t_blowup[0], rel=1e-9)
+        else:
+            scale = np.abs(b.cov_final).max()
+            np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=0, atol=1e-11 * scale)
+
+
+def test_compiled_rosenbrock_and_auto_equal_numpy(rng):
+    """The paper's stiff setting (K = -Q): the stiffness test hands over to RODAS4."""
+    from tests.integrate.test_batch import _stiff_settings
+
+    w, covs = _stiff_settings([0, 3])
+    kw = dict(rtol=1e-8, atol=1e-14, max_nfev=None)
+    for method in ("auto", "rosenbrock"):
+        a = gp.solve_batch(w, covs, (0.0, 1e4), method=method, **kw)
+        b = gp.solve_batch(w, covs, (0.0, 1e4), method=method, **kw, **NUMPY)
+        assert a.path == "compiled" and a.implicit.all() and b.implicit.all()
+        # (LU solves instead of inverses: rounding may flip an accept at rtol 1e-8)
+        np.testing.assert_allclose(a.nsteps, b.nsteps, rtol=0.05)
+        np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-6, atol=1e-9)
+    # L2 and Sinkhorn heads: RODAS4 with the L2 closed form, central differences otherwise
+    d = 3
+    G = rng.standard_normal((d, d))
+    att = gp.MultiHead([gp.L2.example(d, rng), gp.Sinkhorn.example(d, rng)])
+    covs = np.array([G @ G.T / d, np.eye(d)])
+    a = gp.solve_batch(att, covs, (0.0, 5.0), method="rosenbrock")
+    b = gp.solve_batch(att, covs, (0.0, 5.0), method="rosenbrock", **NUMPY)
+    np.testing.assert_array_equal(a.nfev, b.nfev)
+    np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-9, atol=1e-12)
+
+
+def test_compiled_exact_covariance_and_blowup_time(rng):
+    """Softmax with V = I: Sigma(t) = R (I - t R S R)^{-1} R and t* in closed form."""
+    d = 3
+    Q, K = rng.standard_normal((2, d)), rng.standard_normal((2, d))
+    att = gp.Softmax(Q, K, np.eye(d))
+    covs = np.array([random_spd(rng, d) for _ in range(6)])
+    t_star = np.array([gp.blowup_time(att, c) for c in covs])
+    t_eval = np.linspace(0.0, 0.9 * t_star.min(), 7)
+    sol = gp.solve_batch(att, covs, (0.0, 10 * t_star.max()), t_eval=t_eval)
+    assert sol.path == "compiled"
+    assert all(s == "blowup" for s in sol.status)
+    np.testing.assert_allclose(sol.t_blowup, t_star, rtol=1e-8)
+    for b in range(covs.shape[0]):
+        exact = gp.exact_covariance(att, covs[b], t_eval)
+        err = np.abs(sol.cov[b] - exact).max(axis=(-2, -1)) / np.abs(exact).max(axis=(-2, -1))
+        assert err.max() < 1e-8, err
+
+
+def test_compiled_dense_output_matches_steps(rng):
+    """t_eval from the dense output equals runs that end at those times."""
+    att = gp.L2.example(3, rng)
+    cov = random_spd(rng, 3)
+    t_eval = np.array([0.0, 0.3, 1.1, 2.0])
+    sol = gp.solve_batch(att, cov[None], (0.0, 2.0), t_eval=t_eval)
+    np.testing.assert_array_equal(sol.cov[0, 0], cov)
+    for j, t in enumerate(t_eval[1:], start=1):
+        end = gp.solve_batch(att, cov[None], (0.0, t), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(sol.cov[0, j], end.cov_final[0], rtol=1e-8, atol=1e-12)
+
+
+def test_compiled_events_and_statuses_match_numpy(rng):
+    q = np.array([[1.0, 0.3]])
+    att = gp.Softmax(q, -q, np.eye(2))
+    covs = np.array([random_spd(rng, 2) for _ in range(3)])
+    t_eval = np.geomspace(1e-3, 1e6, 9)
+    for kw in ({"steady_tol": 1e-3}, {"rank_tol": 1e-2}, {"steady_atol": 1e-4},
+               {"max_nfev": 400}):
+        # (the NumPy loop charges a step's dense output to every row of the stack when
+        # one row needs it; the budget test runs without output, where both count alike)
+        te = None if "max_nfev" in kw else t_eval
+        a = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=te, **kw)
+        b = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=te, **kw, **NUMPY)
+        np.testing.assert_array_equal(a.status.astype(str), b.status.astype(str))
+        # (a located event moves with the rounding of its gap function, which crosses
+        # zero slowly: seen 1e-8 relative for the rank collapse)
+        np.testing.assert_allclose(a.t_final, b.t_final, rtol=1e-6)
+        if te is not None:
+            np.testing.assert_allclose(a.cov, b.cov, rtol=1e-7, atol=1e-12)   # NaN: stopped
+    assert {str(s) for s in a.status} == {"failed"}
+    assert all("gave up after 400" in m for m in a.message)
+
+
+def test_compiled_mean_matches_solve(rng):
+    """The mean rides in the state [L | alpha] with solve's units; solve is the reference."""
+    d = 3
+    atts = [gp.Softmax.example(d, rng), gp.L2.example(d, rng), gp.Sinkhorn.example(d, rng),
+            gp.MultiHead([gp.Softmax.example(d, rng), gp.L2.example(d, rng)])]
+    covs = np.array([random_spd(rng, d) for _ in atts])
+    means = rng.standard_normal((len(atts), d)) * np.array([[1.0], [1e3], [1e-3], [1.0]])
+    t_eval = np.linspace(0.0, 1.5, 4)
+    sol = gp.solve_batch(atts, covs, (0.0, 1.5), mean0s=means, t_eval=t_eval)
+    assert sol.path == "compiled" and sol.mean.shape == (len(atts), 4, d)
+    for b, att in enumerate(atts):
+        ref = gp.solve(att, means[b], covs[b], (0.0, 1.5), t_eval=t_eval, rtol=1e-12,
+                       atol=1e-14)
+        assert str(sol.status[b]) == str(ref.status)
+        np.testing.assert_allclose(sol.mean[b], ref.mean, rtol=1e-7,
+                                   atol=1e-7 * np.abs(ref.mean).max())
+        np.testing.assert_allclose(sol.cov[b], ref.cov, rtol=1e-7,
+                                   atol=1e-9 * np.abs(ref.cov).max())
+        tr = sol.trajectory(b)
+        np.testing.assert_array_equal(tr.mean_final, sol.mean_final[b])
+    # the mean does not change the covariance's trajectory (its equation is free of it)
+    alone = gp.solve_batch(atts, covs, (0.0, 1.5), t_eval=t_eval)
+    np.testing.assert_allclose(sol.cov, alone.cov, rtol=1e-7, atol=1e-12)
+
+
+def test_compiled_mean_stiff_rosenbrock_matches_dop853(rng):
+    """RODAS4 with the mean rows of the Jacobian against DOP853 at a tight tolerance."""
+    d = 3
+    Q = rng.standard_normal((1, d))
+    G = rng.standard_normal((d, d))
+    att = gp.Softmax(Q, -Q, G.T @ G / d)
+    cov = G @ G.T / d
+    mean = rng.standard_normal((1, d))
+    a = gp.solve_batch(att, cov[None], (0.0, 20.0), mean0s=mean, method="rosenbrock")
+    b = gp.solve_batch(att, cov[None], (0.0, 20.0), mean0s=mean, method="DOP853",
+                       rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(a.mean_final, b.mean_final, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-6, atol=1e-9)
+
+
+def test_compiled_trajectories_are_independent_and_scale(rng):
+    """A batch equals each trajectory alone (the same code runs per trajectory, so bit for
+    bit), and softmax's quadratic field gives t*(c Sigma_0) = t*(Sigma_0) / c."""
+    atts, covs = _settings(rng, 3)
+    together = gp.solve_batch(atts, covs, (0.0, 2.0))
+    for b, att in enumerate(atts):
+        alone = gp.solve_batch(att, covs[b][None], (0.0, 2.0))
+        np.testing.assert_array_equal(alone.cov_final[0], together.cov_final[b])
+        assert alone.nfev[0] == together.nfev[b]
+    att = gp.Softmax(np.eye(2), np.eye(2), 0.7 * np.eye(2) + 0.1)
+    cov = random_spd(rng, 2)
+    c = np.array([1.0, 4.0, 1e-3])
+    sol = gp.solve_batch(att, c[:, None, None] * cov, (0.0, 1e5))
+    np.testing.assert_allclose(sol.t_blowup * c, sol.t_blowup[0], rtol=1e-8)
+
+
+def test_compiled_jacobian_against_central_differences(rng):
+    """The closed-form Jacobian kernel (softmax and L2 heads, with and without the mean)
+    against central differences of the compiled field."""
+    from gaussian_pde.integrate._differences import central_jacobian
+
+    d = 3
+    for att in (gp.Softmax.example(d, rng), gp.L2.example(d, rng),
+                gp.MultiHead([gp.Softmax.example(d, rng), gp.L2.example(d, rng)])):
+        cf = att.compiled_field()
+        assert cf.exact_jacobian
+        for m in (d, d + 1):
+            Z = rng.standard_normal((d, m))
+            ws = np.empty(cf.ws_size)
+
+            def field(Zp, m=m, ws=ws, cf=cf):
+                out = np.empty(d * m)
+                cf.rhs(cf.params, d, m, np.ascontiguousarray(Zp).ravel(), out, ws)
+                return out.reshape(d, m)
+
+            J = np.empty((d * m, d * m))
+            assert cf.jac(cf.params, d, m, Z.ravel(), J, ws)
+            ref = central_jacobian(field, Z)
+            np.testing.assert_allclose(J, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
+            # the compiled field is the type's own field
+            if m == d:
+                np.testing.assert_allclose(field(Z), att.factor_rhs(Z), rtol=1e-12,
+                                           atol=1e-13 * np.abs(field(Z)).max())
+    assert not gp.Sinkhorn.example(d, rng).compiled_field().exact_jacobian
+
+
+def test_compiled_path_input_and_fallback(rng):
+    att = gp.Softmax.example(2, rng)
+    covs = np.array([np.eye(2)])
+    with pytest.raises(ValueError, match="`path`"):
+        gp.solve_batch(att, covs, (0, 1), path="fast")
+    with pytest.raises(ValueError, match="`mean0s`"):
+        gp.solve_batch(att, covs, (0, 1), mean0s=np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="`mean0s`"):
+        gp.solve_batch(att, covs, (0, 1), mean0s=np.zeros(2), path="numpy")
+
+    class NoKernel(gp.Softmax):      # a type without a compiled field: the NumPy loop
+        def compiled_field(self):
+            return None
+
+    plain = NoKernel(att.Q, att.K, att.V, att.scale)
+    sol = gp.solve_batch(plain, covs, (0, 1))
+    assert sol.path == "numpy"
+    ref = gp.solve_batch(att, covs, (0, 1))
+    np.testing.assert_allclose(sol.cov_final, ref.cov_final, rtol=1e-12)
+    with pytest.raises(ValueError, match="compiled"):
+        gp.solve_batch(plain, covs, (0, 1), path="compiled")
+    # stacked weights run compiled too, one attention per row
+    Qs = rng.standard_normal((3, 1, 2))
+    w = {"kind": "softmax", "Q": Qs, "K": -Qs, "V": np.stack([np.eye(2)] * 3)}
+    a = gp.solve_batch(w, np.repeat(covs, 3, 0), (0, 1))
+    b = gp.solve_batch(w, np.repeat(covs, 3, 0), (0, 1), **NUMPY)
+    assert a.path == "compiled"
+    np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-12)
