@@ -145,9 +145,10 @@ class L2(SingleHeadAttention):
         """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, s, sV, sK, Q, V, K``."""
         from . import _compiled_fields as cf
 
-        c = float(self.scale)
+        Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
+        c = float(c)
         s = float(np.sqrt(2.0 * c))
-        data = (c, s, s * self.V, s * self.K, self.Q, self.V, self.K)
+        data = (c, s, s * V, s * K, Q, V, K)
         return cf.combine(self.d, [cf.pack_head(cf.L2, self.k, self.d, data)])
 
     def particle_kernel(self, x, opts):

@@ -123,7 +123,8 @@ class Sinkhorn(SingleHeadAttention):
         """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``A = cK^TQ, V``."""
         from . import _compiled_fields as cf
 
-        data = (self.A, self.V)
+        Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
+        data = (c * K.T @ Q, V)
         return cf.combine(self.d, [cf.pack_head(cf.SINKHORN, self.k, self.d, data)])
 
     def particle_kernel(self, x, opts):

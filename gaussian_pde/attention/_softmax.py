@@ -124,8 +124,9 @@ class Softmax(SingleHeadAttention):
         """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, [cV; K; Q]``."""
         from . import _compiled_fields as cf
 
-        c = float(self.scale)
-        data = (c, c * self.V, self.K, self.Q)
+        Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
+        c = float(c)
+        data = (c, c * V, K, Q)
         return cf.combine(self.d, [cf.pack_head(cf.SOFTMAX, self.k, self.d, data)])
 
     def particle_kernel(self, x, opts):
