@@ -522,7 +522,8 @@ def _validate_progress(progress):
         return None
     if progress is True:
         def to_stderr(line):
-            print(line, file=sys.stderr, flush=True)
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
         return to_stderr
     if not callable(progress):
         raise TypeError(f"`progress` must be a callable, True or None, got "

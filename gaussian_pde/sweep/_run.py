@@ -301,10 +301,11 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
                          f"{connect_timeout!r}.")
     need = check_resources(spec, scheduler)
     if progress:
-        print(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings in "
-              f"{len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
-              f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
-              f"{need['results_bytes'] / 2**20:.3g} MiB", file=sys.stderr, flush=True)
+        sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
+                         f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
+                         f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
+                         f"{need['results_bytes'] / 2**20:.3g} MiB\n")
+        sys.stderr.flush()
     store = SweepStore(out, spec)
     damaged = store.repair()
     if damaged:

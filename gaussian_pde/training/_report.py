@@ -204,7 +204,9 @@ def write_training_study(results, out):
              "(docs/math.md section 11).", "",
              "## Verdicts", "", "| claim | criterion | holds in |", "|---|---|---|"]
     for claim, c in v.items():
-        lines.append(f"| {claim} | {c['criterion']} | {c['holds']} of {c['total']} |")
+        extra = (f" ({c['both_diverged']} left out: both diverged)"
+                 if "both_diverged" in c else "")
+        lines.append(f"| {claim} | {c['criterion']} | {c['holds']} of {c['total']}{extra} |")
     lines += ["", f"Drift ratio threshold {DRIFT_RATIO:g}; explosive runs (diverged, or "
               f"gradient norm >= {GROWTH_RATIO:g} x its start), per task and variant: "
               + "; ".join(f"{t}: " + ", ".join(f"{k} {n}" for k, n in e.items())

@@ -29,7 +29,8 @@ def test_small_study_writes_report_and_verdicts(tmp_path):
                              bridge_sequences=2, optimize=False)
     v = verdicts(res)
     assert v["drift"]["total"] <= 2 * 2 * 2 * 2 and v["explosion"]["total"] == 2 * 2 * 2
-    assert v["simulator"]["total"] == 2 * 2 * 2
+    sim = v["simulator"]
+    assert sim["total"] + sim["both_diverged"] <= 2 * 2 * 2 and sim["holds"] <= sim["total"]
     write_training_study(res, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "## Verdicts" in text and "| drift |" in text
