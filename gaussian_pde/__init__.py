@@ -33,8 +33,9 @@ from .closure._engine import (
 )
 from .closure._masked import block_positions, solve_masked_closure
 from .closure._mixture import GaussianMixture, MixtureSolution, mixture_velocity, solve_mixture
-from .integrate._batch import BatchSolution, solve_batch
+from .integrate._batch import solve_batch
 from .integrate._exact import blowup_time, exact_covariance, scalar_solution
+from .integrate._results import BatchSolution
 from .integrate._solve import MomentSolution, Status, solve
 from .particles._simulate import (
     ParticleDegeneracyWarning,

@@ -57,7 +57,7 @@ def run(args) -> int:
         raise ValueError(f"`--seeds` must be at least 1, got {n_seeds}.")
     out = output_dir(args.out)
     from ..training import VARIANTS, run_training_study, write_training_study
-    from ..training._study import STUDY_TASKS
+    from ..training import STUDY_TASKS
 
     sizes.pop("seeds", None)
     n_bridged = sum(1 for v in VARIANTS if not VARIANTS[v].has_layernorm)

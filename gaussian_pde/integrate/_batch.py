@@ -40,23 +40,22 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .._common.linalg import numerical_rank, psd_factor
+from .._common.linalg import psd_factor
 from .._common.validation import validate_array, validate_covariance
-from ..attention._base import Attention
-from ..attention._registry import get_attention
+from ..attention import Attention
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
     blowup_verdict,
     rank_first,
     rank_gap,
-    rank_note,
     steady_gap,
 )
 from ._field import build_field, cov_rate
 from ._options import solver_options
+from ._record import BatchRecord
 from ._refactor import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess, rotation
-from ._results import BatchSolution, Status, overflow_message
+from ._results import Status, overflow_message
 from ._steppers import MIN_FACTOR, SAFETY, DOP853Stepper, MixedStep, RosenbrockStepper, rms
 
 __all__ = ["solve_batch"]
@@ -222,12 +221,22 @@ def _attentions(obj, n):
     if isinstance(obj, Mapping):
         field, _ = build_field(obj, n)        # validates
         (_, heads), = field.groups
-        gen, Q, K, V, s, _ = heads[0]
-        cls = get_attention(obj["kind"])
-        rows = max(x.shape[0] for x in (Q, K, V, s))
-        atts = [cls(Q[min(b, Q.shape[0] - 1)], K[min(b, K.shape[0] - 1)],
-                    V[min(b, V.shape[0] - 1)], float(s[min(b, s.shape[0] - 1)].ravel()[0]))
-                for b in range(rows)]
+        if len(heads) != 1:
+            return None
+        cls, ws, _ = heads[0]
+        ws = [np.asarray(w, dtype=float) for w in ws]
+        rows = max(w.shape[0] for w in ws)
+
+        def row(b):
+            vals = [w[min(b, w.shape[0] - 1)] for w in ws]
+            kw = {name: (float(v.ravel()[0]) if name == "scale" else v)
+                  for name, v in zip(cls.weight_names, vals)}
+            return cls(**kw)
+
+        try:
+            atts = [row(b) for b in range(rows)]
+        except (TypeError, ValueError):
+            return None                     # a weight form the constructor does not take
         return atts[0] if rows == 1 else atts
     if (isinstance(obj, Sequence) and not isinstance(obj, (str, bytes)) and len(obj) == n
             and all(isinstance(a, Attention) for a in obj)
@@ -239,47 +248,6 @@ def _attentions(obj, n):
 # ----------------------------------------------------------------------------------------
 # the loop and its pieces
 # ----------------------------------------------------------------------------------------
-
-class _Record:
-    """Per-trajectory outcome, indexed by global trajectory number."""
-
-    def __init__(self, nb, d, t1, t_eval, method):
-        self.status = np.full(nb, Status.FINISHED, dtype=object)
-        self.message = ["reached the end of t_span"] * nb
-        self.t_final = np.full(nb, t1)
-        self.L_final = np.empty((nb, d, d))
-        self.t_blowup = np.full(nb, np.nan)
-        self.nfev = np.zeros(nb, dtype=int)
-        self.nsteps = np.zeros(nb, dtype=int)
-        self.implicit = np.full(nb, method == "rosenbrock")
-        self.cov = None if t_eval is None else np.full((nb, t_eval.size, d, d), np.nan)
-
-    def stop(self, g, status, message, t, L):
-        """Trajectories ``g`` (global) end with ``status``/``message`` at ``t``, factor ``L``."""
-        for k in np.atleast_1d(g):
-            self.status[k], self.message[k] = status, message
-        self.t_final[g], self.L_final[g] = t, L
-
-    def note_rank(self, cov0s):
-        """Say in the messages where a covariance lost rank in rounding (``rank_note``)."""
-        cov_final = self.L_final @ np.swapaxes(self.L_final, -1, -2)
-        # the ranks of the whole stack in two batched eigvalsh calls; rank_note words
-        # the few rows whose rank fell
-        finite = np.all(np.isfinite(cov_final), axis=(-2, -1))
-        fell = np.zeros(finite.shape, dtype=bool)
-        if finite.any():
-            fell[finite] = (numerical_rank(cov_final[finite])
-                            < numerical_rank(cov0s[finite]))
-        for b in np.flatnonzero(fell):
-            self.message[b] += rank_note(cov0s[b], cov_final[b], self.status[b])
-
-    def result(self, t_eval, ncalls):
-        cov_final = self.L_final @ np.swapaxes(self.L_final, -1, -2)
-        return BatchSolution(t=t_eval, cov=self.cov, t_final=self.t_final, cov_final=cov_final,
-                             factor_final=self.L_final, status=self.status,
-                             t_blowup=self.t_blowup, message=self.message, nfev=self.nfev,
-                             nsteps=self.nsteps, ncalls=ncalls, implicit=self.implicit)
-
 
 @dataclasses.dataclass
 class _Active:
@@ -505,7 +473,7 @@ def _integrate(field, cov0s, opts, method):
     nb, d = cov0s.shape[0], cov0s.shape[-1]
     n = d * d
     t0, t1, t_eval, max_step = opts.t0, opts.t1, opts.t_eval, opts.max_step
-    rec = _Record(nb, d, t1, t_eval, method)
+    rec = BatchRecord(nb, d, t1, t_eval, method)
     nfev = rec.nfev
     idx = np.arange(nb)
     field.set_active(idx)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 import warnings
 
@@ -761,7 +762,13 @@ def _core():
     import numba
     from numba import types as T
 
-    from ..attention._compiled_fields import signatures
+    from ..attention import compiled_signatures as signatures
+
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        # GNU OpenMP (Numba's default where TBB is absent) kills a process that forks
+        # after using it: multiprocessing, Dask's process workers and the test corpus
+        # fork. "forksafe" takes TBB or the workqueue (whose launches _LAUNCH serialises).
+        numba.config.THREADING_LAYER = "forksafe"
 
     g = globals()
     for name in _HELPERS:
@@ -847,8 +854,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method):
     import dataclasses
 
     from .._common.linalg import psd_factor
-    from ._batch import _Record
     from ._events import rank_first
+    from ._record import BatchRecord
 
     rhs, jac, params, ws_size = fields
     nb, d = cov0s.shape[0], cov0s.shape[-1]
@@ -880,7 +887,7 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method):
     p0 = int(np.searchsorted(te, t0, side="right"))
     _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, iopt,
          ires, fres, cov_out, mean_out)
-    rec = _Record(nb, d, t1, t_eval, method)
+    rec = BatchRecord(nb, d, t1, t_eval, method)
     Z = Y.reshape(nb, d, m)
     rec.L_final[:] = Z[:, :, :d]
     rec.t_final[:] = fres[:, 0]
@@ -937,6 +944,6 @@ def _run(nb, *args):
 
 def _mean_units(mean0, rtol, atol):
     """The units of a trajectory's mean in the state (those of :func:`gaussian_pde.solve`)."""
-    from ._solve import _mean_scale
+    from ._record import mean_scale
 
-    return _mean_scale(np.asarray(mean0, dtype=float), rtol, atol)
+    return mean_scale(np.asarray(mean0, dtype=float), rtol, atol)

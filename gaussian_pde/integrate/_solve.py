@@ -56,6 +56,7 @@ from ._exact import linear_mean
 from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
 from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
 from ._options import METHODS, solver_options, validate_method, validate_user_events
+from ._record import max_abs, mean_scale
 from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._results import MomentSolution, Status
 
@@ -74,7 +75,7 @@ class _System:
     (:func:`gaussian_pde.integrate._fused.moment_field`) gives both rates. The mean's
     equation is linear and homogeneous, so the scaled mean obeys the same equation;
     ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
-    tolerances apply to it (see :func:`_mean_scale`).
+    tolerances apply to it (see :func:`~gaussian_pde.integrate._record.mean_scale`).
     """
 
     def __init__(self, attention, with_mean, mean_scale=1.0, zero_mean=False):
@@ -183,35 +184,6 @@ def _factor_entries(d):
     entries = np.arange(d * (d + 1)).reshape(d, d + 1)[:, :d].ravel()
     entries.flags.writeable = False
     return entries
-
-
-def _mean_scale(mean0, rtol, atol):
-    r"""Units of the mean in the solver's state for ``method="auto"``.
-
-    A power of 2 near :math:`(\text{rtol}/\text{atol})\max_i|\alpha_{0,i}|`. The
-    solvers control the error of every entry :math:`y_i` to
-    :math:`\text{atol} + \text{rtol}\,|y_i|`; for the scaled mean that is
-    :math:`\text{rtol}\,(\max_i|\alpha_{0,i}| + |\alpha_i|)` in the mean's own units:
-    relative to the mean's size as a vector, whatever its scale, instead of the absolute
-    ``atol`` (made for the entries of ``L``) on entries of the mean that pass near zero,
-    which made the mean dictate the step size (up to 1.3 times the evaluations of the
-    covariance alone, for errors far below ``rtol``). Identity (1) without a mean or for
-    a zero mean; only for a type whose mean equation is linear
-    (:func:`~gaussian_pde.integrate._fused.mean_is_linear`, checked by the caller).
-    Computed on Python floats (a short solve spends microseconds, not tens, on it).
-    """
-    if mean0 is None:
-        return 1.0
-    size = _max_abs(mean0)
-    if not (size > 0 and math.isfinite(size)):
-        return 1.0
-    exponent = round(math.log2(rtol / atol) + math.log2(size))
-    return 2.0 ** min(max(exponent, -1000), 1000)
-
-
-def _max_abs(vector):
-    r""":math:`\max_i |v_i|` of a 1-D float array, as a Python float."""
-    return max(map(abs, vector.tolist()), default=0.0)
 
 
 def _factor_jacobian(attention, with_mean=False):
@@ -635,14 +607,14 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     # (alpha' = N(Sigma) alpha) stays exactly zero: it is left out of the state, so that
     # it changes neither the steps nor the cost
     linear = with_mean and mean_is_linear(attention)
-    zero_mean = linear and _max_abs(mean0) == 0.0
+    zero_mean = linear and max_abs(mean0) == 0.0
     # a mean whose equation does not involve the covariance (alpha' = N alpha: Sinkhorn)
     # is exp((t - t0) N) mean0: not integrated at all (user events, which see the mean
     # at every step, keep it in the state)
     generator = (attention.mean_generator() if with_mean and not zero_mean and not events
                  else None)
     system = _System(attention, with_mean and generator is None, zero_mean=zero_mean,
-                     mean_scale=_mean_scale(mean0, opts.rtol, opts.atol) if auto and linear
+                     mean_scale=mean_scale(mean0, opts.rtol, opts.atol) if auto and linear
                      else 1.0)
     with_mean = system.with_mean
     y0 = system.pack(mean0, psd_factor(cov0))
@@ -658,10 +630,10 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     mean_f, L_f = system.split(run.y_final)
     cov_f = L_f @ L_f.T
     message = run.message + rank_note(cov0, cov_f, run.status)
-    if run.status == Status.FAILED and with_mean and not _max_abs(mean_f) < _MEAN_RANGE:
+    if run.status == Status.FAILED and with_mean and not max_abs(mean_f) < _MEAN_RANGE:
         # the solver's own message ("step size becomes too small") does not say why
         message = (message.rstrip(".") + f"; the mean had left the floating-point range "
-                   f"by t = {run.t_final:.10g} (|mean| = {_max_abs(mean_f):.3g}; it grows "
+                   f"by t = {run.t_final:.10g} (|mean| = {max_abs(mean_f):.3g}; it grows "
                    "exponentially where its linear equation alpha' = N(Sigma) alpha has "
                    "eigenvalues of positive real part): mean0=None integrates the "
                    "covariance alone")

@@ -539,7 +539,8 @@ def test_mean_against_radau_through_the_stiff_switch():
 
 
 def test_mean_scale_is_a_power_of_two_and_changes_only_the_units():
-    from gaussian_pde.integrate._solve import _mean_scale, _System
+    from gaussian_pde.integrate._record import mean_scale as _mean_scale
+    from gaussian_pde.integrate._solve import _System
 
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
     s = _mean_scale(np.array([3.0, -0.5]), 1e-10, 1e-12)
