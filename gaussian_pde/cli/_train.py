@@ -56,8 +56,7 @@ def run(args) -> int:
     if n_seeds < 1:
         raise ValueError(f"`--seeds` must be at least 1, got {n_seeds}.")
     out = output_dir(args.out)
-    from ..training import VARIANTS, run_training_study, write_training_study
-    from ..training import STUDY_TASKS
+    from ..training import STUDY_TASKS, VARIANTS, run_training_study, write_training_study
 
     sizes.pop("seeds", None)
     n_bridged = sum(1 for v in VARIANTS if not VARIANTS[v].has_layernorm)

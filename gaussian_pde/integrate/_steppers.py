@@ -18,7 +18,7 @@ step-size rule, the events and the output are shared by both methods.
 
 from __future__ import annotations
 
-import types
+import dataclasses
 
 import numpy as np
 from scipy.integrate._ivp import dop853_coefficients as _dop
@@ -209,9 +209,32 @@ _RH = np.array([[10.12623508344586, -7.487995877610167, -34.80091861555747,
 #: a stage state this many times larger than the step's start is rejected outright
 _WILD = 1e6
 
-#: the RODAS4 coefficients (``a``, ``b``, ``c`` and ``gamma`` of the Hairer-Wanner form
-#: above), for every Rosenbrock loop of the package
-RODAS4 = types.SimpleNamespace(a=_RA, b=_RB, c=_RC, gamma=_RGAMMA)
+@dataclasses.dataclass(frozen=True)
+class RosenbrockTableau:
+    r"""Coefficients of a Rosenbrock method in the Hairer-Wanner form.
+
+    Stage :math:`i` solves :math:`(I/(\gamma h) - J)\,U_i = f(y_0 + \sum_j a_{ij}U_j)
+    + \sum_j c_{ij}U_j/h`, and the step is :math:`y_1 = y_0 + \sum_i b_i U_i`.
+
+    Attributes
+    ----------
+    a, c : ndarray, shape (s, s)
+        Stage couplings (strictly lower triangular).
+    b : ndarray, shape (s,)
+        Weights of the solution.
+    gamma : float
+        Diagonal of the method.
+    """
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    gamma: float
+
+
+#: the RODAS4 coefficients (Hairer-Wanner form above), for every Rosenbrock loop of the
+#: package
+RODAS4 = RosenbrockTableau(a=_RA, b=_RB, c=_RC, gamma=_RGAMMA)
 
 
 
