@@ -2,6 +2,22 @@
 
 import numpy as np
 
+#: the smallest sweep spec the CLI tests run: two L2 draws in d = 2, five grid points
+TINY_SWEEP = """
+[sweep]
+attention = ["l2"]
+dims = [2]
+draws = 2
+seed = 7
+batch_size = 2
+
+[solver]
+horizon = 5.0
+
+[record]
+grid = 5
+"""
+
 
 def random_spd(rng, d, rank=None):
     """A random PSD matrix of the given rank (full rank by default)."""

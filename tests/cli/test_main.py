@@ -23,25 +23,12 @@ from gaussian_pde.cli._compare import compare_examples
 from gaussian_pde.cli._main import build_parser, main
 from gaussian_pde.cli._main_job import default_examples
 from gaussian_pde.cli._progress import Progress
+from tests._helpers import TINY_SWEEP
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = pathlib.Path("gaussian_pde_output")
 LINE = re.compile(r"^\[ *(\d+)/(\d+)\] \S.* \(\d+\.\d s\)$")
 
-TINY_SWEEP = """
-[sweep]
-attention = ["l2"]
-dims = [2]
-draws = 2
-seed = 7
-batch_size = 2
-
-[solver]
-horizon = 5.0
-
-[record]
-grid = 5
-"""
 
 #: small options of each subcommand that writes into an output folder
 SMALL = {

@@ -11,21 +11,7 @@ import pathlib
 import pytest
 
 from gaussian_pde.cli._main import main
-
-SPEC = """
-[sweep]
-attention = ["l2"]
-dims = [2]
-draws = 2
-seed = 7
-batch_size = 2
-
-[solver]
-horizon = 5.0
-
-[record]
-grid = 5
-"""
+from tests._helpers import TINY_SWEEP
 
 #: subcommand -> (argv before --out, the study function a run would reach first)
 COMMANDS = {
@@ -64,7 +50,7 @@ def _one_line_exit_2(capsys, argv):
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "SPEC").write_text(SPEC)
+    (tmp_path / "SPEC").write_text(TINY_SWEEP)
     return tmp_path
 
 
