@@ -65,6 +65,8 @@ def test_help_lists_train():
 
 
 def test_cli_out_that_is_a_file_is_refused(tmp_path, capsys):
+    pytest.importorskip("jax")     # without the extra the command names the pip install first
+    pytest.importorskip("optax")
     from gaussian_pde.cli._main import main
 
     f = tmp_path / "a_file"
