@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_params", "layer_tokens", "apply", "loss_fn", "attention", "ffn",
+from ._compile import compiled
+
+__all__ = ["init_params", "initial_params", "layer_tokens", "apply", "loss_fn", "attention", "ffn",
            "layer_norm", "block_weights", "x64"]
 
 _LN_EPS = 1e-5
@@ -64,6 +66,19 @@ def init_params(spec, task, key):
     return {"embed": {"W": normal(keys[6], (d, p), 1.0 / p), "b": jnp.zeros(d)},
             "blocks": blocks,
             "readout": {"W": normal(keys[7], (o, d), 1.0 / d), "b": jnp.zeros(o)}}
+
+
+def initial_params(spec, task, seed):
+    """:func:`init_params` for ``PRNGKey(seed)`` as NumPy arrays, from one kept executable.
+
+    The executable depends only on the parameter shapes, so variants of the same sizes
+    share it (drawing eagerly would compile each random draw on its own).
+    """
+    shapes = (spec.width, spec.heads, spec.ffn_width, spec.n_weight_sets,
+              spec.has_layernorm, task.input_dim, task.n_outputs)
+    exe = compiled(("init", shapes), lambda key: init_params(spec, task, key),
+                   jax.random.PRNGKey(0), optimize=False)
+    return jax.tree_util.tree_map(np.asarray, exe(jax.random.PRNGKey(seed)))
 
 
 def block_weights(params, spec, layer):

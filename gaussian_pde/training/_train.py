@@ -1,7 +1,8 @@
 r"""Training: Adam on a task, every (seed, learning rate) pair in one compiled program.
 
 All pairs train side by side (``jax.vmap`` over lanes, ``jax.lax.scan`` over steps), so
-one compilation serves a whole grid. Seed ``s`` fixes the initialisation
+one compilation serves a whole grid, and the executable is kept for the next call of the
+same shapes. Seed ``s`` fixes the initialisation
 (``jax.random.PRNGKey(s)``) and the data (NumPy ``default_rng(s)``), so every variant sees
 the same batches and starts from the same draws of the shared weights.
 
@@ -23,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._model import init_params, loss_fn
+from ._compile import compiled
+from ._model import initial_params, loss_fn
 from ._spec import _check_int, model_spec
 from ._tasks import get_task
 
@@ -138,7 +140,7 @@ def _make_lane(spec, task, factor):
         (p, *_), hist = jax.lax.scan(step, init, (xs, ys))
         return p, hist
 
-    return jax.jit(jax.vmap(lane))
+    return jax.vmap(lane)
 
 
 def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch=32,
@@ -162,9 +164,11 @@ def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch
     n_tokens : int, optional
         Sequence length (default: the task's).
     optimize : bool
-        Compile with XLA's backend optimisations (default). ``False`` (level 0) compiles
-        about twice as fast and runs slower: worth it for a few short runs. Results agree
-        to float32 rounding, which training can amplify.
+        Compile with XLA's backend optimisations (default). ``False`` builds three to six
+        times faster and runs slower (:func:`~gaussian_pde.training._compile.compile_options`):
+        worth it for a few short runs. Results agree to float32 rounding, which training
+        can amplify. Either way the executable is kept: another call with the same model,
+        task, grid and sizes does not compile again.
     **spec_changes
         Fields of :class:`ModelSpec` to change (``depth=6``, ``width=8``, ...).
 
@@ -190,18 +194,19 @@ def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch
         raise ValueError(f"`divergence_factor` must be a finite number above 1, "
                          f"got {divergence_factor!r}.")
     lanes = [(s, lr) for s in seeds for lr in rates]
-    inits = {s: init_params(spec, task, jax.random.PRNGKey(s)) for s in seeds}
+    inits = {s: initial_params(spec, task, s) for s in seeds}
     data = {s: task.batches(s, n_steps, batch) for s in seeds}
-    dtype = jnp.asarray(0.0).dtype
-    stack = lambda *a: jnp.stack(a)  # noqa: E731
+    dtype = np.dtype(jnp.asarray(0.0).dtype)
+    stack = lambda *a: np.stack(a)  # noqa: E731
     params = jax.tree_util.tree_map(stack, *[inits[s] for s, _ in lanes])
-    xs = jnp.asarray(np.stack([data[s][0] for s, _ in lanes]), dtype)
+    xs = np.stack([data[s][0] for s, _ in lanes]).astype(dtype)
     ys = np.stack([data[s][1] for s, _ in lanes])
-    ys = jnp.asarray(ys, jnp.int32 if task.loss == "cross_entropy" else dtype)
-    lr = jnp.asarray([lr for _, lr in lanes], dtype)
-    lane = _make_lane(spec, task, float(divergence_factor)).lower(params, lr, xs, ys)
-    opts = None if optimize else {"xla_backend_optimization_level": 0}
-    final, (loss, gnorm, lgn, div) = lane.compile(compiler_options=opts)(params, lr, xs, ys)
+    ys = ys.astype(np.int32 if task.loss == "cross_entropy" else dtype)
+    lr = np.asarray([lr for _, lr in lanes], dtype)
+    factor = float(divergence_factor)
+    lane = compiled(("train", spec, task, factor), _make_lane(spec, task, factor),
+                    params, lr, xs, ys, optimize=optimize)
+    final, (loss, gnorm, lgn, div) = lane(params, lr, xs, ys)
     final = jax.tree_util.tree_map(np.asarray, final)
     loss, gnorm, lgn, div = (np.asarray(a, float) for a in (loss, gnorm, lgn, div))
     runs = []
@@ -214,6 +219,6 @@ def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch
         runs.append(Run(seed=s, learning_rate=r, loss=curves[0], grad_norm=curves[1],
                         max_layer_grad_norm=curves[2], divergence_step=first,
                         params=jax.tree_util.tree_map(lambda a, i=i: a[i], final),
-                        init_params=jax.tree_util.tree_map(np.asarray, inits[s])))
+                        init_params=inits[s]))
     return TrainResult(spec=spec, task=task, runs=runs, n_steps=n_steps, batch=batch,
                        divergence_factor=float(divergence_factor))
