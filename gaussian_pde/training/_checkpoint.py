@@ -15,23 +15,32 @@ GPT-2 stores its linear maps as ``Conv1D`` weights of shape ``(in, out)``, appli
 =============================  ==============  ===================================
 
 With :math:`H` heads of size :math:`k = d/H`, head :math:`h` takes the rows
-:math:`hk..(h+1)k` of :math:`Q = W_q^T`, :math:`K = W_k^T`, :math:`W_V = W_v^T` and the
-columns :math:`hk..(h+1)k` of :math:`W_O`, so that (scale :math:`1/\sqrt k`, GPT-2's)
+:math:`hk..(h+1)k` of :math:`Q = W_q^T`, :math:`K = W_k^T`, :math:`W_V = W_v^T` and of the
+biases, and the columns :math:`hk..(h+1)k` of :math:`W_O`, so that (scale
+:math:`1/\sqrt k`, GPT-2's)
 
 .. math::
 
     \mathrm{Attn}(x_i) = \sum_h V_h\sum_j w^h_{ij}x_j + c,\qquad
+    w^h_{ij} \propto e^{c_s (Q_h x_i + b_{q,h})^T(K_h x_j + b_{k,h})},\qquad
     V_h = W_{O,h}W_{V,h},\qquad c = W_O b_v + b_O .
 
-The biases enter as follows: :math:`b_k` adds :math:`\langle Qx_i + b_q, b_k\rangle` to
-every score of query :math:`i`, which the softmax cancels exactly; :math:`b_v` adds
-:math:`W_O b_v` to every output (the weights sum to one), hence the constant :math:`c`;
-:math:`b_q` adds :math:`\langle b_q, Kx_j\rangle`, a tilt by a linear function of the key
-that the package's softmax score :math:`c\langle Qx, Ky\rangle` does not have: it is
-dropped with a warning (its norm is kept in :attr:`GPT2Checkpoint.query_bias_norm`). The
-causal mask of GPT-2 is not applied (position-free tokens), nor its position embeddings.
-GPT-2's MLP uses the tanh approximation of GELU; the package's :class:`gaussian_pde.MLP`
-uses the exact GELU :math:`u\Phi(u)` (they differ by less than :math:`10^{-3}`).
+Each head is the package's ``biased_softmax`` type (``gp.get_attention("biased_softmax")``,
+the score with both biases; the key bias cancels in the softmax, the query bias tilts the weights by a linear
+function of the key), and :math:`b_v` adds :math:`W_O b_v` to every output (the weights
+sum to one), hence the constant :math:`c`. The loader is exact for GPT-2's bidirectional
+map, with two differences from GPT-2 itself that the caller must keep in mind:
+
+* GPT-2 is **causal**: token :math:`i` attends to :math:`j \le i` only. The Gaussian map
+  and the heads here are the mean-field, permutation-invariant (unmasked) attention:
+  every token attends to all. The package's masked type
+  (:class:`gaussian_pde.Masked`) models a causal mask; this loader does not
+  apply one, so its layers are GPT-2's weights in the bidirectional map.
+* Position embeddings (``wpe``) and the token embedding are not read: tokens are points
+  of :math:`\mathbb R^d` without position.
+
+GPT-2's MLP uses the tanh approximation of GELU; its layers are :class:`gaussian_pde.MLP`
+with ``activation="gelu_tanh"`` (the same map).
 """
 
 from __future__ import annotations
@@ -39,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
-import warnings
 
 import numpy as np
 
@@ -48,6 +56,8 @@ import gaussian_pde as gp
 __all__ = ["GPT2Checkpoint", "load_gpt2"]
 
 _INSTALL = 'pip install -e ".[train]"'
+#: GPT-2's heads: softmax with query and key biases, from the attention registry
+_BIASED = gp.get_attention("biased_softmax")
 
 
 def _read(source):
@@ -77,13 +87,14 @@ class GPT2Checkpoint:
     ----------
     d, n_head, n_layer : int
     attention : list of gaussian_pde.MultiHead
-        One per layer (scale :math:`1/\sqrt k`).
+        One per layer, of ``biased_softmax`` heads (scale :math:`1/\sqrt k`).
     value_offset : list of ndarray (d,)
         :math:`c = W_O b_v + b_O` of each layer.
     query_bias_norm : list of float
-        :math:`|b_q|` of each layer (the dropped term).
+        :math:`|b_q|` of each layer (zero: the heads are plain softmax in disguise).
     ln_1, ln_2 : list of (gamma, beta)
     mlp : list of gaussian_pde.MLP
+        Tanh-GELU feed-forward maps.
     """
 
     d: int
@@ -160,7 +171,6 @@ def load_gpt2(source, n_head):
     k = d // n_head
     out = {f: [] for f in ("attention", "value_offset", "query_bias_norm", "ln_1", "ln_2",
                            "mlp")}
-    dropped = []
     for i in layers:
         p = f"h.{i}."
         W = _get(sd, p + "attn.c_attn.weight", (d, 3 * d))
@@ -169,24 +179,20 @@ def load_gpt2(source, n_head):
         bp = _get(sd, p + "attn.c_proj.bias", (d,))
         Q, K, Wv = W[:, :d].T, W[:, d:2 * d].T, W[:, 2 * d:].T
         Wo = Wp.T
-        heads = [gp.Softmax(Q[h * k:(h + 1) * k], K[h * k:(h + 1) * k],
-                            Wo[:, h * k:(h + 1) * k] @ Wv[h * k:(h + 1) * k],
-                            scale=1.0 / np.sqrt(k)) for h in range(n_head)]
+        bq, bk = b[:d], b[d:2 * d]
+        heads = [_BIASED(Q[h * k:(h + 1) * k], K[h * k:(h + 1) * k],
+                           Wo[:, h * k:(h + 1) * k] @ Wv[h * k:(h + 1) * k],
+                           q=bq[h * k:(h + 1) * k], k_b=bk[h * k:(h + 1) * k],
+                           scale=1.0 / np.sqrt(k)) for h in range(n_head)]
         out["attention"].append(gp.MultiHead(heads))
         out["value_offset"].append(Wo @ b[2 * d:] + bp)
-        qn = float(np.linalg.norm(b[:d]))
-        out["query_bias_norm"].append(qn)
-        if qn > 0:
-            dropped.append(i)
+        out["query_bias_norm"].append(float(np.linalg.norm(bq)))
         for ln in ("ln_1", "ln_2"):
             out[ln].append((_get(sd, p + ln + ".weight", (d,)), _get(sd, p + ln + ".bias", (d,))))
         f = np.shape(sd.get(p + "mlp.c_fc.weight", np.zeros((d, 0))))[1]
         W1 = _get(sd, p + "mlp.c_fc.weight", (d, f))
         out["mlp"].append(gp.MLP(W1.T, _get(sd, p + "mlp.c_fc.bias", (f,)),
                                  _get(sd, p + "mlp.c_proj.weight", (f, d)).T,
-                                 _get(sd, p + "mlp.c_proj.bias", (d,)), activation="gelu"))
-    if dropped:
-        warnings.warn(f"query biases of layers {dropped} are dropped: the package's softmax "
-                      "score has no term linear in the key (see GPT2Checkpoint.query_bias_norm)",
-                      RuntimeWarning, stacklevel=2)
+                                 _get(sd, p + "mlp.c_proj.bias", (d,)),
+                                 activation="gelu_tanh"))
     return GPT2Checkpoint(d=d, n_head=n_head, n_layer=len(layers), **out)

@@ -105,7 +105,10 @@ def attention(blk, x, scale):
 def ffn(blk, x, activation):
     r"""Feed-forward map :math:`W_2\,\phi(W_1x + b_1) + b_2` of tokens ``x`` (n, d)."""
     u = x @ blk["W1"].T + blk["b1"]
-    a = jax.nn.gelu(u, approximate=False) if activation == "gelu" else jax.nn.relu(u)
+    if activation == "relu":
+        a = jax.nn.relu(u)
+    else:
+        a = jax.nn.gelu(u, approximate=activation == "gelu_tanh")
     return a @ blk["W2"].T + blk["b2"]
 
 

@@ -11,7 +11,8 @@ Every model maps tokens :math:`x_1, \dots, x_n \in \mathbb R^d` (one sequence) t
 (the map of :class:`gaussian_pde.Softmax` summed over heads as in
 :class:`gaussian_pde.MultiHead`; :math:`c = 1/\sqrt k` by default, :math:`k = d/H`) and a
 two-layer feed-forward map :math:`\mathrm{FFN}(x) = W_2\,\phi(W_1 x + b_1) + b_2`
-(:math:`\phi` the exact GELU :math:`u\Phi(u)`, or ReLU). The block of each variant
+(:math:`\phi` the exact GELU :math:`u\Phi(u)`, its tanh approximation, or ReLU). The
+block of each variant
 (docs/math.md section 11):
 
 ``pre_ln``
@@ -45,7 +46,7 @@ __all__ = ["ModelSpec", "VARIANTS", "model_spec"]
 
 _NORMS = ("pre", "post", "none")
 _SIMULATORS = (None, "euler", "rk4")
-_ACTIVATIONS = ("gelu", "relu")
+_ACTIVATIONS = ("gelu", "relu", "gelu_tanh")
 
 
 def _check_int(value, name, minimum):
@@ -91,7 +92,8 @@ class ModelSpec:
         The simulator's depth :math:`T` (``h = T/L``).
     scale : float, optional
         Score scale :math:`c` (default :math:`1/\sqrt k`).
-    activation : {"gelu", "relu"}
+    activation : {"gelu", "relu", "gelu_tanh"}
+        The FFN's activation (:class:`gaussian_pde.MLP`'s names).
     """
 
     residual: bool = True

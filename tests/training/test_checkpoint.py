@@ -9,7 +9,7 @@ from gaussian_pde.training import load_gpt2
 D, H, F, NL = 6, 2, 10, 2
 
 
-def _state_dict(rng, query_bias=0.0):
+def _state_dict(rng, query_bias=1.0):
     sd = {}
     for i in range(NL):
         p = f"transformer.h.{i}."
@@ -57,11 +57,11 @@ def _ln(x, g, b):
 
 
 def _gpt2_mlp(sd, i, x):
-    from scipy.special import ndtr
-
+    """GPT-2's MLP with its tanh-GELU, written from the definition."""
     p = f"transformer.h.{i}.mlp."
     u = x @ sd[p + "c_fc.weight"].astype(float) + sd[p + "c_fc.bias"]
-    return (u * ndtr(u)) @ sd[p + "c_proj.weight"].astype(float) + sd[p + "c_proj.bias"]
+    a = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+    return a @ sd[p + "c_proj.weight"].astype(float) + sd[p + "c_proj.bias"]
 
 
 @pytest.fixture(params=["npz", "safetensors", "dict"])
@@ -87,7 +87,9 @@ def test_layers_match_gpt2_attention(checkpoint):
         want = _gpt2_attention(sd, i, x)
         got = ck.attention[i].particle_velocity(x)[0] + ck.value_offset[i]
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
-        assert all(isinstance(h, gp.Softmax) for h in ck.attention[i].heads)
+        assert all(isinstance(h, gp.get_attention("biased_softmax"))
+                   for h in ck.attention[i].heads)
+    assert min(ck.query_bias_norm) > 0 and all(m.activation == "gelu_tanh" for m in ck.mlp)
 
 
 def test_stack_matches_gpt2_blocks(checkpoint):
@@ -108,11 +110,26 @@ def test_stack_matches_gpt2_blocks(checkpoint):
     assert np.all(sol.exact)
 
 
-def test_query_bias_is_dropped_with_a_warning():
-    sd = _state_dict(np.random.default_rng(4), query_bias=1.0)
-    with pytest.warns(RuntimeWarning, match="query biases"):
-        ck = load_gpt2(sd, n_head=H)
-    assert min(ck.query_bias_norm) > 0
+def test_query_bias_matters_and_is_kept():
+    """Without the query bias the heads would be another map: the loader keeps it exactly."""
+    sd = _state_dict(np.random.default_rng(4))
+    ck = load_gpt2(sd, n_head=H)
+    x = np.random.default_rng(6).standard_normal((25, D))
+    got = ck.attention[0].particle_velocity(x)[0] + ck.value_offset[0]
+    plain = gp.MultiHead([gp.Softmax(h.Q, h.K, h.V, scale=h.scale)
+                          for h in ck.attention[0].heads])
+    without = plain.particle_velocity(x)[0] + ck.value_offset[0]
+    want = _gpt2_attention(sd, 0, x)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    assert np.abs(without - want).max() > 1e-3
+    # zero query bias: the biased heads are plain softmax heads (the key bias cancels)
+    sd0 = _state_dict(np.random.default_rng(4), query_bias=0.0)
+    ck0 = load_gpt2(sd0, n_head=H)
+    plain0 = gp.MultiHead([gp.Softmax(h.Q, h.K, h.V, scale=h.scale)
+                           for h in ck0.attention[0].heads])
+    np.testing.assert_allclose(ck0.attention[0].particle_velocity(x)[0],
+                               plain0.particle_velocity(x)[0], rtol=1e-12, atol=1e-12)
+    assert max(ck0.query_bias_norm) == 0
 
 
 def test_bad_checkpoints(tmp_path):
