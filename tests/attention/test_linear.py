@@ -259,3 +259,32 @@ def test_the_recipe_two_hand_written_files():
     for path in ("derivations/linear.py", "gaussian_pde/attention/_linear.py",
                  "field_matrix_with_mean", "python derivations/generate.py"):
         assert path in recipe
+
+
+def test_sweep_spec_runs_with_means_and_blows_up_on_time():
+    """examples/sweep_linear.toml: every recorded blow-up time is the Riccati closed form."""
+    import pathlib
+
+    from gaussian_pde.sweep import SweepSpec, compute_batch, draw_mean, draw_setting
+
+    root = pathlib.Path(gp.__file__).resolve().parents[1]
+    spec = SweepSpec.from_toml(root / "examples" / "sweep_linear.toml")
+    assert spec.attention == (NAME,) and spec.initial.mean_std > 0
+    attention, d, lo, hi = spec.task(0)
+    res = compute_batch(spec, 0)
+    seen = 0
+    for row, draw in enumerate(range(lo, hi)):
+        att, cov0 = draw_setting(spec, attention, d, draw)
+        mean0 = draw_mean(spec, att, d, draw)
+        assert mean0 is not None and np.abs(mean0).max() > 0
+        P0 = cov0 + np.outer(mean0, mean0)
+        R = _psd_sqrt(P0)
+        lam = np.linalg.eigvalsh(R @ (att.A + att.A.T) @ R).max()
+        status = res["status"][row]
+        if lam > 0 and 1.0 / lam < 0.9 * spec.solver.horizon:
+            assert status == list(gp.Status).index(gp.Status.BLOWUP)
+            assert abs(res["t_blowup"][row] - 1.0 / lam) < 1e-3 / lam
+            seen += 1
+    assert seen >= 3
+    # the other types' settings do not change with the mean's spread: no mean drawn
+    assert draw_mean(spec, gp.Softmax(att.Q, att.K, att.V), d, 0) is None
