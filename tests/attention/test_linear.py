@@ -207,8 +207,25 @@ def test_multihead_with_a_linear_head(cls, rng):
                                lin.field_matrix_with_mean(cov, mean) + soft.field_matrix(cov))
     sol = gp.solve(mh, mean, cov, (0.0, 0.2), t_eval=[0.2])
     assert sol.status == gp.Status.FINISHED
+    bat = gp.solve_batch(mh, cov[None], (0.0, 0.2), mean0s=mean[None])
+    np.testing.assert_allclose(bat.cov_final[0], sol.cov_final, rtol=1e-7)
+    np.testing.assert_allclose(bat.mean_final[0], sol.mean_final, rtol=1e-7, atol=1e-10)
     with pytest.raises(ValueError, match="`mean0` is required"):
         gp.solve(mh, None, cov, (0.0, 0.2))
+
+
+def test_closure_engine_quadrature_of_the_definition(cls, rng):
+    """The closure engine's field from the definition (Gauss-Hermite atoms) is the affine one."""
+    d = 2
+    att = cls.example(d, rng)
+    mean, cov = _example_state(rng, d)
+    X = rng.standard_normal((4, d))
+    quad = gp.AttentionField(att, n_inner=4)(mean, cov, X)
+    np.testing.assert_allclose(quad, att.velocity(mean, cov, X), rtol=1e-10, atol=1e-12)
+    clo = gp.solve_closure(att, mean, cov, (0.0, 0.2), t_eval=[0.2])
+    ode = gp.solve(att, mean, cov, (0.0, 0.2), t_eval=[0.2])
+    np.testing.assert_allclose(clo.cov[-1], ode.cov[-1], rtol=1e-6)
+    np.testing.assert_allclose(clo.mean[-1], ode.mean[-1], rtol=1e-6, atol=1e-9)
 
 
 def _particle_errors(att, mean0, cov0, t1, ns, seeds):
