@@ -389,8 +389,8 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
         rate = validate_array(rate, "rate", ndim=2)
         if rate.shape != (d, d):
             raise ValueError(f"`rate` must have shape ({d}, {d}), got {rate.shape}.")
-    elif attention is not None:
-        rate = attention.cov_rhs(cf)
+    elif attention is not None and not attention.field_sees_mean:
+        rate = attention.cov_rhs(cf)      # (a rate that involves the mean: from the samples)
     elif t.size >= 2 and t[-1] > t[-2]:
         rate = (cov[-1] - cov[-2]) / (t[-1] - t[-2])
     else:

@@ -171,9 +171,11 @@ def attention_types():
         return "yes" if v is True else ("no" if v in (False, None) else str(v))
 
     rows = [[name, f"gp.{cls.__name__}", yes(getattr(cls, "gaussian_preserving", None)),
-             yes(getattr(cls, "exact_jacobian", None)), yes(getattr(cls, "closure", None))]
+             yes(getattr(cls, "exact_jacobian", None)), yes(getattr(cls, "field_sees_mean", None)),
+             yes(getattr(cls, "closure", None))]
             for name, cls in gp.ATTENTIONS.items()]
     return [(["name", "class", "keeps Gaussians Gaussian", "exact Jacobian",
-              "closure when not exact"], rows, "The registered attention types"),
+              "field matrix sees the mean", "closure when not exact"], rows,
+             "The registered attention types"),
             "Read from `gp.ATTENTIONS` when the site is built: a type registered with "
             "`gp.register_attention` appears here."]

@@ -20,7 +20,7 @@ from ._kernels import (
 )
 from ._l2 import L2
 from ._masked import Masked, default_positions
-from ._moments import moment_rhs, validate_attention
+from ._moments import moment_rhs, require_mean, validate_attention
 from ._multihead import MultiHead
 from ._registry import (
     ATTENTIONS,
@@ -42,5 +42,5 @@ __all__ = [
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
     "capabilities", "compiled_kernel", "compiled_signatures", "default_positions", "example_data", "get_attention",
     "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
-    "register_attention", "resolve_dtype", "validate_attention",
+    "register_attention", "require_mean", "resolve_dtype", "validate_attention",
 ]

@@ -56,6 +56,21 @@ class _ExactJacobian:
                    for h in obj.heads)
 
 
+class _FieldSeesMean:
+    r"""Derived capability: whether the type implements ``field_matrix_with_mean``.
+
+    Such a type's field matrix :math:`M(\alpha, \Sigma)` depends on the mean, so its
+    covariance equation cannot be integrated without the mean. On an instance: whether
+    any of its heads does.
+    """
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return has_hook(owner, "field_matrix_with_mean")
+        return any(has_hook(type(h), "field_matrix_with_mean") if h is obj
+                   else h.field_sees_mean for h in obj.heads)
+
+
 class _Closure:
     """Derived capability: how a type without exact moments is closed.
 
@@ -115,6 +130,14 @@ class Attention(abc.ABC):
     uses_positions : bool
         Whether tokens carry sequence positions in ``[0, 1]`` (masked attention): the
         particle functions take ``positions=``. Default ``False``.
+    field_sees_mean : bool
+        Derived, not declared: whether the type implements
+        :meth:`field_matrix_with_mean`, i.e. its field matrix :math:`M(\alpha,\Sigma)`
+        depends on the mean (linear attention, :math:`M = V(\Sigma + \alpha\alpha^T)A`).
+        Then the covariance equation involves the mean: the solvers require a mean
+        (``mean0``, ``mean0s``), and the mean-free hooks (:meth:`field_matrix`,
+        :meth:`cov_rhs`, :meth:`factor_rhs`, ``fused_term(False)``) raise ``TypeError``.
+        On an instance it holds iff one of its :attr:`heads` has it.
 
     Notes
     -----
@@ -130,6 +153,10 @@ class Attention(abc.ABC):
     ``d``, ``field_matrix(cov)``, ``field_offset(mean, cov)``, ``moment_rhs``, ``cov_rhs``, ``factor_rhs``
         the affine field and the moment equations (abstract; non-Gaussian-preserving
         types make them raise ``TypeError``);
+    ``field_matrix_with_mean(cov, mean)``
+        :math:`M(\alpha, \Sigma)`, what every caller that holds the mean asks for; the
+        default is ``field_matrix(cov)`` (summed over :attr:`heads`). A type whose
+        field matrix depends on the mean implements it (then ``field_sees_mean``);
     ``heads``
         the heads whose fields add up to this one (``(self,)``; :class:`MultiHead` its
         heads): every per-head hook below is summed over ``heads`` by its caller;
@@ -210,6 +237,8 @@ class Attention(abc.ABC):
     closure = _Closure()
     #: whether tokens carry sequence positions (masked attention)
     uses_positions: bool = False
+    #: derived: whether the field matrix depends on the mean (implements field_matrix_with_mean)
+    field_sees_mean = _FieldSeesMean()
 
     @property
     @abc.abstractmethod
@@ -219,6 +248,18 @@ class Attention(abc.ABC):
     @abc.abstractmethod
     def field_matrix(self, cov):
         r"""Linear part :math:`M(\Sigma)` of the affine field, shape ``(..., d, d)``."""
+
+    def field_matrix_with_mean(self, cov, mean):
+        r""":math:`M(\alpha, \Sigma)`, the linear part of the field against :math:`\mathcal N(\alpha,\Sigma)`.
+
+        Every caller that holds the mean asks for this. The default, for a field matrix
+        that does not involve the mean, is :meth:`field_matrix` (each head's own, summed
+        over :attr:`heads`, so that a head whose matrix involves the mean is asked with it).
+        """
+        heads = self.heads
+        if len(heads) == 1 and heads[0] is self:
+            return self.field_matrix(cov)
+        return sum(h.field_matrix_with_mean(cov, mean) for h in heads)
 
     @abc.abstractmethod
     def field_offset(self, mean, cov):
@@ -273,7 +314,8 @@ class Attention(abc.ABC):
                 cov = L @ L.T
                 res = np.empty((d, d + 1))
                 res[:, :d] = kernel(L)
-                res[:, d] = self.field_offset(mean, cov) + self.field_matrix(cov) @ mean
+                res[:, d] = (self.field_offset(mean, cov)
+                             + self.field_matrix_with_mean(cov, mean) @ mean)
                 return res
             except np.linalg.LinAlgError:    # a non-finite trial state: reject the step
                 return np.full((d, m), np.nan)
@@ -410,7 +452,7 @@ class Attention(abc.ABC):
 
     def velocity(self, mean, cov, x):
         r"""The affine field :math:`\Gamma[\mathcal N(\alpha,\Sigma)](x) = b + Mx` at tokens ``x`` (..., d)."""
-        return self.field_offset(mean, cov) + x @ self.field_matrix(cov).T
+        return self.field_offset(mean, cov) + x @ self.field_matrix_with_mean(cov, mean).T
 
     def particle_velocity(self, x, *, positions=None, chunk_size=None, dtype=np.float64,
                           state=None, want_ess=False, sinkhorn_tol=None,

@@ -30,9 +30,13 @@ serves every type and sum of types. The per-head formulas are those of
   beyond, as :func:`gaussian_pde._common.linalg.l2_gain`);
 * Sinkhorn (data ``A = cK^TQ, V``): :math:`L' = VL\,B\varphi(B^TB)`,
   :math:`B = L^TAL`, from the SVD (:func:`gaussian_pde._common.linalg.sinkhorn_cross`),
-  :math:`\alpha' = V\alpha`.
+  :math:`\alpha' = V\alpha`;
+* linear (data ``c, [cV; K; Q]``, as softmax): :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`
+  over the whole state :math:`Z = [L \mid \alpha]` (:math:`ZZ^T = \Sigma + \alpha\alpha^T`),
+  no offset; it needs the mean in its own units (``m = d + 1``, mean units 1: the
+  field is not homogeneous in the mean).
 
-The Jacobian (softmax and L2 heads; Sinkhorn has none) follows
+The Jacobian (softmax and L2 heads; Sinkhorn and linear have none) follows
 :math:`dM[d\Sigma] = A\,d\Sigma\,C` (:func:`gaussian_pde.integrate._field.analytic_jacobian`):
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
@@ -55,7 +59,7 @@ import numpy as np
 __all__ = ["CompiledField", "kernels", "pack_head", "combine", "add"]
 
 #: head codes of the packed vector
-SOFTMAX, L2, SINKHORN = 0, 1, 2
+SOFTMAX, L2, SINKHORN, LINEAR = 0, 1, 2, 3
 _HEADER = 3
 #: the closed-form L2 Jacobian holds while the column norms of L span less than this
 #: (gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX)
@@ -96,7 +100,7 @@ def pack_head(code, k, d, data):
     m = d + 1
     ws = 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
     pack = np.concatenate([[float(code), float(k), float(data.size)], data])
-    return pack, ws, code != SINKHORN
+    return pack, ws, code not in (SINKHORN, LINEAR)
 
 
 def combine(d, parts):
@@ -288,6 +292,33 @@ def _softmax_rhs(data, k, d, m, y, out, ws):
             out[i * m + j] = acc
 
 
+def _linear_rhs(data, k, d, m, y, out, ws):
+    # softmax's products over the whole state: A = (cVZ)(KZ)^T sums over all m columns
+    # (Z Z^T = Sigma + alpha alpha^T), then Z' = A (QZ), with no offset
+    r = d + 2 * k
+    pa = r * m
+    for i in range(r):                         # P = W Z
+        wi = 1 + i * d
+        for j in range(m):
+            acc = 0.0
+            for p in range(d):
+                acc += data[wi + p] * y[p * m + j]
+            ws[i * m + j] = acc
+    for i in range(d):                         # A = (cVZ)(KZ)^T
+        for j in range(k):
+            acc = 0.0
+            for p in range(m):
+                acc += ws[i * m + p] * ws[(d + j) * m + p]
+            ws[pa + i * k + j] = acc
+    q0 = (d + k) * m
+    for i in range(d):                         # Z' = A (QZ)
+        for j in range(m):
+            acc = 0.0
+            for p in range(k):
+                acc += ws[pa + i * k + p] * ws[q0 + p * m + j]
+            out[i * m + j] = acc
+
+
 def _l2_blocks(data, k, d):
     c, s = data[0], data[1]
     o = 2
@@ -396,6 +427,8 @@ def heads_rhs(P, d, m, y, out, ws):
             _softmax_rhs(data, k, d, m, y, target, rest)
         elif code == L2:
             _l2_rhs(data, k, d, m, y, target, rest)
+        elif code == LINEAR:
+            _linear_rhs(data, k, d, m, y, target, rest)
         else:
             _sinkhorn_rhs(data, k, d, m, y, target, rest)
         if H > 1:
@@ -503,7 +536,7 @@ def heads_jac(P, d, m, y, J, ws):
     has_l2 = False
     for _ in range(H):
         code, size = int(P[o]), int(P[o + 2])
-        if code == SINKHORN:
+        if code == SINKHORN or code == LINEAR:
             codes_ok = False
         if code == L2:
             has_l2 = True
@@ -565,7 +598,7 @@ def heads_jac(P, d, m, y, J, ws):
 
 _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
             "_inverse_gram_qr", "_gain", "_nan", "_softmax_rhs", "_l2_blocks", "_l2_rhs",
-            "_sinkhorn_rhs", "_spread_ok", "_head_parts")
+            "_sinkhorn_rhs", "_linear_rhs", "_spread_ok", "_head_parts")
 
 
 def signatures():

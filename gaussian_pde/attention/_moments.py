@@ -15,7 +15,7 @@ import numpy as np
 from .._common.validation import validate_covariance, validate_vector
 from ._base import Attention
 
-__all__ = ["moment_rhs", "validate_attention"]
+__all__ = ["moment_rhs", "require_mean", "validate_attention"]
 
 
 def validate_attention(attention, *, gaussian=True):
@@ -27,6 +27,18 @@ def validate_attention(attention, *, gaussian=True):
         raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians; "
                         "use the Gaussian closure (gaussian_pde.solve_closure) instead.")
     return attention
+
+
+def require_mean(attention, mean, name):
+    """Refuse a missing mean where the field matrix depends on it (``field_sees_mean``).
+
+    Such a type's covariance equation involves the mean, so a covariance-only
+    integration has no answer; ``name`` is the caller's argument (``"mean0"``).
+    """
+    if mean is None and attention.field_sees_mean:
+        raise ValueError(f"`{name}` is required for {attention!r}: its field matrix depends "
+                         "on the mean (the covariance equation involves the mean), so the "
+                         "covariance cannot be integrated alone.")
 
 
 def moment_rhs(attention, mean, cov):

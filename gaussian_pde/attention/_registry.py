@@ -35,12 +35,14 @@ ATTENTIONS: dict[str, type[Attention]] = {
 #: the contract's optional hooks, whose implementation is a capability
 _HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs", "stack_kernel",
           "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
-          "gaussian_closure_field", "definition_field", "example_setting")
+          "gaussian_closure_field", "definition_field", "example_setting",
+          "field_matrix_with_mean")
 
 
 #: capabilities read off the class, and what a type implements to have them
 _DERIVED = {"exact_jacobian": "implement `jacobian_parts`",
-            "closure": "implement `gaussian_closure_field`, or set `uses_positions`"}
+            "closure": "implement `gaussian_closure_field`, or set `uses_positions`",
+            "field_sees_mean": "implement `field_matrix_with_mean`"}
 
 
 def capabilities(cls):
@@ -50,12 +52,13 @@ def capabilities(cls):
     -------
     dict
         ``gaussian_preserving``, ``uses_positions`` (declared booleans), the derived
-        ``exact_jacobian`` and ``closure``, ``batched`` (a generated module and weights:
+        ``exact_jacobian``, ``closure`` and ``field_sees_mean``, ``batched`` (a generated module and weights:
         ``solve_batch`` stacks it) and, per optional hook of the contract, whether the
         class implements it.
     """
     caps = dict(gaussian_preserving=cls.gaussian_preserving, uses_positions=cls.uses_positions,
                 exact_jacobian=cls.exact_jacobian, closure=cls.closure,
+                field_sees_mean=cls.field_sees_mean,
                 batched=getattr(cls, "generated", None) is not None)
     caps.update({hook: has_hook(cls, hook) for hook in _HOOKS})
     return caps
@@ -78,6 +81,9 @@ def _check_capabilities(cls):
         raise ValueError(f"{where}: a Gaussian-preserving type has exact moment equations; "
                          f"it must not use positions or define `gaussian_closure_field` "
                          f"(closure {cls.closure!r}).")
+    if cls.field_sees_mean and not cls.gaussian_preserving:
+        raise ValueError(f"{where}: `field_matrix_with_mean` needs exact moment equations "
+                         "(`gaussian_preserving = True`).")
     if cls.exact_jacobian and not cls.gaussian_preserving:
         raise ValueError(f"{where}: `jacobian_parts` needs exact moment equations "
                          "(`gaussian_preserving = True`).")

@@ -248,7 +248,7 @@ class AttentionField(Field):
     def affine(self, mean, cov):
         att = self.attention
         if att.gaussian_preserving and self.n_inner is None:
-            return att.field_offset(mean, cov), att.field_matrix(cov)
+            return att.field_offset(mean, cov), att.field_matrix_with_mean(cov, mean)
         return None
 
     def __call__(self, mean, cov, x):

@@ -42,7 +42,7 @@ import numpy as np
 
 from .._common.linalg import psd_factor
 from .._common.validation import validate_array, validate_covariance
-from ..attention import Attention
+from ..attention import Attention, require_mean
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -178,6 +178,8 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
             raise ValueError(f"`mean0s` must have shape ({nb}, {d}) to match `cov0s`, "
                              f"got {mean0s.shape}.")
     atts = _attentions(attentions_or_weights, nb) if path != "numpy" else None
+    for att in [atts] if isinstance(atts, Attention) else (atts or []):
+        require_mean(att, mean0s, "mean0s")
     fd = None if atts is None else (atts if not isinstance(atts, list) else atts[0]).d
     if atts is None:
         field, fd = build_field(attentions_or_weights, nb)
@@ -197,7 +199,11 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         if fields is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method)
+                # a mean equation that is not homogeneous keeps the mean in its own units
+                units = all(a.mean_is_linear() for a in
+                            ([atts] if isinstance(atts, Attention) else atts))
+                return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method,
+                                                          mean_units=units)
         field, _ = build_field(attentions_or_weights, nb)
     if path == "compiled":
         raise ValueError("`path='compiled'` needs a compiled field for every attention "

@@ -849,8 +849,13 @@ def _messages(code, fres, t0, max_nfev):
                            f"t = {fres[2]:.10g} (stiff or nearly singular dynamics)")
 
 
-def integrate_compiled(fields, cov0s, mean0s, opts, method):
-    """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`."""
+def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
+    """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
+
+    ``mean_units``: hold the mean in the units of :func:`_mean_units` (only where the
+    mean's equation is linear and homogeneous, ``Attention.mean_is_linear``); otherwise
+    in its own units.
+    """
     import dataclasses
 
     from .._common.linalg import psd_factor
@@ -866,7 +871,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method):
     Y[:, :, :d] = psd_factor(cov0s)
     scale = None
     if mean0s is not None:
-        scale = np.array([_mean_units(mu, opts.rtol, opts.atol) for mu in mean0s])
+        scale = np.array([_mean_units(mu, opts.rtol, opts.atol) if mean_units else 1.0
+                          for mu in mean0s])
         Y[:, :, d] = mean0s / scale[:, None]
     Y = Y.reshape(nb, d * m)
     tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)

@@ -40,7 +40,7 @@ import numpy as np
 
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
-from ..attention import validate_attention
+from ..attention import require_mean, validate_attention
 from ._auto import STIFF_SOLVER
 from ._batch import solve_batch
 from ._events import (
@@ -586,6 +586,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     (<Status.BLOWUP: 'blowup'>, 1.0)
     """
     validate_attention(attention)
+    require_mean(attention, mean0, "mean0")
     opts = solver_options(t_span, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
                           first_step=first_step, max_nfev=max_nfev,
                           blowup_threshold=blowup_threshold, steady_tol=steady_tol,

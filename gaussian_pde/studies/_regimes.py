@@ -323,7 +323,7 @@ def _classify(t, cov, attention, status, t_blowup, message, growth_ratio=1e8):
     if not lam[0] > 0 or ratio >= 1e8:
         return oc
     small = lam <= _VANISHED * lam[0]
-    if not small.any():
+    if not small.any() or attention.field_sees_mean:   # (a rate that needs the mean)
         return oc
     rate = attention.cov_rhs(cf)
     gamma = t[-1] * np.einsum("ji,jk,ki->i", U, 0.5 * (rate + rate.T), U)[~small] / lam[~small]

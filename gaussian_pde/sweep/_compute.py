@@ -18,7 +18,7 @@ from ..integrate._batch import solve_batch
 from ..integrate._results import Status
 from ..integrate._solve import solve
 
-__all__ = ["STATUSES", "OUTCOMES", "draw_setting", "compute_batch", "classify_outcome",
+__all__ = ["STATUSES", "OUTCOMES", "draw_setting", "draw_mean", "compute_batch", "classify_outcome",
            "limit_rank", "result_layout", "time_grid"]
 
 #: stored status codes: index into this tuple, the words of :class:`gaussian_pde.Status`
@@ -81,6 +81,20 @@ def draw_setting(spec, attention, d, draw):
     else:
         att = _head(rng, get_attention(attention), d, w)
     return att, cov0
+
+
+def draw_mean(spec, attention, d, draw):
+    r"""The initial mean of one setting, or None where the covariance does not need it.
+
+    None unless the type's field matrix depends on the mean (``field_sees_mean``);
+    then :math:`\alpha_0` has i.i.d. normal entries of standard deviation
+    ``initial.mean_std`` from the stream ``SeedSequence(spec.seed, spawn_key=(d, draw, 1))``
+    (its own: the covariance and the weights of :func:`draw_setting` do not change).
+    """
+    if not attention.field_sees_mean:
+        return None
+    seq = np.random.SeedSequence(spec.seed, spawn_key=(int(d), int(draw), 1))
+    return spec.initial.mean_std * np.random.default_rng(seq).standard_normal(d)
 
 
 def limit_rank(cov, threshold):
@@ -161,7 +175,7 @@ def _solve_one(spec, attention, d, draw, grid):
     att, cov0 = draw_setting(spec, attention, d, draw)
     sv = spec.solver
     try:
-        sol = solve(att, None, cov0, (0.0, sv.horizon), t_eval=grid, method=sv.method,
+        sol = solve(att, draw_mean(spec, att, d, draw), cov0, (0.0, sv.horizon), t_eval=grid, method=sv.method,
                     rtol=sv.rtol, atol=sv.atol, blowup_threshold=sv.blowup_threshold,
                     steady_tol=sv.steady_tol or None, max_nfev=sv.max_nfev)
     except (ArithmeticError, ValueError, np.linalg.LinAlgError):
@@ -180,9 +194,11 @@ def _solve_many(spec, attention, d, draws, grid):
     settings = [draw_setting(spec, attention, d, draw) for draw in draws]
     atts = [a for a, _ in settings]
     cov0s = np.array([c for _, c in settings])
+    means = [draw_mean(spec, a, d, draw) for a, draw in zip(atts, draws)]
     sol = solve_batch(atts, cov0s, (0.0, sv.horizon), t_eval=grid, rtol=sv.rtol, atol=sv.atol,
                       blowup_threshold=sv.blowup_threshold, steady_tol=sv.steady_tol or None,
-                      max_nfev=sv.max_nfev)
+                      max_nfev=sv.max_nfev,
+                      mean0s=None if means[0] is None else np.array(means))
     return [_summarise(spec, cov0s[i], grid, str(sol.status[i]), sol.t_final[i],
                        int(sol.nfev[i]), sol.cov_final[i], sol.t_blowup[i], sol.cov[i],
                        atts[i], sol.message[i])

@@ -25,6 +25,7 @@ part of the specification::
     cov = "wishart"        # G G^T with G of shape (d, rank); or "identity"
     rank = "full"
     std = 1.0
+    mean_std = 0.0         # entries of alpha_0 (types whose field matrix sees the mean)
 
     [solver]               # passed to gaussian_pde.solve
     horizon = 10.0
@@ -181,12 +182,19 @@ class InitialSpec:
         Standard deviation of the entries of ``G`` (scale of the identity).
     distribution : {"normal", "uniform"}
         Law of the entries of ``G``.
+    mean_std : float
+        Standard deviation of the entries of the initial mean :math:`\alpha_0` (normal,
+        from a stream of its own: the covariances and weights do not change with it),
+        integrated for the types whose field matrix depends on the mean
+        (``field_sees_mean``: linear attention); the other types' covariance equations
+        do not involve the mean. Default 0: :math:`\alpha_0 = 0`.
     """
 
     cov: str = "wishart"
     rank: int | str = "full"
     std: float = 1.0
     distribution: str = "normal"
+    mean_std: float = 0.0
 
     def __post_init__(self):
         s = object.__setattr__
@@ -195,6 +203,7 @@ class InitialSpec:
         s(self, "std", _check_float(self.std, "initial.std"))
         s(self, "distribution", _check_choice(self.distribution, "initial.distribution",
                                               _DISTRIBUTIONS))
+        s(self, "mean_std", _check_float(self.mean_std, "initial.mean_std", allow_zero=True))
 
 
 @dataclasses.dataclass(frozen=True)

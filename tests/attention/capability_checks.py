@@ -7,7 +7,9 @@ passes exactly the checks the built-in ones pass. Each check takes an instance (
 
 * :func:`check_declared`: the attributes exist with well-formed values;
 * :func:`check_moments`: Gaussian-preserving types give a finite ``moment_rhs``,
-  consistent with ``cov_rhs`` and ``factor_rhs``, that matches a particle estimate;
+  consistent with ``cov_rhs``, ``factor_rhs`` and ``fused_term`` (a type whose field
+  matrix depends on the mean, ``field_sees_mean``: with ``field_matrix_with_mean``, and
+  the mean-free hooks and solvers refuse), that matches a particle estimate;
   the others refuse it with a clear ``TypeError``;
 * :func:`check_jacobian`: ``exact_jacobian`` types have an analytic factor field (the
   complex-step Jacobian equals central differences) and, where the integrator's private
@@ -106,14 +108,31 @@ def check_moments(att, rng):
     assert np.all(np.isfinite(dm)) and np.all(np.isfinite(dc))
     np.testing.assert_allclose(dc, dc.T, rtol=0, atol=1e-13 * np.abs(dc).max())
     # the hooks agree with each other: affine field, covariance-only and factor forms
-    M, b = att.field_matrix(cov), att.field_offset(mean, cov)
+    M, b = att.field_matrix_with_mean(cov, mean), att.field_offset(mean, cov)
     tol = dict(rtol=1e-10, atol=1e-12 * max(np.abs(dc).max(), 1.0))
     np.testing.assert_allclose(dm, b + M @ mean, **tol)
     np.testing.assert_allclose(dc, M @ cov + cov @ M.T, **tol)
-    np.testing.assert_allclose(att.cov_rhs(cov), dc, **tol)
-    dL = att.factor_rhs(L)
-    np.testing.assert_allclose(dL @ L.T + L @ dL.T, dc, **tol)
-    np.testing.assert_allclose(att.factor_kernel()(L), dL, **tol)
+    Z = np.hstack([L, mean[:, None]])
+    dZ = att.fused_term(True)(Z)
+    np.testing.assert_allclose(dZ[:, d], dm, **tol)
+    np.testing.assert_allclose(dZ[:, :d] @ L.T + L @ dZ[:, :d].T, dc, **tol)
+    if att.field_sees_mean:
+        # the field matrix depends on the mean: the mean-free hooks refuse, and so do
+        # the solvers without a mean
+        for call in (lambda: att.field_matrix(cov), lambda: att.cov_rhs(cov),
+                     lambda: att.factor_rhs(L), lambda: att.fused_term(False)):
+            with pytest.raises(TypeError, match="depends on the mean"):
+                call()
+        with pytest.raises(ValueError, match="`mean0` is required"):
+            gp.solve(att, None, cov, (0.0, 1.0))
+        with pytest.raises(ValueError, match="`mean0s` is required"):
+            gp.solve_batch(att, cov[None], (0.0, 1.0))
+    else:
+        np.testing.assert_allclose(M, att.field_matrix(cov), **tol)
+        np.testing.assert_allclose(att.cov_rhs(cov), dc, **tol)
+        dL = att.factor_rhs(L)
+        np.testing.assert_allclose(dL @ L.T + L @ dL.T, dc, **tol)
+        np.testing.assert_allclose(att.factor_kernel()(L), dL, **tol)
     # a declared mean generator N: alpha' = N alpha at any covariance (two of them here)
     N = att.mean_generator()
     if N is not None:
@@ -179,7 +198,14 @@ def check_jacobian(att, rng):
         assert not att.exact_jacobian
         return
     d = att.d
-    _, _, L = gaussian_state(d, rng)
+    mean, _, L = gaussian_state(d, rng)
+    if att.field_sees_mean:
+        # no covariance-only field to differentiate: the factor rows at a fixed mean
+        assert not att.exact_jacobian
+        field = att.fused_term(True)
+        J_fd = _fd_jacobian(lambda X: field(np.hstack([X, mean[:, None]]))[:, :d], L)
+        assert np.all(np.isfinite(J_fd))
+        return
     kernel = att.factor_kernel()
     J_fd = _fd_jacobian(kernel, L)
     assert np.all(np.isfinite(J_fd))

@@ -1,9 +1,10 @@
 """Invariants along random trajectories of every Gaussian-preserving type.
 
 Random settings: a type of the registry with exact moment equations (softmax, L2,
-Sinkhorn, multi-head), d = 1..6, k = 1..d, a rank-deficient Sigma_0 (any rank 1..d), a
-singular interaction matrix A = scale K^T Q (a zero row of Q, k < d), weight and
-covariance scales from 1e-6 to 1e6. Along the trajectory :func:`gaussian_pde.solve`
+Sinkhorn, multi-head; with a mean where the field matrix depends on it), d = 1..6,
+k = 1..d, a rank-deficient Sigma_0 (any rank 1..d), a singular interaction matrix
+A = scale K^T Q (a zero row of Q, k < d), weight and covariance scales from 1e-6 to
+1e6. Along the trajectory :func:`gaussian_pde.solve`
 returns (it stops at a blow-up):
 
 * ``t`` strictly increasing, every number finite;
@@ -94,7 +95,9 @@ def check_trajectory(att, cov0, known=None):
     """
     known = collections.Counter() if known is None else known
     t1 = horizon(att, cov0)
-    sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    # a field matrix that depends on the mean needs one (of the covariance's size)
+    mean0 = 0.5 * np.sqrt(np.diag(cov0)) if att.field_sees_mean else None
+    sol = gp.solve(att, mean0, cov0, (0.0, t1), max_nfev=BUDGET)
     t, cov, L = sol.t, sol.cov, sol.factor
     top0 = np.linalg.svd(L[0], compute_uv=False)[0]
     r0 = _rank(L[0], top0)      # the rank of the solver's initial factor psd_sqrt(cov0)
@@ -122,7 +125,8 @@ def check_trajectory(att, cov0, known=None):
     if sol.status == gp.Status.BLOWUP:
         assert sol.t_blowup is not None and 0 < sol.t_blowup < np.inf, f"t_blowup: {where}"
 
-    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
+    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET,
+                         mean0s=None if mean0 is None else mean0[None])
     assert np.all(np.isfinite(bat.cov_final)), f"solve_batch: non-finite end: {where}"
     assert bat.t_final[0] <= t1, f"solve_batch ended at {bat.t_final[0]} > {t1}: {where}"
     if _spent(sol.message) or _spent(bat.message[0]):
@@ -186,12 +190,15 @@ def test_the_last_time_is_t_span_end_exactly(params):
     X + H with H = t1 - X, rounded to one ulp past t1 (t_final - t1 = 7e-15, 2e-15)."""
     att, cov0 = _build(params)
     t1 = horizon(att, cov0)
-    sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    # a field matrix that depends on the mean needs one (of the covariance's size)
+    mean0 = 0.5 * np.sqrt(np.diag(cov0)) if att.field_sees_mean else None
+    sol = gp.solve(att, mean0, cov0, (0.0, t1), max_nfev=BUDGET)
     assert sol.status == gp.Status.FINISHED, sol.message
     assert sol.t_final == t1 and sol.t[-1] == t1
     ev = gp.solve(att, None, cov0, (0.0, t1), t_eval=[0.0, t1], max_nfev=BUDGET)
     assert ev.t.tolist() == [0.0, t1] and ev.t_final == t1
-    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
+    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET,
+                         mean0s=None if mean0 is None else mean0[None])
     assert bat.t_final[0] == t1
 
 
@@ -214,8 +221,11 @@ def test_blowup_below_the_rounding_of_t_is_confirmed():
     att, cov0 = _build(("softmax", 6, 5, 4, 3.4290745947177683, 3.2071556293344514, True,
                         393439244))
     t1 = horizon(att, cov0)
-    sol = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
-    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET)
+    # a field matrix that depends on the mean needs one (of the covariance's size)
+    mean0 = 0.5 * np.sqrt(np.diag(cov0)) if att.field_sees_mean else None
+    sol = gp.solve(att, mean0, cov0, (0.0, t1), max_nfev=BUDGET)
+    bat = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=BUDGET,
+                         mean0s=None if mean0 is None else mean0[None])
     assert sol.status == gp.Status.BLOWUP, sol.message
     assert str(bat.status[0]) == "blowup", bat.message[0]
     assert abs(sol.t_blowup - bat.t_blowup[0]) <= 1e-9 * sol.t_blowup

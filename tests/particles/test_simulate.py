@@ -42,7 +42,7 @@ def direct_scores(att, x):
 
 
 #: the built-in types whose score is the bilinear c <Qx, Ky>
-BILINEAR = ("softmax", "sinkhorn", "sigmoid", "masked")
+BILINEAR = ("softmax", "sinkhorn", "sigmoid", "masked", "linear")
 
 
 def direct_sinkhorn_plan(S, iters=20_000, tol=1e-14):
@@ -69,6 +69,8 @@ def direct_velocity(att, x, positions=None):
         W = expit(S + att.bias) / n
     elif att.name == "sinkhorn":
         W = direct_sinkhorn_plan(S)
+    elif att.name == "linear":
+        W = S / n                    # no normalisation: the score average itself
     elif att.name == "masked":
         tau = (np.arange(n) + 0.5) / n if positions is None else positions
         S = np.where(tau[None, :] <= tau[:, None], S, -np.inf)
