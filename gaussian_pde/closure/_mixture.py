@@ -72,7 +72,7 @@ from .._common.validation import (
     validate_positive,
     validate_quadrature,
 )
-from ..attention import QuadraticScore, quadratic_heads
+from ..attention import quadratic_heads
 from ..integrate._options import run_options
 from ..integrate._results import Status
 from ..integrate._solve import integrate_system
@@ -243,15 +243,6 @@ _CHUNK_ENTRIES = 1 << 22
 _COMPILED_PAIRS = 1 << 18
 
 
-#: one head's quadratic score (``Attention.quadratic_score``): ``A``, ``H`` (None: 0), ``V``
-_Head = QuadraticScore
-
-
-def _heads(attention, name="attention"):
-    """The quadratic scores of the heads of ``attention`` (``quadratic_heads``); else TypeError."""
-    return quadratic_heads(attention, name)
-
-
 def component_terms(A, H, means, covs):
     r"""Per-component terms of one head: :math:`m_k(x) = c_k + B_kx` and :math:`\log\det P_k`.
 
@@ -403,7 +394,7 @@ def mixture_velocity(attention, mixture, x):
     -------
     ndarray, shape (n, d)
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     x = validate_array(x, "x", ndim=2)
     if x.shape[1] != mixture.d:
@@ -455,7 +446,7 @@ def mixture_closure_terms(attention, mixture, n_per_dim=DEFAULT_N_PER_DIM):
     dcovs : ndarray, shape (K, d, d)
         :math:`\Sigma_k' = L_kL_k'^T + L_k'L_k^T` (independent of the factor).
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=mixture.d)
     Z, W = standard_nodes(mixture.d, n_per_dim)
@@ -866,7 +857,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     (a ``UserWarning`` with the estimate). Merge events need the :math:`K(K-1)/2` pairwise
     distances at every step; a request whose memory would not fit is refused up front.
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     d = mixture.d
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)

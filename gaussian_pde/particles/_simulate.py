@@ -26,6 +26,7 @@ from scipy.integrate import DOP853, RK23, RK45
 from scipy.special import ndtri
 
 from .._common.linalg import psd_sqrt
+from .._common.runge_kutta import equal_steps, rk4_step
 from .._common.validation import (
     validate_allocation,
     validate_covariance,
@@ -435,7 +436,7 @@ def score_bound(attention, x):
     :func:`~gaussian_pde.attention._kernels.l2_features`); the largest over the heads.
     ``None`` for a type without them.
     """
-    heads = getattr(attention, "heads", None) or (attention,)
+    heads = attention.heads
     bound = None
     with np.errstate(over="ignore", invalid="ignore"):
         for h in heads:
@@ -456,14 +457,9 @@ def _run_rk4(run, t_cur, y, t_eval, h_max, max_steps):
     status, message, steps, stop = Status.FINISHED, "reached the end of t_span", 0, None
     fun = run.fun
     for te in t_eval:
-        m_steps = max(1, int(np.ceil((te - t_cur) / h_max - 1e-9)))
-        h = (te - t_cur) / m_steps
+        m_steps, h = equal_steps(te - t_cur, h_max, slack=1e-9)
         for k in range(m_steps):
-            k1 = fun(t_cur, y)
-            k2 = fun(t_cur + h / 2, y + h / 2 * k1)
-            k3 = fun(t_cur + h / 2, y + h / 2 * k2)
-            k4 = fun(t_cur + h, y + h * k3)
-            y_new = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            y_new = rk4_step(fun, t_cur, y, h)
             t_new = te if k == m_steps - 1 else t_cur + h
             steps += 1
             stop = run.check(t_new, y_new)

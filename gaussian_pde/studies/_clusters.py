@@ -52,6 +52,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
+from .._common.runge_kutta import rk4_march
 from ..attention import L2, MultiHead, Softmax
 from ..closure._mixture import (
     GaussianMixture,
@@ -664,19 +665,9 @@ class ErrorScaling:
 
 def _rk4_particles(attention, x, t_end, dt):
     """Classical RK4 on the particle system, equal steps no longer than ``dt``."""
-    steps = max(1, int(np.ceil(t_end / dt - 1e-12)))
-    h = t_end / steps
-
-    def f(y):
+    def f(t, y):
         return attention.particle_velocity(y, warn=False)[0]
-
-    for _ in range(steps):
-        k1 = f(x)
-        k2 = f(x + 0.5 * h * k1)
-        k3 = f(x + 0.5 * h * k2)
-        k4 = f(x + h * k3)
-        x = x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return x
+    return rk4_march(f, x, (0.0, t_end), dt)[-1]
 
 
 def default_seed_counts(ns, largest=4):
