@@ -60,9 +60,8 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention import Attention
-from ..integrate._events import event_options
-from ..integrate._results import Status
-from ..particles._simulate import particle_moments, sliced_wasserstein_to_gaussian
+from ..integrate import Status, event_options
+from ..particles import particle_moments, sliced_wasserstein_to_gaussian
 from ._engine import DEFAULT_N_PER_DIM, as_field, solve_closure, standard_nodes
 from ._masked import (
     block_positions,

@@ -71,12 +71,10 @@ from .._common.validation import (
     validate_int,
     validate_positive,
     validate_quadrature,
+    validate_seed,
 )
 from ..attention import quadratic_heads
-from ..integrate._options import run_options
-from ..integrate._results import Status
-from ..integrate._solve import integrate_system
-from ..particles._simulate import _rng
+from ..integrate import Status, integrate_system, run_options
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
 
@@ -201,7 +199,7 @@ class GaussianMixture:
         n = validate_int(n, "n", minimum=self.K if stratified else 1)
         # tokens, normal draws and the means gathered per token (n x d each), labels (n)
         validate_allocation(n * (3 * self.d + 1), "n")
-        rng = _rng(seed)
+        rng = validate_seed(seed)
         if stratified:
             counts = self.counts(n)
             labels = np.repeat(np.arange(self.K), counts)

@@ -16,7 +16,6 @@ the marginal error.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import sys
 import time
 import warnings
@@ -35,6 +34,7 @@ from .._common.validation import (
     validate_particles,
     validate_positions,
     validate_positive,
+    validate_seed,
     validate_t_eval,
     validate_t_span,
     validate_tolerance,
@@ -47,7 +47,8 @@ from ..attention import (
     make_options,
     validate_attention,
 )
-from ..integrate._events import (
+from ..integrate import (
+    Status,
     blowup_extrapolate,
     blowup_probe_step,
     blowup_verdict,
@@ -56,7 +57,6 @@ from ..integrate._events import (
     rank_gap,
     steady_gap,
 )
-from ..integrate._results import Status
 
 _EPS = np.finfo(float).eps
 
@@ -171,22 +171,6 @@ class ParticleSolution:
         return self.x_final.shape[0]
 
 
-def _rng(seed):
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is None:
-        return np.random.default_rng()
-    ints = [seed] if isinstance(seed, numbers.Integral) else seed
-    if (isinstance(seed, (numbers.Integral, tuple, list))
-            and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in ints)):
-        if any(s < 0 for s in ints):
-            raise ValueError(f"`seed` must be a non-negative integer (or a sequence of them), "
-                             f"got {seed!r}.")
-        return np.random.default_rng(list(ints) if isinstance(seed, (tuple, list)) else int(seed))
-    raise TypeError(f"`seed` must be an int, a sequence of ints, a numpy Generator or None, "
-                    f"got {type(seed).__name__}.")
-
-
 def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
     r"""Draw tokens :math:`x_i \sim \mathcal N(\alpha(\tau_i), \Sigma)`, i.i.d.
 
@@ -230,7 +214,7 @@ def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
         if positions is not None:
             validate_positions(positions, n)
         mu = validate_vector(mean, "mean", size=d)
-    z = _rng(seed).standard_normal((n, d))
+    z = validate_seed(seed).standard_normal((n, d))
     return mu + z @ psd_sqrt(cov)
 
 

@@ -581,7 +581,7 @@ def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fi
                 limit=np.zeros((d, d)) if r == 0 else limit, message=msg)
 def _blowup_verdict(att, cov0, t_max):
     """The package's covariance solver and its finite-time blow-up verdict."""
-    from ..integrate._solve import solve
+    from ..integrate import solve
 
     sol = solve(att, None, cov0, (0.0, t_max))
     st = str(sol.status)

@@ -54,13 +54,13 @@ from scipy.spatial.distance import cdist
 from .._common.gaussian import bures_wasserstein
 from .._common.runge_kutta import rk4_march
 from ..attention import L2, MultiHead, Softmax
-from ..closure._mixture import (
+from ..closure import (
     GaussianMixture,
     merge_heights,
     pairwise_bures_wasserstein,
     solve_mixture,
 )
-from ..particles._simulate import simulate_particles
+from ..particles import simulate_particles
 
 __all__ = [
     "ClusterRun",
@@ -743,7 +743,7 @@ CLUSTER_MIXTURES = ((2, "symmetric"), (3, "random"), (4, "symmetric"), (6, "rand
                     (8, "symmetric"), (8, "random"))
 
 
-def _cases(quick):
+def cluster_cases(quick):
     out = []
     if quick:
         grid = [(4, 2, "symmetric", "l2", "identity"),
@@ -797,7 +797,7 @@ def run_clusters(*, quick=False, n=None, t_end=None, progress=None, scaling=True
     n = (150 if quick else 400) if n is None else n
     t_end = (2.0 if quick else 4.0) if t_end is None else t_end
     t_eval = np.linspace(0.0, t_end, 11 if quick else 21)
-    runs, cases = [], _cases(quick)
+    runs, cases = [], cluster_cases(quick)
     for c in cases:
         att = cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
         mix = cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])

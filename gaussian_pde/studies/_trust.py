@@ -64,10 +64,10 @@ import numpy as np
 
 from .._common.runge_kutta import rk4_march
 from ..attention import quadratic_heads
-from ..closure._mixture import GaussianMixture, solve_mixture
+from ..closure import GaussianMixture, solve_mixture
 from ._clusters import (
-    _cases,
     cluster_attention,
+    cluster_cases,
     cluster_mixture,
     labelled_moments,
     moment_errors,
@@ -436,7 +436,7 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
 
 def _study_cases(quick, kinds):
     """The clusters study's cases of the given kinds, with their attention and mixture."""
-    for c in _cases(quick):
+    for c in cluster_cases(quick):
         if c["kind"] in kinds:
             yield (c, cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7,
                                         seed=c["seed"]),
@@ -546,7 +546,7 @@ def merge_gap_sources(*, kinds=("softmax",), t_end=4.0, n=400, progress=None):
         ``name, config, gap_em, gap_labelled, gap_labelled_em, merges_mixture,
         merges_labelled, merges_em, kurtosis``.
     """
-    from ..closure._mixture import merge_heights, pairwise_bures_wasserstein
+    from ..closure import merge_heights, pairwise_bures_wasserstein
     from ._clusters import crossing_times, merge_time_gap, run_case
 
     t_eval = np.linspace(0.0, t_end, 21)
