@@ -12,32 +12,55 @@ Importing the package imports neither matplotlib nor dask.
 from ._common.gaussian import bures_wasserstein
 from ._version import __version__  # noqa: F401  (the package version)
 from .analysis import Outcome, TrajectoryOutcome, classify_solution, classify_trajectory
-from .attention._base import Attention, SingleHeadAttention
-from .attention._l2 import L2
-from .attention._masked import Masked
-from .attention._moments import moment_rhs
-from .attention._multihead import MultiHead
-from .attention._registry import ATTENTIONS, get_attention, register_attention
-from .attention._sigmoid import Sigmoid
-from .attention._sinkhorn import Sinkhorn
-from .attention._softmax import Softmax
-from .closure._blocks import MLP, Affine, LayerNorm, PreNorm, RMSNorm, TraceNorm
-from .closure._depth import DepthSolution, Stack, propagate_gaussian, propagate_particles
-from .closure._engine import (
+from .attention import (
+    ATTENTIONS,
+    L2,
+    Attention,
+    Masked,
+    MultiHead,
+    Sigmoid,
+    SingleHeadAttention,
+    Sinkhorn,
+    Softmax,
+    get_attention,
+    moment_rhs,
+    register_attention,
+)
+from .closure import (
+    MLP,
+    Affine,
     AttentionField,
+    DepthSolution,
     Field,
     FieldSum,
+    GaussianMixture,
+    LayerNorm,
+    MixtureSolution,
+    PreNorm,
+    RMSNorm,
+    Stack,
+    TraceNorm,
+    block_positions,
     closure_moment_rhs,
     logistic_normal_moments,
+    mixture_velocity,
+    propagate_gaussian,
+    propagate_particles,
     solve_closure,
+    solve_masked_closure,
+    solve_mixture,
 )
-from .closure._masked import block_positions, solve_masked_closure
-from .closure._mixture import GaussianMixture, MixtureSolution, mixture_velocity, solve_mixture
-from .integrate._batch import solve_batch
-from .integrate._exact import blowup_time, exact_covariance, scalar_solution
-from .integrate._results import BatchSolution
-from .integrate._solve import MomentSolution, Status, solve
-from .particles._simulate import (
+from .integrate import (
+    BatchSolution,
+    MomentSolution,
+    Status,
+    blowup_time,
+    exact_covariance,
+    scalar_solution,
+    solve,
+    solve_batch,
+)
+from .particles import (
     ParticleDegeneracyWarning,
     ParticleDiagnostics,
     ParticleSolution,
@@ -45,8 +68,7 @@ from .particles._simulate import (
     sample_gaussian,
     simulate_particles,
 )
-from .studies._certified import CertifiedLimit, certified_limit, certified_limits
-from .studies._compare import CompareReport, compare
+from .studies import CertifiedLimit, CompareReport, certified_limit, certified_limits, compare
 
 __all__ = [
     "ATTENTIONS",

@@ -32,8 +32,7 @@ from ._common.validation import (
     validate_threshold,
 )
 from .attention import Attention
-from .integrate._events import blowup_signature
-from .integrate._results import Status
+from .integrate import Status, blowup_signature
 
 __all__ = [
     "Outcome",

@@ -139,43 +139,60 @@ def test_public_names_and_module_paths():
 
 
 def _private_imports(path):
-    """``(target, name)`` for each import of another subpackage's underscore module or name."""
-    mod, _ = _module_name(path)
+    """What ``path`` takes privately from another subpackage: its underscore modules, and
+    underscore names from its face (``(target, name)``, ``name`` None for a module)."""
+    mod, is_pkg = _module_name(path)
     here = _top(mod)
+    package = mod.split(".") if is_pkg else mod.split(".")[:-1]
     out = []
-    for target in _imports(path):
-        parts = target.split(".")
-        if len(parts) > 2 and _top(target) != here and not _top(target).startswith("_") \
-                and any(p.startswith("_") for p in parts[2:]):
-            out.append(target)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            target, names = None, [a.name for a in node.names]
+        else:
+            continue
+        for full in ([f"{target}.{n}" for n in names] if target else names):
+            parts = full.split(".")
+            if parts[0] != "gaussian_pde" or len(parts) < 3:
+                continue
+            there = parts[1]
+            if there == here or there.startswith("_"):
+                continue                 # its own package, or the shared _common/_generated
+            private = [p for p in parts[2:] if p.startswith("_") and not p.startswith("__")]
+            if private:
+                out.append((".".join(parts[:-1]), parts[-1]))
     return sorted(out)
 
 
-#: imports of another subpackage's private modules that remain; each subpackage's
-#: ``__init__`` is to export what its siblings need. The list may only shrink.
-KNOWN_PRIVATE = {
-    "gaussian_pde.closure._blocks", "gaussian_pde.closure._depth",
-    "gaussian_pde.closure._masked", "gaussian_pde.closure._mixture",
-    "gaussian_pde.integrate._batch", "gaussian_pde.integrate._events",
-    "gaussian_pde.integrate._options", "gaussian_pde.integrate._results",
-    "gaussian_pde.integrate._solve", "gaussian_pde.particles._simulate",
-    "gaussian_pde.studies._clusters", "gaussian_pde.studies._compare",
-    "gaussian_pde.studies._compare_plots", "gaussian_pde.studies._published",
-    "gaussian_pde.studies._published_certified", "gaussian_pde.studies._reproduce",
-    "gaussian_pde.studies._stabilizers", "gaussian_pde.studies._trust",
-}
-
-
-def test_no_sibling_imports_a_private_module_of_another():
-    """Subpackages import each other through their public ``__init__`` (the attention
-    subpackage is done: nothing outside it imports ``attention._*``)."""
-    seen = set()
+def test_no_sibling_imports_a_private_name_of_another():
+    """Subpackages import each other through their public ``__init__`` faces: no underscore
+    module of another subpackage, and no underscore name from its face."""
+    found = []
     for mod, path in MODULES.items():
         if _top(mod) in ("__init__", "__main__"):
-            continue                     # the package's own face re-exports the modules
-        for target in _private_imports(path):
-            assert _top(target) != "attention", f"{mod} imports {target}"
-            assert target in KNOWN_PRIVATE, f"{mod} imports {target}: import it from the package"
-            seen.add(target)
-    stale = KNOWN_PRIVATE - seen
-    assert not stale, f"no longer imported privately: take off KNOWN_PRIVATE {sorted(stale)}"
+            continue
+        found += [f"{mod} imports {name} from {target}" for target, name in _private_imports(path)]
+    assert found == [], "import these from the subpackage (add them to its __init__):\n" + \
+        "\n".join(found)
+
+
+def test_the_private_import_check_finds_one(tmp_path, monkeypatch):
+    """The scan is not vacuous: a module and a name are caught, a face import is not."""
+    pkg = tmp_path / "gaussian_pde" / "studies"
+    pkg.mkdir(parents=True)
+    path = pkg / "_m.py"
+    path.write_text("from ..closure._mixture import solve_mixture\n"
+                    "from ..particles import _rng\n"
+                    "from ..closure import GaussianMixture\n"
+                    "from .._common.linalg import sym\n"
+                    "from ._clusters import _cases\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path / "gaussian_pde")
+    assert _private_imports(path) == [("gaussian_pde.closure._mixture", "solve_mixture"),
+                                      ("gaussian_pde.particles", "_rng")]
+

@@ -27,6 +27,7 @@ __all__ = [
     "validate_particles",
     "validate_positions",
     "validate_flag",
+    "validate_seed",
 ]
 
 
@@ -377,3 +378,24 @@ def validate_same_dimension(items, name):
                              f"`{name}[0]` has d = {d0}: the components of a block must act "
                              "on the same token dimension.")
     return d0
+
+
+def validate_seed(seed, name="seed"):
+    """A NumPy ``Generator`` from ``seed``; else ``ValueError`` or ``TypeError`` naming ``name``.
+
+    ``seed`` is a Generator (returned as is), None (fresh entropy), a non-negative int, or a
+    sequence of them (the entropy of a ``SeedSequence``).
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None:
+        return np.random.default_rng()
+    ints = [seed] if isinstance(seed, numbers.Integral) else seed
+    if (isinstance(seed, (numbers.Integral, tuple, list))
+            and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in ints)):
+        if any(s < 0 for s in ints):
+            raise ValueError(f"`{name}` must be a non-negative integer (or a sequence of "
+                             f"them), got {seed!r}.")
+        return np.random.default_rng(list(ints) if isinstance(seed, (tuple, list)) else int(seed))
+    raise TypeError(f"`{name}` must be an int, a sequence of ints, a numpy Generator or None, "
+                    f"got {type(seed).__name__}.")

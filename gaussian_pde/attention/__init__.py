@@ -31,7 +31,7 @@ from ._registry import (
     names_with,
     register_attention,
 )
-from ._scores import QuadraticScore, quadratic_heads
+from ._scores import QuadraticScore, quadratic_heads, single_heads
 from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
@@ -42,5 +42,5 @@ __all__ = [
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
     "capabilities", "compiled_kernel", "compiled_signatures", "default_positions", "example_data", "get_attention",
     "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
-    "register_attention", "require_mean", "resolve_dtype", "validate_attention",
+    "register_attention", "require_mean", "resolve_dtype", "single_heads", "validate_attention",
 ]

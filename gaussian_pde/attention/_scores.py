@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["QuadraticScore", "quadratic_heads"]
+__all__ = ["QuadraticScore", "quadratic_heads", "single_heads"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,15 @@ class QuadraticScore:
     A: np.ndarray
     H: np.ndarray | None
     V: np.ndarray
+
+
+def single_heads(attention):
+    """The single heads of ``attention``, nested sums flattened (``[attention]`` for one).
+
+    The order is that of :func:`quadratic_heads`.
+    """
+    return [g for h in attention.heads
+            for g in ((h,) if h is attention else single_heads(h))]
 
 
 def quadratic_heads(attention, name="attention", what="the mixture closure"):

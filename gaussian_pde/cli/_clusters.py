@@ -38,14 +38,14 @@ def add_arguments(parser):
 
 def run(args) -> int:
     """Run the study and write the report."""
-    from ..studies._clusters import _cases, run_clusters, write_clusters
+    from ..studies import cluster_cases, run_clusters, write_clusters
 
     out = output_dir(args.out)
     if args.n is not None and args.n < 20:
         raise ValueError(f"`--n` must be at least 20, got {args.n}.")
     if args.trust:
         return _run_trust(args, out)
-    progress = progress_for(args, len(_cases(args.quick)) + 2)
+    progress = progress_for(args, len(cluster_cases(args.quick)) + 2)
     res = run_clusters(quick=args.quick, n=args.n, progress=progress)
     summary = write_clusters(res, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -56,9 +56,9 @@ def run(args) -> int:
 
 def _run_trust(args, out) -> int:
     """``--trust``: :func:`gaussian_pde.studies._trust.run_trust` and its report."""
-    from ..studies._clusters import _cases
-    from ..studies._trust import (
+    from ..studies import (
         TRUST_GRID,
+        cluster_cases,
         growth_study,
         merge_gap_sources,
         remeasure_study,
@@ -69,7 +69,7 @@ def _run_trust(args, out) -> int:
     grid = {} if args.n is None else {"n": args.n}
     n_cells = len(TRUST_GRID["kinds"]) * (2 * 2 if args.quick else len(TRUST_GRID["q"])
                                           * len(TRUST_GRID["radius"]) * len(TRUST_GRID["d"]))
-    n_study = 0 if args.quick else sum(c["kind"] == "softmax" for c in _cases(False))
+    n_study = 0 if args.quick else sum(c["kind"] == "softmax" for c in cluster_cases(False))
     progress = progress_for(args, n_cells + 3 * n_study + 1)
     res = run_trust(quick=args.quick, grid=grid, progress=progress)
     study = growth = merges = None

@@ -95,7 +95,7 @@ def _csv(rows):
 
 
 def run(args):
-    from ..studies._compare import compare
+    from ..studies import compare
 
     out = output_dir(args.out)
     if args.seeds < 1:
@@ -134,7 +134,7 @@ def run(args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..studies._compare_plots import all_figures
+    from ..studies import all_figures
 
     figures = all_figures(report)
     for name, fig in figures.items():

@@ -17,7 +17,7 @@ DEFAULT_OUT = default_out()
 
 def progress_steps():
     """Number of progress messages of :func:`gaussian_pde.studies.reproduce`."""
-    from ..studies._reproduce import progress_steps as steps
+    from ..studies import progress_steps as steps
 
     return steps()
 
@@ -47,7 +47,7 @@ def run(args, progress=None):
 
     ``progress``: the callback to report through (default: a new one for ``args``).
     """
-    from ..studies._reproduce import reproduce
+    from ..studies import reproduce
 
     out = output_dir(args.out)
     if getattr(args, "protocol", "accurate") == "published":
@@ -68,12 +68,12 @@ def _run_published(args, out, progress):
     """``--protocol published``: the replay of docs/math.md section 9, one line per panel."""
     import time
 
-    from ..studies._published import write_published_histograms
+    from ..studies import write_published_histograms
 
     if progress is None:
         progress = progress_for(args, 12)
     start = time.perf_counter()
-    from ..studies._published_certified import write_published_certified
+    from ..studies import write_published_certified
 
     res = write_published_histograms(out, progress=progress, return_paths=True)
     cert = write_published_certified(out, res["paths"], progress=progress)

@@ -24,7 +24,7 @@ def add_arguments(parser):
 
 def run(args) -> int:
     """Run the study and write the report."""
-    from ..studies._stabilizers import STUDY_MODES, STUDY_NORMS, run_study, write_study
+    from ..studies import STUDY_MODES, STUDY_NORMS, run_study, write_study
 
     out = output_dir(args.out)
     if args.seed < 0:

@@ -44,6 +44,7 @@ import dataclasses
 import numpy as np
 
 from .._common.linalg import psd_sqrt
+from .._common.runge_kutta import rk4_step
 from .._common.validation import (
     validate_allocation,
     validate_array,
@@ -59,9 +60,8 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention import Attention
-from ..integrate._events import event_options
-from ..integrate._results import Status
-from ..particles._simulate import particle_moments, sliced_wasserstein_to_gaussian
+from ..integrate import Status, event_options
+from ..particles import particle_moments, sliced_wasserstein_to_gaussian
 from ._engine import DEFAULT_N_PER_DIM, as_field, solve_closure, standard_nodes
 from ._masked import (
     block_positions,
@@ -393,24 +393,6 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
                          status=status, message=message, t_blowup=t_blowup, **extra)
 
 
-def _rk4_step(v, x, dt):
-    """One classical RK4 step of ``x' = v(x)``; None once a stage is not finite.
-
-    The velocities check their tokens, so a stage that overflowed must not reach them.
-    """
-    k = v(x)
-    ks = [k]
-    for c in (0.5, 0.5, 1.0):
-        y = x + (c * dt) * k
-        if not (np.all(np.isfinite(k)) and np.all(np.isfinite(y))):
-            return None
-        k = v(y)
-        ks.append(k)
-    with np.errstate(over="ignore", invalid="ignore"):
-        x_new = x + dt / 6 * (ks[0] + 2 * ks[1] + 2 * ks[2] + ks[3])
-    return x_new if np.all(np.isfinite(x_new)) else None
-
-
 def _block_index(positions, n_blocks):
     """Block of each token: ``floor(tau B)``, the last block closed at ``tau = 1``."""
     idx = np.minimum((positions * n_blocks).astype(int), n_blocks - 1)
@@ -503,7 +485,7 @@ def propagate_particles(stack, x0, *, steps_per_layer=10, positions=None, n_bloc
         if stack.mode == "continuous":
             dt = stack.h / steps_per_layer
             for _ in range(steps_per_layer):
-                x = _rk4_step(v, x, dt)
+                x = rk4_step(lambda t, y, v=v: v(y), 0.0, x, dt, finite=True)
                 if x is None:     # a stage left the floating-point range
                     break
             if x is None:

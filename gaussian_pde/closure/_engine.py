@@ -47,9 +47,7 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention import Attention, has_hook
-from ..integrate._options import run_options
-from ..integrate._results import MomentSolution
-from ..integrate._solve import integrate_system
+from ..integrate import MomentSolution, integrate_system, run_options
 from ._quadrature import gauss_hermite_gaussian
 
 __all__ = [

@@ -35,9 +35,7 @@ from .._common.validation import (
     validate_quadrature,
 )
 from ..attention import Masked
-from ..integrate._options import run_options
-from ..integrate._results import Status
-from ..integrate._solve import integrate_system
+from ..integrate import Status, integrate_system, run_options
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 
 _EPS = np.finfo(float).eps

@@ -71,12 +71,10 @@ from .._common.validation import (
     validate_int,
     validate_positive,
     validate_quadrature,
+    validate_seed,
 )
-from ..attention import QuadraticScore, quadratic_heads
-from ..integrate._options import run_options
-from ..integrate._results import Status
-from ..integrate._solve import integrate_system
-from ..particles._simulate import _rng
+from ..attention import quadratic_heads
+from ..integrate import Status, integrate_system, run_options
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
 
@@ -201,7 +199,7 @@ class GaussianMixture:
         n = validate_int(n, "n", minimum=self.K if stratified else 1)
         # tokens, normal draws and the means gathered per token (n x d each), labels (n)
         validate_allocation(n * (3 * self.d + 1), "n")
-        rng = _rng(seed)
+        rng = validate_seed(seed)
         if stratified:
             counts = self.counts(n)
             labels = np.repeat(np.arange(self.K), counts)
@@ -241,15 +239,6 @@ _CHUNK_ENTRIES = 1 << 22
 #: from this many (point, component) pairs on, the compiled one-pass softmax
 #: (:mod:`gaussian_pde.closure._mixture_kernel`, about twice as fast and O(N + K) memory)
 _COMPILED_PAIRS = 1 << 18
-
-
-#: one head's quadratic score (``Attention.quadratic_score``): ``A``, ``H`` (None: 0), ``V``
-_Head = QuadraticScore
-
-
-def _heads(attention, name="attention"):
-    """The quadratic scores of the heads of ``attention`` (``quadratic_heads``); else TypeError."""
-    return quadratic_heads(attention, name)
 
 
 def component_terms(A, H, means, covs):
@@ -403,7 +392,7 @@ def mixture_velocity(attention, mixture, x):
     -------
     ndarray, shape (n, d)
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     x = validate_array(x, "x", ndim=2)
     if x.shape[1] != mixture.d:
@@ -455,7 +444,7 @@ def mixture_closure_terms(attention, mixture, n_per_dim=DEFAULT_N_PER_DIM):
     dcovs : ndarray, shape (K, d, d)
         :math:`\Sigma_k' = L_kL_k'^T + L_k'L_k^T` (independent of the factor).
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=mixture.d)
     Z, W = standard_nodes(mixture.d, n_per_dim)
@@ -866,7 +855,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     (a ``UserWarning`` with the estimate). Merge events need the :math:`K(K-1)/2` pairwise
     distances at every step; a request whose memory would not fit is refused up front.
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
     d = mixture.d
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)

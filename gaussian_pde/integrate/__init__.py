@@ -18,10 +18,25 @@ Below the drivers, one module per concept, with no import back up:
 """
 
 from ._batch import solve_batch
+from ._events import (
+    blowup_extrapolate,
+    blowup_probe_step,
+    blowup_signature,
+    blowup_verdict,
+    event_options,
+    rank_first,
+    rank_gap,
+    steady_gap,
+)
 from ._exact import blowup_time, exact_covariance, scalar_solution
+from ._options import run_options
 from ._results import BatchSolution, MomentSolution, Status
-from ._solve import solve
+from ._solve import integrate_system, solve
 from ._steppers import RODAS4
 
 __all__ = ["BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
-           "exact_covariance", "scalar_solution", "solve", "solve_batch"]
+           "exact_covariance", "scalar_solution", "solve", "solve_batch",
+           # the event loop and its pieces, which the closures and particles share
+           "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
+           "blowup_verdict", "event_options",
+           "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap"]

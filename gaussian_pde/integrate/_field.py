@@ -41,10 +41,6 @@ def _signature(att):
     return tuple(sig)
 
 
-def _heads(att):
-    return att.heads
-
-
 class Field:
     """Stacked weights grouped by structure; evaluates ``L'`` for any subset of rows."""
 
@@ -173,7 +169,7 @@ def _stack_heads(atts):
     Each weight gains a leading axis; a scalar (the scale) becomes ``(B, 1, 1)`` so that
     it broadcasts against stacked matrices.
     """
-    per_head = list(zip(*[_heads(a) for a in atts]))
+    per_head = list(zip(*[a.heads for a in atts]))
     out = []
     for heads in per_head:
         cols = list(zip(*[h.weights() for h in heads]))

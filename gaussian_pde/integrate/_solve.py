@@ -288,50 +288,125 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     if isinstance(method, str) and method == "auto":
         method, stiff = "DOP853", STIFF_SOLVER
     solver_cls = METHODS[method] if isinstance(method, str) else method
-    compiled = use_compiled(method, t_eval, t0)
     if not accepts_jac(solver_cls if stiff is None else stiff):
         jac = None
-    stiff_from = None
-    max_nfev = opts.max_nfev
-    # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._refactor): looked
-    # at every REFACTOR_EVERY-th step end (the cancellation builds up over many steps;
-    # an SVD at every step would cost as much as the step), the run then goes on from
-    # the rotated factor
-    refactor = getattr(system, "refactor", None)
     # a system may say where its state leaves the range in which its field can be
     # computed (system.out_of_range(y) -> message or None): checked at every step end
     out_of_range = getattr(system, "out_of_range", None)
-    # a re-factoring restarts the integrator (its step size and any stiff hand-over are
-    # found again), so after each one the look waits twice as many steps: a run whose
-    # spread keeps growing (K = -Q to t = 1e8) restarts O(log steps) times, not every
-    # REFACTOR_EVERY steps
-    due = {"refactor": False, "steps": 0, "range": None, "every": REFACTOR_EVERY}
+    if out_of_range is not None and out_of_range(y0) is not None:
+        # no step can be taken: the initial state alone, with the reason
+        keep = np.array([t0]) if t_eval is None else t_eval[t_eval == t0]
+        return Run(t=keep, y=np.repeat(np.asarray(y0, dtype=float)[None], keep.size, 0),
+                   status=Status.FAILED, message=f"{out_of_range(y0)} at t = {t0:.10g}",
+                   t_blowup=None, t_final=float(t0), y_final=np.asarray(y0), t_events={},
+                   nfev=system.nfev)
+    loop = _EventLoop(system, opts, method, solver_cls, stiff, jac, user_events, y0)
+    ts, ys, t_events, stiff_from = [], [], {}, None
+    t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
+    suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
+    while True:
+        # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
+        # dynamics are autonomous): near a blow-up at t*, the steps that resolve the time
+        # t* - t left are far below the rounding of t itself (ulp(t) ~ 1e-23 at t ~ 5e-8),
+        # but not of tau; the first segment runs on t itself, as solve_ivp does
+        base = 0.0 if t_start == t0 else t_start
+        evs = loop.events(limit, base)
+        # a restarted segment stores only times strictly after the restart time
+        seg_eval = None if t_eval is None else t_eval[
+            (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
+        res = loop.segment(evs, t_start, y_start, base, seg_eval)
+        keep = slice(1, None) if t_eval is None and ts else slice(None)  # no repeated restart
+        if seg_eval is not None:
+            seg_t = seg_eval[:res.t.size]     # the output times themselves, not base + tau
+        else:
+            # the solver's last step lands on tau1 exactly; base + tau1 may round past t1
+            seg_t = np.minimum(base + res.t, t1)
+            if res.status == 0 and seg_t.size:
+                seg_t[-1] = t1
+        ts.append(seg_t[keep])
+        ys.append(res.y[keep])
+        for ev, te in zip(evs, res.t_events):
+            t_events.setdefault(ev.__name__, []).extend(np.minimum(base + te, t1).tolist())
+        t_final = t1 if res.status == 0 else min(base + res.t_final, t1)
+        y_final = res.y_final
+        if stiff_from is None and res.stiff_from is not None:
+            stiff_from = min(base + res.stiff_from, t1)
+        end = loop.outcome(res, evs, t_final, y_final, limit, suspected)
+        if end[0] == "restart":
+            t_start, y_start, limit, suspected = end[1:]
+            continue
+        status, message, t_blowup = end[1:]
+        break
 
-    def budget(t, y):
+    if stiff_from is not None:
+        message += (f"; stiff from t = {stiff_from:.6g} on: {stiff.__name__}"
+                    + (" with the exact Jacobian" if jac is not None else ""))
+    t_all = np.concatenate(ts) if ts else np.empty(0)
+    y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
+    t_all, y_all = _strictly_increasing(t_all, y_all)
+    return Run(t=t_all, y=y_all, status=status, message=message, t_blowup=t_blowup,
+               t_final=float(t_final), y_final=np.asarray(y_final),
+               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev,
+               stiff_from=None if stiff_from is None else float(stiff_from))
+
+
+class _EventLoop:
+    """The pieces of :func:`integrate_system`'s loop.
+
+    The step-end budget, the events of a segment, one segment's integration, and what its
+    end means.
+    """
+
+    def __init__(self, system, opts, method, solver_cls, stiff, jac, user_events, y0):
+        self.system, self.opts, self.method = system, opts, method
+        self.solver_cls, self.stiff, self.jac = solver_cls, stiff, jac
+        self.user_events = user_events
+        self.compiled = use_compiled(method, opts.t_eval, opts.t0)
+        # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._refactor):
+        # looked at every REFACTOR_EVERY-th step end (the cancellation builds up over many
+        # steps; an SVD at every step would cost as much as the step), the run then goes
+        # on from the rotated factor
+        self.refactor = getattr(system, "refactor", None)
+        self.out_of_range = getattr(system, "out_of_range", None)
+        # a re-factoring restarts the integrator (its step size and any stiff hand-over
+        # are found again), so after each one the look waits twice as many steps: a run
+        # whose spread keeps growing (K = -Q to t = 1e8) restarts O(log steps) times, not
+        # every REFACTOR_EVERY steps
+        self.due = {"refactor": False, "steps": 0, "range": None, "every": REFACTOR_EVERY}
+        self.tr0 = max(system.trace(y0), _TINY)
+        self.first = self.d = None
+        rank_tol = opts.events.rank_tol
+        if rank_tol is not None:
+            cov0 = system.mean_and_cov(y0)[1]
+            self.first, self.d = int(rank_first(cov0, rank_tol)), cov0.shape[-1]
+
+    def budget(self, t, y):
+        """False stops the segment: ``max_nfev`` spent, the state out of range, a re-factoring due."""
+        system, due, max_nfev = self.system, self.due, self.opts.max_nfev
         if max_nfev is not None and system.nfev > max_nfev:
             return False
-        if out_of_range is not None:
-            due["range"] = out_of_range(y)
+        if self.out_of_range is not None:
+            due["range"] = self.out_of_range(y)
             if due["range"] is not None:
                 return False
-        if refactor is not None:
+        if self.refactor is not None:
             due["steps"] += 1
             if due["steps"] >= due["every"]:
                 due["steps"] = 0
-                if system.cancellation(y, opts.atol, opts.rtol, REFACTOR_ABOVE_RESTART):
+                if system.cancellation(y, self.opts.atol, self.opts.rtol,
+                                       REFACTOR_ABOVE_RESTART):
                     due["refactor"] = True
                     due["every"] *= 2
                     return False
         return True
 
-    tr0 = max(system.trace(y0), _TINY)
-    first = d = None
-    if ev_opts.rank_tol is not None:
-        cov0 = system.mean_and_cov(y0)[1]
-        first, d = int(rank_first(cov0, ev_opts.rank_tol)), cov0.shape[-1]
+    def events(self, limit, base):
+        """The segment's events (blow-up past ``limit`` tr(Sigma_0), steady, rank, the user's).
 
-    def make_events(limit, base):
-        log_limit = math.log(limit * tr0)
+        The user's events see the time on the segment's clock from ``base``.
+        """
+        system, ev_opts, first, d = self.system, self.opts.events, self.first, self.d
+        log_limit = math.log(limit * self.tr0)
 
         def blowup(t, y):   # log tr(Sigma) - log(limit tr(Sigma_0))
             return math.log(max(system.trace(y), 1e-300)) - log_limit
@@ -354,116 +429,66 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
                 return float(rank_gap(system.mean_and_cov(y)[1], first, ev_opts.rank_tol))
 
             evs.append(_event(rank_collapse, True, -1.0, "rank_collapse"))
-        evs += [_user_event(system, ev, i, base) for i, ev in enumerate(user_events)]
+        evs += [_user_event(system, ev, i, base) for i, ev in enumerate(self.user_events)]
         return evs
 
-    ts, ys, t_events = [], [], {}
-    if out_of_range is not None and out_of_range(y0) is not None:
-        # no step can be taken: the initial state alone, with the reason
-        keep = np.array([t0]) if t_eval is None else t_eval[t_eval == t0]
-        return Run(t=keep, y=np.repeat(np.asarray(y0, dtype=float)[None], keep.size, 0),
-                   status=Status.FAILED, message=f"{out_of_range(y0)} at t = {t0:.10g}",
-                   t_blowup=None, t_final=float(t0), y_final=np.asarray(y0), t_events={},
-                   nfev=system.nfev)
-    t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
-    status, message, t_blowup = Status.FINISHED, "reached the end of t_span", None
-    suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
-    t_final, y_final = t0, y0
-    while True:
-        # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
-        # dynamics are autonomous): near a blow-up at t*, the steps that resolve the time
-        # t* - t left are far below the rounding of t itself (ulp(t) ~ 1e-23 at t ~ 5e-8),
-        # but not of tau; the first segment runs on t itself, as solve_ivp does
-        base = 0.0 if t_start == t0 else t_start
-        evs = make_events(limit, base)
-        # a restarted segment stores only times strictly after the restart time
-        seg_eval = None if t_eval is None else t_eval[
-            (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
+    def segment(self, evs, t_start, y_start, base, seg_eval):
+        """Integrate from ``t_start`` until ``t1`` or an event (the result of ``_loop``)."""
+        opts, system = self.opts, self.system
         kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step,
-                  first_step=opts.first_step, events=evs, budget=budget, t_offset=base,
+                  first_step=opts.first_step, events=evs, budget=self.budget, t_offset=base,
                   t_eval=None if seg_eval is None else seg_eval - base)
-        tau1 = t1 - base
+        tau1 = opts.t1 - base
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                if compiled:
-                    res = integrate_compiled(system.fun, method, t_start - base, tau1,
-                                             y_start, stiff=stiff, jac=jac,
-                                             fortran_fun=getattr(system, "fun_fortran",
-                                                                 None),
-                                             nfev=lambda: system.nfev, **kw)
-                else:
-                    res = integrate(system.fun, solver_cls, t_start - base, tau1, y_start,
-                                    jac=jac, stiff=stiff, **kw)
+                if self.compiled:
+                    return integrate_compiled(system.fun, self.method, t_start - base, tau1,
+                                              y_start, stiff=self.stiff, jac=self.jac,
+                                              fortran_fun=getattr(system, "fun_fortran",
+                                                                  None),
+                                              nfev=lambda: system.nfev, **kw)
+                return integrate(system.fun, self.solver_cls, t_start - base, tau1, y_start,
+                                 jac=self.jac, stiff=self.stiff, **kw)
         except _UserEventError as err:
             raise ValueError(f"`events[{err.i}]` raised {type(err.exc).__name__}: "
                              f"{err.exc}") from err.exc
-        keep = slice(1, None) if t_eval is None and ts else slice(None)  # no repeated restart
-        if seg_eval is not None:
-            seg_t = seg_eval[:res.t.size]     # the output times themselves, not base + tau
-        else:
-            # the solver's last step lands on tau1 exactly; base + tau1 may round past t1
-            seg_t = np.minimum(base + res.t, t1)
-            if res.status == 0 and seg_t.size:
-                seg_t[-1] = t1
-        ts.append(seg_t[keep])
-        ys.append(res.y[keep])
-        for ev, te in zip(evs, res.t_events):
-            t_events.setdefault(ev.__name__, []).extend(np.minimum(base + te, t1).tolist())
-        t_final = t1 if res.status == 0 else min(base + res.t_final, t1)
-        y_final = res.y_final
-        if stiff_from is None and res.stiff_from is not None:
-            stiff_from = min(base + res.stiff_from, t1)
+
+    def outcome(self, res, evs, t_final, y_final, limit, suspected):
+        """What a segment's end means: go on from ``(t, y)``, or stop.
+
+        ``("restart", t, y, limit, suspected)`` or ``("stop", status, message, t_blowup)``.
+        """
+        due = self.due
         if res.status == -1:
-            status, message = Status.FAILED, res.message
-            break
+            return "stop", Status.FAILED, res.message, None
         if res.status == 0:
-            break
+            return "stop", Status.FINISHED, "reached the end of t_span", None
         if res.status == 2 and due["range"] is not None:
-            status = Status.FAILED
-            message = f"{due['range']} at t = {t_final:.10g}"
-            break
+            return "stop", Status.FAILED, f"{due['range']} at t = {t_final:.10g}", None
         if res.status == 2 and due["refactor"]:
             due["refactor"] = False
-            t_start, y_start = t_final, refactor(y_final)
-            continue
+            return "restart", t_final, self.refactor(y_final), limit, suspected
         name = "max_nfev" if res.status == 2 else evs[res.fired].__name__
         if name == "blowup":
-            t_star, finite = _blowup_estimate(system, t_final, y_final)
+            t_star, finite = _blowup_estimate(self.system, t_final, y_final)
             verdict, detail = blowup_verdict(t_star, finite, t_final, limit, suspected)
             if verdict == Status.BLOWUP:
-                status, message, t_blowup = verdict, detail, float(t_star)
-                break
+                return "stop", verdict, detail, float(t_star)
             if verdict == Status.FAILED:
-                status, message = verdict, detail
-                break
+                return "stop", verdict, detail, None
             suspected, new_limit = detail
-            t_start, y_start, limit = t_final, y_final, new_limit
-            continue
+            return "restart", t_final, y_final, new_limit, suspected
         if name == "max_nfev":
-            status = Status.FAILED
             # an implicit method (or "auto", whose stiff solver is LSODA) was already used
-            advice = ("a larger max_nfev" if stiff is not None or accepts_jac(solver_cls)
-                      else "method='LSODA' or a larger max_nfev")
-            message = (f"gave up after {max_nfev} right-hand-side evaluations at "
-                       f"t = {t_final:.10g} (stiff or nearly singular dynamics; try "
-                       f"{advice})")
-            break
+            advice = ("a larger max_nfev" if self.stiff is not None
+                      or accepts_jac(self.solver_cls) else "method='LSODA' or a larger max_nfev")
+            return "stop", Status.FAILED, (
+                f"gave up after {self.opts.max_nfev} right-hand-side evaluations at "
+                f"t = {t_final:.10g} (stiff or nearly singular dynamics; try {advice})"), None
         status = {"steady": Status.STEADY, "rank_collapse": Status.RANK_COLLAPSE}.get(
             name, Status.EVENT)
-        message = f"terminal event {name!r} at t = {t_final:.10g}"
-        break
-
-    if stiff_from is not None:
-        message += (f"; stiff from t = {stiff_from:.6g} on: {stiff.__name__}"
-                    + (" with the exact Jacobian" if jac is not None else ""))
-    t_all = np.concatenate(ts) if ts else np.empty(0)
-    y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
-    t_all, y_all = _strictly_increasing(t_all, y_all)
-    return Run(t=t_all, y=y_all, status=status, message=message, t_blowup=t_blowup,
-               t_final=float(t_final), y_final=np.asarray(y_final),
-               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev,
-               stiff_from=None if stiff_from is None else float(stiff_from))
+        return "stop", status, f"terminal event {name!r} at t = {t_final:.10g}", None
 
 
 def _strictly_increasing(t, y):

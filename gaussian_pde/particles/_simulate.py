@@ -16,7 +16,6 @@ the marginal error.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import sys
 import time
 import warnings
@@ -26,6 +25,7 @@ from scipy.integrate import DOP853, RK23, RK45
 from scipy.special import ndtri
 
 from .._common.linalg import psd_sqrt
+from .._common.runge_kutta import equal_steps, rk4_step
 from .._common.validation import (
     validate_allocation,
     validate_covariance,
@@ -34,6 +34,7 @@ from .._common.validation import (
     validate_particles,
     validate_positions,
     validate_positive,
+    validate_seed,
     validate_t_eval,
     validate_t_span,
     validate_tolerance,
@@ -46,7 +47,8 @@ from ..attention import (
     make_options,
     validate_attention,
 )
-from ..integrate._events import (
+from ..integrate import (
+    Status,
     blowup_extrapolate,
     blowup_probe_step,
     blowup_verdict,
@@ -55,7 +57,6 @@ from ..integrate._events import (
     rank_gap,
     steady_gap,
 )
-from ..integrate._results import Status
 
 _EPS = np.finfo(float).eps
 
@@ -170,22 +171,6 @@ class ParticleSolution:
         return self.x_final.shape[0]
 
 
-def _rng(seed):
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is None:
-        return np.random.default_rng()
-    ints = [seed] if isinstance(seed, numbers.Integral) else seed
-    if (isinstance(seed, (numbers.Integral, tuple, list))
-            and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in ints)):
-        if any(s < 0 for s in ints):
-            raise ValueError(f"`seed` must be a non-negative integer (or a sequence of them), "
-                             f"got {seed!r}.")
-        return np.random.default_rng(list(ints) if isinstance(seed, (tuple, list)) else int(seed))
-    raise TypeError(f"`seed` must be an int, a sequence of ints, a numpy Generator or None, "
-                    f"got {type(seed).__name__}.")
-
-
 def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
     r"""Draw tokens :math:`x_i \sim \mathcal N(\alpha(\tau_i), \Sigma)`, i.i.d.
 
@@ -229,7 +214,7 @@ def sample_gaussian(mean, cov, n, *, seed=None, positions=None):
         if positions is not None:
             validate_positions(positions, n)
         mu = validate_vector(mean, "mean", size=d)
-    z = _rng(seed).standard_normal((n, d))
+    z = validate_seed(seed).standard_normal((n, d))
     return mu + z @ psd_sqrt(cov)
 
 
@@ -435,7 +420,7 @@ def score_bound(attention, x):
     :func:`~gaussian_pde.attention._kernels.l2_features`); the largest over the heads.
     ``None`` for a type without them.
     """
-    heads = getattr(attention, "heads", None) or (attention,)
+    heads = attention.heads
     bound = None
     with np.errstate(over="ignore", invalid="ignore"):
         for h in heads:
@@ -456,14 +441,9 @@ def _run_rk4(run, t_cur, y, t_eval, h_max, max_steps):
     status, message, steps, stop = Status.FINISHED, "reached the end of t_span", 0, None
     fun = run.fun
     for te in t_eval:
-        m_steps = max(1, int(np.ceil((te - t_cur) / h_max - 1e-9)))
-        h = (te - t_cur) / m_steps
+        m_steps, h = equal_steps(te - t_cur, h_max, slack=1e-9)
         for k in range(m_steps):
-            k1 = fun(t_cur, y)
-            k2 = fun(t_cur + h / 2, y + h / 2 * k1)
-            k3 = fun(t_cur + h / 2, y + h / 2 * k2)
-            k4 = fun(t_cur + h, y + h * k3)
-            y_new = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            y_new = rk4_step(fun, t_cur, y, h)
             t_new = te if k == m_steps - 1 else t_cur + h
             steps += 1
             stop = run.check(t_new, y_new)

@@ -50,11 +50,20 @@ Examples
 
 from ._certified import CertifiedLimit, certified_limit, certified_limits
 from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
-from ._clusters import ClusterRun, error_scaling, run_clusters, write_clusters
+from ._clusters import ClusterRun, cluster_cases, error_scaling, run_clusters, write_clusters
 from ._compare import CompareReport, compare, fit_slope, mean_field_check_failures
 from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
 from ._published import published_histograms, write_published_histograms
-from ._reproduce import PAPER_THRESHOLD, REGIMES, TYPES, reproduce, unit_trace_grid
+from ._published_certified import write_published_certified
+from ._reproduce import (
+    EXAMPLES_MARKER,
+    PAPER_THRESHOLD,
+    REGIMES,
+    TYPES,
+    progress_steps,
+    reproduce,
+    unit_trace_grid,
+)
 from ._stabilizers import (
     STUDY_MODES,
     STUDY_NORMS,
@@ -64,9 +73,19 @@ from ._stabilizers import (
     summarize_study,
     write_study,
 )
+from ._trust import (
+    TRUST_GRID,
+    growth_study,
+    merge_gap_sources,
+    remeasure_study,
+    run_trust,
+    write_trust,
+)
 
 __all__ = [
     "CLOSURE_CASES",
+    "EXAMPLES_MARKER",
+    "TRUST_GRID",
     "ClusterRun",
     "PAPER_THRESHOLD",
     "REGIMES",
@@ -79,24 +98,32 @@ __all__ = [
     "certified_limit",
     "certified_limits",
     "closure_case",
+    "cluster_cases",
     "compare",
     "depth_metrics",
     "draw_layers",
     "error_scaling",
     "fit_slope",
+    "growth_study",
     "mean_field_check_failures",
+    "merge_gap_sources",
     "measure_closure_error",
     "plot_diagnostics",
     "plot_errors",
     "plot_moments",
     "plot_scaling",
+    "progress_steps",
     "published_histograms",
+    "remeasure_study",
     "reproduce",
     "run_clusters",
     "run_study",
+    "run_trust",
     "summarize_study",
     "unit_trace_grid",
     "write_clusters",
     "write_published_histograms",
+    "write_published_certified",
     "write_study",
+    "write_trust",
 ]

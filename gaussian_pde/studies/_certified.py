@@ -62,7 +62,7 @@ from .._common.validation import (
     validate_positive,
     validate_tolerance,
 )
-from ..attention import Attention, quadratic_heads
+from ..attention import Attention, quadratic_heads, single_heads
 from ..integrate import RODAS4
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
@@ -165,7 +165,7 @@ def _check_definite(cov, name):
     return cov
 
 
-def _heads(att, name="attention"):
+def _score_heads(att, name="attention"):
     """``[(kind, Q, K, V, scale, score)]`` of heads with a quadratic score; ``TypeError`` otherwise.
 
     ``kind`` is ``"bilinear"`` where the score has no quadratic part (:math:`H = 0`:
@@ -175,16 +175,11 @@ def _heads(att, name="attention"):
     scores = quadratic_heads(att, name, what="certified_limit (for which N^T Sigma^-1 N "
                              "is conserved)")
     out = []
-    for h, score in zip(_flat_heads(att), scores):
+    for h, score in zip(single_heads(att), scores):
         kind = "bilinear" if score.H is None else "quadratic"
         out.append((kind, np.asarray(h.Q, float), np.asarray(h.K, float),
                     np.asarray(h.V, float), float(h.scale), score))
     return out
-
-
-def _flat_heads(att):
-    """The single heads of ``att``, nested sums flattened (the order of ``quadratic_heads``)."""
-    return [g for h in att.heads for g in ((h,) if h is att else _flat_heads(h))]
 
 
 def _frame(heads, d):
@@ -339,7 +334,7 @@ def _eig_sigma(F, k):
 
 def _build(attentions, d):
     """Per-row heads in the frame ``U = [U_R, U_N]``: kinds, A, V, H, U, rank Q, V^-1."""
-    heads0 = _heads(attentions[0])
+    heads0 = _score_heads(attentions[0])
     kinds = tuple(h[0] for h in heads0)
     nr, nh = len(attentions), len(kinds)
     A = np.empty((nr, nh, d, d))
@@ -349,7 +344,7 @@ def _build(attentions, d):
     rq = np.empty(nr, dtype=int)
     lyap = []
     for i, att in enumerate(attentions):
-        heads = _heads(att)
+        heads = _score_heads(att)
         U[i], rq[i] = _frame(heads, d)
         u, k = U[i], int(rq[i])
         for j, (kind, _, _, Vh, _, score) in enumerate(heads):
@@ -586,7 +581,7 @@ def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fi
                 limit=np.zeros((d, d)) if r == 0 else limit, message=msg)
 def _blowup_verdict(att, cov0, t_max):
     """The package's covariance solver and its finite-time blow-up verdict."""
-    from ..integrate._solve import solve
+    from ..integrate import solve
 
     sol = solve(att, None, cov0, (0.0, t_max))
     st = str(sol.status)
@@ -620,7 +615,7 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
         base = np.append(base, t_max)
     groups = {}
     for i, att in enumerate(attentions):
-        heads = _heads(att)
+        heads = _score_heads(att)
         d = cov0s[i].shape[-1]
         key = (d, tuple(h[0] for h in heads), _frame(heads, d)[1])
         groups.setdefault(key, []).append(i)
@@ -752,7 +747,7 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
     for i, c in enumerate(cov0s):
         _check_definite(c, f"cov0s[{i}]")
     for i, (att, c) in enumerate(zip(attentions, cov0s)):
-        _heads(att, f"attentions[{i}]")
+        _score_heads(att, f"attentions[{i}]")
         if att.d != c.shape[-1]:
             raise ValueError(f"`cov0s[{i}]` is {c.shape[-1]}-dimensional but `attentions[{i}]` "
                              f"acts in d = {att.d}.")
@@ -805,7 +800,7 @@ def certified_limit(attention, cov0, *, t_max=1e10, rtol=1e-6, fit_decades=2.0,
     >>> res.outcome, res.rank, res.bound
     ('rank', 2, 2)
     """
-    _heads(attention)
+    _score_heads(attention)
     cov0 = _check_definite(validate_covariance(cov0, "cov0"), "cov0")
     if attention.d != cov0.shape[-1]:
         raise ValueError(f"`cov0` is {cov0.shape[-1]}-dimensional but `attention` acts in "
@@ -836,7 +831,7 @@ def theorem_rank(attention, cov0):
     int or None
     """
     try:
-        heads = _heads(attention)
+        heads = _score_heads(attention)
     except TypeError:
         return None
     cov0 = validate_covariance(cov0, "cov0")

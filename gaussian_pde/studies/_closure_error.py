@@ -20,10 +20,17 @@ import numpy as np
 from .._common.gaussian import bures_wasserstein
 from .._common.validation import validate_int, validate_positive
 from ..attention import Masked, Sigmoid, Softmax
-from ..closure._blocks import MLP, LayerNorm, PreNorm
-from ..closure._depth import Stack, propagate_gaussian, propagate_particles
-from ..closure._masked import block_positions, solve_masked_closure
-from ..particles._simulate import particle_moments, sample_gaussian, simulate_particles
+from ..closure import (
+    MLP,
+    LayerNorm,
+    PreNorm,
+    Stack,
+    block_positions,
+    propagate_gaussian,
+    propagate_particles,
+    solve_masked_closure,
+)
+from ..particles import particle_moments, sample_gaussian, simulate_particles
 
 __all__ = ["CLOSURE_CASES", "closure_case", "measure_closure_error"]
 
@@ -93,7 +100,7 @@ def measure_closure_error(name, *, n=2000, seeds=(0, 1), t_final=1.0, n_times=10
             for b, c in enumerate(centres):
                 m, C = particle_moments(ps.x[:, pos == c])
                 w = np.maximum(w, bures_wasserstein(cl.means[:, b], cl.covs[:, b], m, C))
-            from ..particles._simulate import sliced_wasserstein_to_gaussian
+            from ..particles import sliced_wasserstein_to_gaussian
             ngs.append([max(sliced_wasserstein_to_gaussian(x[pos == c]) for c in centres)
                         for x in ps.x])
             w2s.append(w)

@@ -52,14 +52,15 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
+from .._common.runge_kutta import rk4_march
 from ..attention import L2, MultiHead, Softmax
-from ..closure._mixture import (
+from ..closure import (
     GaussianMixture,
     merge_heights,
     pairwise_bures_wasserstein,
     solve_mixture,
 )
-from ..particles._simulate import simulate_particles
+from ..particles import simulate_particles
 
 __all__ = [
     "ClusterRun",
@@ -664,19 +665,9 @@ class ErrorScaling:
 
 def _rk4_particles(attention, x, t_end, dt):
     """Classical RK4 on the particle system, equal steps no longer than ``dt``."""
-    steps = max(1, int(np.ceil(t_end / dt - 1e-12)))
-    h = t_end / steps
-
-    def f(y):
+    def f(t, y):
         return attention.particle_velocity(y, warn=False)[0]
-
-    for _ in range(steps):
-        k1 = f(x)
-        k2 = f(x + 0.5 * h * k1)
-        k3 = f(x + 0.5 * h * k2)
-        k4 = f(x + h * k3)
-        x = x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return x
+    return rk4_march(f, x, (0.0, t_end), dt)[-1]
 
 
 def default_seed_counts(ns, largest=4):
@@ -752,7 +743,7 @@ CLUSTER_MIXTURES = ((2, "symmetric"), (3, "random"), (4, "symmetric"), (6, "rand
                     (8, "symmetric"), (8, "random"))
 
 
-def _cases(quick):
+def cluster_cases(quick):
     out = []
     if quick:
         grid = [(4, 2, "symmetric", "l2", "identity"),
@@ -806,7 +797,7 @@ def run_clusters(*, quick=False, n=None, t_end=None, progress=None, scaling=True
     n = (150 if quick else 400) if n is None else n
     t_end = (2.0 if quick else 4.0) if t_end is None else t_end
     t_eval = np.linspace(0.0, t_end, 11 if quick else 21)
-    runs, cases = [], _cases(quick)
+    runs, cases = [], cluster_cases(quick)
     for c in cases:
         att = cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
         mix = cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])

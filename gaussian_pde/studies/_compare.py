@@ -38,8 +38,8 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention import make_options, validate_attention
-from ..integrate._solve import solve
-from ..particles._simulate import (
+from ..integrate import solve
+from ..particles import (
     PARTICLE_METHODS,
     ParticleDegeneracyWarning,
     SinkhornConvergenceWarning,

@@ -51,7 +51,7 @@ import numpy as np
 from .._common.validation import validate_int, validate_positive
 from ..analysis import Outcome, classify_trajectory
 from ..attention import L2, MultiHead, Sinkhorn, Softmax
-from ..integrate._batch import solve_batch
+from ..integrate import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
 

@@ -54,7 +54,7 @@ from .._common.linalg import psd_sqrt
 from .._common.validation import validate_int
 from ..analysis import classify_trajectory, limit_rank
 from ..attention import L2, Softmax
-from ..integrate._batch import solve_batch
+from ..integrate import solve_batch
 from ._certified import certified_limits, theorem_rank
 from ._published import step_seconds
 from ._regimes import (

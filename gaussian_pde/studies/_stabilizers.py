@@ -25,9 +25,8 @@ from .._common.gaussian import bures_wasserstein
 from .._common.io import ensure_output_dir, save_figure, write_json, write_text
 from .._common.validation import validate_int, validate_positive, validate_quadrature, validate_step
 from ..attention import Softmax
-from ..closure._blocks import LayerNorm, PreNorm, TraceNorm
-from ..closure._depth import Stack, propagate_gaussian, propagate_particles
-from ..particles._simulate import sample_gaussian
+from ..closure import LayerNorm, PreNorm, Stack, TraceNorm, propagate_gaussian, propagate_particles
+from ..particles import sample_gaussian
 
 __all__ = ["STUDY_MODES", "STUDY_NORMS", "draw_layers", "depth_metrics", "run_study",
            "summarize_study", "write_study"]

@@ -62,11 +62,12 @@ import time
 
 import numpy as np
 
-from ..attention import quadratic_heads as _heads
-from ..closure._mixture import GaussianMixture, solve_mixture
+from .._common.runge_kutta import rk4_march
+from ..attention import quadratic_heads
+from ..closure import GaussianMixture, solve_mixture
 from ._clusters import (
-    _cases,
     cluster_attention,
+    cluster_cases,
     cluster_mixture,
     labelled_moments,
     moment_errors,
@@ -151,18 +152,9 @@ def batched_particle_velocity(heads, x):
 
 def _rk4_batch(heads, x, t_eval, dt):
     """RK4 with equal steps of at most ``dt`` between the output times: (T, S, n, d)."""
-    out = [x]
-    for a, b in zip(t_eval[:-1], t_eval[1:]):
-        steps = max(1, int(np.ceil((b - a) / dt - 1e-12)))
-        h = (b - a) / steps
-        for _ in range(steps):
-            k1 = batched_particle_velocity(heads, x)
-            k2 = batched_particle_velocity(heads, x + 0.5 * h * k1)
-            k3 = batched_particle_velocity(heads, x + 0.5 * h * k2)
-            k4 = batched_particle_velocity(heads, x + h * k3)
-            x = x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-        out.append(x)
-    return np.stack(out)
+    def f(t, y):
+        return batched_particle_velocity(heads, y)
+    return np.stack(rk4_march(f, x, t_eval, dt))
 
 
 def relative_deviation(means, covs, ref_means, ref_covs, weights):
@@ -311,7 +303,7 @@ def closure_bias(attention, mixture, t_eval, *, n=64, seeds=16, dt=0.1, n_per_di
     """
     if not isinstance(mixture, GaussianMixture):
         raise TypeError(f"`mixture` must be a GaussianMixture, got {type(mixture).__name__}.")
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     t_eval = np.asarray(t_eval, float)
     if t_eval.ndim != 1 or t_eval.size < 2 or np.any(np.diff(t_eval) <= 0):
         raise ValueError("`t_eval` must be an increasing 1-D array of at least two times.")
@@ -444,7 +436,7 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
 
 def _study_cases(quick, kinds):
     """The clusters study's cases of the given kinds, with their attention and mixture."""
-    for c in _cases(quick):
+    for c in cluster_cases(quick):
         if c["kind"] in kinds:
             yield (c, cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7,
                                         seed=c["seed"]),
@@ -488,7 +480,7 @@ def offset_growth(attention, mixture, t_eval, *, n=400, seed=0, dt=0.1, n_per_di
     sample's Monte Carlo offset, which the flow carries and can amplify: the ratio mixes
     that amplification with the closure's error. Returns the ratio (float).
     """
-    heads = _heads(attention)
+    heads = quadratic_heads(attention)
     t_eval = np.asarray(t_eval, float)
     if n_per_dim is None:
         n_per_dim = 6 if mixture.d == 2 else 5
@@ -554,7 +546,7 @@ def merge_gap_sources(*, kinds=("softmax",), t_end=4.0, n=400, progress=None):
         ``name, config, gap_em, gap_labelled, gap_labelled_em, merges_mixture,
         merges_labelled, merges_em, kurtosis``.
     """
-    from ..closure._mixture import merge_heights, pairwise_bures_wasserstein
+    from ..closure import merge_heights, pairwise_bures_wasserstein
     from ._clusters import crossing_times, merge_time_gap, run_case
 
     t_eval = np.linspace(0.0, t_end, 21)

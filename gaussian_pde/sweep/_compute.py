@@ -14,9 +14,7 @@ import numpy as np
 from ..analysis import Outcome, classify_trajectory
 from ..analysis import limit_rank as _limit_rank
 from ..attention import MultiHead, get_attention
-from ..integrate._batch import solve_batch
-from ..integrate._results import Status
-from ..integrate._solve import solve
+from ..integrate import Status, solve, solve_batch
 
 __all__ = ["STATUSES", "OUTCOMES", "draw_setting", "draw_mean", "compute_batch", "classify_outcome",
            "limit_rank", "result_layout", "time_grid"]

@@ -74,7 +74,7 @@ def fake_reproduce(calls):
 @pytest.mark.parametrize("argv", [[], ["run"], ["--quiet"], ["reproduce"], ["-q", "reproduce"]])
 def test_main_job_and_reproduce_default_to_gaussian_pde_output(in_tmp, monkeypatch, argv):
     calls, examples = [], []
-    monkeypatch.setattr("gaussian_pde.studies._reproduce.reproduce", fake_reproduce(calls))
+    monkeypatch.setattr("gaussian_pde.studies.reproduce", fake_reproduce(calls))
     monkeypatch.setattr("gaussian_pde.cli._main_job.run_examples",
                         lambda args, append=False, progress=None: examples.append(args.out))
     assert main(argv + ["--quick"]) == 0

@@ -105,7 +105,7 @@ def test_log_partition_matches_sympy(name):
     f = lambda m: np.array(sp.Matrix(m).evalf(), dtype=float)   # noqa: E731
     Q, K, V, c = f(subs[S.Q]), f(subs[S.K]), f(subs[S.V]), float(subs[S.scale])
     att = (gp.Softmax if name == "softmax" else gp.L2)(Q, K, V, scale=c)
-    head, = mx._heads(att)
+    head, = gp.attention.quadratic_heads(att)
     alpha, Sigma = f(subs[S.alpha]).ravel(), f(subs[S.Sigma])
     X = np.array(points, dtype=float)
     log_z, m = mx.component_log_partition(head.A, head.H, alpha[None], Sigma[None], X)
@@ -332,7 +332,7 @@ def test_compiled_and_blocked_fields_agree():
     mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)) * 2,
                              [_random_cov(rng, 2) for _ in range(K)])
     X = rng.normal(size=(1000, 2)) * 2
-    heads = mx._heads(att)
+    heads = gp.attention.quadratic_heads(att)
     fast = mx._velocity(heads, np.log(mix.weights), mix.means, mix.covs, X)
     assert X.shape[0] * K >= mx._COMPILED_PAIRS
     slow = np.concatenate([mx._velocity(heads, np.log(mix.weights), mix.means, mix.covs,
