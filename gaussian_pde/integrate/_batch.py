@@ -193,7 +193,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     if atts is not None:
         from . import _compiled_batch
 
-        fields = _compiled_batch.compiled_fields(atts)
+        fields = _compiled_batch.compiled_fields(atts, nb)
         if fields is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
