@@ -14,23 +14,33 @@ tolerances (rtol 1e-10, atol 1e-12). For every workload:
   mean), timed on ``--single`` trajectories and extrapolated to ``B`` (wall and CPU: on a
   loaded machine the CPU ratio is the one that load moves least);
 * ``diffrax``: JAX + diffrax, ``Dopri8`` with a PID controller, ``vmap`` + ``jit`` over the
-  trajectories of the same factor-form ODE; cold (compile included) and warm (the second
-  call); at the loosest of rtol 1e-8, 1e-10, 1e-12 whose error is at most the batch's
-  (equal accuracy); skipped with a message where JAX or diffrax are absent (the ``train``
-  extra);
-* the error of each against a tight reference (``solve_batch`` at rtol 1e-13, atol 1e-15,
-  ``method="DOP853"``) on ``--ref`` trajectories: the largest relative Frobenius error of
-  the final covariance;
+  trajectories of the same factor-form ODE, ``throw=False`` and a step cap per lane
+  (``--jax-max-steps``); cold (compile included) and warm (the second call, wall and
+  CPU); at the loosest of rtol 1e-8, 1e-10, 1e-12 (atol = rtol / 100) whose error is at
+  most the batch's (equal accuracy), every tolerance tried recorded; the lanes that
+  succeed (diffrax's result and a finite state at ``T``) and those that spent the cap;
+  up to ``--jax-max-b`` trajectories; skipped with a message where JAX or diffrax are
+  absent (the ``train`` extra);
+* the errors of each against a tight reference (``solve_batch`` at rtol 1e-13, atol
+  1e-15, ``method="DOP853"``) on the first ``--ref`` trajectories: the largest relative
+  Frobenius error of the final covariance and the largest relative error of the final
+  mean, over the trajectories that reach ``T`` in both runs. A mean that overflows
+  float64 stops its trajectory at a time that depends on the tolerance; those are
+  counted (``compared/stopped/ref stopped``), not compared;
 * evaluations per trajectory and the time per evaluation (CPU time of the batch over its
   evaluations) against two floors measured in this run: the flops of one field evaluation
   (``2 (d + 2k) d m + 2 d^2 k + 2 d k m``) at the rate of a compiled loop of independent
   multiply-adds (``floor_scalar``) and at the rate of a large BLAS ``dgemm``
-  (``floor_blas``), both on one core.
+  (``floor_blas``), both on one core;
+* linearity: the batch's CPU seconds per trajectory at every ``B`` of a workload.
 
 A first table times ``solve`` against ``solve_batch`` of one trajectory on the paper's
 steady-state workload (:func:`batch_of_one`): whether the single solve should run on the
 compiled batch core.
 
+The record (``docs/_static/results/benchmarks/bench_batch.json``, or ``--json PATH``) is
+written after every workload, so a long run that is stopped keeps what it measured;
+``--max-seconds`` starts no workload after that time and lists those not run.
 ``--quick`` runs d = 3 and 5, B = 100 and 1000, both horizons, without a mean and with one
 (a few minutes on an idle 2-core machine); ``--d``, ``--B``, ``--T``, ``--mean`` pick
 other parts of the grid. Times are best of ``--rounds``.
@@ -59,7 +69,15 @@ def workload(rng, B, d, with_mean):
 
 
 def rel_err(a, b):
-    return float(np.max(np.linalg.norm(a - b, axis=(-2, -1)) / np.linalg.norm(b, axis=(-2, -1))))
+    """Largest relative Frobenius (or Euclidean) error of the stack ``a`` against ``b``."""
+    if len(b) == 0:
+        return None
+    axes = tuple(range(1, np.ndim(b)))
+    # in units of each entry's largest element: a mean near 1e300 must not overflow the norm
+    s = np.max(np.abs(b), axis=axes, keepdims=True)
+    s = np.where(s > 0, s, 1.0)
+    return float(np.max(np.linalg.norm((a - b) / s, axis=axes)
+                        / np.linalg.norm(b / s, axis=axes)))
 
 
 def best(fn, rounds):
@@ -118,8 +136,14 @@ def field_flops(d, k, m):
     return 2 * (d + 2 * k) * d * m + 2 * d * d * k + 2 * d * k * m
 
 
-def diffrax_run(Q, V, covs, means, T, rtol, atol):
-    """Cold and warm times and final covariances of diffrax's Dopri8 (vmap + jit)."""
+def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps):
+    """diffrax's Dopri8 (PID controller, vmap + jit) on the factor-form ODE of every lane.
+
+    Cold (compile included) and warm (the second call) wall times, the warm call's CPU
+    time, the final covariances and means, and per lane: success (diffrax's result
+    ``successful`` and a finite state at ``T``; ``throw=False``, so one lane that fails or
+    spends its ``max_steps`` does not stop the others) and the steps taken.
+    """
     import diffrax
     import jax
     import jax.numpy as jnp
@@ -145,28 +169,101 @@ def diffrax_run(Q, V, covs, means, T, rtol, atol):
 
     def one(Z0, Qb, Vb):
         sol = diffrax.diffeqsolve(term, solver, 0.0, T, None, Z0, args=(Qb, Vb),
-                                  stepsize_controller=ctrl, max_steps=200_000,
-                                  saveat=diffrax.SaveAt(t1=True))
-        return sol.ys[-1], sol.stats["num_steps"]
+                                  stepsize_controller=ctrl, max_steps=max_steps,
+                                  saveat=diffrax.SaveAt(t1=True), throw=False)
+        ok = (sol.result == diffrax.RESULTS.successful) & jnp.all(jnp.isfinite(sol.ys[-1]))
+        return sol.ys[-1], sol.stats["num_steps"], ok
 
     f = jax.jit(jax.vmap(one))
     L0 = np.linalg.cholesky(covs + 1e-300 * np.eye(d))
     Z0 = L0 if not with_mean else np.concatenate([L0, means[:, :, None]], axis=2)
     args = (jnp.asarray(Z0), jnp.asarray(Q), jnp.asarray(V))
     t0 = time.perf_counter()
-    Z, steps = f(*args)
+    Z, steps, ok = f(*args)
     Z.block_until_ready()
     cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    Z, steps = f(*args)
+    t0, c0 = time.perf_counter(), time.process_time()
+    Z, steps, ok = f(*args)
     Z.block_until_ready()
-    warm = time.perf_counter() - t0
-    Z = np.asarray(Z)
+    warm, warm_cpu = time.perf_counter() - t0, time.process_time() - c0
+    Z, steps, ok = np.asarray(Z), np.asarray(steps), np.asarray(ok)
     L = Z[:, :, :d]
-    return cold, warm, L @ np.swapaxes(L, 1, 2), float(np.mean(np.asarray(steps)))
+    return dict(cold_s=cold, warm_s=warm, warm_cpu_s=warm_cpu, cov=L @ np.swapaxes(L, 1, 2),
+                mean=Z[:, :, d] if with_mean else None, ok=ok, lanes_ok=int(ok.sum()),
+                lanes=int(ok.size), lanes_capped=int(np.sum(steps >= max_steps)),
+                steps_mean=float(np.mean(steps)), steps_max=int(np.max(steps)))
+
+def errors(cov, mean, reached, ref):
+    """Errors against the reference over the trajectories that reach ``T`` in both runs.
+
+    ``cov`` (and ``mean``) are the first ``n`` trajectories of a run, ``reached`` whether
+    each reached ``T``, ``ref`` the reference's solution of at least those ``n``. A
+    trajectory whose mean overflows stops at a time that depends on the tolerance, so its
+    final state is not comparable: those are counted (``stopped``, and the reference's
+    ``ref_stopped``), not compared.
+    """
+    n = len(cov)
+    ref_ok = np.asarray(ref.status[:n].astype(str) == "finished")
+    reached = np.asarray(reached, dtype=bool)
+    both = reached & ref_ok
+    out = dict(compared=int(both.sum()), stopped=int((~reached).sum()),
+               ref_stopped=int((~ref_ok).sum()),
+               err_cov=rel_err(cov[both], ref.cov_final[:n][both]))
+    if mean is not None:
+        out["err_mean"] = rel_err(mean[both], ref.mean_final[:n][both])
+    return out
+
+
+def _worst(e):
+    """The larger of a run's covariance and mean errors (None where nothing compared)."""
+    vals = [e.get("err_cov"), e.get("err_mean")]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+def _timed_loop(atts, means, covs, T, ns, B):
+    """A loop over the default ``solve`` on ``ns`` trajectories, extrapolated to ``B``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    loop = [gp.solve(atts[i], None if means is None else means[i], covs[i], (0.0, T))
+            for i in range(ns)]
+    return loop, (time.perf_counter() - t0) / ns * B, (time.process_time() - c0) / ns * B
+
+
+def _diffrax_columns(row, Q, V, covs, means, T, ref, nref, a):
+    """The loosest diffrax tolerance at the batch's accuracy or better, and each one tried."""
+    target = _worst(row["batch_errors"])
+    tried = []
+    for rtol in (1e-8, 1e-10, 1e-12):
+        try:
+            r = diffrax_run(Q, V, covs, means, T, rtol, rtol * 1e-2, a.jax_max_steps)
+        except Exception as exc:   # noqa: BLE001 - recorded: a failure is a result too
+            tried.append(dict(rtol=rtol, failed=f"{type(exc).__name__}: "
+                              + str(exc).splitlines()[0][:200]))
+            break
+        ok, cov, mean = r.pop("ok"), r.pop("cov"), r.pop("mean")
+        r.update(rtol=rtol, errors=errors(cov[:nref], None if mean is None else mean[:nref],
+                                          ok[:nref], ref))
+        tried.append(r)
+        err = _worst(r["errors"])
+        if target is None or (err is not None and err <= target):
+            break
+    row["diffrax_tried"] = tried
+    good = [r for r in tried if "failed" not in r]
+    if good:
+        r = good[-1]
+        row.update(diffrax_rtol=r["rtol"], diffrax_cold_s=r["cold_s"],
+                   diffrax_warm_s=r["warm_s"], diffrax_warm_cpu_s=r["warm_cpu_s"],
+                   diffrax_err=_worst(r["errors"]), diffrax_lanes_ok=r["lanes_ok"],
+                   diffrax_lanes_capped=r["lanes_capped"],
+                   diffrax_steps_mean=r["steps_mean"], diffrax_steps_max=r["steps_max"],
+                   speedup_vs_diffrax_warm=r["warm_s"] / row["batch_s"],
+                   cpu_speedup_vs_diffrax_warm=r["warm_cpu_s"] / row["batch_cpu_s"])
+    else:
+        row["diffrax_failed"] = tried[-1]["failed"]
 
 
 def measure(B, d, T, with_mean, a, have_jax):
+    """One workload: the batch, the loop, diffrax, their errors, evaluations and floors."""
     rng = np.random.default_rng(1000 * d + B + (7 if with_mean else 0))
     atts, covs, means, (Q, V) = workload(rng, B, d, with_mean)
     kw = {} if means is None else {"mean0s": means}
@@ -175,15 +272,15 @@ def measure(B, d, T, with_mean, a, have_jax):
     ref = gp.solve_batch(atts[:nref], covs[:nref], (0.0, T), rtol=1e-13, atol=1e-15,
                          method="DOP853", max_nfev=None,
                          **({} if means is None else {"mean0s": means[:nref]}))
-    err_batch = rel_err(sol.cov_final[:nref], ref.cov_final)
+    reached = sol.status.astype(str) == "finished"
+    e_batch = errors(sol.cov_final[:nref], None if means is None else sol.mean_final[:nref],
+                     reached[:nref], ref)
     ns = min(a.single, B)
-    t0, c0 = time.perf_counter(), time.process_time()
-    loop = [gp.solve(atts[i], None if means is None else means[i], covs[i], (0.0, T))
-            for i in range(ns)]
-    t_loop = (time.perf_counter() - t0) / ns * B
-    cpu_loop = (time.process_time() - c0) / ns * B
+    loop, t_loop, cpu_loop = _timed_loop(atts, means, covs, T, ns, B)
     nl = min(ns, nref)
-    err_loop = rel_err(np.array([s.cov_final for s in loop[:nl]]), ref.cov_final[:nl])
+    e_loop = errors(np.array([s.cov_final for s in loop[:nl]]),
+                    None if means is None else np.array([s.mean_final for s in loop[:nl]]),
+                    np.array([str(s.status) == "finished" for s in loop[:nl]]), ref)
     nfev = float(np.mean(sol.nfev))
     m = d + 1 if with_mean else d
     row = dict(B=B, d=d, T=T, mean=with_mean, path=sol.path,
@@ -191,27 +288,17 @@ def measure(B, d, T, with_mean, a, have_jax):
                                                                    return_counts=True))},
                batch_s=wall, batch_cpu_s=cpu, loop_s=t_loop, loop_timed=ns,
                speedup_vs_loop=t_loop / wall, loop_cpu_s=cpu_loop,
-               cpu_speedup_vs_loop=cpu_loop / cpu, err_batch=err_batch, err_loop=err_loop,
+               cpu_speedup_vs_loop=cpu_loop / cpu, batch_errors=e_batch, loop_errors=e_loop,
+               err_batch=_worst(e_batch), err_loop=_worst(e_loop),
                nfev_per_trajectory=nfev, implicit_fraction=float(np.mean(sol.implicit)),
                time_per_eval_s=cpu / (nfev * B), flops_per_eval=field_flops(d, d, m))
     row["floor_scalar_s"] = row["flops_per_eval"] / a.rate_scalar
     row["floor_blas_s"] = row["flops_per_eval"] / a.rate_blas
     row["over_floor_scalar"] = row["time_per_eval_s"] / row["floor_scalar_s"]
     if have_jax and B <= a.jax_max_b:
-        for rtol in (1e-8, 1e-10, 1e-12):
-            try:
-                cold, warm, cov_j, steps = diffrax_run(Q, V, covs, means, T, rtol, rtol * 1e-2)
-            except Exception as exc:   # noqa: BLE001 - e.g. its step budget, on a mean that overflows
-                row["diffrax_failed"] = f"rtol {rtol:g}: {type(exc).__name__}: " + (
-                    "maximum number of solver steps" if "max_steps" in str(exc)
-                    else str(exc).splitlines()[0][:200])
-                break
-            err_j = rel_err(cov_j[:nref], ref.cov_final)
-            row.update(diffrax_rtol=rtol, diffrax_cold_s=cold, diffrax_warm_s=warm,
-                       diffrax_err=err_j, diffrax_steps=steps,
-                       speedup_vs_diffrax_warm=warm / wall)
-            if err_j <= err_batch:
-                break
+        _diffrax_columns(row, Q, V, covs, means, T, ref, nref, a)
+    elif have_jax:
+        row["diffrax_skipped"] = f"B > --jax-max-b {a.jax_max_b}"
     return row
 
 
@@ -249,68 +336,120 @@ def batch_of_one(seeds, T, repeat):
     return rows
 
 
-def main():
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _line(row):
+    """One row of the printed table (and of the record's table)."""
+    be, le = row["batch_errors"], row["loop_errors"]
+    if "diffrax_warm_s" in row:
+        jx = [f"{row['diffrax_warm_s']:.3f}", f"{row['diffrax_cold_s']:.2f}",
+              f"{row['diffrax_rtol']:.0e}", _fmt(row["diffrax_err"], ".1e"),
+              f"{row['diffrax_lanes_ok']}/{row['B']} ({row['diffrax_lanes_capped']} capped)",
+              f"{row['speedup_vs_diffrax_warm']:.1f}",
+              f"{row['cpu_speedup_vs_diffrax_warm']:.1f}"]
+    else:
+        why = row.get("diffrax_failed") or row.get("diffrax_skipped") or "not installed"
+        jx = [why, "-", "-", "-", "-", "-", "-"]
+    return [str(row["d"]), f"{row['T']:g}", "yes" if row["mean"] else "no", str(row["B"]),
+            f"{be['compared']}/{be['stopped']}/{be['ref_stopped']}",
+            f"{row['batch_s']:.3f}", _fmt(be["err_cov"], ".1e"), _fmt(be.get("err_mean"), ".1e"),
+            f"{row['loop_s']:.2f}", _fmt(le["err_cov"], ".1e"),
+            f"{row['speedup_vs_loop']:.1f}", f"{row['cpu_speedup_vs_loop']:.1f}", *jx,
+            f"{row['nfev_per_trajectory']:.0f}", f"{1e9 * row['time_per_eval_s']:.0f}",
+            f"{row['over_floor_scalar']:.1f}"]
+
+
+_COLUMNS = ["d", "T", "mean", "B", "compared/stopped/ref stopped", "batch s", "batch err cov",
+            "batch err mean", "loop s", "loop err cov", "x loop", "x loop (CPU)",
+            "diffrax warm s", "diffrax cold s", "diffrax rtol", "diffrax err", "diffrax lanes ok",
+            "x diffrax warm", "x diffrax warm (CPU)", "evals/traj", "ns/eval", "x floor"]
+
+
+def _linearity(rows):
+    """Seconds per trajectory against ``B`` for every workload measured at several ``B``."""
+    lin = {}
+    for key in sorted({(r["d"], r["T"], r["mean"]) for r in rows}):
+        sel = sorted((r for r in rows if (r["d"], r["T"], r["mean"]) == key),
+                     key=lambda r: r["B"])
+        per = [r["batch_cpu_s"] / r["B"] for r in sel]
+        lin[str(key)] = {"B": [r["B"] for r in sel], "cpu_s_per_trajectory": per,
+                         "max_over_min": max(per) / min(per)}
+    return lin
+
+
+def _grid(a):
+    ds, Bs = ((3, 5), (100, 1000)) if a.quick else ((3, 5, 8), (100, 1000, 10000))
+    ds, Bs, Ts = a.d or ds, a.B or Bs, a.T or (10.0, 200.0)
+    means = {"both": (False, True), "no": (False,), "yes": (True,)}[a.mean]
+    return ds, Bs, Ts, means
+
+
+def _arguments():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--single", type=int, default=30, help="trajectories of the loop timed")
     p.add_argument("--ref", type=int, default=30, help="trajectories of the tight reference")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--jax-max-b", type=int, default=10_000)
+    p.add_argument("--jax-max-b", type=int, default=10_000,
+                   help="largest B that runs the diffrax column")
+    p.add_argument("--jax-max-steps", type=int, default=20_000,
+                   help="diffrax's step cap per lane (max_steps)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="start no new workload after this many seconds (those left are listed)")
+    p.add_argument("--one", type=int, default=None, help="seeds of the batch-of-one table")
     p.add_argument("--d", type=int, nargs="+", help="dimensions (overrides the grid's)")
     p.add_argument("--B", type=int, nargs="+", help="batch sizes (overrides the grid's)")
     p.add_argument("--T", type=float, nargs="+", help="horizons (default 10 200)")
     p.add_argument("--mean", choices=("both", "no", "yes"), default="both")
     p.add_argument("--json", default=None)
-    a = p.parse_args()
+    return p.parse_args()
+
+
+def main():
+    a = _arguments()
+    start = time.perf_counter()
     try:
         import diffrax  # noqa: F401
         import jax  # noqa: F401
         have_jax = True
     except ImportError:
         have_jax = False
-        print("JAX or diffrax not installed (the `train` extra): the diffrax column is skipped")
+        print("JAX or diffrax not installed (the `train` extra: pip install "
+              "'gaussian_pde[train]'): the diffrax column is skipped")
     a.rate_scalar, a.rate_blas = floors()
     print(f"floors: {a.rate_scalar / 1e9:.2f} Gflop/s (compiled multiply-adds), "
           f"{a.rate_blas / 1e9:.2f} Gflop/s (dgemm), one core")
-    ds, Bs = ((3, 5), (100, 1000)) if a.quick else ((3, 5, 8), (100, 1000, 10000))
-    ds, Bs, Ts = a.d or ds, a.B or Bs, a.T or (10.0, 200.0)
-    means = {"both": (False, True), "no": (False,), "yes": (True,)}[a.mean]
-    rows = []
+    ds, Bs, Ts, means = _grid(a)
     gp.solve_batch(gp.Softmax.example(2, 0), np.eye(2)[None], (0, 1))   # load the compiled code
-    one = batch_of_one(range(3) if a.quick or a.d else range(10), 300.0, a.rounds + 1)
-    for d in ds:
-        for T in Ts:
-            for with_mean in means:
-                for B in Bs:
-                    row = measure(B, d, T, with_mean, a, have_jax)
-                    rows.append(row)
-                    jx = (f"diffrax warm {row['diffrax_warm_s']:.3f} s (cold "
-                          f"{row['diffrax_cold_s']:.2f}, rtol {row['diffrax_rtol']:.0e}, "
-                          f"err {row['diffrax_err']:.1e}) x{row['speedup_vs_diffrax_warm']:.1f}"
-                          if "diffrax_warm_s" in row else
-                          f"diffrax {row.get('diffrax_failed', '-')}")
-                    print(f"d={d} T={T:g} mean={with_mean!s:5} B={B:5d}: batch "
-                          f"{row['batch_s']:.3f} s (err {row['err_batch']:.1e}), loop "
-                          f"{row['loop_s']:.2f} s x{row['speedup_vs_loop']:.1f} (CPU "
-                          f"x{row['cpu_speedup_vs_loop']:.1f}); {jx}; "
-                          f"{row['nfev_per_trajectory']:.0f} evals/traj, "
-                          f"{1e9 * row['time_per_eval_s']:.0f} ns/eval = "
-                          f"{row['over_floor_scalar']:.1f} x floor", flush=True)
-    lin = {}
-    for key in {(r["d"], r["T"], r["mean"]) for r in rows}:
-        sel = sorted((r for r in rows if (r["d"], r["T"], r["mean"]) == key),
-                     key=lambda r: r["B"])
-        per = [r["batch_s"] / r["B"] for r in sel]
-        lin[str(key)] = {"B": [r["B"] for r in sel], "s_per_trajectory": per,
-                         "max_over_min": max(per) / min(per)}
+    n_one = a.one if a.one is not None else (3 if a.quick or a.d else 10)
+    one = batch_of_one(range(n_one), 300.0, a.rounds + 1)
     from _record import write_record
 
-    payload = {"quick": a.quick, "grid": {"d": list(ds), "B": list(Bs), "T": list(Ts),
-                                          "mean": list(means)},
-               "rate_scalar_flops": a.rate_scalar, "rate_blas_flops": a.rate_blas,
-               "rows": rows, "batch_of_one": one, "linearity": lin}
-    path = write_record("bench_batch", payload, a.json)
-    print(f"wrote {path}")
+    todo = [(d, T, mu, B) for d in ds for T in Ts for mu in means for B in Bs]
+    rows, path = [], None
+    print("| " + " | ".join(_COLUMNS) + " |")
+    print("|" + "---|" * len(_COLUMNS))
+    for i, (d, T, with_mean, B) in enumerate(todo):
+        if a.max_seconds is not None and time.perf_counter() - start > a.max_seconds:
+            break
+        rows.append(measure(B, d, T, with_mean, a, have_jax))
+        print("| " + " | ".join(_line(rows[-1])) + " |", flush=True)
+        left = [dict(d=d_, T=T_, mean=m_, B=B_) for d_, T_, m_, B_ in todo[i + 1:]]
+        payload = {"quick": a.quick, "grid": {"d": list(ds), "B": list(Bs), "T": list(Ts),
+                                              "mean": list(means)},
+                   "have_jax": have_jax, "rate_scalar_flops": a.rate_scalar,
+                   "rate_blas_flops": a.rate_blas, "jax_max_b": a.jax_max_b,
+                   "jax_max_steps": a.jax_max_steps,
+                   "tables": [{"title": "solve_batch against a loop of solve and diffrax "
+                               "(errors over the trajectories that reach T in both runs)",
+                               "columns": _COLUMNS, "rows": [_line(r) for r in rows]}],
+                   "rows": rows, "not_run": left, "batch_of_one": one,
+                   "linearity": _linearity(rows)}
+        path = write_record("bench_batch", payload, a.json)   # after every row
+    print(f"wrote {path}" + (f"; {len(todo) - len(rows)} workloads not run (--max-seconds)"
+                             if len(rows) < len(todo) else ""))
 
 
 if __name__ == "__main__":

@@ -93,6 +93,21 @@ class CompiledField:
     ws_size: int
     exact_jacobian: bool
 
+    def specialised(self):
+        """The same field with ``rhs`` compiled for its one head's type, ``d`` and ``k``.
+
+        The constants let the compiler unroll the small loops: at ``d = k = 3`` the
+        softmax field costs a third of the generic kernel's time, with the same
+        operations in the same order (the same bits). The kernels are compiled at the
+        first request of a type and shape (about a second, cached on disk), so the
+        integrator asks for them only where a batch is large enough to repay that. A
+        sum of heads keeps the generic kernels (returned as it is).
+        """
+        if int(self.params[0]) != 1 or kernels() is None:
+            return self
+        rhs = _specialised_rhs(int(self.params[1]), self.d, int(self.params[2]))
+        return dataclasses.replace(self, rhs=rhs)
+
 
 def pack_head(code, k, d, data):
     """One head's pack ``[code, k, size, data...]``, its scratch size and closed-form flag."""
@@ -628,6 +643,33 @@ def kernels():
     rhs_sig, jac_sig = signatures()
     opts = dict(cache=True, error_model="numpy", boundscheck=False)
     return njit(rhs_sig, **opts)(heads_rhs), njit(jac_sig, **opts)(heads_jac)
+
+
+@functools.cache
+def _specialised_rhs(code, d, k):
+    """:func:`heads_rhs` of one head of type ``code`` with ``d`` and ``k`` compiled in.
+
+    The body is the generic kernel's (``_softmax_rhs``, ``_l2_rhs``, ``_sinkhorn_rhs``)
+    called with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``), so the compiler
+    inlines it with its loop bounds known; the signature is :func:`signatures`' (the
+    integrator takes it as it takes the generic one).
+    """
+    from numba import njit
+
+    kernels()                 # the bodies compiled first (they are called as globals)
+    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs)[code]
+    D, K, M1 = int(d), int(k), int(d) + 1
+
+    def rhs(P, d, m, y, out, ws):
+        data = P[1 + _HEADER:]
+        rest = ws[2 * d * m:]
+        if m == D:
+            body(data, K, D, D, y, out, rest)
+        else:
+            body(data, K, D, M1, y, out, rest)
+
+    rhs_sig, _ = signatures()
+    return njit(rhs_sig, cache=True, error_model="numpy", boundscheck=False)(rhs)
 
 
 def add(fields):

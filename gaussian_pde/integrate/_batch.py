@@ -35,6 +35,7 @@ loop serves the rest (covariance only).
 from __future__ import annotations
 
 import dataclasses
+import types
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -163,20 +164,8 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     >>> np.round(sol.t_blowup, 6)           # exact 1/lambda_max(Sigma0^1/2 (A + A^T) Sigma0^1/2)
     array([1. , 0.5])
     """
-    cov0s = validate_array(cov0s, "cov0s", ndim=None)
-    if cov0s.ndim != 3:
-        raise ValueError(f"`cov0s` must have shape (B, d, d), got {cov0s.shape}.")
-    if cov0s.shape[0] == 0:
-        raise ValueError("`cov0s` must not be empty.")
-    cov0s = validate_covariance(cov0s, "cov0s", batch=True)
+    cov0s, mean0s = _checked(cov0s, mean0s, path)
     nb, d = cov0s.shape[0], cov0s.shape[-1]
-    if not (isinstance(path, str) and path in _PATHS):
-        raise ValueError(f"`path` must be 'auto', 'compiled' or 'numpy', got {path!r}.")
-    if mean0s is not None:
-        mean0s = validate_array(mean0s, "mean0s", ndim=2)
-        if mean0s.shape != (nb, d):
-            raise ValueError(f"`mean0s` must have shape ({nb}, {d}) to match `cov0s`, "
-                             f"got {mean0s.shape}.")
     atts = _attentions(attentions_or_weights, nb) if path != "numpy" else None
     for att in [atts] if isinstance(atts, Attention) else (atts or []):
         require_mean(att, mean0s, "mean0s")
@@ -195,7 +184,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     if atts is not None:
         from . import _compiled_batch
 
-        fields = _compiled_batch.compiled_fields(atts)
+        fields = _compiled_batch.compiled_fields(atts, nb)
         if fields is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -214,6 +203,25 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return _integrate(field, cov0s, opts, method)
+
+
+def _checked(cov0s, mean0s, path):
+    """The validated initial covariances ``(B, d, d)`` and means ``(B, d)``; ``path`` checked."""
+    cov0s = validate_array(cov0s, "cov0s", ndim=None)
+    if cov0s.ndim != 3:
+        raise ValueError(f"`cov0s` must have shape (B, d, d), got {cov0s.shape}.")
+    if cov0s.shape[0] == 0:
+        raise ValueError("`cov0s` must not be empty.")
+    cov0s = validate_covariance(cov0s, "cov0s", batch=True)
+    nb, d = cov0s.shape[0], cov0s.shape[-1]
+    if not (isinstance(path, str) and path in _PATHS):
+        raise ValueError(f"`path` must be 'auto', 'compiled' or 'numpy', got {path!r}.")
+    if mean0s is not None:
+        mean0s = validate_array(mean0s, "mean0s", ndim=2)
+        if mean0s.shape != (nb, d):
+            raise ValueError(f"`mean0s` must have shape ({nb}, {d}) to match `cov0s`, "
+                             f"got {mean0s.shape}.")
+    return cov0s, mean0s
 
 
 def _attentions(obj, n):
@@ -474,17 +482,20 @@ def _stiffness(act, acc, hlamb, rec, ros):
             ros.fresh[to_implicit] = False
 
 
-def _integrate(field, cov0s, opts, method):
-    """The loop of :func:`solve_batch`: attempt, control, events, output, compact."""
+def _start(field, cov0s, opts, method):
+    """The record, the active rows, the steppers and the events at ``t0``.
+
+    Rows whose field overflows at the initial covariance stop at once (no step can be
+    taken).
+    """
     nb, d = cov0s.shape[0], cov0s.shape[-1]
     n = d * d
-    t0, t1, t_eval, max_step = opts.t0, opts.t1, opts.t_eval, opts.max_step
+    t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
     rec = BatchRecord(nb, d, t1, t_eval, method)
     nfev = rec.nfev
     idx = np.arange(nb)
     field.set_active(idx)
     y = psd_factor(cov0s).reshape(nb, n).copy()
-    tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
     f = field(y.reshape(nb, d, d)).reshape(nb, n)
     nfev += 1
     dop = DOP853Stepper(field, d, opts.atol, opts.rtol, nfev)
@@ -501,10 +512,6 @@ def _integrate(field, cov0s, opts, method):
                   limit=np.full(nb, opts.events.blowup_threshold),
                   rejected=np.zeros(nb, dtype=bool), implicit=implicit,
                   iasti=np.zeros(nb, dtype=int), nonsti=np.zeros(nb, dtype=int))
-    # a finite-time estimate (t*, t) awaiting confirmation further up, as in solve
-    suspected = [None] * nb
-    max_nfev = opts.max_nfev
-    # a field that overflows at the initial covariance: no step can be taken
     bad = ~np.isfinite(f).all(axis=1)
     if bad.any():
         rec.stop(idx[bad], Status.FAILED,
@@ -513,7 +520,80 @@ def _integrate(field, cov0s, opts, method):
         act.compact(~bad)
         ros.compact(~bad)
         field.set_active(act.idx)
+    return rec, act, dop, ros, events
 
+
+def _accepted_rows(run, act, a, h, y_new, step, done):
+    """The accepted rows ``a``: their rates, events, output, blow-up looks and advance.
+
+    ``run`` holds what the loop shares (field, record, steppers, events, options,
+    initial traces, suspected blow-ups); ``done`` marks the rows that stop.
+    """
+    field, rec, ros, events, opts = run.field, run.rec, run.ros, run.events, run.opts
+    d, t1 = run.d, opts.t1
+    g = act.idx[a]
+    t_old, y_old, f_old = act.t[a], act.y[a], act.f[a]
+    tau_new = act.tau[a] + h[a]
+    t_new = act.base[a] + tau_new
+    at_end = t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1)
+    t_new = np.where(at_end, t1, np.minimum(t_new, t1))
+    tau_new = np.where(at_end, t1 - act.base[a], tau_new)
+    f_new = step.rate(a)
+    # an accepted state whose rate overflows: stop at the last finite state
+    lost = ~(np.isfinite(f_new).all(axis=1) & np.isfinite(y_new[a]).all(axis=1))
+    if lost.any():
+        for r in np.flatnonzero(lost):
+            rec.stop(g[r], Status.FAILED, overflow_message(t_old[r], t_new[r]),
+                     t_old[r], y_old[r].reshape(d, d))
+        done[a[lost]] = True
+        a, g, t_old, y_old, f_old, t_new, tau_new, f_new = (
+            x[~lost] for x in (a, g, t_old, y_old, f_old, t_new, tau_new, f_new))
+    if not a.size:
+        return
+    Ln, dLn = y_new[a].reshape(-1, d, d), f_new.reshape(-1, d, d)
+    rec.nsteps[g] += 1
+    interp = step.dense(a, y_old, f_old)
+    stop_t, kind = events.locate(g, t_old, h[a], Ln, dLn, interp, field, rec.nfev)
+    if opts.t_eval is not None:
+        _store_output(rec, opts.t_eval, g, t_old, np.minimum(t_new, stop_t), h[a], interp)
+    ev = np.flatnonzero(np.isfinite(stop_t))
+    if ev.size:   # located events stop the trajectory
+        ye = interp(ev, (stop_t[ev] - t_old[ev]) / h[a][ev])
+        for q, (r, k, te) in enumerate(zip(ev, kind[ev], stop_t[ev])):
+            name = "steady" if k == 1 else "rank_collapse"
+            rec.stop(g[r], Status.STEADY if k == 1 else Status.RANK_COLLAPSE,
+                     f"terminal event {name!r} at t = {te:.10g}", te, ye[q].reshape(d, d))
+        done[a[ev]] = True
+    # blow-up: tr(Sigma) past limit * tr0 at the step end
+    trn = np.sum(Ln * Ln, axis=(1, 2))
+    over = np.flatnonzero(~done[a] & (trn > act.limit[a] * run.tr0[g]))
+    if over.size:
+        done[a[_blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, run.suspected)]] = True
+    # advance the accepted rows that go on
+    act.t[a], act.tau[a], act.y[a], act.f[a] = t_new, tau_new, y_new[a], f_new
+    if over.size:   # a blow-up look restarts the clock of the rows that go on
+        act.base[a[over]], act.tau[a[over]] = t_new[over], 0.0
+    ros.accepted(a)
+    look = ~done[a] & (rec.nsteps[g] % REFACTOR_EVERY == 0)
+    _refactor_rows(act, a[look], d, ros, opts.atol, opts.rtol)
+    end = ~done[a] & (t_new >= t1)
+    if end.any():
+        rec.L_final[g[end]] = Ln[end]
+        done[a[end]] = True
+
+
+def _integrate(field, cov0s, opts, method):
+    """The loop of :func:`solve_batch`: attempt, control, events, output, compact."""
+    nb, d = cov0s.shape[0], cov0s.shape[-1]
+    t1, max_step, max_nfev = opts.t1, opts.max_step, opts.max_nfev
+    rec, act, dop, ros, events = _start(field, cov0s, opts, method)
+    nfev = rec.nfev
+    # what the accepted rows share; suspected: a finite-time estimate (t*, t) awaiting
+    # confirmation further up, as in solve
+    run = types.SimpleNamespace(
+        field=field, rec=rec, ros=ros, events=events, opts=opts, d=d,
+        tr0=np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny),
+        suspected=[None] * nb)
     while act.idx.size:
         m = act.idx.size
         # each row runs on its own clock tau = t - base, restarted at every blow-up look
@@ -536,58 +616,9 @@ def _integrate(field, cov0s, opts, method):
                           if overflow[r] else ""))
                 rec.stop(act.idx[r], Status.FAILED, msg, act.t[r], act.y[r].reshape(d, d))
             done |= too_small
-
         a = np.flatnonzero(acc)
         if a.size:
-            g = act.idx[a]
-            t_old, y_old, f_old = act.t[a], act.y[a], act.f[a]
-            tau_new = act.tau[a] + h[a]
-            t_new = act.base[a] + tau_new
-            at_end = t1 - t_new < 4 * np.abs(np.nextafter(t1, np.inf) - t1)
-            t_new = np.where(at_end, t1, np.minimum(t_new, t1))
-            tau_new = np.where(at_end, t1 - act.base[a], tau_new)
-            f_new = step.rate(a)
-            # an accepted state whose rate overflows: stop at the last finite state
-            lost = ~(np.isfinite(f_new).all(axis=1) & np.isfinite(y_new[a]).all(axis=1))
-            if lost.any():
-                for r in np.flatnonzero(lost):
-                    rec.stop(g[r], Status.FAILED, overflow_message(t_old[r], t_new[r]),
-                             t_old[r], y_old[r].reshape(d, d))
-                done[a[lost]] = True
-                a, g, t_old, y_old, f_old, t_new, tau_new, f_new = (
-                    x[~lost] for x in (a, g, t_old, y_old, f_old, t_new, tau_new, f_new))
-        if a.size:
-            Ln, dLn = y_new[a].reshape(-1, d, d), f_new.reshape(-1, d, d)
-            rec.nsteps[g] += 1
-            interp = step.dense(a, y_old, f_old)
-            stop_t, kind = events.locate(g, t_old, h[a], Ln, dLn, interp, field, nfev)
-            if t_eval is not None:
-                _store_output(rec, t_eval, g, t_old, np.minimum(t_new, stop_t), h[a], interp)
-            ev = np.flatnonzero(np.isfinite(stop_t))
-            if ev.size:   # located events stop the trajectory
-                ye = interp(ev, (stop_t[ev] - t_old[ev]) / h[a][ev])
-                for q, (r, k, te) in enumerate(zip(ev, kind[ev], stop_t[ev])):
-                    name = "steady" if k == 1 else "rank_collapse"
-                    rec.stop(g[r], Status.STEADY if k == 1 else Status.RANK_COLLAPSE,
-                             f"terminal event {name!r} at t = {te:.10g}", te,
-                             ye[q].reshape(d, d))
-                done[a[ev]] = True
-            # blow-up: tr(Sigma) past limit * tr0 at the step end
-            trn = np.sum(Ln * Ln, axis=(1, 2))
-            over = np.flatnonzero(~done[a] & (trn > act.limit[a] * tr0[g]))
-            if over.size:
-                done[a[_blowup_looks(rec, act, a, over, t_new, Ln, dLn, field, suspected)]] = True
-            # advance the accepted rows that go on
-            act.t[a], act.tau[a], act.y[a], act.f[a] = t_new, tau_new, y_new[a], f_new
-            if over.size:   # a blow-up look restarts the clock of the rows that go on
-                act.base[a[over]], act.tau[a[over]] = t_new[over], 0.0
-            ros.accepted(a)
-            look = ~done[a] & (rec.nsteps[g] % REFACTOR_EVERY == 0)
-            _refactor_rows(act, a[look], d, ros, opts.atol, opts.rtol)
-            end = ~done[a] & (t_new >= t1)
-            if end.any():
-                rec.L_final[g[end]] = Ln[end]
-                done[a[end]] = True
+            _accepted_rows(run, act, a, h, y_new, step, done)
         if method == "auto" and any_explicit:
             _stiffness(act, acc, dop.hlamb, rec, ros)
         if max_nfev is not None:
@@ -604,4 +635,4 @@ def _integrate(field, cov0s, opts, method):
             ros.compact(keep)
             field.set_active(act.idx)
     rec.note_rank(cov0s)
-    return rec.result(t_eval, field.calls)
+    return rec.result(opts.t_eval, field.calls)

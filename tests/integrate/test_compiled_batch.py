@@ -237,3 +237,35 @@ def test_compiled_path_input_and_fallback(rng):
     b = gp.solve_batch(w, np.repeat(covs, 3, 0), (0, 1), **NUMPY)
     assert a.path == "compiled"
     np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "l2", "sinkhorn"])
+def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeypatch):
+    """A large batch runs its type's kernel compiled for its d and k: the same
+    operations in the same order as the generic kernel, so the same states, steps,
+    evaluations and statuses, bit for bit (with a mean too)."""
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    d, k = 3, 2
+    cls = gp.ATTENTIONS[kind]
+    atts = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
+                rng.standard_normal((d, d)) / d) for _ in range(6)]
+    covs = np.array([random_spd(rng, d) for _ in atts])
+    mus = rng.standard_normal((len(atts), d))
+    generic = cb.compiled_fields(atts, 1)[0]
+    special = cb.compiled_fields(atts, cb.SPECIALISE_FROM)[0]
+    assert special is not generic
+    # another shape in the batch: the generic kernel serves both
+    mixed = atts + [cls.example(d, rng)]
+    assert cb.compiled_fields(mixed, cb.SPECIALISE_FROM)[0] is generic
+    for kw in ({}, {"mean0s": mus}):
+        runs = []
+        for start in (10**9, 1):
+            monkeypatch.setattr(cb, "SPECIALISE_FROM", start)
+            runs.append(gp.solve_batch(atts, covs, (0.0, 4.0), t_eval=[1.0, 4.0], **kw))
+        a, b = runs
+        for name in ("cov_final", "cov", "t_final", "t_blowup", "nfev", "nsteps"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        assert list(a.status) == list(b.status) and a.message == b.message
+        if kw:
+            np.testing.assert_array_equal(a.mean_final, b.mean_final)
