@@ -109,7 +109,7 @@ def _cases(tmp):
     add("classify-t_blowup-complex", lambda: analysis.classify_trajectory(
         [1.0, 2.0], cov, status="blowup", t_blowup=1 + 1j), names="`t_blowup`")
     add("classify-batch", lambda: analysis.classify_solution(
-        gp.solve_batch(att, cov, (0, 1))), "result")
+        gp.solve_batch(att, cov, (0, 1), path="numpy")), "result")
     # mixtures
     mix = _mix()
     for k in (5, -3, 1.5, "0", None):
@@ -120,6 +120,9 @@ def _cases(tmp):
     add("sample-n-1e12", lambda: mix.sample(10**12), names="`n`")
     add("mixture-K-20000-merges", lambda: gp.solve_mixture(att, _mix(20_000), (0, 0.01),
                                                           merge_tol=0.1), names="`mixture`")
+    for method in ("auto", "BDF", "Radau"):
+        add(f"mixture-K-20000-{method}", lambda m=method: gp.solve_mixture(
+            att, _mix(20_000), (0, 0.01), method=m), names="GiB")
     add("mixture-point-masses", lambda: gp.solve_mixture(
         att, gp.GaussianMixture([0.5, 0.5], [[0, 0], [1, 0]], np.zeros((2, 2, 2))),
         (0, 0.1)), "result")

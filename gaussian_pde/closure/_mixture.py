@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from scipy.integrate import BDF, LSODA, Radau
 
 from .._common.gaussian import bures_wasserstein
 from .._common.linalg import psd_sqrt
@@ -73,8 +74,8 @@ from .._common.validation import (
     validate_quadrature,
     validate_seed,
 )
-from ..attention import quadratic_heads
-from ..integrate import Status, integrate_system, run_options
+from ..attention import QuadraticScore, quadratic_heads
+from ..integrate import METHODS, Status, integrate_system, run_options
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
 
@@ -743,9 +744,26 @@ _FD_JACOBIAN_MAX = 240
 _MIN_EVALUATIONS = 14
 #: runs estimated to take longer than this (seconds) say so when they start
 _ANNOUNCE_S = 60.0
+#: dense (N, N) arrays an implicit method holds at the least, N = K (d + d^2) unknowns
+#: (complex ones count twice): BDF its identity, Jacobian, iteration matrix and LU
+#: factors; Radau the identity, Jacobian, the real LU and the complex matrix and LU;
+#: LSODA the Jacobian in its Fortran work array. ``"auto"`` may hand over to LSODA.
+_JACOBIAN_ARRAYS = ((BDF, 4), (Radau, 7), (LSODA, 1))
 
 
-def _check_size(mixture, system, opts, merge_tol):
+def _jacobian_arrays(method):
+    """How many dense Jacobian-sized arrays ``method`` holds (0 for an explicit one)."""
+    if isinstance(method, str):
+        if method == "auto":
+            return 1, "LSODA (the stiff solver of method='auto')"
+        method = METHODS[method]
+    for cls, count in _JACOBIAN_ARRAYS:
+        if issubclass(method, cls):
+            return count, f"method {method.__name__}"
+    return 0, ""
+
+
+def _check_size(mixture, system, opts, merge_tol, method):
     """Refuse what would not fit in memory; announce a run estimated at a minute or more."""
     import time
     import warnings
@@ -759,6 +777,13 @@ def _check_size(mixture, system, opts, merge_tol):
     if merge_tol is not None:       # the pairwise distances, their square roots and heights
         need += K * (K - 1) // 2 * (6 * d * d + 4)
         what += " and their K(K-1)/2 pairwise distances (`merge_tol`)"
+    count, holder = _jacobian_arrays(method)
+    if count:
+        n = K * (d + d * d)
+        need += count * n * n
+        what += (f", where {holder} holds {count} dense {n} x {n} Jacobian-sized "
+                 f"array{'s' if count > 1 else ''} ({count * n * n * 8 / 2**30:.3g} GiB; "
+                 "method='DOP853' holds none)")
     try:
         validate_allocation(need, "mixture")
     except ValueError:
@@ -853,7 +878,10 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     (``K`` components, :math:`n^d` nodes each, every node against every component) and
     :math:`O(Kn^d d)` memory; a run estimated at a minute or more says so when it starts
     (a ``UserWarning`` with the estimate). Merge events need the :math:`K(K-1)/2` pairwise
-    distances at every step; a request whose memory would not fit is refused up front.
+    distances at every step, and an implicit method (or the stiff hand-over of ``"auto"``)
+    dense Jacobian-sized arrays of the :math:`N = K(d + d^2)` unknowns (:math:`N^2`
+    doubles each: BDF holds at least 4, Radau 7, LSODA 1); a request whose memory would
+    not fit is refused up front.
     """
     heads = quadratic_heads(attention)
     mixture = _validate_mixture(mixture, attention.d)
@@ -892,7 +920,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)
     if merge_tol is not None:
         merge_tol = validate_positive(merge_tol, "merge_tol")
-    _check_size(mixture, system, opts, merge_tol)
+    _check_size(mixture, system, opts, merge_tol, method)
     if merge_tol is not None:
         events = events + tuple(_merge_events(system, merge_tol, bool(stop_at_merge)))
     y0 = system.pack(mixture.means, mixture.factors())

@@ -29,12 +29,12 @@ from ._events import (
     steady_gap,
 )
 from ._exact import blowup_time, exact_covariance, scalar_solution
-from ._options import run_options
+from ._options import METHODS, run_options
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
 from ._steppers import RODAS4
 
-__all__ = ["BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
+__all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",

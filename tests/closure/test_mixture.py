@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import scipy.integrate as scipy_integrate
 import sympy as sp
 
 import gaussian_pde as gp
@@ -362,3 +363,20 @@ def test_too_many_components_refused_or_announced_up_front(monkeypatch):
     with pytest.warns(UserWarning, match=r"400 components x 64 nodes.*one evaluation takes "
                                          r"about .* s here"), pytest.raises(Started):
         gp.solve_mixture(att, small, (0, 0.01))
+
+
+@pytest.mark.parametrize("method, held", [("auto", 1), ("LSODA", 1), ("BDF", 4),
+                                          ("Radau", 7), (scipy_integrate.BDF, 4)])
+def test_the_jacobians_of_an_implicit_method_are_counted_up_front(monkeypatch, method, held):
+    """K = 20,000 in d = 2 is N = 120,000 unknowns: one dense Jacobian is N^2 doubles."""
+    rng = np.random.default_rng(4)
+    att = gp.Softmax.example(2, rng)
+    K = 20_000
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
+                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+    monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    from gaussian_pde._common import validation
+    monkeypatch.setattr(validation, "_memory_bytes", lambda: 64 * 2**30)   # any machine
+    gib = held * (K * 6) ** 2 * 8 / 2**30
+    with pytest.raises(ValueError, match=rf"{held} dense 120000 x 120000 .*\({gib:.3g} GiB"):
+        gp.solve_mixture(att, mix, (0, 0.01), method=method)
