@@ -74,7 +74,7 @@ from .._common.validation import (
     validate_quadrature,
     validate_seed,
 )
-from ..attention import QuadraticScore, quadratic_heads
+from ..attention import quadratic_heads
 from ..integrate import METHODS, Status, integrate_system, run_options
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
