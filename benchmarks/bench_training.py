@@ -1,19 +1,24 @@
 """Training benchmark: the compiled training step per variant, and the study's wall time.
 
 For every variant of ``gaussian_pde.training.VARIANTS`` the training program (Adam, all
-(seed, rate) lanes of the full study, ``jax.vmap`` + ``lax.scan``) is compiled once and
-timed on ``--steps`` steps; the step time is reported against the ``pre_ln`` baseline
-measured in the same process (a ratio, so machine load affects both sides). ``--study``
-also times ``gaussian-pde train --quick`` (budget: 2 minutes on 2 cores) and, with
-``--full``, the full study (budget: 15 minutes).
+(seed, rate) lanes of the full study, ``jax.vmap`` + ``lax.scan``) is built twice, with
+XLA's optimisations and with the fast build of ``--quick`` (``optimize=False``), and each
+is timed on ``--steps`` steps: build time, and time per step (best of 3). Step times are
+also given against the ``pre_ln`` baseline measured in the same process (ratios, so that
+machine load affects both sides). ``--study`` also times ``gaussian-pde train --quick``
+(budget: 2 minutes on 2 cores) and ``--full`` the full study (budget: 15 minutes), as
+wall time and as the command's CPU time (user + system, all threads); ``--keep DIR``
+keeps the full study's output (the docs' results: ``docs/_static/results/training``).
 
-    PYTHONPATH=$PWD python benchmarks/bench_training.py [--study] [--full] [--json PATH]
+    PYTHONPATH=$PWD python benchmarks/bench_training.py [--study] [--full] [--keep DIR]
+        [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import resource
 import subprocess
 import sys
 import tempfile
@@ -22,40 +27,60 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _record import write_record  # noqa: E402
 
-from gaussian_pde.training import VARIANTS, get_task, init_params, model_spec  # noqa: E402
+from gaussian_pde.cli._train import FULL  # noqa: E402
+from gaussian_pde.training import VARIANTS, get_task, model_spec  # noqa: E402
+from gaussian_pde.training._compile import compile_options  # noqa: E402
+from gaussian_pde.training._model import initial_params  # noqa: E402
 from gaussian_pde.training._train import _make_lane  # noqa: E402
 
+#: study budgets on two cores, seconds
+BUDGETS = {"quick": 120.0, "full": 900.0}
 
-def _step_time(variant, task, lanes, steps, batch, depth):
+
+def _build(lowered, optimize):
+    for opts in compile_options(optimize):
+        try:
+            return lowered.compile(compiler_options=opts)
+        except Exception:  # an option this XLA lacks: the next set
+            continue
+    raise RuntimeError("no option set compiled")
+
+
+def _step_time(variant, task, lanes, steps, batch, depth, optimize):
     spec = model_spec(variant, depth=depth)
-    p = init_params(spec, task, jax.random.PRNGKey(0))
-    params = jax.tree_util.tree_map(lambda a: jnp.stack([a] * lanes), p)
+    p = initial_params(spec, task, 0)
+    params = jax.tree_util.tree_map(lambda a: np.stack([a] * lanes), p)
     x, y = task.batches(0, steps, batch)
-    xs = jnp.asarray(np.stack([x] * lanes), jnp.float32)
-    ys = jnp.asarray(np.stack([y] * lanes))
-    lr = jnp.full(lanes, 1e-3, jnp.float32)
+    xs = np.stack([x] * lanes).astype(np.float32)
+    ys = np.stack([y] * lanes)
+    lr = np.full(lanes, 1e-3, np.float32)
     t0 = time.perf_counter()
-    f = jax.jit(_make_lane(spec, task, 10.0)).lower(params, lr, xs, ys).compile()
-    t_compile = time.perf_counter() - t0
+    lowered = jax.jit(_make_lane(spec, task, 10.0)).lower(params, lr, xs, ys)
+    f = _build(lowered, optimize)
+    t_build = time.perf_counter() - t0
     best = np.inf
     for _ in range(3):
         t0 = time.perf_counter()
         jax.block_until_ready(f(params, lr, xs, ys))
         best = min(best, time.perf_counter() - t0)
-    return t_compile, best / steps
+    return t_build, best / steps
 
 
-def _study_time(quick):
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "gaussian_pde", "--quiet", "train", "--out", out]
+def _study_time(quick, keep=None):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = keep if keep is not None else tmp
+        cmd = [sys.executable, "-m", "gaussian_pde", "--quiet", "train", "--out", str(out)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run(cmd + (["--quick"] if quick else []), check=True,
                        capture_output=True)
-        return time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu}
 
 
 def main():
@@ -63,26 +88,35 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--study", action="store_true", help="also time `train --quick`")
     ap.add_argument("--full", action="store_true", help="also time the full study")
+    ap.add_argument("--keep", default=None, help="folder for the full study's output")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     task = get_task("mixture")
-    lanes, batch, depth = 15, 32, 4      # the full study: 5 seeds x 3 rates
+    lanes = FULL["seeds"] * len(FULL["learning_rates"])      # the full study's grid
+    batch, depth = FULL["batch"], FULL["depth"]
     rows = {}
     for v in VARIANTS:
-        tc, ts = _step_time(v, task, lanes, args.steps, batch, depth)
-        rows[v] = {"compile_s": tc, "step_s": ts}
-        print(f"{v:16s} compile {tc:6.2f} s  step {1e3 * ts:7.2f} ms", flush=True)
-    base = rows["pre_ln"]["step_s"]
-    for v in rows:
-        rows[v]["step_ratio_vs_pre_ln"] = rows[v]["step_s"] / base
-    payload = {"lanes": lanes, "batch": batch, "depth": depth, "steps": args.steps,
-               "variants": rows}
+        rows[v] = {}
+        for build, optimize in (("optimized", True), ("fast", False)):
+            tc, ts = _step_time(v, task, lanes, args.steps, batch, depth, optimize)
+            rows[v][build] = {"build_s": tc, "step_s": ts}
+            print(f"{v:16s} {build:9s} build {tc:6.2f} s  step {1e3 * ts:7.3f} ms", flush=True)
+    for build in ("optimized", "fast"):
+        base = rows["pre_ln"][build]["step_s"]
+        for v in rows:
+            rows[v][build]["step_ratio_vs_pre_ln"] = rows[v][build]["step_s"] / base
+    payload = {"task": task.name, "lanes": lanes, "batch": batch, "depth": depth,
+               "steps": args.steps, "variants": rows, "budgets_s": BUDGETS}
     if args.study or args.full:
-        payload["quick_study_s"] = _study_time(True)
-        print(f"train --quick: {payload['quick_study_s']:.1f} s (budget 120 s)")
+        payload["quick_study"] = _study_time(True)
+        q = payload["quick_study"]
+        print(f"train --quick: {q['wall_s']:.1f} s wall, {q['cpu_s']:.1f} s CPU "
+              f"(budget {BUDGETS['quick']:g} s)", flush=True)
     if args.full:
-        payload["full_study_s"] = _study_time(False)
-        print(f"train (full): {payload['full_study_s']:.1f} s (budget 900 s)")
+        payload["full_study"] = _study_time(False, args.keep)
+        f = payload["full_study"]
+        print(f"train (full): {f['wall_s']:.1f} s wall, {f['cpu_s']:.1f} s CPU "
+              f"(budget {BUDGETS['full']:g} s)", flush=True)
     write_record("bench_training", payload, args.json)
 
 

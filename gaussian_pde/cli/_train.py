@@ -1,10 +1,11 @@
 """``gaussian-pde train``: train the paper's models side by side with the PDE simulator.
 
-Writes ``summary.json``, ``training.png``, ``drift.png``, ``bridge.png`` and ``report.md``
-(with the verdict table) into ``--out`` (default ``./gaussian_pde_output/train``; see
-:mod:`gaussian_pde.training`). Needs the optional extra ``train`` (JAX, optax); without it
-the command exits with status 2 and one line naming the ``pip install`` to run. Progress:
-one line on stderr per trained (task, variant) and per bridge, unless ``--quiet``.
+Writes ``summary.json``, ``report.md`` (with the verdict table), ``verdicts.md``, and the
+figures ``training_<task>.png``, ``drift_<task>.png`` and ``bridge.png`` into ``--out``
+(default ``./gaussian_pde_output/train``; see :mod:`gaussian_pde.training`). Needs the
+optional extra ``train`` (JAX, optax); without it the command exits with status 2 and one
+line naming the ``pip install`` to run. Progress: one line on stderr per trained (task,
+variant) and per bridge, unless ``--quiet``.
 """
 
 from __future__ import annotations

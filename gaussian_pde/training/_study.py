@@ -10,14 +10,13 @@ LayerNorm. :func:`verdicts` applies the stated criteria of docs/math.md 11.3;
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._bridge import bridge, without_ffn
+from ._compile import compiled
 from ._measure import drift_metrics, gaussian_fit
 from ._model import layer_tokens, loss_fn, x64
 from ._spec import VARIANTS, model_spec
@@ -36,30 +35,27 @@ GROWTH_RATIO = 100.0
 _BRIDGED = ("no_ln", "neither", "pde_euler", "pde_rk4", "pde_euler_tied", "pde_rk4_tied")
 
 
-@functools.lru_cache(maxsize=None)
-def _evaluator(spec, task):
-    """A compiled float64 ``(params, x, y) -> (tokens per layer, loss)`` for one model."""
-    def f(p, x, y):
-        return layer_tokens(p, spec, x), loss_fn(p, spec, task, x, y)
+def _eval(params, spec, task, x, y, optimize=True):
+    """Tokens per layer and loss of one model in float64, from one kept executable."""
+    def f(p, xx, yy):
+        return layer_tokens(p, spec, xx), loss_fn(p, spec, task, xx, yy)
 
-    return jax.jit(f)
-
-
-def _eval(params, spec, task, x, y):
     with x64():
-        p = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
-        yy = jnp.asarray(y, jnp.int32 if task.loss == "cross_entropy" else jnp.float64)
-        toks, loss = _evaluator(spec, task)(p, jnp.asarray(x, jnp.float64), yy)
+        p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+        xx = np.asarray(x, np.float64)
+        yy = np.asarray(y, np.int32 if task.loss == "cross_entropy" else np.float64)
+        exe = compiled(("eval", spec, task), f, p, xx, yy, optimize=optimize)
+        toks, loss = exe(p, xx, yy)
         return np.asarray(toks), float(loss)
 
 
-def _run_record(run, spec, task, x, y):
+def _run_record(run, spec, task, x, y, optimize=True):
     rec = {"seed": run.seed, "learning_rate": run.learning_rate,
            "divergence_step": run.divergence_step, "loss": run.loss,
            "grad_norm": run.grad_norm, "max_layer_grad_norm": run.max_layer_grad_norm}
     for when, params in (("init", run.init_params), ("final", run.params)):
         with np.errstate(all="ignore"):
-            toks, loss = _eval(params, spec, task, x, y)
+            toks, loss = _eval(params, spec, task, x, y, optimize)
         rec[f"eval_loss_{when}"] = loss
         rec[f"drift_{when}"] = drift_metrics(toks)
         if when == "final":
@@ -91,7 +87,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, seeds=(0, 1, 2, 3, 4
         The rate whose trained models are bridged (default: the smallest rate); the first
         seed's model of each bridged variant is used.
     optimize : bool
-        Passed to :func:`train` (``False`` compiles faster: for short runs).
+        Passed to :func:`train`, and used for the measurements' float64 program
+        (``False`` builds faster: for short runs).
     progress : callable, optional
         Called with a short message after each (task, variant) and each bridge.
 
@@ -123,7 +120,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, seeds=(0, 1, 2, 3, 4
         for v in variants:
             res = train(specs[v], task, seeds=seeds, learning_rates=rates, n_steps=n_steps,
                         batch=batch, optimize=optimize)
-            out["runs"][tname][v] = [_run_record(r, res.spec, task, *evals[r.seed])
+            out["runs"][tname][v] = [_run_record(r, res.spec, task, *evals[r.seed], optimize)
                                      for r in res.runs]
             if progress is not None:
                 progress(f"train: {tname}/{v}")

@@ -34,8 +34,10 @@ def test_small_study_writes_report_and_verdicts(tmp_path):
     write_training_study(res, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "## Verdicts" in text and "| drift |" in text
-    for name in ("training.png", "drift.png", "bridge.png"):
+    names = [f"{kind}_{t}.png" for kind in ("training", "drift") for t in res["config"]["tasks"]]
+    for name in names + ["bridge.png"]:
         assert (tmp_path / name).stat().st_size > 5000
+    assert (tmp_path / "verdicts.md").read_text().startswith("| claim |")
     s = json.loads((tmp_path / "summary.json").read_text())
     b = s["bridge"]["regression"]["no_ln"]["attention"]
     assert b["exact"] and np.all(np.isfinite(b["cov_err"][0]))
