@@ -169,7 +169,7 @@ class Attention(abc.ABC):
     ``fused_term(with_mean, out=None)``
         ``Z -> Z'`` for one state ``Z = L`` or ``[L | mean]`` (the integrator's
         right-hand side); the default is built from ``factor_kernel``,
-        ``field_offset`` and ``field_matrix``;
+        ``field_offset`` and ``field_matrix_with_mean``;
     ``fused_rhs(with_mean, out, counter)``
         optional one-call ``rhs(t, y)`` of the flattened state for the Fortran codes,
         or ``None`` (default: the integrator wraps ``fused_term``);
@@ -297,7 +297,7 @@ class Attention(abc.ABC):
         r"""``term(Z) -> Z'`` for one state ``Z = L`` (``(d, d)``) or ``[L | mean]`` (``(d, d + 1)``).
 
         The default: :meth:`factor_kernel` for the factor and
-        ``field_offset + field_matrix @ mean`` for the mean; a non-finite trial state
+        ``field_offset + field_matrix_with_mean @ mean`` for the mean; a non-finite trial state
         gives NaN (the step is then rejected). With ``out`` (C-contiguous, the state's
         shape) the result is written there.
         """

@@ -104,7 +104,9 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         Initial means: the mean's equation :math:`\alpha_b' = b_b + M_b\alpha_b` is
         integrated with the factor, in the state :math:`[L_b \mid \alpha_b]` (in the
         units of :func:`gaussian_pde.solve`: a power of 2 that makes the tolerances
-        relative to the mean's size). Compiled path only.
+        relative to the mean's size). Compiled path only. Required where a field matrix
+        depends on the mean (``field_sees_mean``: linear attention, whose mean equation
+        is not homogeneous and whose mean is held in its own units).
     path : {"auto", "compiled", "numpy"}
         ``"auto"`` (default): the compiled integrator
         (:mod:`gaussian_pde.integrate._compiled_batch`: the loop over trajectories in
@@ -189,8 +191,8 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 # a mean equation that is not homogeneous keeps the mean in its own units
-                units = all(a.mean_is_linear() for a in
-                            ([atts] if isinstance(atts, Attention) else atts))
+                units = mean0s is None or all(
+                    a.mean_is_linear() for a in ([atts] if isinstance(atts, Attention) else atts))
                 return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method,
                                                           mean_units=units)
         field, _ = build_field(attentions_or_weights, nb)

@@ -10,6 +10,10 @@ and homogeneous in :math:`\alpha` for every Gaussian-preserving type
 
 .. math:: Z' = [M L \mid N\alpha],\qquad N = \partial_\alpha b + M .
 
+A type whose field matrix depends on the mean (``field_sees_mean``: linear attention,
+:math:`M = V(\Sigma + \alpha\alpha^T)A`, a mean equation cubic in the mean) has the
+same state and its own term, :math:`Z' = MZ`; it has no covariance-only state.
+
 Each head supplies its own term, :meth:`~gaussian_pde.Attention.fused_term` (the
 generated types hoist the weight-only products: one product ``P = W Z`` gives every
 projection that the field needs), and optionally a one-call right-hand side for the

@@ -525,9 +525,11 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         ``Softmax``, ``L2``, ``Sinkhorn`` or ``MultiHead``.
     mean0 : array_like, shape (d,), or None
         Initial mean. ``None`` integrates the covariance alone (its equation does not
-        involve the mean). The mean's equation is linear in the mean
-        (:math:`\alpha' = N(\Sigma)\alpha`), so it rides in the same fused kernel as the
-        factor (:mod:`gaussian_pde.integrate._fused`), at about the cost of the
+        involve the mean), except for a type whose field matrix depends on the mean
+        (``attention.field_sees_mean``: linear attention), which requires it. Where the
+        mean's equation is linear in the mean (:math:`\alpha' = N(\Sigma)\alpha`), it
+        rides in the same fused kernel as the factor
+        (:mod:`gaussian_pde.integrate._fused`), at about the cost of the
         covariance alone; its error is controlled like the factor's, so a mean growing
         like :math:`e^{\lambda_{\max}(V)t}` needs the steps that resolve it (and
         overflows float64 once :math:`\lambda_{\max}(V)t` passes about 700). A zero mean
