@@ -195,6 +195,13 @@ def entries():
         {"attention": "attention", "mean0": "vector", "cov0": "cov", "n": "counts",
          "seeds": "seeds", "t_eval": "times", "rtol": "tol", "n_directions": "count",
          "ess_threshold": "nonneg", "ode_rtol": "tol"})
+    E.update(_closure_and_analysis_entries())
+    return E
+
+
+def _closure_and_analysis_entries():
+    """The closures', exact solutions', analysis' and sweep spec's entries."""
+    E = {}
     E["AttentionField()"] = Entry(gp.AttentionField, lambda: {"attention": gp.Sigmoid(*_weights(2))},
                                   {"attention": "closure_attention", "logistic_tol": "tol"})
     E["closure_moment_rhs"] = Entry(

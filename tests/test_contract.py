@@ -25,8 +25,6 @@ REPO = ROOT.parent
 #: sampler builds a MultiHead; each is a place to move knowledge into the types
 KNOWN = {
     "gaussian_pde/__init__.py",           # the public names of the types themselves
-    "gaussian_pde/closure/_masked.py",
-    "gaussian_pde/cli/_clusters.py",
     "gaussian_pde/studies/_closure_error.py",
     "gaussian_pde/studies/_clusters.py",
     "gaussian_pde/studies/_published.py",

@@ -1,5 +1,8 @@
 """The symbolic derivations: quadratic-score field, Sinkhorn system, multi-head, user scores."""
 
+import pathlib
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -8,9 +11,11 @@ import sympy as sp
 
 import gaussian_pde as gp
 from derivations import _symbolic as S
-from derivations import l2, multihead, sinkhorn, softmax
+from derivations import generate, l2, multihead, sinkhorn, softmax
 from gaussian_pde.attention._kernels import ParticleDiagnostics, normalized_average
 from tests.attention import capability_checks
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_softmax_field_is_derived():
@@ -218,3 +223,29 @@ def test_sinkhorn_cross_is_accurate_when_ill_conditioned(rng):
         stack = np.stack([B, np.zeros((d, d))])
         np.testing.assert_allclose(sinkhorn_cross(stack)[0], sinkhorn_cross(B), rtol=1e-14)
         assert np.all(sinkhorn_cross(stack)[1] == 0)
+
+
+_IMPORT_ALL = """
+import importlib, pathlib, sys
+names = sorted(p.stem for p in pathlib.Path("derivations").glob("*.py")
+               if p.stem not in ("__init__", "generate"))
+prefix = sys.argv[1]
+if not prefix:                       # as `python derivations/X.py` sees it
+    sys.path.insert(0, "derivations")
+for name in names:
+    importlib.import_module(prefix + name)
+print(" ".join(names))
+"""
+
+
+@pytest.mark.parametrize("how, prefix", [("python derivations/X.py", ""),
+                                         ("python -m derivations.X", "derivations.")])
+def test_every_derivation_imports_both_as_a_script_and_as_a_module(how, prefix):
+    """Each derivation module imports its helpers whichever way it is run: as a script
+    (``derivations/`` first on ``sys.path``) or as a module of the ``derivations`` package
+    (the ``__main__`` blocks then only run the checks)."""
+    run = subprocess.run([sys.executable, "-c", _IMPORT_ALL, prefix], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"{how}:\n{run.stderr}"
+    names = run.stdout.split()
+    assert {mod.NAME for mod in generate.ALL_TYPES} <= set(names), names

@@ -58,18 +58,18 @@ def _run_trust(args, out) -> int:
     """``--trust``: :func:`gaussian_pde.studies._trust.run_trust` and its report."""
     from ..studies import (
         TRUST_GRID,
-        cluster_cases,
         growth_study,
         merge_gap_sources,
         remeasure_study,
         run_trust,
+        study_case_count,
         write_trust,
     )
 
     grid = {} if args.n is None else {"n": args.n}
     n_cells = len(TRUST_GRID["kinds"]) * (2 * 2 if args.quick else len(TRUST_GRID["q"])
                                           * len(TRUST_GRID["radius"]) * len(TRUST_GRID["d"]))
-    n_study = 0 if args.quick else sum(c["kind"] == "softmax" for c in cluster_cases(False))
+    n_study = 0 if args.quick else study_case_count()
     progress = progress_for(args, n_cells + 3 * n_study + 1)
     res = run_trust(quick=args.quick, grid=grid, progress=progress)
     study = growth = merges = None

@@ -34,7 +34,7 @@ from .._common.validation import (
     validate_int,
     validate_quadrature,
 )
-from ..attention import Masked
+from ..attention import Attention
 from ..integrate import Status, integrate_system, run_options
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 
@@ -262,8 +262,8 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
 
     Parameters
     ----------
-    attention : Masked
-        The causal attention head.
+    attention : Attention
+        One causal attention head (``closure == "block_causal"``: masked attention).
     means0 : array_like, shape (B, d)
         Initial block means (position-dependent data).
     covs0 : array_like, shape (B, d, d) or (d, d)
@@ -279,8 +279,10 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
     -------
     MaskedClosureSolution
     """
-    if not isinstance(attention, Masked):
-        raise TypeError(f"`attention` must be a Masked attention, got {type(attention).__name__}.")
+    if not (isinstance(attention, Attention) and attention.closure == "block_causal"
+            and attention.heads == (attention,)):
+        raise TypeError("`attention` must be one attention head whose closure is block-causal "
+                        f"(masked attention), got {type(attention).__name__}.")
     d = attention.d
     means0, covs0 = validate_blocks(means0, covs0, d)
     B = means0.shape[0]

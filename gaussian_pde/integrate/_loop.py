@@ -541,6 +541,73 @@ def _merge(seg, ts, ys, t_events, y_events, skip_first):
         y_events[i].extend(list(seg.y_events[i]))
 
 
+def _landing_times(t0, t1, y0, t_eval):
+    """``(ts, ys, targets, record)``: the stored start and the output times to land on.
+
+    ``targets`` are the times after ``t0`` (Python floats: a short run is mostly this
+    bookkeeping), ``record`` whether each is stored (``t1`` is landed on without being
+    stored when ``t_eval`` stops short).
+    """
+    ts, ys = [], []
+    if t_eval is None:
+        ts.append(t0)
+        ys.append(np.array(y0, dtype=float))
+        return ts, ys, [t1], [False]
+    times = t_eval.tolist()
+    ts += [t0] * times.count(t0)
+    ys += [np.array(y0, dtype=float) for _ in ts]
+    targets = [tk for tk in times if tk > t0]
+    record = [True] * len(targets)
+    if not targets or targets[-1] < t1:   # integrate to t1 as solve_ivp does
+        targets.append(t1)
+        record.append(False)
+    return ts, ys, targets, record
+
+
+def _fortran_solver(fun, method, watch, t, y, *, rtol, atol, max_step, first_step,
+                    stabilized, nstiff):
+    """Hairer's code for ``method`` from ``(t, y)``, ``watch`` called at every step end.
+
+    ``stabilized`` turns on DOP853's stabilised step-size control (``beta``); ``nstiff``
+    (``IWORK(4)``), when given, is the accepted step from which the stiffness test runs
+    after every step.
+    """
+    solver = ode(fun).set_integrator(
+        COMPILED[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
+        beta=STABILIZED_BETA if stabilized else 0.0,
+        max_step=0.0 if not np.isfinite(max_step) else float(max_step),
+        first_step=0.0 if first_step is None else float(first_step))
+    solver.set_solout(watch)
+    solver.set_initial_value(y, t)
+    if nstiff is not None:
+        solver._integrator.iwork[3] = nstiff
+    return solver
+
+
+def _fortran_stop(watch, solver, method, t1):
+    """Why the Fortran code stopped: ``(python_to, failure)``.
+
+    ``python_to``: the Python solver takes over up to this time (an event's step, or the
+    rest of the run once the code found the problem stiff); ``failure``: the message of
+    a failed run; both None when neither applies.
+    """
+    if watch.hit is not None:
+        return watch.hit, None
+    if watch.stiff:
+        return t1, None
+    if solver.successful():
+        return None, None
+    code = solver.get_return_code()
+    if code == -4:
+        # Hairer's stiffness test stopped the Fortran code; SciPy's DOP853 has no such
+        # test and keeps going (within max_nfev), so "DOP853" means the same on both
+        # paths: the Python solver finishes the run
+        return t1, None
+    return None, f"{COMPILED[method]}: " + {
+        -1: "input is not consistent", -2: "larger nsteps is needed",
+        -3: "step size becomes too small"}.get(code, f"failed (code {code})")
+
+
 def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None, stiff=None,
                        jac=None, nfev=None, t_offset=0.0, fortran_fun=None):
@@ -568,23 +635,9 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     ``h rho(jac) >= STIFF_H_RHO`` hand over too.
     """
     n = np.size(y0)
-    ts, ys = [], []
     t_events = [[] for _ in events]
     y_events = [[] for _ in events]
-    # output times to land on (Python floats: a short run is mostly this bookkeeping)
-    if t_eval is None:
-        ts.append(t0)
-        ys.append(np.array(y0, dtype=float))
-        targets, record = [t1], [False]
-    else:
-        times = t_eval.tolist()
-        ts += [t0] * times.count(t0)
-        ys += [np.array(y0, dtype=float) for _ in ts]
-        targets = [tk for tk in times if tk > t0]
-        record = [True] * len(targets)
-        if not targets or targets[-1] < t1:   # integrate to t1 as solve_ivp does
-            targets.append(t1)
-            record.append(False)
+    ts, ys, targets, record = _landing_times(t0, t1, y0, t_eval)
     n_targets = len(targets)
     store = (ts, ys) if t_eval is None else (None, None)
     t_cur, y_cur = t0, np.array(y0, dtype=float)
@@ -613,18 +666,13 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        jac=jac if auto else None, stiff_after=wait,
                        probe_every=(STABILIZED_PROBE * 2 ** failed_trials if stabilized
                                     else None))
-        solver = ode(fun if fortran_fun is None else fortran_fun).set_integrator(
-            COMPILED[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
-            beta=STABILIZED_BETA if stabilized else 0.0,
-            max_step=0.0 if not np.isfinite(max_step) else float(max_step),
-            first_step=float(resume_step) if resume_step is not None
-            else 0.0 if first_step is None else float(first_step))
+        solver = _fortran_solver(fun if fortran_fun is None else fortran_fun, method,
+                                 watch, t_cur, y_cur, rtol=rtol, atol=atol,
+                                 max_step=max_step, stabilized=stabilized,
+                                 first_step=resume_step if resume_step is not None
+                                 else first_step,
+                                 nstiff=None if stiff is None else max(wait, 1))
         resume_step = None
-        solver.set_solout(watch)
-        solver.set_initial_value(y_cur, t_cur)
-        if stiff is not None:   # IWORK(4) = NSTIFF: the stiffness test after every step
-            # (after a failed trial of the stiff solver: from the accepted step ``wait`` on)
-            solver._integrator.iwork[3] = max(wait, 1)
         while k < n_targets:
             with warnings.catch_warnings():   # failures are reported in the result
                 warnings.simplefilter("ignore", UserWarning)
@@ -650,22 +698,9 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             stabilized = True
             resume_step = watch.h_last
             continue
-        if watch.hit is not None:
-            python_to = watch.hit
-        elif watch.stiff:
-            python_to = t1
-        elif not solver.successful():
-            code = solver.get_return_code()
-            if code == -4:
-                # Hairer's stiffness test stopped the Fortran code; SciPy's DOP853 has no
-                # such test and keeps going (within max_nfev), so "DOP853" means the same
-                # on both paths: the Python solver finishes the run
-                python_to = t1
-            else:
-                status = -1
-                message = f"{COMPILED[method]}: " + {
-                    -1: "input is not consistent", -2: "larger nsteps is needed",
-                    -3: "step size becomes too small"}.get(code, f"failed (code {code})")
+        python_to, failure = _fortran_stop(watch, solver, method, t1)
+        if failure is not None:
+            status, message = -1, failure
         if python_to is not None and status is None:
             j = k
             while j < n_targets and targets[j] <= python_to:

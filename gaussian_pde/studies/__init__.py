@@ -79,6 +79,7 @@ from ._trust import (
     merge_gap_sources,
     remeasure_study,
     run_trust,
+    study_case_count,
     write_trust,
 )
 
@@ -119,6 +120,7 @@ __all__ = [
     "run_clusters",
     "run_study",
     "run_trust",
+    "study_case_count",
     "summarize_study",
     "unit_trace_grid",
     "write_clusters",

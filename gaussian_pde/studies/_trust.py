@@ -434,6 +434,16 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
 
 
 
+#: the attention kinds of the clusters study that the remeasure, growth and merge-gap
+#: studies revisit
+STUDY_KINDS = ("softmax",)
+
+
+def study_case_count(quick=False, kinds=STUDY_KINDS):
+    """How many cases of the clusters study (:func:`cluster_cases`) are of ``kinds``."""
+    return sum(c["kind"] in kinds for c in cluster_cases(quick))
+
+
 def _study_cases(quick, kinds):
     """The clusters study's cases of the given kinds, with their attention and mixture."""
     for c in cluster_cases(quick):
@@ -442,7 +452,7 @@ def _study_cases(quick, kinds):
                                         seed=c["seed"]),
                    cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"]))
 
-def remeasure_study(*, kinds=("softmax",), quick=False, n=64, seeds=16, t_end=4.0,
+def remeasure_study(*, kinds=STUDY_KINDS, quick=False, n=64, seeds=16, t_end=4.0,
                     progress=None):
     r""":func:`closure_bias` on the cases of the clusters study (same attention and start).
 
@@ -494,7 +504,7 @@ def offset_growth(attention, mixture, t_eval, *, n=400, seed=0, dt=0.1, n_per_di
     return float(e.max() / e[0])
 
 
-def growth_study(*, kinds=("softmax",), quick=False, t_end=4.0, n=400, progress=None):
+def growth_study(*, kinds=STUDY_KINDS, quick=False, t_end=4.0, n=400, progress=None):
     r""":func:`offset_growth` on the study's cases and on their exact one-Gaussian controls.
 
     The control is one Gaussian with the case's total mean and covariance under the same
@@ -528,7 +538,7 @@ def mardia_kurtosis_ratio(x):
     return float(np.mean(np.sum(z * z, axis=0) ** 2) / (d * (d + 2)))
 
 
-def merge_gap_sources(*, kinds=("softmax",), t_end=4.0, n=400, progress=None):
+def merge_gap_sources(*, kinds=STUDY_KINDS, t_end=4.0, n=400, progress=None):
     r"""Where the merge-time gap of the clusters study comes from, case by case.
 
     Three sets of merge times on the same output times
