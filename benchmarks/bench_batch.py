@@ -40,7 +40,8 @@ compiled batch core.
 
 The record (``docs/_static/results/benchmarks/bench_batch.json``, or ``--json PATH``) is
 written after every workload, so a long run that is stopped keeps what it measured;
-``--max-seconds`` starts no workload after that time and lists those not run.
+``--max-seconds`` starts no workload after that time and lists those not run (the
+workloads run by increasing ``B``, so it cuts the largest).
 ``--quick`` runs d = 3 and 5, B = 100 and 1000, both horizons, without a mean and with one
 (a few minutes on an idle 2-core machine); ``--d``, ``--B``, ``--T``, ``--mean`` pick
 other parts of the grid. Times are best of ``--rounds``.
@@ -427,7 +428,8 @@ def main():
     one = batch_of_one(range(n_one), 300.0, a.rounds + 1)
     from _record import write_record
 
-    todo = [(d, T, mu, B) for d in ds for T in Ts for mu in means for B in Bs]
+    # the cheap workloads first, so that --max-seconds cuts the largest B
+    todo = [(d, T, mu, B) for B in Bs for d in ds for T in Ts for mu in means]
     rows, path = [], None
     print("| " + " | ".join(_COLUMNS) + " |")
     print("|" + "---|" * len(_COLUMNS))
