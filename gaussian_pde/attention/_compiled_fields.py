@@ -111,10 +111,10 @@ class CompiledField:
 
 def pack_head(code, k, d, data):
     """One head's pack ``[code, k, size, data...]``, its scratch size and closed-form flag."""
-    data = np.concatenate([np.ravel(np.asarray(x, dtype=float)) for x in data])
+    pack = np.concatenate([(float(code), float(k), 0.0), *data], axis=None)
+    pack[2] = pack.size - _HEADER
     m = d + 1
     ws = 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
-    pack = np.concatenate([[float(code), float(k), float(data.size)], data])
     return pack, ws, code not in (SINKHORN, LINEAR)
 
 
@@ -126,8 +126,7 @@ def combine(d, parts):
     if kernels() is None:
         return None
     rhs, jac = kernels()
-    packs = [p for p, _, _ in parts]
-    params = np.concatenate([[float(len(packs))], *packs])
+    params = np.concatenate([(float(len(parts)),), *(p for p, _, _ in parts)])
     ws = max(w for _, w, _ in parts) + 2 * d * (d + 1)
     exact = all(e for _, _, e in parts)
     return CompiledField(rhs=rhs, jac=jac, params=params, d=d, ws_size=int(ws),

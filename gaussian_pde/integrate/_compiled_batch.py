@@ -827,14 +827,15 @@ def compiled_fields(attentions, n=1):
     rhs, jac = fields[0].rhs, fields[0].jac
     if any(cf.rhs is not rhs or cf.jac is not jac for cf in fields):
         return None
-    if n >= SPECIALISE_FROM and len({tuple(cf.params[:3]) for cf in seen.values()}) == 1:
-        rhs = fields[0].specialised().rhs
     size = max(cf.params.size for cf in fields)
     params = np.zeros((len(fields), size))
     for i, cf in enumerate(fields):
         params[i, :cf.params.size] = cf.params
     if not single and len(seen) == 1:
         params = params[:1]
+    # (heads, type, k): one shape for all
+    if n >= SPECIALISE_FROM and np.all(params[:, :3] == params[0, :3]):
+        rhs = fields[0].specialised().rhs
     return rhs, jac, params, max(cf.ws_size for cf in fields)
 
 
@@ -919,7 +920,7 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     rec.nfev[:] = ires[:, 1]
     rec.nsteps[:] = ires[:, 2]
     rec.implicit[:] = ires[:, 3] != 0
-    for b in range(nb):
+    for b in np.flatnonzero(ires[:, 0] != FINISHED):   # (the record starts "finished")
         rec.status[b], rec.message[b] = _messages(int(ires[b, 0]), fres[b], t0, max_nfev)
     if t_eval is not None:
         at0 = t_eval == t0
