@@ -237,7 +237,7 @@ def _total_cov(w, means, covs):
 
 #: entries of the (components, points) logit block evaluated at once (32 MB of float64)
 _CHUNK_ENTRIES = 1 << 22
-#: from this many (point, component) pairs on, the compiled one-pass softmax
+#: from this many (point, component) pairs on, the compiled row-by-row softmax
 #: (:mod:`gaussian_pde.closure._mixture_kernel`, about twice as fast and O(N + K) memory)
 _COMPILED_PAIRS = 1 << 18
 
@@ -325,7 +325,7 @@ def _head_velocity(head, logw, means, covs, X):
     :math:`1 + d + d^2` and :math:`d + d^2`, and one exponential, so
     :math:`O(NKd^2)` for ``N`` points; the points go in blocks of
     ``_CHUNK_ENTRIES / K`` so the ``(K, block)`` logits stay in a few MB, whatever ``N``;
-    from ``_COMPILED_PAIRS`` pairs on the compiled one-pass softmax
+    from ``_COMPILED_PAIRS`` pairs on the compiled row-by-row softmax
     (:func:`~gaussian_pde.closure._mixture_kernel.softmax_average`) needs no such block.
     """
     A, H = head.A, head.H

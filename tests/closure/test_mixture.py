@@ -326,7 +326,7 @@ def test_point_masses_stay_exact(which):
 
 
 def test_compiled_and_blocked_fields_agree():
-    """Many components take the compiled one-pass softmax, few the blocked NumPy path."""
+    """Many components take the compiled row-by-row softmax, few the blocked NumPy path."""
     rng = np.random.default_rng(3)
     att = gp.MultiHead.example(2, rng)
     K = 300
