@@ -11,7 +11,9 @@ One folder per command, each written by the package's own command line:
 ``stabilizers/``
     ``gaussian-pde stabilizers``;
 ``clusters/``
-    ``gaussian-pde clusters`` and ``gaussian-pde clusters --trust`` (the trust map).
+    ``gaussian-pde clusters`` and ``gaussian-pde clusters --trust`` (the trust map);
+``training/``
+    ``gaussian-pde train`` (needs the extra ``train``).
 
 The benchmark records in ``benchmarks/`` are written by the benchmark scripts
 themselves (``python benchmarks/NAME.py``). ``--quick`` passes ``--quick`` to the
@@ -32,6 +34,7 @@ COMMANDS = {
     "reproduce": [["reproduce", "--protocol", "published"], ["reproduce"]],
     "stabilizers": [["stabilizers"]],
     "clusters": [["clusters"], ["clusters", "--trust"]],
+    "training": [["train"]],
 }
 
 
