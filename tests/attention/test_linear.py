@@ -305,3 +305,40 @@ def test_sweep_spec_runs_with_means_and_blows_up_on_time():
     assert seen >= 3
     # the other types' settings do not change with the mean's spread: no mean drawn
     assert draw_mean(spec, gp.Softmax(att.Q, att.K, att.V), d, 0) is None
+
+
+_SLOW_CHECK = "direct integration, d = 2"
+
+
+def _derivation():
+    from derivations import linear
+
+    return linear
+
+
+@pytest.mark.parametrize("check", [c for c in _derivation().CHECKS if c != _SLOW_CHECK])
+def test_derivation_checks(check):
+    """The SymPy checks of derivations/linear.py (direct integration in d = 1 included)."""
+    assert _derivation().CHECKS[check]()
+
+
+@pytest.mark.slow
+def test_derivation_direct_integration_2d():
+    assert _derivation().CHECKS[_SLOW_CHECK]()
+
+
+def test_derivation_checks_can_fail(monkeypatch):
+    """A wrong field (M doubled, or the mean's outer product dropped) fails the checks."""
+    import sympy as sp
+
+    lin = _derivation()
+    S = lin.S
+    right = lin.derive()
+    monkeypatch.setattr(lin, "derive", lambda: S.AffineField(
+        M=2 * right.M, b=right.b, tilted_mean=right.tilted_mean, parts=right.parts))
+    assert not lin.check_1d()
+    dropped = sp.expand(S.V * S.Sigma * right.parts.A).doit()
+    monkeypatch.setattr(lin, "derive", lambda: S.AffineField(
+        M=dropped, b=right.b, tilted_mean=right.tilted_mean, parts=right.parts))
+    assert not lin.check_1d()
+    assert not lin.check_second_moment_riccati()
