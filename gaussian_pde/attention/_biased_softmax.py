@@ -93,6 +93,15 @@ class BiasedSoftmax(SingleHeadAttention):
             return M, A, C, None, None
         return M, A, C, N, r + np.swapaxes(weights[1], -1, -2) @ weights[4][..., 0]
 
+    def compiled_field(self):
+        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, [cV; K; Q], q``."""
+        from . import _compiled_fields as cf
+
+        Q, K, V, c, q, _ = self.weights()   # a subclass that changes the weights keeps its field
+        c = float(c)
+        data = (c, c * V, K, Q, q)
+        return cf.combine(self.d, [cf.pack_head(cf.BIASED_SOFTMAX, self.k, self.d, data)])
+
     def riccati_matrix(self):
         r""":math:`A + A^T` when :math:`V = I`: the covariance is plain softmax's."""
         if not np.array_equal(self.V, np.eye(self.d)):

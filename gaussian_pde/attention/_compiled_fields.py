@@ -31,12 +31,16 @@ serves every type and sum of types. The per-head formulas are those of
 * Sinkhorn (data ``A = cK^TQ, V``): :math:`L' = VL\,B\varphi(B^TB)`,
   :math:`B = L^TAL`, from the SVD (:func:`gaussian_pde._common.linalg.sinkhorn_cross`),
   :math:`\alpha' = V\alpha`;
+* biased softmax (data ``c, [cV; K; Q], q``): softmax's products with the query bias
+  :math:`q` added to the mean's column of :math:`QZ`: :math:`\alpha' = V\alpha +
+  (cVL)(KL)^T(Q\alpha + q) = V\alpha + M\alpha + V\Sigma g`, :math:`g = cK^Tq` (the key
+  bias cancels); the covariance is softmax's;
 * linear (data ``c, [cV; K; Q]``, as softmax): :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`
   over the whole state :math:`Z = [L \mid \alpha]` (:math:`ZZ^T = \Sigma + \alpha\alpha^T`),
   no offset; it needs the mean in its own units (``m = d + 1``, mean units 1: the
   field is not homogeneous in the mean).
 
-The Jacobian (softmax and L2 heads; Sinkhorn and linear have none) follows
+The Jacobian (softmax, biased softmax and L2 heads; Sinkhorn and linear have none) follows
 :math:`dM[d\Sigma] = A\,d\Sigma\,C` (:func:`gaussian_pde.integrate._field.analytic_jacobian`):
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
@@ -59,7 +63,7 @@ import numpy as np
 __all__ = ["CompiledField", "kernels", "pack_head", "combine", "add"]
 
 #: head codes of the packed vector
-SOFTMAX, L2, SINKHORN, LINEAR = 0, 1, 2, 3
+SOFTMAX, L2, SINKHORN, LINEAR, BIASED_SOFTMAX = 0, 1, 2, 3, 4
 _HEADER = 3
 #: the closed-form L2 Jacobian holds while the column norms of L span less than this
 #: (gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX)
@@ -275,10 +279,21 @@ def _nan(out):
 
 
 def _softmax_rhs(data, k, d, m, y, out, ws):
+    _softmax_core(data, k, d, m, y, out, ws, -1)
+
+
+def _biased_softmax_rhs(data, k, d, m, y, out, ws):
+    # the query bias q follows [cV; K; Q] in the data
+    _softmax_core(data, k, d, m, y, out, ws, 1 + (d + 2 * k) * d)
+
+
+def _softmax_core(data, k, d, m, y, out, ws, bias):
     # the products in the order of the NumPy loop's (integrate._compiled's
     # softmax_apply_stack): A = (cVL)(KL)^T first, then A (QZ); near a blow-up, where the
     # factor's entries pass 1e20, the order decides which cancellations round. Flat
     # indices: W = [cV; K; Q] row-major from data[1], P = W Z in ws[:r m], A after it.
+    # ``bias`` >= 0: the offset in ``data`` of a query bias added to the mean's column
+    # of QZ (biased softmax); -1: none
     c = data[0]
     r = d + 2 * k
     pa = r * m
@@ -289,13 +304,16 @@ def _softmax_rhs(data, k, d, m, y, out, ws):
             for p in range(d):
                 acc += data[wi + p] * y[p * m + j]
             ws[i * m + j] = acc
+    q0 = (d + k) * m
+    if bias >= 0 and m > d:                    # Q alpha + q
+        for p in range(k):
+            ws[q0 + p * m + d] += data[bias + p]
     for i in range(d):                         # A = (cVL)(KL)^T
         for j in range(k):
             acc = 0.0
             for p in range(d):
                 acc += ws[i * m + p] * ws[(d + j) * m + p]
             ws[pa + i * k + j] = acc
-    q0 = (d + k) * m
     for i in range(d):                         # Z' = A (QZ), + V alpha in the mean's column
         for j in range(m):
             acc = 0.0
@@ -443,6 +461,8 @@ def heads_rhs(P, d, m, y, out, ws):
             _l2_rhs(data, k, d, m, y, target, rest)
         elif code == LINEAR:
             _linear_rhs(data, k, d, m, y, target, rest)
+        elif code == BIASED_SOFTMAX:
+            _biased_softmax_rhs(data, k, d, m, y, target, rest)
         else:
             _sinkhorn_rhs(data, k, d, m, y, target, rest)
         if H > 1:
@@ -475,7 +495,7 @@ def _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
     L = np.ascontiguousarray(Z[:, :d])
     S = np.empty((d, d))
     _mm(L, np.ascontiguousarray(L.T), S)
-    if code == SOFTMAX:
+    if code == SOFTMAX or code == BIASED_SOFTMAX:
         c = data[0]
         W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
         Kt = np.ascontiguousarray(W[d:d + k].T)
@@ -494,6 +514,13 @@ def _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
                 for p in range(d):
                     acc += C[i, p] * Z[p, d]
                 r[i] = acc
+            if code == BIASED_SOFTMAX:         # r = K^T (Q alpha + q)
+                q = data[1 + (d + 2 * k) * d:]
+                for i in range(d):
+                    acc = 0.0
+                    for p in range(k):
+                        acc += Kt[i, p] * q[p]
+                    r[i] += acc
         return True
     c, s, sV, sK, Q, V, K = _l2_blocks(data, k, d)
     B = np.empty((k, d))
@@ -611,7 +638,8 @@ def heads_jac(P, d, m, y, J, ws):
 
 
 _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
-            "_inverse_gram_qr", "_gain", "_nan", "_softmax_rhs", "_l2_blocks", "_l2_rhs",
+            "_inverse_gram_qr", "_gain", "_nan", "_softmax_core", "_softmax_rhs",
+            "_biased_softmax_rhs", "_l2_blocks", "_l2_rhs",
             "_sinkhorn_rhs", "_linear_rhs", "_spread_ok", "_head_parts")
 
 
@@ -648,7 +676,7 @@ def kernels():
 def _specialised_rhs(code, d, k):
     """:func:`heads_rhs` of one head of type ``code`` with ``d`` and ``k`` compiled in.
 
-    The body is the generic kernel's (``_softmax_rhs``, ``_l2_rhs``, ``_sinkhorn_rhs``)
+    The body is the generic kernel's (``_softmax_rhs``, ``_l2_rhs``, ...)
     called with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``), so the compiler
     inlines it with its loop bounds known; the signature is :func:`signatures`' (the
     integrator takes it as it takes the generic one).
@@ -656,7 +684,8 @@ def _specialised_rhs(code, d, k):
     from numba import njit
 
     kernels()                 # the bodies compiled first (they are called as globals)
-    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs)[code]
+    # indexed by head code
+    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs, _linear_rhs, _biased_softmax_rhs)[code]
     D, K, M1 = int(d), int(k), int(d) + 1
 
     def rhs(P, d, m, y, out, ws):

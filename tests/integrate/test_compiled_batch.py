@@ -179,34 +179,102 @@ def test_compiled_trajectories_are_independent_and_scale(rng):
     np.testing.assert_allclose(sol.t_blowup * c, sol.t_blowup[0], rtol=1e-8)
 
 
+def _compiled_heads(d, rng):
+    """An example of every registered single-head type that supplies a compiled field."""
+    from gaussian_pde.attention import names_with
+
+    heads = [gp.ATTENTIONS[name].example(d, rng)
+             for name in names_with(gaussian_preserving=True)
+             if issubclass(gp.ATTENTIONS[name], gp.SingleHeadAttention)]
+    return [h for h in heads if h.compiled_field() is not None]
+
+
+def _compiled_rhs(cf, d, m):
+    ws = np.empty(cf.ws_size)
+
+    def field(Zp):
+        out = np.empty(d * m)
+        cf.rhs(cf.params, d, m, np.ascontiguousarray(Zp, dtype=float).ravel(), out, ws)
+        return out.reshape(d, m)
+    return field
+
+
+def test_compiled_field_is_the_types_moment_equations(rng):
+    """Every compiled field, of each registered type and of a sum of two, against the
+    type's own moment equations: ``Z' = [M(alpha, Sigma) L | alpha']`` at ``Z = [L | alpha]``."""
+    d = 3
+    heads = _compiled_heads(d, rng)
+    assert len(heads) >= 4
+    for att in heads + [gp.MultiHead(heads[i:i + 2]) for i in range(len(heads) - 1)]:
+        cf = att.compiled_field()
+        L = rng.standard_normal((d, d)) / 2
+        mean = rng.standard_normal(d)
+        cov = L @ L.T
+        got = _compiled_rhs(cf, d, d + 1)(np.column_stack([L, mean]))
+        dmean, _ = gp.moment_rhs(att, mean, cov)
+        M = att.field_matrix_with_mean(cov, mean)
+        np.testing.assert_allclose(got[:, :d], M @ L, rtol=1e-12, atol=1e-12, err_msg=repr(att))
+        np.testing.assert_allclose(got[:, d], dmean, rtol=1e-12, atol=1e-12, err_msg=repr(att))
+        if not att.field_sees_mean:
+            np.testing.assert_allclose(_compiled_rhs(cf, d, d)(L), att.factor_rhs(L),
+                                       rtol=1e-12, atol=1e-12, err_msg=repr(att))
+
+
 def test_compiled_jacobian_against_central_differences(rng):
-    """The closed-form Jacobian kernel (softmax and L2 heads, with and without the mean)
-    against central differences of the compiled field."""
+    """The closed-form Jacobian kernel (every compiled field that has one, alone and in a
+    sum of heads, with and without the mean) against central differences of the field."""
     from gaussian_pde.integrate._differences import central_jacobian
 
     d = 3
-    for att in (gp.Softmax.example(d, rng), gp.L2.example(d, rng),
-                gp.MultiHead([gp.Softmax.example(d, rng), gp.L2.example(d, rng)])):
+    heads = _compiled_heads(d, rng)
+    exact = [h for h in heads if h.compiled_field().exact_jacobian]
+    assert len(exact) >= 3
+    for att in exact + [gp.MultiHead(exact[i:i + 2]) for i in range(len(exact) - 1)]:
         cf = att.compiled_field()
         assert cf.exact_jacobian
         for m in (d, d + 1):
             Z = rng.standard_normal((d, m))
-            ws = np.empty(cf.ws_size)
-
-            def field(Zp, m=m, ws=ws, cf=cf):
-                out = np.empty(d * m)
-                cf.rhs(cf.params, d, m, np.ascontiguousarray(Zp).ravel(), out, ws)
-                return out.reshape(d, m)
-
+            field = _compiled_rhs(cf, d, m)
             J = np.empty((d * m, d * m))
-            assert cf.jac(cf.params, d, m, Z.ravel(), J, ws)
+            assert cf.jac(cf.params, d, m, Z.ravel(), J, np.empty(cf.ws_size))
             ref = central_jacobian(field, Z)
-            np.testing.assert_allclose(J, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
-            # the compiled field is the type's own field
-            if m == d:
-                np.testing.assert_allclose(field(Z), att.factor_rhs(Z), rtol=1e-12,
-                                           atol=1e-13 * np.abs(field(Z)).max())
-    assert not gp.Sinkhorn.example(d, rng).compiled_field().exact_jacobian
+            np.testing.assert_allclose(J, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max(),
+                                       err_msg=repr(att))
+    # a field without a closed form says so: the integrator then takes differences
+    for att in heads:
+        cf = att.compiled_field()
+        if not cf.exact_jacobian:
+            J = np.empty((d * d + d, d * d + d))
+            Z = rng.standard_normal((d, d + 1))
+            assert not cf.jac(cf.params, d, d + 1, Z.ravel(), J, np.empty(cf.ws_size))
+
+
+def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
+    """solve_batch (compiled, generic and shape-compiled kernels) against solve, for every
+    type with a compiled field and for a sum of two different ones."""
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    d = 3
+    heads = _compiled_heads(d, rng)
+    atts = heads + [gp.MultiHead([heads[-1], heads[-2]])]
+    covs = np.array([random_spd(rng, d) / 4 for _ in atts])
+    means = rng.standard_normal((len(atts), d)) / 2
+    t_eval = np.linspace(0.0, 0.4, 3)
+    sol = gp.solve_batch(atts, covs, (0.0, 0.4), mean0s=means, t_eval=t_eval)
+    assert sol.path == "compiled"
+    for b, att in enumerate(atts):
+        ref = gp.solve(att, means[b], covs[b], (0.0, 0.4), t_eval=t_eval, rtol=1e-12,
+                       atol=1e-14)
+        assert str(sol.status[b]) == str(ref.status) == "finished", repr(att)
+        np.testing.assert_allclose(sol.mean[b], ref.mean, rtol=1e-8, atol=1e-10,
+                                   err_msg=repr(att))
+        np.testing.assert_allclose(sol.cov[b], ref.cov, rtol=1e-8, atol=1e-10,
+                                   err_msg=repr(att))
+        # a batch large enough for the kernel compiled for its shape: the same trajectory
+        many = gp.solve_batch(att, np.repeat(covs[b:b + 1], cb.SPECIALISE_FROM, 0), (0.0, 0.4),
+                              mean0s=np.repeat(means[b:b + 1], cb.SPECIALISE_FROM, 0))
+        np.testing.assert_allclose(many.mean_final, np.repeat(sol.mean_final[b:b + 1],
+                                   cb.SPECIALISE_FROM, 0), rtol=1e-12, atol=1e-14)
 
 
 def test_compiled_path_input_and_fallback(rng):
@@ -239,7 +307,15 @@ def test_compiled_path_input_and_fallback(rng):
     np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["softmax", "l2", "sinkhorn"])
+def _single_compiled_names():
+    from gaussian_pde.attention import has_hook, names_with
+
+    return [name for name in names_with(gaussian_preserving=True)
+            if issubclass(gp.ATTENTIONS[name], gp.SingleHeadAttention)
+            and has_hook(gp.ATTENTIONS[name], "compiled_field")]
+
+
+@pytest.mark.parametrize("kind", _single_compiled_names())
 def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeypatch):
     """A large batch runs its type's kernel compiled for its d and k: the same
     operations in the same order as the generic kernel, so the same states, steps,
@@ -258,7 +334,8 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
     # another shape in the batch: the generic kernel serves both
     mixed = atts + [cls.example(d, rng)]
     assert cb.compiled_fields(mixed, cb.SPECIALISE_FROM)[0] is generic
-    for kw in ({}, {"mean0s": mus}):
+    # (a field that sees the mean runs with one only)
+    for kw in ({"mean0s": mus},) if cls.field_sees_mean else ({}, {"mean0s": mus}):
         runs = []
         for start in (10**9, 1):
             monkeypatch.setattr(cb, "SPECIALISE_FROM", start)
