@@ -202,6 +202,10 @@ class Attention(abc.ABC):
         a :class:`~gaussian_pde.attention.QuadraticScore` (the score is
         :math:`-\tfrac12 y^THy + y^TAx + r(x)`: the mixture closure, the certified
         limits, the batched particles of the studies), or ``None``;
+    ``mixture_field(logw, means, covs, x)``
+        for a head without a quadratic score: its field at the tokens ``x`` against the
+        mixture :math:`\sum_k w_k\mathcal N(\alpha_k, \Sigma_k)` in closed form (the
+        mixture closure), or ``None`` (default);
     ``gaussian_closure_field(mean, cov, x, tol)``
         for a type that does not preserve Gaussians: its field against the Gaussian
         at the tokens ``x`` (the Gaussian closure of :func:`gaussian_pde.solve_closure`),
@@ -397,6 +401,16 @@ class Attention(abc.ABC):
         r"""The :class:`QuadraticScore` of a head whose score is quadratic in ``y``, or ``None``.
 
         Sums of heads (:attr:`heads`) are handled by the callers.
+        """
+        return None
+
+    def mixture_field(self, logw, means, covs, x):
+        r"""The field against a mixture of Gaussians at tokens ``x``, or ``None`` (default).
+
+        For a head without a :meth:`quadratic_score` whose field against a mixture
+        :math:`\sum_k w_k\mathcal N(\alpha_k,\Sigma_k)` is in closed form (``logw``
+        (K,), ``means`` (K, d), ``covs`` (K, d, d), ``x`` (n, d)); the mixture closure
+        (:func:`gaussian_pde.solve_mixture`) then takes it.
         """
         return None
 

@@ -30,6 +30,7 @@ from ._base import SingleHeadAttention, normalized_definition_field
 from ._examples import example_data
 from ._kernels import ParticleDiagnostics, normalized_average, softmax_features
 from ._registry import register_attention
+from ._scores import QuadraticScore
 from ._softmax import Softmax
 
 __all__ = ["BiasedSoftmax"]
@@ -93,6 +94,11 @@ class BiasedSoftmax(SingleHeadAttention):
             return M, A, C, None, None
         return M, A, C, N, r + np.swapaxes(weights[1], -1, -2) @ weights[4][..., 0]
 
+    def quadratic_score(self):
+        """:math:`H = 0`, :math:`A = cK^TQ` and the linear term :math:`g = cK^Tq`."""
+        return QuadraticScore(A=np.asarray(self.A), H=None, V=np.asarray(self.V),
+                              g=self.scale * (self.K.T @ self.q))
+
     def compiled_field(self):
         """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, [cV; K; Q], q``."""
         from . import _compiled_fields as cf
@@ -100,7 +106,7 @@ class BiasedSoftmax(SingleHeadAttention):
         Q, K, V, c, q, _ = self.weights()   # a subclass that changes the weights keeps its field
         c = float(c)
         data = (c, c * V, K, Q, q)
-        return cf.combine(self.d, [cf.pack_head(cf.BIASED_SOFTMAX, self.k, self.d, data)])
+        return cf.combine(self.d, [cf.pack_head(cf.SOFTMAX_OFFSET, self.k, self.d, data)])
 
     def riccati_matrix(self):
         r""":math:`A + A^T` when :math:`V = I`: the covariance is plain softmax's."""

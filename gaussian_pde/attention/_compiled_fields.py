@@ -31,16 +31,18 @@ serves every type and sum of types. The per-head formulas are those of
 * Sinkhorn (data ``A = cK^TQ, V``): :math:`L' = VL\,B\varphi(B^TB)`,
   :math:`B = L^TAL`, from the SVD (:func:`gaussian_pde._common.linalg.sinkhorn_cross`),
   :math:`\alpha' = V\alpha`;
-* biased softmax (data ``c, [cV; K; Q], q``): softmax's products with the query bias
-  :math:`q` added to the mean's column of :math:`QZ`: :math:`\alpha' = V\alpha +
+* softmax with a query offset (data ``c, [cV; K; Q], q``; score
+  :math:`c(Qx + q)^TKy`): softmax's products with :math:`q` added to the mean's column
+  of :math:`QZ`: :math:`\alpha' = V\alpha +
   (cVL)(KL)^T(Q\alpha + q) = V\alpha + M\alpha + V\Sigma g`, :math:`g = cK^Tq` (the key
-  bias cancels); the covariance is softmax's;
+  bias of a score :math:`c(Qx + q)^T(Ky + k_b)` cancels); the covariance is softmax's;
 * linear (data ``c, [cV; K; Q]``, as softmax): :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`
   over the whole state :math:`Z = [L \mid \alpha]` (:math:`ZZ^T = \Sigma + \alpha\alpha^T`),
   no offset; it needs the mean in its own units (``m = d + 1``, mean units 1: the
   field is not homogeneous in the mean).
 
-The Jacobian (softmax, biased softmax and L2 heads; Sinkhorn and linear have none) follows
+The Jacobian (softmax heads, with or without the offset, and L2 heads; Sinkhorn and
+linear have none) follows
 :math:`dM[d\Sigma] = A\,d\Sigma\,C` (:func:`gaussian_pde.integrate._field.analytic_jacobian`):
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
@@ -63,7 +65,7 @@ import numpy as np
 __all__ = ["CompiledField", "kernels", "pack_head", "combine", "add"]
 
 #: head codes of the packed vector
-SOFTMAX, L2, SINKHORN, LINEAR, BIASED_SOFTMAX = 0, 1, 2, 3, 4
+SOFTMAX, L2, SINKHORN, LINEAR, SOFTMAX_OFFSET = 0, 1, 2, 3, 4
 _HEADER = 3
 #: the closed-form L2 Jacobian holds while the column norms of L span less than this
 #: (gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX)
@@ -282,7 +284,7 @@ def _softmax_rhs(data, k, d, m, y, out, ws):
     _softmax_core(data, k, d, m, y, out, ws, -1)
 
 
-def _biased_softmax_rhs(data, k, d, m, y, out, ws):
+def _softmax_offset_rhs(data, k, d, m, y, out, ws):
     # the query bias q follows [cV; K; Q] in the data
     _softmax_core(data, k, d, m, y, out, ws, 1 + (d + 2 * k) * d)
 
@@ -293,7 +295,7 @@ def _softmax_core(data, k, d, m, y, out, ws, bias):
     # factor's entries pass 1e20, the order decides which cancellations round. Flat
     # indices: W = [cV; K; Q] row-major from data[1], P = W Z in ws[:r m], A after it.
     # ``bias`` >= 0: the offset in ``data`` of a query bias added to the mean's column
-    # of QZ (biased softmax); -1: none
+    # of QZ (a score c (Qx + q)^T K y); -1: none
     c = data[0]
     r = d + 2 * k
     pa = r * m
@@ -461,8 +463,8 @@ def heads_rhs(P, d, m, y, out, ws):
             _l2_rhs(data, k, d, m, y, target, rest)
         elif code == LINEAR:
             _linear_rhs(data, k, d, m, y, target, rest)
-        elif code == BIASED_SOFTMAX:
-            _biased_softmax_rhs(data, k, d, m, y, target, rest)
+        elif code == SOFTMAX_OFFSET:
+            _softmax_offset_rhs(data, k, d, m, y, target, rest)
         else:
             _sinkhorn_rhs(data, k, d, m, y, target, rest)
         if H > 1:
@@ -495,7 +497,7 @@ def _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
     L = np.ascontiguousarray(Z[:, :d])
     S = np.empty((d, d))
     _mm(L, np.ascontiguousarray(L.T), S)
-    if code == SOFTMAX or code == BIASED_SOFTMAX:
+    if code == SOFTMAX or code == SOFTMAX_OFFSET:
         c = data[0]
         W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
         Kt = np.ascontiguousarray(W[d:d + k].T)
@@ -514,7 +516,7 @@ def _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
                 for p in range(d):
                     acc += C[i, p] * Z[p, d]
                 r[i] = acc
-            if code == BIASED_SOFTMAX:         # r = K^T (Q alpha + q)
+            if code == SOFTMAX_OFFSET:         # r = K^T (Q alpha + q)
                 q = data[1 + (d + 2 * k) * d:]
                 for i in range(d):
                     acc = 0.0
@@ -639,7 +641,7 @@ def heads_jac(P, d, m, y, J, ws):
 
 _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
             "_inverse_gram_qr", "_gain", "_nan", "_softmax_core", "_softmax_rhs",
-            "_biased_softmax_rhs", "_l2_blocks", "_l2_rhs",
+            "_softmax_offset_rhs", "_l2_blocks", "_l2_rhs",
             "_sinkhorn_rhs", "_linear_rhs", "_spread_ok", "_head_parts")
 
 
@@ -685,7 +687,7 @@ def _specialised_rhs(code, d, k):
 
     kernels()                 # the bodies compiled first (they are called as globals)
     # indexed by head code
-    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs, _linear_rhs, _biased_softmax_rhs)[code]
+    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs, _linear_rhs, _softmax_offset_rhs)[code]
     D, K, M1 = int(d), int(k), int(d) + 1
 
     def rhs(P, d, m, y, out, ws):

@@ -124,6 +124,19 @@ class Linear(SingleHeadAttention):
                 ess = np.where(sq > 0, row ** 2 / np.where(sq > 0, sq, 1.0), 0.0)
         return np.asarray(v, dtype=np.float64), ParticleDiagnostics(ess=ess)
 
+    def mixture_field(self, logw, means, covs, x):
+        r"""The field against a mixture: that of the Gaussian with the mixture's two moments.
+
+        :math:`\Gamma[\mu](x) = V\,\mathbb E_\mu[yy^T]A\,x` depends on :math:`\mu` only
+        through its second moment :math:`\sum_kw_k(\Sigma_k + \alpha_k\alpha_k^T)`, so
+        every component moves by the same linear map and the mixture closure is exact.
+        """
+        w = np.exp(logw - np.max(logw))
+        w /= w.sum()
+        mean = w @ means
+        second = np.einsum("k,kij->ij", w, covs + means[:, :, None] * means[:, None, :])
+        return self.velocity(mean, second - np.outer(mean, mean), x)
+
     def compiled_field(self):
         """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, [cV; K; Q]``."""
         from . import _compiled_fields as cf

@@ -35,7 +35,7 @@ ATTENTIONS: dict[str, type[Attention]] = {
 #: the contract's optional hooks, whose implementation is a capability
 _HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs", "stack_kernel",
           "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
-          "gaussian_closure_field", "definition_field", "example_setting",
+          "mixture_field", "gaussian_closure_field", "definition_field", "example_setting",
           "field_matrix_with_mean")
 
 

@@ -12,7 +12,14 @@ token (docs/math.md 3.2),
 .. math:: s(x, y) = -\tfrac12 y^THy + y^T h(x) + r(x),\qquad h(x) = Ax + g,
 
 (softmax: :math:`H = 0`, :math:`A = cK^TQ`; L2: :math:`H = 2cK^TK`, :math:`A = 2cK^TQ`,
-:math:`r(x) = -c|Qx|^2`; :math:`g = 0` for both). Per component, with
+:math:`r(x) = -c|Qx|^2`; :math:`g = 0` for both; a query bias :math:`q` gives
+:math:`g = cK^Tq`, which tilts each component,
+:math:`e^{g^Ty}\mathcal N(y;\alpha_k,\Sigma_k) = e^{g^T\alpha_k + g^T\Sigma_kg/2}
+\mathcal N(y;\alpha_k + \Sigma_kg,\Sigma_k)`, so the formulas below with :math:`g = 0`
+serve on the tilted weights and means: ``QuadraticScore.tilt``). A head without a
+quadratic score may give its field against a mixture itself
+(``Attention.mixture_field``: linear attention, whose field sees only the mixture's
+second moment). Per component, with
 :math:`P_k = I + \Sigma_kH`, the tilted mean and the log of the Gaussian integral
 :math:`Z_k(x) = \mathbb E_{y\sim\mathcal N(\alpha_k,\Sigma_k)}[e^{s(x,y)}]` are
 
@@ -328,6 +335,7 @@ def _head_velocity(head, logw, means, covs, X):
     from ``_COMPILED_PAIRS`` pairs on the compiled row-by-row softmax
     (:func:`~gaussian_pde.closure._mixture_kernel.softmax_average`) needs no such block.
     """
+    logw, means = head.tilt(logw, means, covs)     # a linear term g^T y of the score
     A, H = head.A, head.H
     c, B, logdet = component_terms(A, H, means, covs)
     K, d = means.shape
@@ -366,9 +374,17 @@ def _head_velocity(head, logw, means, covs, X):
 
 
 def _velocity(heads, logw, means, covs, X):
-    out = _head_velocity(heads[0], logw, means, covs, X)
-    for h in heads[1:]:
-        out = out + _head_velocity(h, logw, means, covs, X)
+    """The sum of the heads' fields against the mixture at ``X``.
+
+    Each head (of ``quadratic_heads(attention, fields=True)``) is a quadratic score, whose
+    closed form is :func:`_head_velocity`, or a head with its own ``mixture_field``.
+    """
+    out = None
+    for h in heads:
+        own = getattr(h, "mixture_field", None)
+        v = own(logw, means, covs, X) if own is not None else _head_velocity(h, logw, means,
+                                                                              covs, X)
+        out = v if out is None else out + v
     return out
 
 
@@ -393,7 +409,7 @@ def mixture_velocity(attention, mixture, x):
     -------
     ndarray, shape (n, d)
     """
-    heads = quadratic_heads(attention)
+    heads = quadratic_heads(attention, fields=True)
     mixture = _validate_mixture(mixture, attention.d)
     x = validate_array(x, "x", ndim=2)
     if x.shape[1] != mixture.d:
@@ -445,7 +461,7 @@ def mixture_closure_terms(attention, mixture, n_per_dim=DEFAULT_N_PER_DIM):
     dcovs : ndarray, shape (K, d, d)
         :math:`\Sigma_k' = L_kL_k'^T + L_k'L_k^T` (independent of the factor).
     """
-    heads = quadratic_heads(attention)
+    heads = quadratic_heads(attention, fields=True)
     mixture = _validate_mixture(mixture, attention.d)
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=mixture.d)
     Z, W = standard_nodes(mixture.d, n_per_dim)
@@ -883,7 +899,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     doubles each: BDF holds at least 4, Radau 7, LSODA 1); a request whose memory would
     not fit is refused up front.
     """
-    heads = quadratic_heads(attention)
+    heads = quadratic_heads(attention, fields=True)
     mixture = _validate_mixture(mixture, attention.d)
     d = mixture.d
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)

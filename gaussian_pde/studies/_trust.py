@@ -119,7 +119,7 @@ def empirical_start(x, labels, K):
 def batched_particle_velocity(heads, x):
     r"""Particle velocities of a stack of independent token clouds.
 
-    For every head with score :math:`s(x, y) = -\tfrac12y^THy + y^TAx + r(x)` (the
+    For every head with score :math:`s(x, y) = -\tfrac12y^THy + y^T(Ax + g) + r(x)` (the
     quadratic form of :func:`gaussian_pde.attention.quadratic_heads`; :math:`r` cancels),
 
     .. math:: v_i = \sum_{\text{heads}} V\sum_j\operatorname{softmax}_j\big(s(x_i, x_j)\big)\,x_j,
@@ -143,6 +143,8 @@ def batched_particle_velocity(heads, x):
         logit = (x @ h.A.T) @ np.swapaxes(x, 1, 2)                   # [s, i, j]: y_j^T A x_i
         if h.H is not None:
             logit -= 0.5 * np.sum((x @ h.H) * x, axis=2)[:, None, :]
+        if h.g is not None:
+            logit += (x @ h.g)[:, None, :]
         logit -= logit.max(axis=2, keepdims=True)
         p = np.exp(logit)
         p /= p.sum(axis=2, keepdims=True)

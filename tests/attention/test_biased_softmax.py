@@ -40,6 +40,18 @@ def _quadrature_velocity(Q, K, V, q, kb, c, mean, cov, X, n=40):
     return np.array(out)
 
 
+def _quadrature_partition(Q, K, q, kb, c, mean, cov, X, n=40):
+    """The same rule for ``E[e^s]`` (n_x, 1) and ``E[y e^s] / E[e^s]`` (n_x, d) at each x."""
+    t, w = hermegauss(n)
+    d = mean.size
+    Z = np.stack([g.ravel() for g in np.meshgrid(*([t] * d), indexing="ij")], axis=1)
+    W = np.prod(np.meshgrid(*([w] * d), indexing="ij"), axis=0).ravel() / np.sqrt(2 * np.pi) ** d
+    Y = mean + Z @ np.linalg.cholesky(cov).T
+    E = W[:, None] * np.exp(c * (Y @ K.T + kb) @ (Q @ X.T + q[:, None]))    # (nodes, n_x)
+    z = E.sum(axis=0)
+    return z[:, None], (E.T @ Y) / z[:, None]
+
+
 def test_field_matches_an_independent_quadrature(cls, rng):
     d, k = 2, 2
     Q, K = 0.5 * rng.standard_normal((k, d)), 0.5 * rng.standard_normal((k, d))
@@ -144,8 +156,32 @@ def test_the_recipe_two_hand_written_files():
         assert path in recipe
 
 
-def test_mixture_closure_refuses_a_score_with_a_linear_term(cls):
+def test_mixture_closure_sees_it(cls, rng):
+    """The score's linear term tilts each component (``QuadraticScore.tilt``): the mixture
+    field against the quadrature written out here, summed over the components with their
+    weights; one component is ``solve`` itself."""
+    att = cls.example(2, rng)
+    Q, K, V, c = att.Q, att.K, att.V, float(att.scale)
+    w = np.array([0.35, 0.65])
+    means = np.array([[-0.6, 0.4], [0.8, -0.3]])
+    covs = np.array([[[0.3, 0.1], [0.1, 0.2]], [[0.15, -0.05], [-0.05, 0.25]]])
+    mix = gp.GaussianMixture(w, means, covs)
+    X = rng.normal(size=(5, 2))
+    # V sum_k w_k E_k[y e^s] / sum_k w_k E_k[e^s], from the per-component quadratures
+    num = np.zeros((5, 2))
+    den = np.zeros((5, 1))
+    for k in range(2):
+        z, avg = _quadrature_partition(Q, K, att.q, att.k_b, c, means[k], covs[k], X)
+        num += w[k] * z * avg
+        den += w[k] * z
+    ref = (num / den) @ V.T
+    np.testing.assert_allclose(gp.mixture_velocity(att, mix, X), ref, rtol=1e-9, atol=1e-10)
+    # one component: the moment equations, and solve_mixture is solve
     ex = cls.example_setting()
-    mix = gp.GaussianMixture(np.ones(1), ex["mean0"][None], ex["cov0"][None])
-    with pytest.raises(TypeError, match="quadratic"):
-        gp.solve_mixture(ex["attention"], mix, (0.0, 0.1))
+    one = gp.GaussianMixture(np.ones(1), ex["mean0"][None], ex["cov0"][None])
+    sol = gp.solve_mixture(ex["attention"], one, (0.0, 0.1), t_eval=[0.1])
+    ref = gp.solve(ex["attention"], ex["mean0"], ex["cov0"], (0.0, 0.1), t_eval=[0.1])
+    np.testing.assert_allclose(sol.means[-1, 0], ref.mean[-1], rtol=1e-9)
+    np.testing.assert_allclose(sol.covs[-1, 0], ref.cov[-1], rtol=1e-9)
+    two = gp.solve_mixture(att, mix, (0.0, 0.1))
+    assert two.status == "finished"

@@ -192,6 +192,47 @@ def test_solve_batch_with_means_matches_solve(cls, rng):
         gp.solve_batch(atts, covs, (0.0, 1.0), mean0s=means, path="numpy")
 
 
+def test_mixture_closure_is_exact(cls, rng):
+    """The field against a mixture is linear in x, with the mixture's second moment
+    ``S = sum_k w_k (Sigma_k + alpha_k alpha_k^T)``: every token moves by one map, so the
+    closure is exact. The mixture's total mean and covariance follow ``solve`` of the
+    Gaussian with those moments; each component is carried by the same flow F(t)
+    (``alpha_k(t) = F alpha_k(0)``, ``Sigma_k(t) = F Sigma_k(0) F^T``)."""
+    d, K = 2, 3
+    att = cls(0.6 * rng.standard_normal((d, d)), 0.6 * rng.standard_normal((d, d)),
+              rng.standard_normal((d, d)) / 2)
+    w = np.array([0.2, 0.3, 0.5])
+    means = 0.7 * rng.standard_normal((K, d))
+    covs = np.array([_example_state(rng, d)[1] * 0.5 for _ in range(K)])
+    mix = gp.GaussianMixture(w, means, covs)
+    # the field, from its definition on a fine quadrature of each component
+    X = rng.standard_normal((4, d))
+    Y, logw = [], []
+    for k in range(K):
+        t, wq = hermegauss(12)
+        Z = np.stack([g.ravel() for g in np.meshgrid(t, t, indexing="ij")], axis=1)
+        Y.append(means[k] + Z @ np.linalg.cholesky(covs[k]).T)
+        logw.append(np.log(w[k]) + np.log(np.outer(wq, wq).ravel() / (2 * np.pi)))
+    S = att.scale * np.einsum("nj,xi,ki,kj,n->xn", np.concatenate(Y), X, att.Q, att.K,
+                              np.exp(np.concatenate(logw)))
+    ref = S @ np.concatenate(Y) @ att.V.T                  # V sum_n w_n s(x, y_n) y_n
+    np.testing.assert_allclose(gp.mixture_velocity(att, mix, X), ref, rtol=1e-10, atol=1e-12)
+    t_eval = np.linspace(0.0, 0.3, 4)
+    sol = gp.solve_mixture(att, mix, (0.0, 0.3), t_eval=t_eval, rtol=1e-11, atol=1e-13)
+    mbar = np.einsum("k,tki->ti", w, sol.means)
+    second = np.einsum("k,tkij->tij", w, sol.covs + sol.means[..., :, None] * sol.means[..., None, :])
+    m0 = w @ means
+    cov0 = np.einsum("k,kij->ij", w, covs + means[:, :, None] * means[:, None, :]) - np.outer(m0, m0)
+    one = gp.solve(att, m0, cov0, (0.0, 0.3), t_eval=t_eval, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(mbar, one.mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(second - mbar[:, :, None] * mbar[:, None, :], one.cov,
+                               rtol=1e-8, atol=1e-10)
+    # one flow F(t) for all components: F = [alpha_k(t)] [alpha_k(0)]^+ on K = 3 > d means
+    F = np.linalg.lstsq(means, sol.means[-1], rcond=None)[0].T
+    np.testing.assert_allclose(sol.means[-1], means @ F.T, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(sol.covs[-1], F @ covs @ F.T, rtol=1e-8, atol=1e-10)
+
+
 def test_multihead_with_a_linear_head(cls, rng):
     d = 2
     lin = cls.example(d, rng)

@@ -17,8 +17,16 @@ def _random_cov(rng, d, rank=None):
     return B @ B.T / d + (0 if rank else 0.1 * np.eye(d))
 
 
-def _attentions(d, rng):
-    return [gp.Softmax.example(d, rng), gp.L2.example(d, rng), gp.MultiHead.example(d, rng)]
+def _mixture_names():
+    """Every registered type the mixture closure takes (a quadratic score, or a field
+    against a mixture in closed form), and the multi-head sum."""
+    from gaussian_pde.attention import has_hook
+
+    return [name for name, cls in gp.ATTENTIONS.items()
+            if has_hook(cls, "quadratic_score") or has_hook(cls, "mixture_field")] + ["multihead"]
+
+
+MIXTURE_NAMES = _mixture_names()
 
 
 # ------------------------------------------------------------------ the state
@@ -117,12 +125,12 @@ def test_log_partition_matches_sympy(name):
         np.testing.assert_allclose(m[0, i], f(m_sym).ravel(), atol=1e-13)
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])
-def test_velocity_matches_definition_on_nodes(which):
+@pytest.mark.parametrize("name", MIXTURE_NAMES)
+def test_velocity_matches_definition_on_nodes(name):
     """Closed form against the attention average over a fine Gauss-Hermite discretisation."""
     rng = np.random.default_rng(3)
     d = 2
-    att = _attentions(d, rng)[which]
+    att = gp.ATTENTIONS[name].example(d, rng)
     mix = gp.GaussianMixture([0.3, 0.7], [[-1.0, 0.5], [1.0, -0.2]],
                              [0.3 * _random_cov(rng, d), 0.2 * _random_cov(rng, d, rank=1)])
     Y, logw = [], []
@@ -150,11 +158,11 @@ def test_split_component_is_the_same_measure():
 # ------------------------------------------------------------------ one component = exact ODE
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])
+@pytest.mark.parametrize("name", MIXTURE_NAMES)
 @pytest.mark.parametrize("d", [2, 3])
-def test_one_component_is_the_moment_ode(which, d):
-    rng = np.random.default_rng(10 * d + which)
-    att = _attentions(d, rng)[which]
+def test_one_component_is_the_moment_ode(name, d):
+    rng = np.random.default_rng(10 * d + MIXTURE_NAMES.index(name))
+    att = gp.ATTENTIONS[name].example(d, rng)
     m, C = rng.normal(size=d), _random_cov(rng, d)
     mix = gp.GaussianMixture([1.0], [m], [C])
     dm, _, dC = mx.mixture_closure_terms(att, mix)
@@ -295,14 +303,14 @@ def test_identical_components_equal_one():
     np.testing.assert_array_equal(trio.merge_times, pair.merge_times)
 
 
-@pytest.mark.parametrize("which", [0, 1])
-def test_point_masses_stay_exact(which):
+@pytest.mark.parametrize("name", MIXTURE_NAMES)
+def test_point_masses_stay_exact(name):
     """Point masses are particles: alpha_k' = V sum_j pi_j(alpha_k) m_j(alpha_k), with the
     particle system integrated from its definition; their factors stay exactly zero."""
     from scipy.integrate import solve_ivp
 
     rng = np.random.default_rng(11)
-    att = [gp.Softmax.example(2, rng), gp.L2.example(2, rng)][which]
+    att = gp.ATTENTIONS[name].example(2, rng)
     w = np.array([0.2, 0.3, 0.5])
     x0 = rng.normal(size=(3, 2))
     zero = np.zeros((3, 2, 2))

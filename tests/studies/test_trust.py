@@ -21,6 +21,21 @@ def test_batched_velocity_is_the_particle_velocity(kind):
         np.testing.assert_allclose(v[s], att.particle_velocity(x[s])[0], atol=1e-12)
 
 
+def test_batched_velocity_of_every_quadratic_score(rng):
+    """Every registered type with a quadratic score (a linear term ``g`` included)."""
+    from gaussian_pde.attention import names_with
+
+    names = names_with(quadratic_score=True)
+    assert len(names) >= 3
+    x = rng.normal(size=(2, 30, 3))
+    for name in names:
+        att = gp.ATTENTIONS[name].example(3, rng)
+        v = T.batched_particle_velocity(_heads(att), x)
+        for s in range(2):
+            np.testing.assert_allclose(v[s], att.particle_velocity(x[s])[0], atol=1e-12,
+                                       err_msg=name)
+
+
 def test_relative_deviation_units():
     m = np.array([[1.0, 2.0], [-1.0, 0.5]])
     c = np.stack([0.25 * np.eye(2), np.diag([0.5, 1.0])])
