@@ -117,7 +117,35 @@ def main():
         f = payload["full_study"]
         print(f"train (full): {f['wall_s']:.1f} s wall, {f['cpu_s']:.1f} s CPU "
               f"(budget {BUDGETS['full']:g} s)", flush=True)
+    payload["tables"] = _tables(payload)
     write_record("bench_training", payload, args.json)
+
+
+def _tables(payload):
+    """The record's tables: the training step per variant; the studies against their budgets."""
+    rows = []
+    for v, builds in payload["variants"].items():
+        o, f = builds["optimized"], builds["fast"]
+        rows.append([v, f"{o['build_s']:.2f}", f"{1e3 * o['step_s']:.2f}",
+                     f"{o['step_ratio_vs_pre_ln']:.2f}", f"{f['build_s']:.2f}",
+                     f"{1e3 * f['step_s']:.2f}", f"{f['step_ratio_vs_pre_ln']:.2f}"])
+    tables = [{"title": f"Compiled training step ({payload['lanes']} lanes of the full study, "
+                        f"batch {payload['batch']}, depth {payload['depth']}, task "
+                        f"{payload['task']}; ratios against pre_ln in the same run)",
+               "columns": ["variant", "optimized: build s", "step ms", "x pre_ln",
+                           "fast: build s", "step ms", "x pre_ln"],
+               "rows": rows}]
+    studies = [(name, key) for name, key in (("train --quick", "quick"), ("train (full)", "full"))
+               if f"{key}_study" in payload]
+    if studies:
+        tables.append({
+            "title": "The training study's wall and CPU time (all threads) against its budget",
+            "columns": ["command", "wall s", "CPU s", "budget s", "wall / budget"],
+            "rows": [[name, f"{payload[key + '_study']['wall_s']:.1f}",
+                      f"{payload[key + '_study']['cpu_s']:.1f}", f"{BUDGETS[key]:g}",
+                      f"{payload[key + '_study']['wall_s'] / BUDGETS[key]:.2f}"]
+                     for name, key in studies]})
+    return tables
 
 
 if __name__ == "__main__":

@@ -645,6 +645,10 @@ _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
             "_sinkhorn_rhs", "_linear_rhs", "_spread_ok", "_head_parts")
 
 
+#: helpers inlined at the Numba IR level into their callers
+_INLINED = ("_softmax_core",)
+
+
 def signatures():
     """The Numba signatures of ``rhs`` and ``jac`` (the integrator's argument types)."""
     from numba import types as T
@@ -668,7 +672,10 @@ def kernels():
     g = globals()
     for name in _HELPERS:     # the helpers first: the kernels call them as compiled globals
         if not hasattr(g[name], "py_func"):
-            g[name] = njit(cache=True, error_model="numpy")(g[name])
+            # the shared softmax body is inlined into its two callers, so that the kernels
+            # compiled for a shape see its loop bounds as constants
+            inline = "always" if name in _INLINED else "never"
+            g[name] = njit(cache=True, error_model="numpy", inline=inline)(g[name])
     rhs_sig, jac_sig = signatures()
     opts = dict(cache=True, error_model="numpy", boundscheck=False)
     return njit(rhs_sig, **opts)(heads_rhs), njit(jac_sig, **opts)(heads_jac)
