@@ -122,11 +122,12 @@ def _head_y(Y, kind, Vh, Ah, Hh, L, Li, ell, lt, d):
     _mm(Ah, LiT, W1)
     _mm(Li, W1, At)
     if kind == 0:
+        w = np.exp(lt - ell)
         for i in range(d):
             for j in range(d):
-                acc = Vt[i, 0] * np.exp(lt - ell[0]) * At[0, j]
+                acc = Vt[i, 0] * w[0] * At[0, j]
                 for m in range(1, d):
-                    acc += Vt[i, m] * np.exp(lt - ell[m]) * At[m, j]
+                    acc += Vt[i, m] * w[m] * At[m, j]
                 Y[i, j] += acc
         return
     Ht = np.empty_like(L)
@@ -140,12 +141,13 @@ def _head_y(Y, kind, Vh, Ah, Hh, L, Li, ell, lt, d):
             W1[i, j] = e[i] * At[i, j]
     # T X A~ = 2 e^{lt} D^{-1/2} G^{-1} D^{-1/2} A~
     GA = _solve_plain(G, W1)
+    two_t = 2.0 * np.exp(lt)
     for i in range(d):
         for j in range(d):
             acc = Vt[i, 0] * e[0] * GA[0, j]
             for m in range(1, d):
                 acc += Vt[i, m] * e[m] * GA[m, j]
-            Y[i, j] += 2.0 * np.exp(lt) * acc
+            Y[i, j] += two_t * acc
 
 
 def _field(ya, kinds, V, A, H, log_ts, k, d, out):
