@@ -64,6 +64,7 @@ from .._common.validation import (
 )
 from ..attention import Attention, quadratic_heads, single_heads
 from ..integrate import RODAS4
+from ._certified_compiled import available, integrate_compiled
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
            "theorem_rank"]
@@ -133,6 +134,9 @@ class CertifiedLimit:
         Accepted steps of the log-time integration.
     message : str
         The evidence in words, or why the outcome is undecided.
+    path : str
+        Which integration loop ran: ``"compiled"`` (Numba,
+        :mod:`._certified_compiled`) or ``"numpy"`` (the batched reference).
     """
 
     outcome: str
@@ -150,6 +154,7 @@ class CertifiedLimit:
     eigenvalues: np.ndarray
     steps: int
     message: str
+    path: str = "numpy"
 
 
 # ----------------------------------------------------------------------------------------
@@ -595,7 +600,7 @@ def _blowup_verdict(att, cov0, t_max):
 
 
 def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
-                  strict=True):
+                  strict=True, compiled=False):
     r""":func:`certified_limits` on validated input, at one horizon and step cap.
 
     A pivot of :math:`\Sigma^{-1}` past the floating-point range (an eigenvalue of
@@ -604,11 +609,11 @@ def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_st
     """
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol,
-                                 max_steps, strict)
+                                 max_steps, strict, compiled)
 
 
 def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
-                      strict):
+                      strict, compiled):
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
     base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
     if base[-1] < t_max:
@@ -640,8 +645,12 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
         field = _LDLField(kinds, V, A, H, t_s, k, d)
         taus = np.tile(np.log1p(base), (len(rows), 1))
         tr0 = np.trace(S0, axis1=1, axis2=2)
-        rec, steps, stop, t_last = _integrate(field, y0, taus, rtol, field_tr=_trace,
-                                              tr_max=GROWTH * tr0, max_steps=max_steps)
+        if compiled:
+            rec, steps, stop, t_last = integrate_compiled(kinds, V, A, H, t_s, k, y0, taus,
+                                                          rtol, GROWTH * tr0, max_steps)
+        else:
+            rec, steps, stop, t_last = _integrate(field, y0, taus, rtol, field_tr=_trace,
+                                                  tr_max=GROWTH * tr0, max_steps=max_steps)
         C0 = P0[:, k:, k:]
         for j, i in enumerate(rows):
             ck_t = t_s[j] * base
@@ -658,7 +667,7 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
                 res = _decide(field, rec[j], taus[j], ck_t,
                               steps[j], stop[j], t_s[j] * np.expm1(t_last[j]), U[j], k,
                               lyap[j], C0[j], fit_decades, drift_tol, strict=strict)
-            out[i] = CertifiedLimit(**res)
+            out[i] = CertifiedLimit(**res, path="compiled" if compiled else "numpy")
     return out
 
 
@@ -696,7 +705,7 @@ def _fits(nbytes):
 
 
 def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.0,
-                     drift_tol=1e-2):
+                     drift_tol=1e-2, compiled=None):
     r"""Certified limits of many trajectories (batched by dimension and head structure).
 
     Parameters
@@ -722,6 +731,11 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
         eigenvalues obey is :math:`1/\max_t\lambda_{\max}(N^TP(t)N)` over the computed
         checkpoints, so a drift :math:`\delta` moves it by a factor of at most
         :math:`1 + \delta`; 1e-2 leaves the decision unchanged.
+    compiled : bool or None
+        Run the log-time RODAS4 loop compiled with Numba (:mod:`._certified_compiled`,
+        parallel over settings) or the batched NumPy reference; ``None``: compiled where
+        Numba imports. Same field, stepper and decision: the verdicts agree, the fitted
+        exponents to the integration tolerance. ``CertifiedLimit.path`` says which ran.
 
     Returns
     -------
@@ -761,15 +775,17 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
                          f"state can resolve), got {rtol:g}.")
     fit_decades = validate_positive(fit_decades, "fit_decades")
     drift_tol = validate_positive(drift_tol, "drift_tol")
+    compiled = available() if compiled is None else bool(compiled)
     _check_memory([c.shape[-1] for c in cov0s])
-    out = _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, _MAX_STEPS)
+    out = _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, _MAX_STEPS,
+                        compiled=compiled)
     # a setting still undecided (a slow mode not settled by t_max, or the step cap) gets
     # one longer integration; the message says so
     again = [i for i, r in enumerate(out) if r.outcome == "undecided"]
     if again and t_max < _ESCALATE_T:
         redo = _certify_rows([attentions[i] for i in again], [cov0s[i] for i in again],
                              _ESCALATE_T, rtol, fit_decades, drift_tol,
-                             _ESCALATE_STEPS * _MAX_STEPS, strict=False)
+                             _ESCALATE_STEPS * _MAX_STEPS, strict=False, compiled=compiled)
         for i, r in zip(again, redo):
             out[i] = dataclasses.replace(
                 r, message=f"{r.message} (horizon raised to {_ESCALATE_T:g} t_s after: "
