@@ -20,10 +20,12 @@ MEAN_FREE = [name for name, cls in gp.ATTENTIONS.items()
 
 
 def _instance(name, rng, d, k):
-    """A random instance of ``name``: a single head with ``k``-row query and key matrices
-    (scores of order one), a sum of heads by its class's ``example``."""
+    """A random instance of ``name``: a head of query, key and value matrices alone with
+    ``k``-row query and key matrices (scores of order one); a sum of heads, or a head with
+    further weights (biases), by its class's ``example`` (all its weights random)."""
     cls = gp.ATTENTIONS[name]
-    if not issubclass(cls, gp.SingleHeadAttention):
+    if (not issubclass(cls, gp.SingleHeadAttention)
+            or cls.weight_names != gp.SingleHeadAttention.weight_names):
         return cls.example(d, rng)
     return cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
                rng.standard_normal((d, d)) / np.sqrt(d))
