@@ -11,28 +11,33 @@ import pytest
 from scipy.special import logsumexp
 
 import gaussian_pde as gp
+from gaussian_pde.attention import has_hook
 from gaussian_pde.closure._quadrature import gauss_hermite_gaussian
 
 
 def _quadrature_field(head, mean, cov, x, nodes=60):
     """V * E_w[y] with weights e^{s(x, y)} against N(mean, cov), by quadrature."""
     ys, w = gauss_hermite_gaussian(mean, cov, nodes)
-    Q, K, V, c = head.Q, head.K, head.V, head.scale
-    if head.name == "softmax":
-        s = c * (ys @ K.T) @ (Q @ x)
-    else:  # l2
-        s = -c * np.sum((Q @ x - ys @ K.T) ** 2, axis=1)
+    s = head.score_matrix(x[None, :], ys)[0]     # the score of the definition (particles)
     logp = np.log(w) + s
     p = np.exp(logp - logsumexp(logp))
-    return V @ (p @ ys)
+    return head.V @ (p @ ys)
 
 
 def _random_head(cls, rng, d, k, weight=0.5):
+    """A head with ``k``-row query and key matrices; a type with further weights (biases)
+    by its ``example`` (all its weights random, ``k = d``)."""
+    if cls.weight_names != gp.SingleHeadAttention.weight_names:
+        return cls.example(d, rng)
     return cls(weight * rng.standard_normal((k, d)), weight * rng.standard_normal((k, d)),
                rng.standard_normal((d, d)))
 
 
-@pytest.mark.parametrize("cls", [gp.Softmax, gp.L2])
+#: the softmax-normalised heads with exact moments: a score quadratic in the key token
+NORMALISED = [cls for cls in gp.ATTENTIONS.values() if has_hook(cls, "quadratic_score")]
+
+
+@pytest.mark.parametrize("cls", NORMALISED)
 @pytest.mark.parametrize("k", [1, 2])  # k = 1 < d: singular A
 def test_field_against_quadrature(cls, k, rng):
     d = 2
@@ -52,7 +57,7 @@ def test_field_rank_deficient_covariance(rng):
     d = 2
     v = rng.standard_normal(d)
     cov = 0.8 * np.outer(v, v) / (v @ v)
-    for cls in (gp.Softmax, gp.L2):
+    for cls in NORMALISED:
         head = _random_head(cls, rng, d, 2)
         mean = rng.standard_normal(d)
         x = rng.standard_normal(d)

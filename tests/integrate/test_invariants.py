@@ -56,9 +56,9 @@ def make_setting(rng, kind, d, k, rank, w_exp, c_exp, singular):
         w = 10.0 ** (w_exp / 2)         # A scales like w^2
         return gp.ATTENTIONS[name](w * Q, w * K, V)
 
-    if kind == "multihead":
+    if kind not in SINGLE:      # a sum of heads: two drawn single-head types
         names = [SINGLE[i] for i in rng.integers(0, len(SINGLE), size=2)]
-        att = gp.MultiHead([head(n) for n in names])
+        att = gp.ATTENTIONS[kind]([head(n) for n in names])
     else:
         att = head(kind)
     G = rng.standard_normal((d, rank))

@@ -392,17 +392,23 @@ def test_auto_blowup_is_confirmed_as_before():
     assert sol.status == "blowup" and sol.t_blowup == pytest.approx(1.0, rel=1e-8)
 
 
+#: the types whose covariance may be integrated alone (a mean-free covariance equation)
+MEAN_FREE = [kind for kind in TYPES
+             if not gp.get_attention(kind).field_sees_mean]
+
+
 def _mean_case(kind, seed, d=4):
     rng = np.random.default_rng(seed)
-    if kind == "multihead":
-        att = gp.MultiHead([cls.example(d, rng) for cls in (gp.Softmax, gp.L2, gp.Sinkhorn)])
+    if kind == "multihead":    # a sum of every single head kind of MEAN_FREE
+        att = gp.MultiHead([cls.example(d, rng) for cls in MEAN_FREE
+                            if not isinstance(cls, str)])
     else:
-        att = kind.example(d, rng)
+        att = gp.get_attention(kind).example(d, rng)
     G = rng.standard_normal((d, d))
     return att, rng.standard_normal(d), G @ G.T / d
 
 
-@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2, gp.Sinkhorn, "multihead"])
+@pytest.mark.parametrize("kind", TYPES)
 def test_mean_against_radau(kind):
     """An O(1) mean with the defaults: within 1e-8 of Radau at rtol 1e-12, at every output
     time (Python path) and at the end (Fortran path), as the covariance."""
@@ -421,8 +427,8 @@ def test_mean_against_radau(kind):
                 assert rel(m, m_ref) < 1e-8
 
 
-@pytest.mark.parametrize("kind", [gp.Softmax, gp.L2, gp.Sinkhorn,
-                                  pytest.param("multihead", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if isinstance(k, str)
+                                  else k for k in MEAN_FREE])
 def test_a_mean_costs_about_the_covariance_alone(kind):
     """A random O(1) mean on short runs (d = 5, t in [0, 1.5], ten settings): the run
     with the mean takes about the covariance-only run's evaluations (the median within
@@ -437,8 +443,8 @@ def test_a_mean_costs_about_the_covariance_alone(kind):
         assert a.status == b.status
         ratios.append(a.nfev / b.nfev)
     assert abs(np.median(ratios) - 1.0) <= 0.05 and max(ratios) <= 1.4, ratios
-    if kind is gp.Sinkhorn:
-        assert ratios == [1.0] * 10
+    if gp.get_attention(kind).example(2, 0).mean_generator() is not None:
+        assert ratios == [1.0] * 10     # the mean in closed form: no evaluation of its own
 
 
 def test_a_mean_past_the_float_range_is_named_when_the_run_fails():

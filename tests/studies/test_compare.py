@@ -8,8 +8,7 @@ import pytest
 
 import gaussian_pde as gp
 from gaussian_pde._common.gaussian import bures_wasserstein
-from gaussian_pde.attention._masked import Masked
-from gaussian_pde.attention._sigmoid import Sigmoid
+from gaussian_pde.attention import names_with
 from gaussian_pde.cli._main import main
 from gaussian_pde.studies import compare, fit_slope
 
@@ -83,7 +82,7 @@ def test_compare_detects_a_wrong_ode():
     mean0, cov0 = np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]])
 
     class Swapped(gp.L2):
-        name = "l2"
+        name = gp.L2.name
 
         def particle_kernel(self, x, opts):
             return wrong.particle_kernel(x, opts)
@@ -94,17 +93,24 @@ def test_compare_detects_a_wrong_ode():
     del att
 
 
-def test_compare_non_gaussian_types():
-    Q = np.array([[1.0, 0.5]])
+@pytest.mark.parametrize("name", names_with(gaussian_preserving=False))
+def test_compare_non_gaussian_types(name):
+    """No ODE to compare with: the distances to Gaussians only; a type with positions
+    takes a mean that depends on them (the first token then attends to itself alone)."""
     mean0, cov0 = np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]])
-    rep = compare(Sigmoid(Q, -Q, np.eye(2), bias=-0.5), mean0, cov0, n=[100, 200],
-                  seeds=range(2), t_eval=np.linspace(0, 0.5, 3), method="rk4", dt=0.25)
-    assert rep.ode_cov is None and rep.cov_error is None and rep.slopes == {}
-    assert np.all(np.isfinite(rep.sliced_w2)) and np.all(np.isfinite(rep.kurtosis))
-    assert "cov_error" not in rep.metrics and "sliced_w2" in rep.metrics
-    rep2 = compare(Masked(Q, -Q, np.eye(2)), lambda tau: mean0 + np.outer(tau, [1.0, 0.0]),
-                   cov0, n=[100], seeds=[0], t_eval=[0.0, 0.5], method="rk4", dt=0.25)
-    assert rep2.mean.shape == (1, 1, 2, 2) and rep2.ess_min[0, 0, 0] == pytest.approx(1.0)
+    cls = gp.ATTENTIONS[name]
+    att = cls.example(2, np.random.default_rng(0))
+    if not cls.uses_positions:
+        rep = compare(att, mean0, cov0, n=[100, 200], seeds=range(2),
+                      t_eval=np.linspace(0, 0.5, 3), method="rk4", dt=0.25)
+        assert rep.ode_cov is None and rep.cov_error is None and rep.slopes == {}
+        assert np.all(np.isfinite(rep.sliced_w2)) and np.all(np.isfinite(rep.kurtosis))
+        assert "cov_error" not in rep.metrics and "sliced_w2" in rep.metrics
+    else:
+        rep = compare(att, lambda tau: mean0 + np.outer(tau, [1.0, 0.0]), cov0, n=[100],
+                      seeds=[0], t_eval=[0.0, 0.5], method="rk4", dt=0.25)
+        assert rep.ode_cov is None and rep.cov_error is None
+        assert rep.mean.shape == (1, 1, 2, 2) and rep.ess_min[0, 0, 0] == pytest.approx(1.0)
 
 
 def test_compare_bad_input():
@@ -118,8 +124,13 @@ def test_compare_bad_input():
 
 
 # ---------------------------------------------------------------- CLI
+#: one type with exact moments (the error figures) and one with positions (none)
+CLI_TYPES = (names_with(gaussian_preserving=True, mean_generator=True)[:1]
+             + names_with(uses_positions=True)[:1])
+
+
 @pytest.mark.filterwarnings("ignore::gaussian_pde.particles._simulate.ParticleDegeneracyWarning")
-@pytest.mark.parametrize("name", ["sinkhorn", "masked"])
+@pytest.mark.parametrize("name", CLI_TYPES)
 def test_cli_compare_writes_table_and_figures(tmp_path, name):
     rc = main(["compare", "--attention", name, "--n", "60", "120", "--seeds", "2",
                "--num-times", "3", "--t-end", "0.2", "--out", str(tmp_path)])
@@ -131,7 +142,8 @@ def test_cli_compare_writes_table_and_figures(tmp_path, name):
     data = json.loads((tmp_path / f"compare_{name}.json").read_text())
     assert data["attention"] == name and data["settings"]["seeds"] == 2
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    want = {"moments", "diagnostics"} | ({"errors", "scaling"} if name == "sinkhorn" else set())
+    exact = gp.ATTENTIONS[name].gaussian_preserving
+    want = {"moments", "diagnostics"} | ({"errors", "scaling"} if exact else set())
     assert pngs == sorted(f"compare_{name}_{w}.png" for w in want)
     assert not list(tmp_path.glob(".*.tmp*"))  # atomic writes left no temporary files
 
