@@ -588,4 +588,8 @@ def test_the_estimate_extrapolates_the_pilot():
 def test_a_small_sweep_prints_an_estimate_after_a_real_pilot(tmp_path, capsys):
     run_sweep(small_spec(draws=2), tmp_path / "res", scheduler="inprocess", progress=True)
     line = capsys.readouterr().err.splitlines()[0]
-    assert "; estimated time ~" in line and "(an estimate: 2 setting(s) timed" in line
+    import re
+
+    # two types, dims 2 and 3: the smallest always, d = 3 while the budget allows
+    assert re.search(r"; estimated time ~\S+ \S+ on one worker \(an estimate: [2-4] "
+                     r"setting\(s\) timed, d up to [23], extrapolated\)$", line), line
