@@ -760,6 +760,8 @@ _FD_JACOBIAN_MAX = 240
 _MIN_EVALUATIONS = 14
 #: runs estimated to take longer than this (seconds) say so when they start
 _ANNOUNCE_S = 60.0
+#: runs estimated to take longer than this (seconds) even at the least are refused
+_REFUSE_S = 1800.0
 #: dense (N, N) arrays an implicit method holds at the least, N = K (d + d^2) unknowns
 #: (complex ones count twice): BDF its identity, Jacobian, iteration matrix and LU
 #: factors; Radau the identity, Jacobian, the real LU and the complex matrix and LU;
@@ -780,7 +782,12 @@ def _jacobian_arrays(method):
 
 
 def _check_size(mixture, system, opts, merge_tol, method):
-    """Refuse what would not fit in memory; announce a run estimated at a minute or more."""
+    """Refuse what would not fit in memory or finish in half an hour; announce a long run.
+
+    The time is a pilot: one evaluation of the field on a few components' nodes (after
+    an untimed one that compiles the kernel), scaled to all K, times the fewest
+    evaluations a run takes.
+    """
     import time
     import warnings
 
@@ -809,10 +816,19 @@ def _check_size(mixture, system, opts, merge_tol, method):
     probe = min(K, max(1, 4096 // n_nodes))
     X = (mixture.means[:probe, None, :]
          + system.Z @ np.swapaxes(mixture.factors()[:probe], 1, 2)).reshape(-1, d)
+    with np.errstate(all="ignore"):     # untimed: the first call compiles the kernel
+        _velocity(system.heads, system.logw, mixture.means, mixture.covs, X)
     start = time.perf_counter()
     with np.errstate(all="ignore"):
         _velocity(system.heads, system.logw, mixture.means, mixture.covs, X)
     per_eval = (time.perf_counter() - start) * K / probe
+    if per_eval * _MIN_EVALUATIONS > _REFUSE_S:
+        raise ValueError(f"`mixture` with K = {K} components of {n_nodes} nodes in d = {d} "
+                         f"needs about {per_eval:.3g} s per evaluation of the field here, "
+                         f"{per_eval * _MIN_EVALUATIONS / 3600:.2g} h or more for a run (at "
+                         f"least {_MIN_EVALUATIONS} evaluations), more than "
+                         f"{_REFUSE_S / 3600:.2g} h; use fewer components or a coarser "
+                         "`n_per_dim`.")
     if per_eval * _MIN_EVALUATIONS > _ANNOUNCE_S:
         warnings.warn(f"solve_mixture: {K} components x {n_nodes} nodes in d = {d}: one "
                       f"evaluation takes about {per_eval:.3g} s here, a run at least "
@@ -897,7 +913,8 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     distances at every step, and an implicit method (or the stiff hand-over of ``"auto"``)
     dense Jacobian-sized arrays of the :math:`N = K(d + d^2)` unknowns (:math:`N^2`
     doubles each: BDF holds at least 4, Radau 7, LSODA 1); a request whose memory would
-    not fit is refused up front.
+    not fit, or whose fewest evaluations are estimated (by a pilot evaluation) at more
+    than half an hour, is refused up front with a ``ValueError`` giving the size.
     """
     heads = quadratic_heads(attention, fields=True)
     mixture = _validate_mixture(mixture, attention.d)

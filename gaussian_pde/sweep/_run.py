@@ -163,6 +163,93 @@ def check_resources(spec, scheduler=None):
     return need
 
 
+#: seconds the time estimate may spend piloting (one setting per piloted dimension)
+_PILOT_BUDGET = 0.5
+#: smallest exponent of d used to extrapolate a setting's time beyond the piloted
+#: dimensions (the d x d linear algebra of each step)
+_MIN_EXPONENT = 3.0
+
+
+def _pilot_seconds(spec, attention, d):
+    """Wall time of one setting (draw 0) of block ``(attention, d)``, computed here."""
+    pilot = dataclasses.replace(spec, attention=(attention,), dims=(d,), draws=1,
+                                batch_size=1)
+    start = time.perf_counter()
+    compute_batch(pilot, 0)
+    return time.perf_counter() - start
+
+
+def _per_setting(measured, d):
+    """Seconds per setting at ``d``, log-log from the piloted ``(d, seconds)`` pairs."""
+    ds = np.log([m[0] for m in measured])
+    ts = np.log([max(m[1], 1e-6) for m in measured])
+    if len(measured) == 1 or d > measured[-1][0]:
+        slope = _MIN_EXPONENT if len(measured) == 1 else max(
+            _MIN_EXPONENT, (ts[-1] - ts[-2]) / max(ds[-1] - ds[-2], 1e-12))
+        return float(np.exp(ts[-1] + slope * (np.log(d) - ds[-1])))
+    return float(np.exp(np.interp(np.log(d), ds, ts)))
+
+
+def estimate_seconds(spec, pilot=None, budget=_PILOT_BUDGET):
+    r"""Estimated compute time of a whole sweep, from a short pilot.
+
+    For each attention type, one setting is timed at the smallest dimension, then at
+    dimensions at least twice the last piloted one while the predicted time of the next
+    pilot fits in ``budget`` seconds. Other dimensions are interpolated log-log between
+    piloted ones, and extrapolated beyond the largest as :math:`d^p` with ``p`` the
+    slope of the last two pilots, at least 3. Settings of a batch are counted one by one
+    (a batch is usually faster), so this is an estimate, of one worker's time.
+
+    Returns
+    -------
+    seconds : float
+        Estimated time of all the sweep's settings on one worker.
+    n_pilot : int
+        Settings timed.
+    d_pilot : int
+        Largest dimension piloted.
+    """
+    pilot = pilot or _pilot_seconds
+    dims = sorted(set(spec.dims))
+    spent, total, n_pilot, d_pilot = 0.0, 0.0, 0, 0
+    for attention in spec.attention:
+        measured = []
+        for d in dims:
+            if measured and (d < 2 * measured[-1][0] and d != dims[-1]):
+                continue
+            if measured and spent + _per_setting(measured, d) > budget:
+                break
+            seconds = pilot(spec, attention, d)
+            spent += seconds
+            measured.append((d, seconds))
+        n_pilot += len(measured)
+        d_pilot = max(d_pilot, measured[-1][0])
+        total += sum(spec.draws * _per_setting(measured, d) for d in spec.dims)
+    return total, n_pilot, d_pilot
+
+
+def _duration(seconds):
+    """``seconds`` in words: s, min, h, days or years, two or three digits."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600),
+                       ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.2g} s"
+
+
+def _estimate_words(spec, scheduler, workers):
+    """The time estimate of the start-up line (after a pilot)."""
+    seconds, n_pilot, d_pilot = estimate_seconds(spec)
+    where = "one worker"
+    if scheduler in (None, "local"):
+        n = workers or _default_workers()
+        seconds, where = seconds / n, f"{n} worker(s)"
+    elif scheduler != "inprocess":
+        where = "one worker; divide by the cluster's workers"
+    return (f"; estimated time ~{_duration(seconds)} on {where} (an estimate: {n_pilot} "
+            f"setting(s) timed, d up to {d_pilot}, extrapolated)")
+
+
 class _Progress:
     """A one-line progress bar on stderr: tasks done, tasks/s and settings/s."""
 
@@ -272,7 +359,8 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         Worker processes of the local cluster (only with ``None``/``"local"``).
     progress : bool
         Show a line with the size of the sweep (tasks, settings, memory per task and of
-        the results) at once, then a progress bar (tasks done, tasks/s, settings/s), on
+        the results) at once, completed by an estimated time from a short pilot
+        (:func:`estimate_seconds`), then a progress bar (tasks done, tasks/s, settings/s), on
         stderr.
     connect_timeout : float
         Seconds to wait for a scheduler before :class:`SchedulerUnreachableError`.
@@ -304,7 +392,9 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
                          f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
                          f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
-                         f"{need['results_bytes'] / 2**20:.3g} MiB\n")
+                         f"{need['results_bytes'] / 2**20:.3g} MiB")
+        sys.stderr.flush()
+        sys.stderr.write(_estimate_words(spec, scheduler, workers) + "\n")
         sys.stderr.flush()
     store = SweepStore(out, spec)
     damaged = store.repair()

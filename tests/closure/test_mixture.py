@@ -389,3 +389,37 @@ def test_the_jacobians_of_an_implicit_method_are_counted_up_front(monkeypatch, m
     gib = held * (K * 6) ** 2 * 8 / 2**30
     with pytest.raises(ValueError, match=rf"{held} dense 120000 x 120000 .*\({gib:.3g} GiB"):
         gp.solve_mixture(att, mix, (0, 0.01), method=method)
+
+
+def test_twenty_thousand_components_refused_up_front_by_memory_or_time(monkeypatch):
+    """K = 20,000 in d = 2, default options: on a machine with memory for the Jacobian,
+    the time of the fewest evaluations refuses it (the limit lowered to stand for a
+    machine of any speed)."""
+    rng = np.random.default_rng(4)
+    att = gp.Softmax.example(2, rng)
+    K = 20_000
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
+                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+    monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    from gaussian_pde._common import validation
+    monkeypatch.setattr(validation, "_memory_bytes", lambda: 64 * 2**30)
+    with pytest.raises(ValueError, match=r"^`mixture` with K = 20000 .* GiB") as exc:
+        gp.solve_mixture(att, mix, (0, 0.01))
+    assert "\n" not in str(exc.value)
+    monkeypatch.setattr(validation, "_memory_bytes", lambda: 2**50)
+    monkeypatch.setattr(mx, "_REFUSE_S", 1e-9)
+    with pytest.raises(ValueError, match=r"^`mixture` with K = 20000 components of 64 nodes "
+                                         r"in d = 2 needs about \S+ s per evaluation .* h or "
+                                         r"more for a run") as exc:
+        gp.solve_mixture(att, mix, (0, 0.01))
+    assert "\n" not in str(exc.value)
+
+
+def test_a_thousand_components_still_run_in_d2():
+    rng = np.random.default_rng(4)
+    att = gp.Softmax.example(2, rng)
+    K = 1000
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
+                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+    sol = gp.solve_mixture(att, mix, (0, 0.01))
+    assert str(sol.status) == "finished" and np.all(np.isfinite(sol.covs_final))

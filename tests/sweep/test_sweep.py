@@ -544,3 +544,52 @@ def test_cli_refuses_a_sweep_too_large_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and "GiB" in err
     assert not (tmp_path / "res").exists()
+
+
+def test_a_huge_sweep_says_an_estimated_time_on_its_start_line(tmp_path, monkeypatch,
+                                                               capsys):
+    """dims 2..101: the start line gives the size, then an estimate from a (simulated) pilot."""
+    import re
+
+    spec = small_spec(dims=list(range(2, 102)), draws=2, batch_size=1)
+    piloted = []
+
+    def pilot(spec, attention, d):
+        piloted.append(d)
+        return 1e-3 * d**3
+
+    def first_task(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(_sweep_run, "_pilot_seconds", pilot)
+    monkeypatch.setattr(_sweep_run, "compute_batch", first_task)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
+    line = capsys.readouterr().err.splitlines()[0]
+    assert line.startswith("sweep: ") and "d up to 101" in line
+    assert re.search(r"; estimated time ~[0-9.e+]+ (s|min|h|days|years) on one worker "
+                     r"\(an estimate: \d+ setting\(s\) timed, d up to \d+", line), line
+    # the pilot stays in its budget: the small dimensions, not d = 101
+    assert max(piloted) < 101 and sum(1e-3 * d**3 for d in piloted) < 1.0
+
+
+def test_the_estimate_extrapolates_the_pilot():
+    spec = small_spec(attention=["softmax"], dims=[2, 4, 8], draws=10)
+    seconds, n_pilot, d_pilot = _sweep_run.estimate_seconds(
+        spec, pilot=lambda s, a, d: 1e-3 * d**3, budget=10.0)
+    assert (n_pilot, d_pilot) == (3, 8)
+    assert seconds == pytest.approx(10 * 1e-3 * (8 + 64 + 512))
+    # a budget too small for d = 8: extrapolated as d^3 from the pilots
+    seconds, n_pilot, d_pilot = _sweep_run.estimate_seconds(
+        spec, pilot=lambda s, a, d: 1e-3 * d**3, budget=0.1)
+    assert (n_pilot, d_pilot) == (2, 4)
+    assert seconds == pytest.approx(10 * 1e-3 * (8 + 64 + 512))
+
+
+def test_a_small_sweep_prints_an_estimate_after_a_real_pilot(tmp_path, capsys):
+    run_sweep(small_spec(draws=2), tmp_path / "res", scheduler="inprocess", progress=True)
+    line = capsys.readouterr().err.splitlines()[0]
+    import re
+
+    # two types, dims 2 and 3: the smallest always, d = 3 while the budget allows
+    assert re.search(r"; estimated time ~\S+ \S+ on one worker \(an estimate: [2-4] "
+                     r"setting\(s\) timed, d up to [23], extrapolated\)$", line), line
