@@ -109,3 +109,7 @@ html_copy_source = False
 # linkcheck: no network here, so only the site's own links are checked.
 linkcheck_ignore = [r"https?://.*"]
 linkcheck_anchors = True
+
+# Smart quotes and ellipses, but no dash ligatures: tables and prose quote command lines
+# such as ``train --quick`` verbatim.
+smartquotes_action = "qe"
