@@ -49,3 +49,40 @@ def test_cli_quick(tmp_path, capsys):
     assert (tmp_path / "report.md").read_text().startswith("# Training study")
     err = capsys.readouterr().err
     assert "train: mixture/pre_ln" in err and "report:" in err
+
+
+@pytest.mark.slow
+def test_cli_full_study(tmp_path, capsys):
+    """The full study, as `gaussian-pde train` runs it: every (task, variant, seed, rate)
+    trained and measured, every verdict counted over the cases its criterion names."""
+    from gaussian_pde.cli._train import FULL
+
+    assert main(["train", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    cfg = s["config"]
+    n_seeds, n_rates = len(cfg["seeds"]), len(cfg["learning_rates"])
+    assert n_seeds == FULL["seeds"] >= 5 and tuple(cfg["learning_rates"]) == FULL["learning_rates"]
+    for task in cfg["tasks"]:
+        for variant in cfg["variants"]:
+            runs = s["runs"][task][variant]
+            assert sorted((r["seed"], r["learning_rate"]) for r in runs) == sorted(
+                (seed, lr) for seed in cfg["seeds"] for lr in cfg["learning_rates"])
+            for r in runs:       # a diverged run has a step; a finished one a finite loss
+                assert r["divergence_step"] is not None or np.isfinite(r["eval_loss_final"])
+    v = s["verdicts"]
+    n_tasks = len(cfg["tasks"])
+    # explosion: per task and seed, each of the 3 pairs (no_ln/pre_ln, no_ln/post_ln,
+    # neither/no_residual); drift: per task, seed and rate, the 2 residual pairs where
+    # both trained; simulator: per task, seed and rate, the 4 simulators
+    assert v["explosion"]["total"] == n_tasks * n_seeds * 3
+    assert v["drift"]["total"] <= n_tasks * n_seeds * n_rates * 2
+    sim = v["simulator"]
+    assert sim["total"] + sim["both_diverged"] <= n_tasks * n_seeds * n_rates * 4
+    for claim in ("drift", "explosion", "simulator"):
+        assert 0 <= v[claim]["holds"] <= v[claim]["total"]
+        assert len(v[claim]["detail"]) == v[claim]["total"]
+    assert (tmp_path / "verdicts.md").read_text().startswith("| claim |")
+    for name in ["bridge.png"] + [f"{k}_{t}.png" for k in ("training", "drift")
+                                  for t in cfg["tasks"]]:
+        assert (tmp_path / name).stat().st_size > 5000
+    assert "report:" in capsys.readouterr().err
