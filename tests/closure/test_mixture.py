@@ -350,13 +350,19 @@ def test_compiled_and_blocked_fields_agree():
     np.testing.assert_allclose(fast[::97], slow, rtol=1e-12, atol=1e-12)
 
 
-def test_too_many_components_refused_or_announced_up_front(monkeypatch):
+def _twenty_thousand(monkeypatch):
+    """``(attention, mixture, K)``: K = 20,000 components in d = 2; any work fails the test."""
     rng = np.random.default_rng(4)
     att = gp.Softmax.example(2, rng)
     K = 20_000
     mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
                              np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
     monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    return att, mix, K
+
+
+def test_too_many_components_refused_or_announced_up_front(monkeypatch):
+    att, mix, K = _twenty_thousand(monkeypatch)
     with pytest.raises(ValueError, match=r"K = 20000 components.*pairwise.* GiB"):
         gp.solve_mixture(att, mix, (0, 0.01), merge_tol=0.1)
     # without merges the memory is O(K n^d): the run is announced with its estimate
@@ -378,12 +384,7 @@ def test_too_many_components_refused_or_announced_up_front(monkeypatch):
                                           ("Radau", 7), (scipy_integrate.BDF, 4)])
 def test_the_jacobians_of_an_implicit_method_are_counted_up_front(monkeypatch, method, held):
     """K = 20,000 in d = 2 is N = 120,000 unknowns: one dense Jacobian is N^2 doubles."""
-    rng = np.random.default_rng(4)
-    att = gp.Softmax.example(2, rng)
-    K = 20_000
-    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
-                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
-    monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    att, mix, K = _twenty_thousand(monkeypatch)
     from gaussian_pde._common import validation
     monkeypatch.setattr(validation, "_memory_bytes", lambda: 64 * 2**30)   # any machine
     gib = held * (K * 6) ** 2 * 8 / 2**30
@@ -395,12 +396,7 @@ def test_twenty_thousand_components_refused_up_front_by_memory_or_time(monkeypat
     """K = 20,000 in d = 2, default options: on a machine with memory for the Jacobian,
     the time of the fewest evaluations refuses it (the limit lowered to stand for a
     machine of any speed)."""
-    rng = np.random.default_rng(4)
-    att = gp.Softmax.example(2, rng)
-    K = 20_000
-    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
-                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
-    monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    att, mix, K = _twenty_thousand(monkeypatch)
     from gaussian_pde._common import validation
     monkeypatch.setattr(validation, "_memory_bytes", lambda: 64 * 2**30)
     with pytest.raises(ValueError, match=r"^`mixture` with K = 20000 .* GiB") as exc:
