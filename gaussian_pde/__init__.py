@@ -14,18 +14,14 @@ from ._version import __version__  # noqa: F401  (the package version)
 from .analysis import Outcome, TrajectoryOutcome, classify_solution, classify_trajectory
 from .attention import (
     ATTENTIONS,
-    L2,
     Attention,
-    Masked,
-    MultiHead,
-    Sigmoid,
     SingleHeadAttention,
-    Sinkhorn,
-    Softmax,
     get_attention,
     moment_rhs,
     register_attention,
 )
+from .attention import types as _types
+from .attention.types import *  # noqa: F403  (the attention types, by class)
 from .closure import (
     MLP,
     Affine,
@@ -82,24 +78,18 @@ __all__ = [
     "Field",
     "FieldSum",
     "GaussianMixture",
-    "L2",
     "LayerNorm",
     "MLP",
-    "Masked",
     "MixtureSolution",
     "MomentSolution",
-    "MultiHead",
     "Outcome",
     "ParticleDegeneracyWarning",
     "ParticleDiagnostics",
     "ParticleSolution",
     "PreNorm",
     "RMSNorm",
-    "Sigmoid",
     "SingleHeadAttention",
-    "Sinkhorn",
     "SinkhornConvergenceWarning",
-    "Softmax",
     "Stack",
     "Status",
     "TraceNorm",
@@ -130,3 +120,5 @@ __all__ = [
     "solve_masked_closure",
     "solve_mixture",
 ]
+__all__ += _types.__all__
+del _types

@@ -24,7 +24,6 @@ REPO = ROOT.parent
 #: and cluster studies reproduce settings of given types, the sweeps' multi-head
 #: sampler builds a MultiHead; each is a place to move knowledge into the types
 KNOWN = {
-    "gaussian_pde/__init__.py",           # the public names of the types themselves
     "gaussian_pde/studies/_closure_error.py",
     "gaussian_pde/studies/_clusters.py",
     "gaussian_pde/studies/_published.py",
@@ -33,12 +32,6 @@ KNOWN = {
     "gaussian_pde/studies/_reproduce.py",
     "gaussian_pde/studies/_stabilizers.py",
     "gaussian_pde/studies/_trust.py",
-    "gaussian_pde/sweep/_compute.py",
-    "gaussian_pde/sweep/_spec.py",
-    # a trained model's attention is softmax by definition: the bridge and the GPT-2
-    # loader hand its heads to Softmax / MultiHead
-    "gaussian_pde/training/_bridge.py",
-    "gaussian_pde/training/_checkpoint.py",
 }
 
 

@@ -24,6 +24,7 @@ from ._moments import moment_rhs, require_mean, validate_attention
 from ._multihead import MultiHead
 from ._registry import (
     ATTENTIONS,
+    DEFAULT_ATTENTION,
     ENTRY_POINT_GROUP,
     capabilities,
     get_attention,
@@ -35,6 +36,7 @@ from ._scores import QuadraticScore, quadratic_heads, single_heads
 from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
+from ._transformer import dot_product_head, sum_of_heads
 
 __all__ = [
     "L2", "Masked", "MultiHead", "Sigmoid", "Sinkhorn", "Softmax",
@@ -43,4 +45,5 @@ __all__ = [
     "capabilities", "compiled_kernel", "compiled_signatures", "default_positions", "example_data", "get_attention",
     "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
     "register_attention", "require_mean", "resolve_dtype", "single_heads", "validate_attention",
+    "DEFAULT_ATTENTION", "dot_product_head", "sum_of_heads",
 ]

@@ -230,7 +230,11 @@ class Attention(abc.ABC):
         a random valid instance of dimension ``d``, for the tests run over the registry;
     ``example_setting()`` (classmethod)
         optional built-in 2-D example ``dict(attention, mean0, cov0, horizon, t_end)``
-        of the main job and ``compare`` (``mean0`` callable for positions), or ``None``.
+        of the main job and ``compare`` (``mean0`` callable for positions), or ``None``;
+    ``from_heads(heads)`` (classmethod)
+        for a type that sums heads (:class:`MultiHead`): the instance whose field is
+        :math:`\sum_h\Gamma_h`; ``None`` (the default) for a single head. Samplers that
+        build a sum of heads (sweeps) ask the registry for a type implementing it.
     """
 
     #: registry name, e.g. ``"softmax"``
@@ -430,6 +434,15 @@ class Attention(abc.ABC):
         checks of the closure engine. Raises ``TypeError`` by default.
         """
         raise TypeError(f"no quadrature definition for attention type {self.name!r}.")
+
+    @classmethod
+    def from_heads(cls, heads):
+        r"""The attention of this type whose field is the sum of the ``heads``' fields, or ``None``.
+
+        Only a type that sums heads implements it; the default (a single head) returns
+        ``None``.
+        """
+        return None
 
     @classmethod
     def example_setting(cls):

@@ -73,6 +73,11 @@ class MultiHead(Attention):
         return self.heads[0].d
 
     @classmethod
+    def from_heads(cls, heads):
+        """``MultiHead(heads)``: the sum of the heads' fields."""
+        return cls(heads)
+
+    @classmethod
     def example(cls, d=2, rng=None, heads=None):
         """A random instance (see :meth:`Attention.example`): one softmax and one L2 head.
 

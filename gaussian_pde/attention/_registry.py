@@ -19,7 +19,7 @@ from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
 
-__all__ = ["ATTENTIONS", "ENTRY_POINT_GROUP", "get_attention", "register_attention",
+__all__ = ["ATTENTIONS", "DEFAULT_ATTENTION", "ENTRY_POINT_GROUP", "get_attention", "register_attention",
            "names_with", "capabilities", "load_entry_points"]
 
 #: name -> attention class
@@ -32,11 +32,15 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "masked": Masked,
 }
 
+#: the type a sweep or a study integrates when none is named: softmax, the attention of
+#: the Transformer
+DEFAULT_ATTENTION = "softmax"
+
 #: the contract's optional hooks, whose implementation is a capability
 _HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs", "stack_kernel",
           "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
           "mixture_field", "gaussian_closure_field", "definition_field", "example_setting",
-          "field_matrix_with_mean")
+          "field_matrix_with_mean", "from_heads")
 
 
 #: capabilities read off the class, and what a type implements to have them
@@ -120,8 +124,8 @@ def names_with(**wanted):
 
 
 #: modules of this package that are not attention types
-_INFRASTRUCTURE = {"_base", "_compiled", "_examples", "_kernels", "_moments", "_registry",
-                   "_scores"}
+_INFRASTRUCTURE = {"_base", "_compiled", "_compiled_fields", "_examples", "_kernels", "_moments",
+                   "_registry", "_scores", "_transformer"}
 
 
 def _discover():

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..analysis import Outcome, classify_trajectory
 from ..analysis import limit_rank as _limit_rank
-from ..attention import MultiHead, get_attention
+from ..attention import get_attention, has_hook
 from ..integrate import Status, solve, solve_batch
 
 __all__ = ["STATUSES", "OUTCOMES", "draw_setting", "draw_mean", "compute_batch", "classify_outcome",
@@ -56,7 +56,8 @@ def draw_setting(spec, attention, d, draw):
     The random stream is ``SeedSequence(spec.seed, spawn_key=(d, draw))``: it depends on
     the base seed, the dimension and the draw index only, so a setting recomputes alone
     and the same draw is shared by every attention type. :math:`\Sigma_0` is drawn
-    first, then the heads (one, or ``weights.heads`` for ``multihead``).
+    first, then the heads: one, or ``weights.heads`` of type ``weights.head_type`` for a
+    type that sums heads (one that implements ``from_heads``, e.g. ``multihead``).
 
     Returns
     -------
@@ -73,11 +74,12 @@ def draw_setting(spec, attention, d, draw):
         G = _entries(rng, (d, r), ini.distribution, ini.std)
         cov0 = G @ G.T
     w = spec.weights
-    if attention == "multihead":
-        cls = get_attention(w.head_type)
-        att = MultiHead([_head(rng, cls, d, w) for _ in range(w.heads)])
+    cls = get_attention(attention)
+    if has_hook(cls, "from_heads"):
+        head = get_attention(w.head_type)
+        att = cls.from_heads([_head(rng, head, d, w) for _ in range(w.heads)])
     else:
-        att = _head(rng, get_attention(attention), d, w)
+        att = _head(rng, cls, d, w)
     return att, cov0
 
 

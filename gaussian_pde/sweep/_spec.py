@@ -50,6 +50,8 @@ import pathlib
 
 from scipy.integrate._ivp.ivp import METHODS as _SCIPY_METHODS
 
+from ..attention import DEFAULT_ATTENTION
+
 __all__ = ["SweepSpec", "WeightSpec", "InitialSpec", "SolverSpec", "RecordSpec"]
 
 _DISTRIBUTIONS = ("normal", "uniform")
@@ -143,7 +145,7 @@ class WeightSpec:
     value: str = "identity"
     score_scale: float = 0.0
     heads: int = 2
-    head_type: str = "softmax"
+    head_type: str = DEFAULT_ATTENTION
 
     def __post_init__(self):
         s = object.__setattr__
@@ -341,7 +343,7 @@ class SweepSpec:
     (6, 20)
     """
 
-    attention: tuple = ("softmax",)
+    attention: tuple = (DEFAULT_ATTENTION,)
     dims: tuple = (2,)
     draws: int = 10
     seed: int = 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 import gaussian_pde as gp
+from gaussian_pde.attention import dot_product_head, sum_of_heads
 
 from ._measure import gaussian_fit
 
@@ -45,11 +46,12 @@ def _block(params, spec, layer):
 def layer_attention(params, spec, layer):
     r"""The attention of ``layer`` as :class:`gaussian_pde.MultiHead` of softmax heads.
 
-    Head :math:`h`: ``Softmax(Q[h], K[h], Wo[h] @ Wv[h], scale=spec.score_scale)``.
+    Head :math:`h` is the softmax head
+    ``dot_product_head(Q[h], K[h], Wo[h] @ Wv[h], scale=spec.score_scale)``.
     """
     b = _block(params, spec, layer)
-    return gp.MultiHead([gp.Softmax(b["Q"][h], b["K"][h], b["Wo"][h] @ b["Wv"][h],
-                                    scale=spec.score_scale) for h in range(spec.heads)])
+    return sum_of_heads([dot_product_head(b["Q"][h], b["K"][h], b["Wo"][h] @ b["Wv"][h],
+                                          scale=spec.score_scale) for h in range(spec.heads)])
 
 
 def layer_ffn(params, spec, layer):

@@ -25,9 +25,9 @@ biases, and the columns :math:`hk..(h+1)k` of :math:`W_O`, so that (scale
     w^h_{ij} \propto e^{c_s (Q_h x_i + b_{q,h})^T(K_h x_j + b_{k,h})},\qquad
     V_h = W_{O,h}W_{V,h},\qquad c = W_O b_v + b_O .
 
-Each head is the package's ``biased_softmax`` type (``gp.get_attention("biased_softmax")``,
-the score with both biases; the key bias cancels in the softmax, the query bias tilts the weights by a linear
-function of the key), and :math:`b_v` adds :math:`W_O b_v` to every output (the weights
+Each head is a softmax head with both biases (:func:`gaussian_pde.attention.dot_product_head`,
+the ``biased_softmax`` type: the key bias cancels in the softmax, the query bias tilts the
+weights by a linear function of the key), and :math:`b_v` adds :math:`W_O b_v` to every output (the weights
 sum to one), hence the constant :math:`c`. The loader is exact for GPT-2's bidirectional
 map, with two differences from GPT-2 itself that the caller must keep in mind:
 
@@ -52,12 +52,11 @@ import re
 import numpy as np
 
 import gaussian_pde as gp
+from gaussian_pde.attention import dot_product_head, sum_of_heads
 
 __all__ = ["GPT2Checkpoint", "load_gpt2"]
 
 _INSTALL = 'pip install -e ".[train]"'
-#: GPT-2's heads: softmax with query and key biases, from the attention registry
-_BIASED = gp.get_attention("biased_softmax")
 
 
 def _read(source):
@@ -180,11 +179,11 @@ def load_gpt2(source, n_head):
         Q, K, Wv = W[:, :d].T, W[:, d:2 * d].T, W[:, 2 * d:].T
         Wo = Wp.T
         bq, bk = b[:d], b[d:2 * d]
-        heads = [_BIASED(Q[h * k:(h + 1) * k], K[h * k:(h + 1) * k],
-                           Wo[:, h * k:(h + 1) * k] @ Wv[h * k:(h + 1) * k],
-                           q=bq[h * k:(h + 1) * k], k_b=bk[h * k:(h + 1) * k],
-                           scale=1.0 / np.sqrt(k)) for h in range(n_head)]
-        out["attention"].append(gp.MultiHead(heads))
+        heads = [dot_product_head(Q[h * k:(h + 1) * k], K[h * k:(h + 1) * k],
+                                  Wo[:, h * k:(h + 1) * k] @ Wv[h * k:(h + 1) * k],
+                                  q=bq[h * k:(h + 1) * k], k_b=bk[h * k:(h + 1) * k],
+                                  scale=1.0 / np.sqrt(k)) for h in range(n_head)]
+        out["attention"].append(sum_of_heads(heads))
         out["value_offset"].append(Wo @ b[2 * d:] + bp)
         out["query_bias_norm"].append(float(np.linalg.norm(bq)))
         for ln in ("ln_1", "ln_2"):
