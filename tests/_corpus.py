@@ -27,6 +27,7 @@ import atexit
 import dataclasses
 import enum
 import faulthandler
+import inspect
 import multiprocessing
 import os
 import sys
@@ -38,6 +39,7 @@ import numpy as np
 
 import gaussian_pde as gp
 from gaussian_pde import analysis
+from gaussian_pde.attention import has_hook
 from gaussian_pde.sweep import SweepSpec
 
 # --------------------------------------------------------------------------------------
@@ -115,19 +117,28 @@ class Entry:
     kinds: dict                 # argument -> kind (a key of BAD)
 
 
+#: what a single head's constructor argument is (a key of BAD), by its name
+_HEAD_KINDS = {"Q": "weight", "K": "weight", "V": "value", "scale": "scale", "bias": "real",
+               "q": "opt_vector", "k_b": "opt_vector"}
+#: a valid value of each optional argument of ``_HEAD_KINDS``
+_HEAD_EXTRA = {"bias": 0.0, "q": np.array([0.3, -0.2]), "k_b": np.array([0.1, 0.4])}
+
+
 def _attention_entries():
-    """Every registered attention type's constructor."""
+    """Every registered attention type's constructor, its arguments read off its signature;
+    a type that sums heads (``from_heads``) is given two single heads."""
     out = {}
+    singles = [cls for cls in gp.ATTENTIONS.values()
+               if cls.gaussian_preserving and issubclass(cls, gp.SingleHeadAttention)]
     for name, cls in gp.ATTENTIONS.items():
-        if name == "multihead":
-            out[f"{name}()"] = Entry(cls, lambda: {"heads": [_softmax(), gp.L2(*_weights(2))]},
+        if has_hook(cls, "from_heads"):
+            out[f"{name}()"] = Entry(cls,
+                                     lambda: {"heads": [h(*_weights(2)) for h in singles[:2]]},
                                      {"heads": "heads"})
             continue
-        kinds = {"Q": "weight", "K": "weight", "V": "value", "scale": "scale"}
-        extra = {}
-        if name == "sigmoid":
-            kinds["bias"] = "real"
-            extra = {"bias": 0.0}
+        params = inspect.signature(cls).parameters
+        kinds = {arg: kind for arg, kind in _HEAD_KINDS.items() if arg in params}
+        extra = {arg: v for arg, v in _HEAD_EXTRA.items() if arg in params}
 
         def base(extra=extra):
             Q, K, V = _weights(2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from scipy.special import expit
 
 from .._common.gaussian import logistic_normal_moments
 from ._base import SingleHeadAttention
@@ -85,6 +86,12 @@ class Sigmoid(SingleHeadAttention):
         s = np.sqrt(np.clip(np.einsum("ij,jk,ik->i", u, cov, u), 0.0, None))
         e_sig, e_dsig, _ = logistic_normal_moments(m, s, tol)
         return (e_sig[:, None] * mean + e_dsig[:, None] * (u @ cov)) @ self.V.T
+
+    def definition_field(self, Y, logw, X):
+        r""":math:`\Gamma(x_i) = V\sum_j w_j\,\sigma(s(x_i, y_j) + b)\,y_j` (weights normalised to one)."""
+        w = np.exp(logw - np.max(logw))
+        w = w / w.sum()
+        return (expit(self.score_matrix(X, Y) + self.bias) * w) @ Y @ self.V.T
 
     @classmethod
     def example_setting(cls):

@@ -19,11 +19,12 @@ def _random_cov(rng, d, rank=None):
 
 def _mixture_names():
     """Every registered type the mixture closure takes (a quadratic score, or a field
-    against a mixture in closed form), and the multi-head sum."""
+    against a mixture in closed form), then the types that sum heads."""
     from gaussian_pde.attention import has_hook
 
-    return [name for name, cls in gp.ATTENTIONS.items()
-            if has_hook(cls, "quadratic_score") or has_hook(cls, "mixture_field")] + ["multihead"]
+    return ([name for name, cls in gp.ATTENTIONS.items()
+             if has_hook(cls, "quadratic_score") or has_hook(cls, "mixture_field")]
+            + [name for name, cls in gp.ATTENTIONS.items() if has_hook(cls, "from_heads")])
 
 
 MIXTURE_NAMES = _mixture_names()

@@ -6,19 +6,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gaussian_pde as gp
+from gaussian_pde.attention import has_hook
 from tests._helpers import accelerating_sinkhorn_case, assert_all_finite, random_spd, run_within
 
-#: the registry's Gaussian-preserving types: single-head classes, "multihead" by name
-TYPES = [cls if issubclass(cls, gp.SingleHeadAttention) else name
-         for name, cls in gp.ATTENTIONS.items() if cls.gaussian_preserving]
+#: the registry's Gaussian-preserving types
+TYPES = [cls for cls in gp.ATTENTIONS.values() if cls.gaussian_preserving]
+#: the single heads among them whose field does not see the mean (what a sum of heads sums)
+HEADS = [cls for cls in TYPES
+         if issubclass(cls, gp.SingleHeadAttention) and not cls.field_sees_mean]
 
 
 def make_attention(kind, rng, d, k, v_kind="random"):
+    """A random instance of ``kind``; a type that sums heads sums one of each of HEADS."""
     def head(cls):
         V = {"random": rng.standard_normal((d, d)) / np.sqrt(d), "identity": np.eye(d)}[v_kind]
         return cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)), V)
-    if kind == "multihead":
-        return gp.MultiHead([head(gp.Softmax), head(gp.L2), head(gp.Sinkhorn)])
+    if has_hook(kind, "from_heads"):
+        return kind.from_heads([head(cls) for cls in HEADS])
     return head(kind)
 
 
@@ -393,17 +397,16 @@ def test_auto_blowup_is_confirmed_as_before():
 
 
 #: the types whose covariance may be integrated alone (a mean-free covariance equation)
-MEAN_FREE = [kind for kind in TYPES
-             if not gp.get_attention(kind).field_sees_mean]
+MEAN_FREE = [kind for kind in TYPES if not kind.field_sees_mean]
 
 
 def _mean_case(kind, seed, d=4):
     rng = np.random.default_rng(seed)
-    if kind == "multihead":    # a sum of every single head kind of MEAN_FREE
-        att = gp.MultiHead([cls.example(d, rng) for cls in MEAN_FREE
-                            if not isinstance(cls, str)])
+    if has_hook(kind, "from_heads"):    # a sum of every single head kind of MEAN_FREE
+        att = kind.from_heads([cls.example(d, rng) for cls in MEAN_FREE
+                               if not has_hook(cls, "from_heads")])
     else:
-        att = gp.get_attention(kind).example(d, rng)
+        att = kind.example(d, rng)
     G = rng.standard_normal((d, d))
     return att, rng.standard_normal(d), G @ G.T / d
 
@@ -427,8 +430,8 @@ def test_mean_against_radau(kind):
                 assert rel(m, m_ref) < 1e-8
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if isinstance(k, str)
-                                  else k for k in MEAN_FREE])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow)
+                                  if has_hook(k, "from_heads") else k for k in MEAN_FREE])
 def test_a_mean_costs_about_the_covariance_alone(kind):
     """A random O(1) mean on short runs (d = 5, t in [0, 1.5], ten settings): the run
     with the mean takes about the covariance-only run's evaluations (the median within
