@@ -41,6 +41,8 @@ import warnings
 import numpy as np
 from scipy.integrate._ivp import dop853_coefficients as _dop
 
+from .._common.lu import lu_factor as _lu
+from .._common.lu import lu_solve as _lu_solve
 from ._steppers import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
 
 __all__ = ["integrate_compiled"]
@@ -144,50 +146,6 @@ def _rank_gap(y, d, m, first, rank_tol):
     w = np.linalg.eigvalsh(S)
     j = min(first, d - 1)
     return w[j] / max(w.sum(), 1e-300) - rank_tol
-
-
-def _lu(W, piv):
-    """LU with partial pivoting in place; False where singular."""
-    n = W.shape[0]
-    for k in range(n):
-        p = k
-        big = abs(W[k, k])
-        for i in range(k + 1, n):
-            if abs(W[i, k]) > big:
-                big = abs(W[i, k])
-                p = i
-        piv[k] = p
-        if not big > 0.0:
-            return False
-        if p != k:
-            for j in range(n):
-                W[k, j], W[p, j] = W[p, j], W[k, j]
-        inv = 1.0 / W[k, k]
-        for i in range(k + 1, n):
-            W[i, k] *= inv
-            lik = W[i, k]
-            if lik != 0.0:
-                for j in range(k + 1, n):
-                    W[i, j] -= lik * W[k, j]
-    return True
-
-
-def _lu_solve(W, piv, x):
-    n = W.shape[0]
-    for k in range(n):
-        p = piv[k]
-        if p != k:
-            x[k], x[p] = x[p], x[k]
-    for i in range(n):
-        acc = x[i]
-        for j in range(i):
-            acc -= W[i, j] * x[j]
-        x[i] = acc
-    for i in range(n - 1, -1, -1):
-        acc = x[i]
-        for j in range(i + 1, n):
-            acc -= W[i, j] * x[j]
-        x[i] = acc / W[i, i]
 
 
 def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):

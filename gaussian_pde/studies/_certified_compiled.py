@@ -37,6 +37,8 @@ import os
 
 import numpy as np
 
+from .._common.lu import lu_factor as _lu
+from .._common.lu import lu_solve as _lu_solve
 from ..integrate import RODAS4
 
 #: stop codes of the compiled loop, in the order of the reference's strings
@@ -190,45 +192,6 @@ def _jacobian(ya, kinds, V, A, H, log_ts, k, d, J):
         _field(yc, kinds, V, A, H, log_ts, k, d, fc)
         for i in range(n1):
             J[i, j] = fc[i].imag / eps
-
-
-def _lu(W, perm):
-    """In-place LU with partial pivoting; False where a pivot is zero or not finite."""
-    n = W.shape[0]
-    for c in range(n):
-        p = c
-        big = abs(W[c, c])
-        for r in range(c + 1, n):
-            if abs(W[r, c]) > big:
-                big, p = abs(W[r, c]), r
-        if not (big > 0.0 and np.isfinite(big)):
-            return False
-        perm[c] = p
-        if p != c:
-            for m in range(n):
-                W[c, m], W[p, m] = W[p, m], W[c, m]
-        for r in range(c + 1, n):
-            f = W[r, c] / W[c, c]
-            W[r, c] = f
-            for m in range(c + 1, n):
-                W[r, m] -= f * W[c, m]
-    return True
-
-
-def _lu_solve(W, perm, b):
-    """Solves ``W x = b`` in place with the factors of :func:`_lu`."""
-    n = W.shape[0]
-    for c in range(n):
-        p = perm[c]
-        if p != c:
-            b[c], b[p] = b[p], b[c]
-    for r in range(n):
-        for m in range(r):
-            b[r] -= W[r, m] * b[m]
-    for r in range(n - 1, -1, -1):
-        for m in range(r + 1, n):
-            b[r] -= W[r, m] * b[m]
-        b[r] /= W[r, r]
 
 
 def _attempt(ya, hh, rtol, kinds, V, A, H, log_ts, k, d, ta, tc, tb, gamma, y_new):
