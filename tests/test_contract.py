@@ -4,10 +4,9 @@ Every module of the package outside ``gaussian_pde/attention/`` and
 ``gaussian_pde/_generated/``, and ``derivations/generate.py``, is read with :mod:`ast`;
 a *mention* is an identifier equal to a registered class's name (``Softmax``, ...) or a
 string literal equal to a registered type name (``"softmax"``, ...), docstrings
-excepted. A few modules still hold type-specific studies and samplers; they are listed
-in ``KNOWN`` with what they mention, so that the list can only shrink: a module that no
-longer mentions a type fails here until it is taken off the list, and a new mention
-anywhere else fails at once.
+excepted. There is no exception: the settings of the studies (which type, under which
+normalisation) live in ``gaussian_pde/attention/_studies.py``, and the Transformer heads
+of the training bridge come from ``gaussian_pde.attention.dot_product_head``.
 """
 
 import ast
@@ -19,20 +18,6 @@ import gaussian_pde as gp
 
 ROOT = pathlib.Path(gp.__file__).resolve().parent
 REPO = ROOT.parent
-
-#: modules (relative to the repository) that still name concrete types: the published
-#: and cluster studies reproduce settings of given types, the sweeps' multi-head
-#: sampler builds a MultiHead; each is a place to move knowledge into the types
-KNOWN = {
-    "gaussian_pde/studies/_closure_error.py",
-    "gaussian_pde/studies/_clusters.py",
-    "gaussian_pde/studies/_published.py",
-    "gaussian_pde/studies/_published_certified.py",
-    "gaussian_pde/studies/_regimes.py",
-    "gaussian_pde/studies/_reproduce.py",
-    "gaussian_pde/studies/_stabilizers.py",
-    "gaussian_pde/studies/_trust.py",
-}
 
 
 def _files():
@@ -75,11 +60,8 @@ def mentions(path):
 def test_no_concrete_type_outside_attention(path):
     rel = str(path.relative_to(REPO))
     found = mentions(path)
-    if rel in KNOWN:
-        assert found, f"{rel} no longer names a concrete type: take it off KNOWN"
-    else:
-        assert not found, (f"{rel} names concrete attention types {sorted(found)}: call the "
-                           "contract (gaussian_pde.Attention) instead")
+    assert not found, (f"{rel} names concrete attention types {sorted(found)}: call the "
+                       "contract (gaussian_pde.Attention) and the registry instead")
 
 
 def test_the_check_finds_a_mention(tmp_path):

@@ -36,6 +36,18 @@ from ._scores import QuadraticScore, quadratic_heads, single_heads
 from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
+from ._studies import (
+    CLUSTER_TYPES,
+    PUBLISHED_TYPES,
+    REGIME_HORIZONS,
+    REGIME_PANELS,
+    REGIME_TYPES,
+    closure_study_attention,
+    closure_study_types,
+    cluster_attention_of,
+    published_attention,
+    regime_attention,
+)
 from ._transformer import dot_product_head, sum_of_heads
 
 __all__ = [
@@ -46,4 +58,7 @@ __all__ = [
     "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
     "register_attention", "require_mean", "resolve_dtype", "single_heads", "validate_attention",
     "DEFAULT_ATTENTION", "dot_product_head", "sum_of_heads",
+    "CLUSTER_TYPES", "PUBLISHED_TYPES", "REGIME_HORIZONS", "REGIME_PANELS", "REGIME_TYPES",
+    "closure_study_attention", "closure_study_types", "cluster_attention_of", "published_attention",
+    "regime_attention",
 ]

@@ -125,7 +125,7 @@ def names_with(**wanted):
 
 #: modules of this package that are not attention types
 _INFRASTRUCTURE = {"_base", "_compiled", "_compiled_fields", "_examples", "_kernels", "_moments",
-                   "_registry", "_scores", "_transformer"}
+                   "_registry", "_scores", "_studies", "_transformer"}
 
 
 def _discover():

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._common.gaussian import bures_wasserstein
 from .._common.validation import validate_int, validate_positive
-from ..attention import Masked, Sigmoid, Softmax
+from ..attention import closure_study_attention, closure_study_types, dot_product_head
 from ..closure import (
     MLP,
     LayerNorm,
@@ -34,8 +34,9 @@ from ..particles import particle_moments, sample_gaussian, simulate_particles
 
 __all__ = ["CLOSURE_CASES", "closure_case", "measure_closure_error"]
 
-#: the measured cases
-CLOSURE_CASES = ("sigmoid", "masked", "layernorm", "mlp")
+#: the measured cases: every type without exact moments (the registry's), then softmax
+#: behind LayerNorm and softmax plus a feed-forward map
+CLOSURE_CASES = closure_study_types() + ("layernorm", "mlp")
 
 _MEAN0 = np.array([0.5, -0.3])
 _COV0 = np.array([[1.0, 0.3], [0.3, 0.6]])
@@ -44,7 +45,8 @@ _COV0 = np.array([[1.0, 0.3], [0.3, 0.6]])
 def closure_case(name, strength=1.0):
     r"""The field of a case, fixed weights (seed 1) times ``strength``.
 
-    Returns ``(field, mean0, cov0)``; for ``"masked"`` the mean is the function
+    Returns ``(field, mean0, cov0)``; for a type whose tokens carry positions
+    (``"masked"``) the mean is the function
     :math:`\tau \mapsto (2\tau - 1, 0)` (position-dependent data).
     """
     if name not in CLOSURE_CASES:
@@ -53,14 +55,15 @@ def closure_case(name, strength=1.0):
     rng = np.random.default_rng(1)
     Q, K, V = rng.standard_normal((3, 2, 2)) * 0.8
     W1, b1, W2 = rng.standard_normal((8, 2)), rng.standard_normal(8) * 0.5, rng.standard_normal((2, 8))
-    if name == "sigmoid":
-        return Sigmoid(strength * Q, K, V, bias=-1.0), _MEAN0, _COV0
-    if name == "masked":
-        return Masked(strength * Q, K, V), (lambda tau: np.stack([2 * tau - 1, 0 * tau], 1)), _COV0
     if name == "layernorm":
-        return PreNorm(LayerNorm(2), Softmax(strength * Q, K, V)), _MEAN0, _COV0
-    return (Softmax(Q, K, 0.3 * V)
-            + MLP(W1, b1, 0.4 * strength * W2, np.zeros(2))), _MEAN0, _COV0
+        return PreNorm(LayerNorm(2), dot_product_head(strength * Q, K, V)), _MEAN0, _COV0
+    if name == "mlp":
+        return (dot_product_head(Q, K, 0.3 * V)
+                + MLP(W1, b1, 0.4 * strength * W2, np.zeros(2))), _MEAN0, _COV0
+    att = closure_study_attention(name, strength * Q, K, V)
+    if att.uses_positions:
+        return att, (lambda tau: np.stack([2 * tau - 1, 0 * tau], 1)), _COV0
+    return att, _MEAN0, _COV0
 
 
 def measure_closure_error(name, *, n=2000, seeds=(0, 1), t_final=1.0, n_times=10,
@@ -84,7 +87,7 @@ def measure_closure_error(name, *, n=2000, seeds=(0, 1), t_final=1.0, n_times=10
     t = np.linspace(0, t_final, n_times + 1)
     h = t_final / n_times
     w2s, ngs = [], []
-    if name == "masked":
+    if getattr(field, "uses_positions", False):     # tokens carry positions
         n = n - n % n_blocks
         pos = block_positions(n, n_blocks)
         centres = (np.arange(n_blocks) + 0.5) / n_blocks

@@ -53,7 +53,7 @@ from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
 from .._common.runge_kutta import rk4_march
-from ..attention import L2, MultiHead, Softmax
+from ..attention import CLUSTER_TYPES, cluster_attention_of
 from ..closure import (
     GaussianMixture,
     merge_heights,
@@ -93,8 +93,8 @@ __all__ = [
     "write_clusters",
 ]
 
-#: attention families of the study
-CLUSTER_ATTENTIONS = ("softmax", "l2", "multihead")
+#: attention families of the study (softmax, L2, multi-head; docs above)
+CLUSTER_ATTENTIONS = CLUSTER_TYPES
 #: value matrices of the study
 CLUSTER_VALUES = ("identity", "random")
 
@@ -128,13 +128,7 @@ def cluster_attention(kind, d, *, value="identity", q=0.5, seed=0):
     V = np.eye(d)
     if value == "random":
         V = V + 0.3 * rng.standard_normal((d, d)) / np.sqrt(d)
-    soft = Softmax(Q, -Q, V, scale=1.0)
-    loc = L2(Q, Q, -V, scale=1.0)
-    if kind == "softmax":
-        return soft
-    if kind == "l2":
-        return loc
-    return MultiHead([Softmax(Q, -Q, V / 2, scale=1.0), L2(Q, Q, -V / 2, scale=1.0)])
+    return cluster_attention_of(kind, Q, V)
 
 
 def cluster_mixture(K, d, *, config="random", radius=3.0, spread=0.3, seed=0):
@@ -746,9 +740,10 @@ CLUSTER_MIXTURES = ((2, "symmetric"), (3, "random"), (4, "symmetric"), (6, "rand
 def cluster_cases(quick):
     out = []
     if quick:
-        grid = [(4, 2, "symmetric", "l2", "identity"),
-                (3, 2, "random", "softmax", "random"),
-                (4, 3, "random", "multihead", "identity")]
+        soft, loc, multi = CLUSTER_ATTENTIONS
+        grid = [(4, 2, "symmetric", loc, "identity"),
+                (3, 2, "random", soft, "random"),
+                (4, 3, "random", multi, "identity")]
     else:
         grid = [(K, d, config, kind, value) for d in (2, 3) for K, config in CLUSTER_MIXTURES
                 for kind in CLUSTER_ATTENTIONS for value in CLUSTER_VALUES]
@@ -759,7 +754,7 @@ def cluster_cases(quick):
 
 
 #: the exact case of the n^{-1/2} check: one component, softmax (Gaussian-preserving)
-SCALING_CASE = dict(kind="softmax", d=3, q=1.0, t_end=0.5,
+SCALING_CASE = dict(kind=CLUSTER_ATTENTIONS[0], d=3, q=1.0, t_end=0.5,
                     mean=(0.5, -0.3, 0.2),
                     cov=((1.0, 0.3, 0.0), (0.3, 0.6, 0.1), (0.0, 0.1, 0.8)))
 

@@ -35,6 +35,7 @@ lie there.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -42,6 +43,7 @@ import numpy as np
 
 from .._common.io import ensure_output_dir, write_json
 from .._common.validation import validate_choices, validate_flag, validate_int
+from ..attention import PUBLISHED_TYPES, published_attention
 
 __all__ = [
     "PANELS",
@@ -52,20 +54,21 @@ __all__ = [
 ]
 
 #: Parameters per panel (docs/math.md 9.5): steps for d = 3, 4, 5, tol, max_iter, n_max.
+_SOFTMAX, _L2 = PUBLISHED_TYPES          # the published figure's two types
 PANELS = {
-    ("softmax", "identity"): {"h": (0.09, 0.05, 0.02), "tol": 1e-4, "max_iter": 60000,
+    (_SOFTMAX, "identity"): {"h": (0.09, 0.05, 0.02), "tol": 1e-4, "max_iter": 60000,
                               "n_max": 1000},
-    ("softmax", "random"): {"h": (0.09, 0.06, 0.02), "tol": 5e-5, "max_iter": 90000,
+    (_SOFTMAX, "random"): {"h": (0.09, 0.06, 0.02), "tol": 5e-5, "max_iter": 90000,
                             "n_max": 10000},
-    ("l2", "identity"): {"h": (0.09, 0.06, 0.02), "tol": 1e-4, "max_iter": 60000,
+    (_L2, "identity"): {"h": (0.09, 0.06, 0.02), "tol": 1e-4, "max_iter": 60000,
                          "n_max": 1000},
-    ("l2", "random"): {"h": (0.15, 0.15, 0.15), "tol": 5e-5, "max_iter": 50000,
+    (_L2, "random"): {"h": (0.15, 0.15, 0.15), "tol": 5e-5, "max_iter": 50000,
                        "n_max": 1000},
 }
 DIMENSIONS = (3, 4, 5)
 N_PER_DIM = 100
 SEED_Q = 40
-SEED_V = {"softmax": 26, "l2": 27}
+SEED_V = dict(zip(PUBLISHED_TYPES, (26, 27)))
 SEED_SIGMA0 = 41
 CLIP = 1e-14
 TRACE_MAX = 1e3
@@ -98,11 +101,20 @@ def published_settings(kind):
     return out
 
 
+@functools.cache
+def _quadratic_in_key(kind):
+    r"""Whether the published type's score is quadratic in the key, read off its score.
+
+    The L2 form, whose field carries :math:`(I + 2K^TKS)^{-1}`.
+    """
+    return published_attention(kind, np.ones((1, 2)), np.eye(2), 2).quadratic_score().H is not None
+
+
 def _constants(kind, q, v, d):
     """Per-setting constants, computed with the published 2-D expressions."""
     k = -q
     a = np.dot(k.T, q) / np.sqrt(d)
-    if kind == "softmax":
+    if not _quadratic_in_key(kind):
         return v, a, None
     kk = np.dot(k.T, k)
     return 2 * v, a, 2 * kk
@@ -120,7 +132,7 @@ def _sigma0_draws(d, n):
 
 def _rhs(kind, s, v, a, kk2):
     """Batched right-hand side (9.4); ``v`` is ``2V`` and ``kk2`` is ``2K^TK`` for L2."""
-    if kind == "softmax":
+    if kk2 is None:
         w = np.matmul(np.matmul(v, s), np.matmul(a, s))
     else:
         d = s.shape[-1]
@@ -162,7 +174,7 @@ def reference_attempt(kind, q, v, sigma0, h, tol, max_iter):
     s = sigma0.copy()
     nrm = math.nan
     for i in range(max_iter):
-        if kind == "softmax":
+        if kk2 is None:
             w = np.dot(np.dot(vv, s), np.dot(a, s))
         else:
             inv = np.linalg.inv(np.eye(d) + np.dot(kk2, s))
@@ -190,12 +202,12 @@ def step_seconds(n=2000, repeat=3):
 
     The best of ``repeat`` runs of ``n`` steps: load on a shared machine only slows a run.
     """
-    qs, _ = published_settings("softmax")[5]
+    qs, _ = published_settings(_SOFTMAX)[5]
     s0 = _sigma0_draws(5, 1)[0]
     best = np.inf
     for _ in range(repeat):
         t = time.perf_counter()
-        reference_attempt("softmax", qs[0], np.eye(5), s0, 0.02, 0.0, n)
+        reference_attempt(_SOFTMAX, qs[0], np.eye(5), s0, 0.02, 0.0, n)
         best = min(best, (time.perf_counter() - t) / n)
     return best
 
@@ -227,7 +239,7 @@ def _row_constants(kind, q, v, d):
     if q.shape != (d // 2, d) or v.shape != (d, d) or d // 2 not in (1, 2):
         raise ValueError(f"published settings: expected Q of shape ({d // 2}, {d}) and V "
                          f"of shape ({d}, {d}) with d in 2..5, got {q.shape} and {v.shape}")
-    if kind == "softmax":
+    if not _quadratic_in_key(kind):
         return q, np.zeros_like(q), v, -1.0 / math.sqrt(d)
     return q, q.copy(), v, -2.0 / math.sqrt(d)
 
@@ -358,7 +370,7 @@ def _validate_replay(types, ds, values, n_settings):
     return types, ds, values, n_settings
 
 
-def published_histograms(types=("softmax", "l2"), ds=DIMENSIONS, values=("identity", "random"),
+def published_histograms(types=PUBLISHED_TYPES, ds=DIMENSIONS, values=("identity", "random"),
                          n_settings=N_PER_DIM, progress=None, return_paths=False):
     r"""Replay the published rank histograms (docs/math.md section 9).
 
@@ -434,7 +446,7 @@ def write_published_histograms(out, progress=None, **kwargs):
     dict
         The result of :func:`published_histograms` and the two paths written.
     """
-    _validate_replay(kwargs.get("types", ("softmax", "l2")), kwargs.get("ds", DIMENSIONS),
+    _validate_replay(kwargs.get("types", PUBLISHED_TYPES), kwargs.get("ds", DIMENSIONS),
                      kwargs.get("values", ("identity", "random")),
                      kwargs.get("n_settings", N_PER_DIM))
     out = ensure_output_dir(out, "out")   # before the replay: a bad folder fails at once

@@ -38,7 +38,7 @@ import numpy as np
 
 from .._common.io import write_text
 from ..analysis import limit_rank
-from ..attention import L2, Softmax
+from ..attention import published_attention
 from . import _published as pub
 from ._certified import certified_limits
 
@@ -101,8 +101,7 @@ def certify_published(paths, progress=None):
                         continue
                     q = qs[rec["setting"]]
                     v = np.eye(d) if val == "identity" else vs[rec["setting"]]
-                    att = (Softmax(q, -q, v, scale=1.0 / np.sqrt(d)) if kind == "softmax"
-                           else L2(q, -q, v / np.sqrt(d), scale=1.0))
+                    att = published_attention(kind, q, v, d)
                     jobs.append((kind, val, d, rec, att, draws[rec["draw"]]))
     t0 = time.process_time()
     cert = certified_limits([j[4] for j in jobs], [j[5] for j in jobs]) if jobs else []

@@ -50,7 +50,7 @@ import numpy as np
 
 from .._common.validation import validate_int, validate_positive
 from ..analysis import Outcome, classify_trajectory
-from ..attention import L2, MultiHead, Sinkhorn, Softmax
+from ..attention import REGIME_HORIZONS, REGIME_PANELS, REGIME_TYPES, regime_attention
 from ..integrate import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
@@ -61,12 +61,7 @@ N_FIGURES = 5
 #: the families, in the order of the figures
 FAMILIES = ("zero", "line", "plane", "two_lines", "blowup", "depends")
 #: attention types drawn for each family (the script's order)
-PANELS = {"zero": ("softmax", "l2", "multihead", "sinkhorn"),
-          "line": ("softmax", "l2"),
-          "plane": ("multihead",),
-          "two_lines": ("softmax", "l2"),
-          "blowup": ("softmax", "multihead", "l2", "sinkhorn"),
-          "depends": ("softmax", "l2", "multihead")}
+PANELS = REGIME_PANELS
 #: families drawn in the PSD cone (the others as Sigma / tr Sigma in the unit disk)
 CONE = ("zero", "line", "plane", "two_lines")
 #: the script's initial grids: (points per side, half-width of the square of
@@ -85,19 +80,14 @@ _GRID_SIZES = {"quick": {"zero": 3, "line": 3, "plane": 3, "two_lines": 5, "blow
 #: blow-ups end at the solver's confirmed blow-up.
 _HORIZON = {"zero": 1e4, "line": 1e6, "plane": 1e6, "two_lines": 1e6, "blowup": 200.0,
             "depends": 1e6}
-#: the L2 and Sinkhorn "blow-up" panels grow exponentially (their fields are bounded in
-#: Sigma: no finite-time singularity, docs/math.md 3.3 and 4.3). Followed far, the
-#: growing covariance becomes so elongated that the steps crawl (at traces of 1e9 to 1e16
-#: on the published grid), so these panels stop at a time where every trajectory of the
-#: published grid has grown by more than _GROWTH but (almost) none crawls yet.
-_HORIZON_PANEL = {("blowup", "l2"): 30.0, ("blowup", "sinkhorn"): 12.0}
+#: panels that stop earlier than their family (REGIME_HORIZONS: the blow-up panels of
+#: the types whose fields are bounded in Sigma, which grow exponentially instead)
+_HORIZON_PANEL = REGIME_HORIZONS
 #: trace growth that counts as divergence in the blow-up family (the script stops at
 #: a trace of 1e3 or 1e4); the trace must also still grow, t tr'/tr >= 1
 _GROWTH = 1e3
 #: eigenvalues below this fraction of the largest count as vanished (see _classify)
 _VANISHED = 1e-12
-_SQRT2 = np.sqrt(2.0)
-_E = (np.diag([1.0, 0.0]), np.diag([0.0, 1.0]))
 
 _TITLES = {
     "zero": r"$\Sigma\to 0$: $K=-Q$, $Q_{ij}\sim U[0,1]$, $V=GG^T$",
@@ -241,55 +231,26 @@ def published_weights():
     return out
 
 
-def _softmax(Q, K, V):
-    return Softmax(Q, K, V, scale=1 / _SQRT2)
-
-
-def _l2(Q, K, V):
-    return L2(Q, K, V / _SQRT2, scale=1.0)
-
-
-def _multihead(Q, K, V, H=2):
-    """The script's ``rhs_multihead`` for d = 2 (rows of Q, K per head; row h of V)."""
-    if H == 1:
-        return MultiHead([Softmax(Q, K, V, scale=1 / _SQRT2)])
-    heads = [Softmax(Q[h:h + 1], K[h:h + 1], _E[h] @ V, scale=1.0)
-             for h in range(min(H, Q.shape[0]))]       # rows beyond Q's are empty heads
-    return MultiHead(heads)
-
-
-def _sinkhorn(Q, K, V):
-    return Sinkhorn(Q, K, V, scale=1.0)
-
-
 def _regime_attentions(regime):
     """Type -> (attention, limit-line direction or None) for one family, as published."""
+    if regime not in FAMILIES:
+        raise ValueError(f"unknown regime {regime!r}; one of {FAMILIES}.")
     w = published_weights()
     I2 = np.eye(2)
+    u, heads = None, 2
     if regime == "zero":
         Q, V = w["zero"]["Q"], w["zero"]["V"]
-        atts = {"softmax": _softmax(Q, -Q, V), "l2": _l2(Q, -Q, V),
-                "multihead": _multihead(Q, -Q, V), "sinkhorn": _sinkhorn(Q, -Q, V)}
-        return {k: (v, None) for k, v in atts.items()}
-    if regime in ("line", "plane"):
-        q, u = w["line"]["q"], w["line"]["direction"]
-        if regime == "plane":
-            return {"multihead": (_multihead(q, -q, I2), None)}
-        return {"softmax": (_softmax(q, -q, I2), u), "l2": (_l2(q, -q, I2), u)}
-    Q, K = w[regime]["Q"], w[regime]["K"]
-    if regime == "blowup":
-        atts = {"softmax": _softmax(Q, K, I2), "multihead": _multihead(Q, K, I2),
-                "l2": _l2(Q, K, I2), "sinkhorn": _sinkhorn(Q, K, I2)}
-    elif regime == "two_lines":
-        V = w[regime]["V"]
-        atts = {"softmax": _softmax(Q, K, V), "l2": _l2(Q, K, V)}
-    elif regime == "depends":
-        V = w[regime]["V"]
-        atts = {"softmax": _softmax(Q, K, V), "l2": _l2(Q, K, V),
-                "multihead": _multihead(Q, K, V, H=1)}
+        args = (Q, -Q, V)
+    elif regime in ("line", "plane"):
+        q = w["line"]["q"]
+        args = (q, -q, I2)
+        u = None if regime == "plane" else w["line"]["direction"]
+    elif regime == "blowup":
+        args = (w[regime]["Q"], w[regime]["K"], I2)
     else:
-        raise ValueError(f"unknown regime {regime!r}; one of {FAMILIES}.")
-    return {k: (v, None) for k, v in atts.items()}
+        args = (w[regime]["Q"], w[regime]["K"], w[regime]["V"])
+        heads = 1 if regime == "depends" else 2     # the script calls it with one head
+    return {kind: (regime_attention(kind, *args, heads=heads), u) for kind in PANELS[regime]}
 
 
 def draw_all():
@@ -521,8 +482,7 @@ def regime_figures(out, results, save_figure, progress=None):
     from .. import plotting
 
     paths = {}
-    types = [n for n in ("softmax", "l2", "multihead", "sinkhorn")
-             if any((f, n) in results for f in FAMILIES)]
+    types = [n for n in REGIME_TYPES if any((f, n) in results for f in FAMILIES)]
     for name in types:
         fams = [f for f in FAMILIES if (f, name) in results]
         ncol = min(3, len(fams))
@@ -565,19 +525,20 @@ def regime_figures(out, results, save_figure, progress=None):
         if progress is not None:
             progress(f"figure: regimes_{name}.png")
 
-    fams = [f for f in FAMILIES if (f, "softmax") in results]
+    flow = REGIME_TYPES[0]             # the eigenvalue flows: the first type (softmax)
+    fams = [f for f in FAMILIES if (f, flow) in results]
     n = max(len(fams), 1)
     ncol = min(3, n)
     nrow = -(-n // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.3 * ncol, 3.6 * nrow + 0.7), squeeze=False)
     for ax, family in zip(axes.ravel(), fams):
-        r = results[(family, "softmax")]
+        r = results[(family, flow)]
         plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax, summary=True,
-                                      title=f"softmax: {_TITLES[family].splitlines()[0]}")
+                                      title=f"{flow}: {_TITLES[family].splitlines()[0]}")
         ax.set_ylim(bottom=_VANISHED, top=1.5)   # below: lost in rounding (see _classify)
     for ax in axes.ravel()[len(fams):]:
         ax.set_visible(False)
-    fig.suptitle(r"Eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$ (softmax): median over the "
+    fig.suptitle(r"Eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$ (" + flow + "): median over the "
                  r"starting covariances, 10-90 % band; cut at $10^{-12}$", fontsize=13)
     fig.tight_layout()
     paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=110)
@@ -630,7 +591,7 @@ def report_lines(results, paths):
           "only thing that depends on Sigma_0 is the size and direction of the limit. The "
           "multi-head panel of `depends` is the script's multi-head field called with one "
           "head, i.e. the softmax field.", ""]
-    for name in ("softmax", "l2", "multihead", "sinkhorn"):
+    for name in REGIME_TYPES:
         if f"regimes_{name}" in paths:
             L += [f"![{name} regimes]({paths[f'regimes_{name}'].name})", ""]
     L += [f"![eigenvalue flows]({paths['eigenvalue_flows'].name})", ""]

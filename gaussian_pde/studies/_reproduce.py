@@ -53,7 +53,7 @@ from .._common.io import ensure_output_dir, save_figure, write_npz, write_text
 from .._common.linalg import psd_sqrt
 from .._common.validation import validate_int
 from ..analysis import classify_trajectory, limit_rank
-from ..attention import L2, Softmax
+from ..attention import PUBLISHED_TYPES, REGIME_TYPES, get_attention
 from ..integrate import solve_batch
 from ._certified import certified_limits, theorem_rank
 from ._published import step_seconds
@@ -73,7 +73,7 @@ __all__ = ["reproduce", "unit_trace_grid", "REGIMES", "TYPES", "PAPER_THRESHOLD"
 #: the 2-D regimes (families of the published 2d_plots.py), in the order of the figures
 REGIMES = FAMILIES
 #: attention types of the regime figures
-TYPES = ("softmax", "l2", "multihead", "sinkhorn")
+TYPES = REGIME_TYPES
 #: the paper's rank threshold on the eigenvalues of the stopped covariance
 PAPER_THRESHOLD = 0.1
 #: rank thresholds of the accurate protocol (relative to the largest eigenvalue)
@@ -115,16 +115,21 @@ def _hist_settings(rng, d, n):
     return Qs, Gs, Rs
 
 
-def _exact_limit_softmax_identity(Q, cov0, scale):
-    """Limit of the exact V = I softmax solution for K = -Q (C = R(A + A^T)R <= 0)."""
+def _exact_limit(S, cov0):
+    r"""Limit of the exact solution of :math:`\Sigma' = \Sigma S\Sigma` for :math:`S \preceq 0`.
+
+    Softmax with :math:`V = I` and :math:`K = -Q`: :math:`S = A + A^T = -2cQ^TQ`, and
+    :math:`C = RSR \preceq 0` with :math:`R = \Sigma_0^{1/2}`.
+    """
     R = psd_sqrt(cov0)
-    C = R @ (-2.0 * scale * Q.T @ Q) @ R
+    C = R @ S @ R
     w, U = np.linalg.eigh(0.5 * (C + C.T))
     null = U[:, np.abs(w) <= 1e-12 * max(np.abs(w).max(), 1e-300)]
     return R @ null @ null.T @ R
 
 
-_PANELS = (("softmax", "I"), ("softmax", "RtR"), ("l2", "I"), ("l2", "RtR"))
+#: the rank-histogram panels: the published types, V = I and V = R^T R
+_PANELS = tuple((kind, vname) for kind in PUBLISHED_TYPES for vname in ("I", "RtR"))
 
 
 def _histograms_many(settings, progress=None, certify=False):
@@ -160,19 +165,22 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
     cov0s = Gs @ np.swapaxes(Gs, -1, -2)
     scale = 1.0 / np.sqrt(d)
     Vs = {"I": np.broadcast_to(np.eye(d), Gs.shape), "RtR": np.swapaxes(Rs, -1, -2) @ Rs}
-    cls = {"softmax": Softmax, "l2": L2}
-    atts = {(kind, vname): [cls[kind](Q, -Q, V, scale=scale) for Q, V in zip(Qs, Vs[vname])]
+    atts = {(kind, vname): [get_attention(kind)(Q, -Q, V, scale=scale)
+                            for Q, V in zip(Qs, Vs[vname])]
             for kind, vname in panels}
     bound = d - np.array([np.linalg.matrix_rank(Q) for Q in Qs])
-    acc_panels = [p for p in panels if p != ("softmax", "I")]   # softmax V = I: exact
+    # a panel whose covariance solves a Riccati equation (softmax, V = I) has its limit in
+    # closed form
+    exact = {p: all(a.riccati_matrix() is not None for a in atts[p]) for p in panels}
+    acc_panels = [p for p in panels if not exact[p]]
     acc_all = solve_batch([a for p in acc_panels for a in atts[p]],
                           np.concatenate([cov0s] * len(acc_panels)), (0.0, _HIST_HORIZON),
                           rtol=_ACCURATE_RTOL, atol=1e-14, max_nfev=_MAX_NFEV)
     res = {}
     for kind, vname in panels:
-        if kind == "softmax" and vname == "I":
-            lims = np.array([_exact_limit_softmax_identity(Q, c, scale)
-                             for Q, c in zip(Qs, cov0s)])
+        if exact[(kind, vname)]:
+            lims = np.array([_exact_limit(a.riccati_matrix(), c)
+                             for a, c in zip(atts[(kind, vname)], cov0s)])
             res[(kind, vname)] = dict(
                 accurate=np.array([limit_rank(x, rtol=1e-8) for x in lims]),
                 outcome=["rank (exact solution)"] * n_settings, limits=lims)
@@ -203,7 +211,7 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
     for kind, vname in panels:
         r = res[(kind, vname)]
         true = r["accurate"].copy()
-        source = np.array(["exact" if kind == "softmax" and vname == "I" else "classified"]
+        source = np.array(["exact" if exact[(kind, vname)] else "classified"]
                           * n_settings, dtype=object)
         out[(kind, vname, d)] = dict(r, true=true, source=source, bound=bound,
                                      certified_s=0.0, n_certified=0, n_theorem=0)
@@ -232,7 +240,7 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
         h["limit_paper_threshold"] = np.array(
             [limit_rank(x, rtol=0.0, atol=PAPER_THRESHOLD) if np.isfinite(x).all() else -1
              for x in h.pop("limits")])
-        h["exact"] = kind == "softmax" and vname == "I"
+        h["exact"] = exact[(kind, vname)]
     return out
 
 
@@ -273,8 +281,8 @@ def _figures(out, regimes, hists, ds, progress=None, published=None):
     return paths
 
 
-_PUB_KEY = {("softmax", "I"): ("softmax", "identity"), ("softmax", "RtR"): ("softmax", "random"),
-            ("l2", "I"): ("l2", "identity"), ("l2", "RtR"): ("l2", "random")}
+_PUB_KEY = {(kind, vname): (kind, {"I": "identity", "RtR": "random"}[vname])
+            for kind, vname in _PANELS}
 
 
 def _read_published(out):

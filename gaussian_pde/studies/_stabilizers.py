@@ -24,7 +24,7 @@ import numpy as np
 from .._common.gaussian import bures_wasserstein
 from .._common.io import ensure_output_dir, save_figure, write_json, write_text
 from .._common.validation import validate_int, validate_positive, validate_quadrature, validate_step
-from ..attention import Softmax
+from ..attention import dot_product_head
 from ..closure import LayerNorm, PreNorm, Stack, TraceNorm, propagate_gaussian, propagate_particles
 from ..particles import sample_gaussian
 
@@ -46,7 +46,7 @@ def draw_layers(d, n_layers, seed, *, weight_scale=1.0):
     layers = []
     for _ in range(n_layers):
         Q, K, V = rng.standard_normal((3, d, d)) * weight_scale / np.sqrt(d)
-        layers.append(Softmax(Q, K, V, scale=1.0))
+        layers.append(dot_product_head(Q, K, V, scale=1.0))
     return layers
 
 

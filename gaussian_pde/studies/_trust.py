@@ -66,6 +66,7 @@ from .._common.runge_kutta import rk4_march
 from ..attention import quadratic_heads
 from ..closure import GaussianMixture, solve_mixture
 from ._clusters import (
+    CLUSTER_ATTENTIONS,
     cluster_attention,
     cluster_cases,
     cluster_mixture,
@@ -365,9 +366,9 @@ def closure_bias(attention, mixture, t_eval, *, n=64, seeds=16, dt=0.1, n_per_di
 
 #: the controlled grid: attention scale, radius of the two means (spread 0.3), dimension;
 #: ``control``: the families whose cells also run the one-Gaussian control
-TRUST_GRID = dict(kinds=("softmax", "l2", "multihead"), q=(0.5, 1.0, 2.0, 4.0),
+TRUST_GRID = dict(kinds=CLUSTER_ATTENTIONS, q=(0.5, 1.0, 2.0, 4.0),
                   radius=(0.5, 1.0, 2.0), d=(2, 3), spread=0.3, t_end=2.0, n=64,
-                  seeds=16, control=("softmax",))
+                  seeds=16, control=CLUSTER_ATTENTIONS[:1])
 
 
 def run_trust(*, quick=False, grid=None, value="identity", progress=None):
@@ -437,8 +438,8 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
 
 
 #: the attention kinds of the clusters study that the remeasure, growth and merge-gap
-#: studies revisit
-STUDY_KINDS = ("softmax",)
+#: studies revisit: the first family (softmax)
+STUDY_KINDS = CLUSTER_ATTENTIONS[:1]
 
 
 def study_case_count(quick=False, kinds=STUDY_KINDS):
