@@ -35,7 +35,7 @@ def dot_product_head(Q, K, V, *, scale=None, q=None, k_b=None):
     scale : float, optional
         Score scale :math:`c` (default :math:`1/\sqrt k`).
     q, k_b : array_like, shape (k,), optional
-        Query and key biases. Without both, the head is plain softmax attention;
+        Query and key biases. With neither, the head is plain softmax attention;
         with either, softmax with biases (the key bias cancels in the normalisation).
 
     Returns
