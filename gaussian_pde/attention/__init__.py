@@ -37,8 +37,14 @@ from ._sigmoid import Sigmoid
 from ._sinkhorn import Sinkhorn
 from ._softmax import Softmax
 from ._studies import (
+    CLUSTER_QUICK_TYPES,
+    CLUSTER_REFERENCE_TYPE,
     CLUSTER_TYPES,
+    PUBLISHED_PANELS,
+    PUBLISHED_TIMED_TYPE,
     PUBLISHED_TYPES,
+    PUBLISHED_V_SEEDS,
+    REGIME_FLOW_TYPE,
     REGIME_HORIZONS,
     REGIME_PANELS,
     REGIME_TYPES,
@@ -61,4 +67,6 @@ __all__ = [
     "CLUSTER_TYPES", "PUBLISHED_TYPES", "REGIME_HORIZONS", "REGIME_PANELS", "REGIME_TYPES",
     "closure_study_attention", "closure_study_types", "cluster_attention_of", "published_attention",
     "regime_attention",
+    "CLUSTER_QUICK_TYPES", "CLUSTER_REFERENCE_TYPE", "PUBLISHED_PANELS", "PUBLISHED_TIMED_TYPE",
+    "PUBLISHED_V_SEEDS", "REGIME_FLOW_TYPE",
 ]

@@ -23,6 +23,12 @@ the labels below and build their attentions with the functions below.
 * The closure-error study: every type without exact moments (the registry's
   non-Gaussian-preserving types) with the study's fixed weights; a type that takes a
   bias gets :math:`b = -1`.
+
+The tables also say which type plays which part in a study: the published script's
+parameters and seeds of each type (:data:`PUBLISHED_PANELS`, :data:`PUBLISHED_V_SEEDS`,
+:data:`PUBLISHED_TIMED_TYPE`), the type of the regimes' eigenvalue flows
+(:data:`REGIME_FLOW_TYPE`), and the clusters study's quick grid and reference family
+(:data:`CLUSTER_QUICK_TYPES`, :data:`CLUSTER_REFERENCE_TYPE`).
 """
 
 from __future__ import annotations
@@ -39,11 +45,30 @@ from ._softmax import Softmax
 
 __all__ = ["PUBLISHED_TYPES", "REGIME_TYPES", "REGIME_PANELS", "REGIME_HORIZONS", "CLUSTER_TYPES",
            "published_attention", "regime_attention", "cluster_attention_of",
-           "closure_study_types", "closure_study_attention"]
+           "closure_study_types", "closure_study_attention",
+           "PUBLISHED_PANELS", "PUBLISHED_V_SEEDS", "PUBLISHED_TIMED_TYPE", "REGIME_FLOW_TYPE",
+           "CLUSTER_QUICK_TYPES", "CLUSTER_REFERENCE_TYPE"]
 
 #: the published rank histograms' types, in the script's order (its V draws use seeds
 #: 26 and 27 in this order)
 PUBLISHED_TYPES = ("softmax", "l2")
+#: the published script's parameters of each (type, value) panel of the rank histograms
+#: (docs/math.md 9.5): Euler steps ``h`` for d = 3, 4, 5, tolerance ``tol`` on the norm
+#: of the right-hand side, iteration cap ``max_iter`` and attempt cap ``n_max``
+PUBLISHED_PANELS = {
+    ("softmax", "identity"): {"h": (0.09, 0.05, 0.02), "tol": 1e-4, "max_iter": 60000,
+                              "n_max": 1000},
+    ("softmax", "random"): {"h": (0.09, 0.06, 0.02), "tol": 5e-5, "max_iter": 90000,
+                            "n_max": 10000},
+    ("l2", "identity"): {"h": (0.09, 0.06, 0.02), "tol": 1e-4, "max_iter": 60000,
+                         "n_max": 1000},
+    ("l2", "random"): {"h": (0.15, 0.15, 0.15), "tol": 5e-5, "max_iter": 50000,
+                       "n_max": 1000},
+}
+#: the seed of each published type's draws of :math:`V = R^TR`
+PUBLISHED_V_SEEDS = {"softmax": 26, "l2": 27}
+#: the type whose d = 5 trajectory times one step of the published scheme
+PUBLISHED_TIMED_TYPE = "softmax"
 #: the types of the 2-D regime figures, in the order of the figures
 REGIME_TYPES = ("softmax", "l2", "multihead", "sinkhorn")
 #: the types drawn for each family of the 2-D regimes (the script's order)
@@ -60,8 +85,17 @@ REGIME_PANELS = {"zero": ("softmax", "l2", "multihead", "sinkhorn"),
 #: on the published grid), so these panels stop at a time where every trajectory of the
 #: published grid has grown by more than 1e3 but (almost) none crawls yet.
 REGIME_HORIZONS = {("blowup", "l2"): 30.0, ("blowup", "sinkhorn"): 12.0}
+#: the type whose eigenvalue flows the regimes figure draws
+REGIME_FLOW_TYPE = "softmax"
 #: the families of the clusters study (and of the trust map), in the study's order
 CLUSTER_TYPES = ("softmax", "l2", "multihead")
+#: the families of the three cases of the quick clusters grid, in the grid's order
+CLUSTER_QUICK_TYPES = ("l2", "softmax", "multihead")
+#: the clusters study's reference family (Gaussian-preserving): its exact one-component
+#: case checks the :math:`n^{-1/2}` error, its ``V = I`` cases are the main ellipse
+#: figures, the trust map runs its one-Gaussian control, and the remeasure, growth and
+#: merge-gap studies revisit its cases
+CLUSTER_REFERENCE_TYPE = "softmax"
 
 _SQRT2 = np.sqrt(2.0)
 _E = (np.diag([1.0, 0.0]), np.diag([0.0, 1.0]))
