@@ -53,7 +53,12 @@ from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
 from .._common.runge_kutta import rk4_march
-from ..attention import CLUSTER_TYPES, cluster_attention_of
+from ..attention import (
+    CLUSTER_QUICK_TYPES,
+    CLUSTER_REFERENCE_TYPE,
+    CLUSTER_TYPES,
+    cluster_attention_of,
+)
 from ..closure import (
     GaussianMixture,
     merge_heights,
@@ -93,7 +98,7 @@ __all__ = [
     "write_clusters",
 ]
 
-#: attention families of the study (softmax, L2, multi-head; docs above)
+#: attention families of the study (the attention package's table; docs above)
 CLUSTER_ATTENTIONS = CLUSTER_TYPES
 #: value matrices of the study
 CLUSTER_VALUES = ("identity", "random")
@@ -737,13 +742,17 @@ CLUSTER_MIXTURES = ((2, "symmetric"), (3, "random"), (4, "symmetric"), (6, "rand
                     (8, "symmetric"), (8, "random"))
 
 
+#: the quick grid's cases (K, d, configuration, value), each with its family of
+#: CLUSTER_QUICK_TYPES
+_QUICK_CASES = ((4, 2, "symmetric", "identity"), (3, 2, "random", "random"),
+                (4, 3, "random", "identity"))
+
+
 def cluster_cases(quick):
     out = []
     if quick:
-        soft, loc, multi = CLUSTER_ATTENTIONS
-        grid = [(4, 2, "symmetric", loc, "identity"),
-                (3, 2, "random", soft, "random"),
-                (4, 3, "random", multi, "identity")]
+        grid = [(K, d, config, kind, value) for (K, d, config, value), kind
+                in zip(_QUICK_CASES, CLUSTER_QUICK_TYPES, strict=True)]
     else:
         grid = [(K, d, config, kind, value) for d in (2, 3) for K, config in CLUSTER_MIXTURES
                 for kind in CLUSTER_ATTENTIONS for value in CLUSTER_VALUES]
@@ -753,8 +762,9 @@ def cluster_cases(quick):
     return out
 
 
-#: the exact case of the n^{-1/2} check: one component, softmax (Gaussian-preserving)
-SCALING_CASE = dict(kind=CLUSTER_ATTENTIONS[0], d=3, q=1.0, t_end=0.5,
+#: the exact case of the n^{-1/2} check: one component, the reference family
+#: (Gaussian-preserving)
+SCALING_CASE = dict(kind=CLUSTER_REFERENCE_TYPE, d=3, q=1.0, t_end=0.5,
                     mean=(0.5, -0.3, 0.2),
                     cov=((1.0, 0.3, 0.0), (0.3, 0.6, 0.1), (0.0, 0.1, 0.8)))
 
@@ -811,7 +821,7 @@ def run_clusters(*, quick=False, n=None, t_end=None, progress=None, scaling=True
             res = error_scaling(att, mix, te, (100, 200, 400, 800, 1600), (64, 64, 48, 32, 16))
         if progress is not None:
             slope, ci, _ = res.fit("bw")
-            progress(f"n^-1/2 check (one component, softmax): slope {slope:.3f} "
+            progress(f"n^-1/2 check (one component, {SCALING_CASE['kind']}): slope {slope:.3f} "
                      f"[{ci[0]:.3f}, {ci[1]:.3f}]")
     return {"runs": runs, "cases": cases, "scaling": res,
             "seconds": time.perf_counter() - t_start}
@@ -877,7 +887,7 @@ def plot_clusters(result, out):
     figures = []
     for d in sorted({r.closure.means.shape[2] for r in runs}):
         sel = [r for r in runs if r.closure.means.shape[2] == d]
-        main = [r for r in sel if "-softmax-Videntity" in r.name] or sel[:4]
+        main = [r for r in sel if f"-{CLUSTER_REFERENCE_TYPE}-Videntity" in r.name] or sel[:4]
         figures.append(f"ellipses_d{d}.png")
         _ellipse_figure(plt, main, out / figures[-1],
                         f"d = {d}: components of the closure (black, 2 sigma) on the particles")
@@ -1014,8 +1024,8 @@ def cluster_report(result, figures):
     scal = None
     if scaling is not None:
         lines += ["", "## Where the closure is exact: error against n", "",
-                  f"One component, softmax attention (Gaussian-preserving: the closure is the "
-                  f"exact moment ODE), d = {scaling.closure_means.shape[1]}, to t = "
+                  f"One component, {SCALING_CASE['kind']} attention (Gaussian-preserving: the "
+                  f"closure is the exact moment ODE), d = {scaling.closure_means.shape[1]}, to t = "
                   f"{SCALING_CASE['t_end']}; particles by RK4; runs per n "
                   f"{scaling.n_seeds.tolist()}. RMS over runs of the moment errors; slope of "
                   f"log RMS against log n with a 95% bootstrap interval (runs resampled at "

@@ -43,7 +43,13 @@ import numpy as np
 
 from .._common.io import ensure_output_dir, write_json
 from .._common.validation import validate_choices, validate_flag, validate_int
-from ..attention import PUBLISHED_TYPES, published_attention
+from ..attention import (
+    PUBLISHED_PANELS,
+    PUBLISHED_TIMED_TYPE,
+    PUBLISHED_TYPES,
+    PUBLISHED_V_SEEDS,
+    published_attention,
+)
 
 __all__ = [
     "PANELS",
@@ -53,22 +59,13 @@ __all__ = [
     "write_published_histograms",
 ]
 
-#: Parameters per panel (docs/math.md 9.5): steps for d = 3, 4, 5, tol, max_iter, n_max.
-_SOFTMAX, _L2 = PUBLISHED_TYPES          # the published figure's two types
-PANELS = {
-    (_SOFTMAX, "identity"): {"h": (0.09, 0.05, 0.02), "tol": 1e-4, "max_iter": 60000,
-                              "n_max": 1000},
-    (_SOFTMAX, "random"): {"h": (0.09, 0.06, 0.02), "tol": 5e-5, "max_iter": 90000,
-                            "n_max": 10000},
-    (_L2, "identity"): {"h": (0.09, 0.06, 0.02), "tol": 1e-4, "max_iter": 60000,
-                         "n_max": 1000},
-    (_L2, "random"): {"h": (0.15, 0.15, 0.15), "tol": 5e-5, "max_iter": 50000,
-                       "n_max": 1000},
-}
+#: Parameters per panel (docs/math.md 9.5): steps for d = 3, 4, 5, tol, max_iter, n_max
+#: (the attention package's table of the published script's settings).
+PANELS = PUBLISHED_PANELS
 DIMENSIONS = (3, 4, 5)
 N_PER_DIM = 100
 SEED_Q = 40
-SEED_V = dict(zip(PUBLISHED_TYPES, (26, 27)))
+SEED_V = PUBLISHED_V_SEEDS
 SEED_SIGMA0 = 41
 CLIP = 1e-14
 TRACE_MAX = 1e3
@@ -202,12 +199,12 @@ def step_seconds(n=2000, repeat=3):
 
     The best of ``repeat`` runs of ``n`` steps: load on a shared machine only slows a run.
     """
-    qs, _ = published_settings(_SOFTMAX)[5]
+    qs, _ = published_settings(PUBLISHED_TIMED_TYPE)[5]
     s0 = _sigma0_draws(5, 1)[0]
     best = np.inf
     for _ in range(repeat):
         t = time.perf_counter()
-        reference_attempt(_SOFTMAX, qs[0], np.eye(5), s0, 0.02, 0.0, n)
+        reference_attempt(PUBLISHED_TIMED_TYPE, qs[0], np.eye(5), s0, 0.02, 0.0, n)
         best = min(best, (time.perf_counter() - t) / n)
     return best
 

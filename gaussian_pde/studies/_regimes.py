@@ -50,7 +50,13 @@ import numpy as np
 
 from .._common.validation import validate_int, validate_positive
 from ..analysis import Outcome, classify_trajectory
-from ..attention import REGIME_HORIZONS, REGIME_PANELS, REGIME_TYPES, regime_attention
+from ..attention import (
+    REGIME_FLOW_TYPE,
+    REGIME_HORIZONS,
+    REGIME_PANELS,
+    REGIME_TYPES,
+    regime_attention,
+)
 from ..integrate import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
@@ -525,7 +531,7 @@ def regime_figures(out, results, save_figure, progress=None):
         if progress is not None:
             progress(f"figure: regimes_{name}.png")
 
-    flow = REGIME_TYPES[0]             # the eigenvalue flows: the first type (softmax)
+    flow = REGIME_FLOW_TYPE
     fams = [f for f in FAMILIES if (f, flow) in results]
     n = max(len(fams), 1)
     ncol = min(3, n)

@@ -169,8 +169,8 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
                             for Q, V in zip(Qs, Vs[vname])]
             for kind, vname in panels}
     bound = d - np.array([np.linalg.matrix_rank(Q) for Q in Qs])
-    # a panel whose covariance solves a Riccati equation (softmax, V = I) has its limit in
-    # closed form
+    # a panel whose covariance solves a Riccati equation (the attention has a Riccati
+    # matrix, e.g. with V = I) has its limit in closed form
     exact = {p: all(a.riccati_matrix() is not None for a in atts[p]) for p in panels}
     acc_panels = [p for p in panels if not exact[p]]
     acc_all = solve_batch([a for p in acc_panels for a in atts[p]],

@@ -63,7 +63,7 @@ import time
 import numpy as np
 
 from .._common.runge_kutta import rk4_march
-from ..attention import quadratic_heads
+from ..attention import CLUSTER_REFERENCE_TYPE, quadratic_heads
 from ..closure import GaussianMixture, solve_mixture
 from ._clusters import (
     CLUSTER_ATTENTIONS,
@@ -368,7 +368,7 @@ def closure_bias(attention, mixture, t_eval, *, n=64, seeds=16, dt=0.1, n_per_di
 #: ``control``: the families whose cells also run the one-Gaussian control
 TRUST_GRID = dict(kinds=CLUSTER_ATTENTIONS, q=(0.5, 1.0, 2.0, 4.0),
                   radius=(0.5, 1.0, 2.0), d=(2, 3), spread=0.3, t_end=2.0, n=64,
-                  seeds=16, control=CLUSTER_ATTENTIONS[:1])
+                  seeds=16, control=(CLUSTER_REFERENCE_TYPE,))
 
 
 def run_trust(*, quick=False, grid=None, value="identity", progress=None):
@@ -438,8 +438,8 @@ def run_trust(*, quick=False, grid=None, value="identity", progress=None):
 
 
 #: the attention kinds of the clusters study that the remeasure, growth and merge-gap
-#: studies revisit: the first family (softmax)
-STUDY_KINDS = CLUSTER_ATTENTIONS[:1]
+#: studies revisit: its reference family
+STUDY_KINDS = (CLUSTER_REFERENCE_TYPE,)
 
 
 def study_case_count(quick=False, kinds=STUDY_KINDS):
