@@ -293,37 +293,57 @@ def _softmax_core(data, k, d, m, y, out, ws, bias):
     # the products in the order of the NumPy loop's (integrate._compiled's
     # softmax_apply_stack): A = (cVL)(KL)^T first, then A (QZ); near a blow-up, where the
     # factor's entries pass 1e20, the order decides which cancellations round. Flat
-    # indices: W = [cV; K; Q] row-major from data[1], P = W Z in ws[:r m], A after it.
+    # indices: W = [cV; K; Q] row-major from data[1]; P = W Z with its factor block in
+    # ws[:r d] (rows of d), its mean column in ws[r d:r d + r], A after it. Every entry
+    # is one sum over p in increasing order, whichever loop runs innermost.
     # ``bias`` >= 0: the offset in ``data`` of a query bias added to the mean's column
     # of QZ (a score c (Qx + q)^T K y); -1: none
     c = data[0]
     r = d + 2 * k
-    pa = r * m
+    pm = r * d
+    pa = pm + r
     for i in range(r):                         # P = W Z
         wi = 1 + i * d
-        for j in range(m):
+        for j in range(d):
             acc = 0.0
             for p in range(d):
                 acc += data[wi + p] * y[p * m + j]
-            ws[i * m + j] = acc
-    q0 = (d + k) * m
+            ws[i * d + j] = acc
+    if m > d:
+        # the mean's column, summed over p in the outer loop: one accumulator per row,
+        # independent of each other, where a dot product per row waits on each add
+        for i in range(r):
+            ws[pm + i] = 0.0
+        for p in range(d):
+            yp = y[p * m + d]
+            for i in range(r):
+                ws[pm + i] += data[1 + i * d + p] * yp
+    q0 = (d + k) * d
+    qm = pm + d + k
     if bias >= 0 and m > d:                    # Q alpha + q
         for p in range(k):
-            ws[q0 + p * m + d] += data[bias + p]
+            ws[qm + p] += data[bias + p]
     for i in range(d):                         # A = (cVL)(KL)^T
         for j in range(k):
             acc = 0.0
             for p in range(d):
-                acc += ws[i * m + p] * ws[(d + j) * m + p]
+                acc += ws[i * d + p] * ws[(d + j) * d + p]
             ws[pa + i * k + j] = acc
     for i in range(d):                         # Z' = A (QZ), + V alpha in the mean's column
-        for j in range(m):
+        for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += ws[pa + i * k + p] * ws[q0 + p * m + j]
-            if j == d:
-                acc += ws[i * m + d] / c
+                acc += ws[pa + i * k + p] * ws[q0 + p * d + j]
             out[i * m + j] = acc
+    if m > d:
+        for i in range(d):
+            out[i * m + d] = 0.0
+        for p in range(k):
+            qp = ws[qm + p]
+            for i in range(d):
+                out[i * m + d] += ws[pa + i * k + p] * qp
+        for i in range(d):
+            out[i * m + d] += ws[pm + i] / c
 
 
 def _linear_rhs(data, k, d, m, y, out, ws):

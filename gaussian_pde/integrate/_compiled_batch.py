@@ -56,6 +56,8 @@ _B = np.ascontiguousarray(_dop.B)
 _E3 = np.ascontiguousarray(_dop.E3)
 _E5 = np.ascontiguousarray(_dop.E5)
 _D = np.ascontiguousarray(_dop.D)
+_B2 = _B[None, :].copy()
+_E53 = np.stack([_E5, _E3])
 _RA_ = np.ascontiguousarray(_RA)
 _RB_ = np.ascontiguousarray(_RB)
 _RC_ = np.ascontiguousarray(_RC)
@@ -67,6 +69,8 @@ from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFI
 from ._refactor import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
 
 _BISECT = 30
+#: :func:`_combine` runs along the rows of ``K`` from this state size on
+_ROWS_FROM = 16
 _STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
 
 
@@ -184,8 +188,71 @@ def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
 # the two steppers and their dense output
 # ----------------------------------------------------------------------------------------
 
-def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol):
-    """One DOP853 step; ``K[0]`` holds ``f(y)``. Returns ``(err, hlamb)``; ``K[12] = f(ynew)``."""
+def _combine(C, r, K, s, out):
+    """``out[i] = sum_{j < s} C[r, j] K[j, i]``, summed over ``j`` in increasing order.
+
+    From :data:`_ROWS_FROM` entries on, the loop over ``i`` runs innermost, along the
+    rows of ``K``, so that the compiler vectorises it; below, one dot product per entry
+    (faster for short rows). Both sum each entry in the same order: the same bits.
+    """
+    n = out.size
+    if n < _ROWS_FROM:
+        for i in range(n):
+            acc = 0.0
+            for j in range(s):
+                acc += C[r, j] * K[j, i]
+            out[i] = acc
+        return
+    for i in range(n):
+        out[i] = 0.0
+    for j in range(s):
+        a = C[r, j]
+        for i in range(n):
+            out[i] += a * K[j, i]
+
+
+def _dop_errors(y, ynew, K, h, atol, rtol, S):
+    """The sums of DOP853's error norms and of its stiffness ratio (``S``: scratch).
+
+    Long states take the row-wise sums of :func:`_combine` (vectorised); short ones one
+    fused loop (faster there). Both sum in the same order: the same bits.
+    """
+    n = y.size
+    rows = n >= _ROWS_FROM
+    if rows:
+        _combine(_A, _NS - 1, K, _NS - 1, S[0])
+        _combine(_E53, 0, K, _NS + 1, S[1])
+        _combine(_E53, 1, K, _NS + 1, S[2])
+    num = 0.0
+    den = 0.0
+    e5 = 0.0
+    e3 = 0.0
+    for i in range(n):
+        if rows:
+            last, a5, a3 = S[0, i], S[1, i], S[2, i]
+        else:
+            last = 0.0
+            for j in range(_NS - 1):
+                last += _A[_NS - 1, j] * K[j, i]
+            a5 = 0.0
+            a3 = 0.0
+            for j in range(_NS + 1):
+                a5 += _E5[j] * K[j, i]
+                a3 += _E3[j] * K[j, i]
+        ylast = y[i] + h * last
+        num += (K[_NS, i] - K[_NS - 1, i]) ** 2
+        den += (ynew[i] - ylast) ** 2
+        sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
+        e5 += (a5 / sc) ** 2
+        e3 += (a3 / sc) ** 2
+    return num, den, e5, e3
+
+
+def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
+    """One DOP853 step; ``K[0]`` holds ``f(y)``. Returns ``(err, hlamb)``; ``K[12] = f(ynew)``.
+
+    ``S``: scratch, at least ``(3, n)``.
+    """
     n = y.size
     top = 0.0
     for v in y:
@@ -193,40 +260,18 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol):
     ymax = _WILD * top
     bad = False
     for s in range(1, _NS):
+        _combine(_A, s, K, s, tmp)
         for i in range(n):
-            acc = 0.0
-            for j in range(s):
-                acc += _A[s, j] * K[j, i]
-            tmp[i] = y[i] + acc * h
+            tmp[i] = y[i] + tmp[i] * h
         bad |= _guard(tmp, ymax)
         rhs(P, d, m, tmp, K[s], ws)
+    _combine(_B2, 0, K, _NS, ynew)
     for i in range(n):
-        acc = 0.0
-        for j in range(_NS):
-            acc += _B[j] * K[j, i]
-        ynew[i] = y[i] + h * acc
+        ynew[i] = y[i] + h * ynew[i]
     tmp[:] = ynew
     bad |= _guard(tmp, ymax)
     rhs(P, d, m, tmp, K[_NS], ws)
-    num = 0.0
-    den = 0.0
-    e5 = 0.0
-    e3 = 0.0
-    for i in range(n):
-        acc = 0.0
-        for j in range(_NS - 1):
-            acc += _A[_NS - 1, j] * K[j, i]
-        ylast = y[i] + h * acc
-        num += (K[_NS, i] - K[_NS - 1, i]) ** 2
-        den += (ynew[i] - ylast) ** 2
-        sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
-        a5 = 0.0
-        a3 = 0.0
-        for j in range(_NS + 1):
-            a5 += _E5[j] * K[j, i]
-            a3 += _E3[j] * K[j, i]
-        e5 += (a5 / sc) ** 2
-        e3 += (a3 / sc) ** 2
+    num, den, e5, e3 = _dop_errors(y, ynew, K, h, atol, rtol, S)
     hlamb = h * math.sqrt(num / den) if den > 0 else 0.0
     denom = e5 + 0.01 * e3
     err = h * e5 / math.sqrt(denom * n) if denom > 0 else 0.0
@@ -240,22 +285,19 @@ def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
     n = y.size
     Kx[:_NS + 1] = K[:_NS + 1]
     for s in range(_NS + 1, 16):
+        _combine(_A, s, Kx, s, tmp)
         for i in range(n):
-            acc = 0.0
-            for j in range(s):
-                acc += _A[s, j] * Kx[j, i]
-            tmp[i] = y[i] + acc * h
+            tmp[i] = y[i] + tmp[i] * h
         rhs(P, d, m, tmp, Kx[s], ws)
+    for r in range(4):
+        _combine(_D, r, Kx, 16, F[3 + r])
+        for i in range(n):
+            F[3 + r, i] = h * F[3 + r, i]
     for i in range(n):
         dy = ynew[i] - y[i]
         F[0, i] = dy
         F[1, i] = h * f[i] - dy
         F[2, i] = 2 * dy - h * (K[_NS, i] + f[i])
-        for r in range(4):
-            acc = 0.0
-            for j in range(16):
-                acc += _D[r, j] * Kx[j, i]
-            F[3 + r, i] = h * acc
 
 
 def _dop_eval(F, y, x, out):
@@ -578,7 +620,7 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
             err_exp, max_factor = -0.25, 6.0
         else:
             K[0] = f
-            err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol)
+            err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
             nfev += _NS
             err_exp, max_factor = -0.125, 10.0
         acc = err < 1
@@ -715,8 +757,10 @@ def prange(n):     # replaced by numba.prange when compiled
     return range(n)
 
 
+#: inlined into their callers (Numba IR), where the loop bounds and arrays are known
+_INLINED = ("_combine", "_dop_errors")
 _HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
-            "_lu", "_lu_solve", "_jacobian", "_dop_attempt", "_dop_dense", "_dop_eval",
+            "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt", "_dop_dense", "_dop_eval",
             "_ros_attempt", "_ros_eval", "_nmin", "_initial_step", "_dense_at", "_located",
             "_store", "_blowup_look", "_refactor", "_col_sq", "_accepted", "_trajectory")
 
@@ -738,7 +782,8 @@ def _core():
     g = globals()
     for name in _HELPERS:
         if not hasattr(g[name], "py_func"):
-            g[name] = numba.njit(cache=True, error_model="numpy")(g[name])
+            inline = "always" if name in _INLINED else "never"
+            g[name] = numba.njit(cache=True, error_model="numpy", inline=inline)(g[name])
     g["prange"] = numba.prange
     rhs_sig, jac_sig = signatures()
     vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
