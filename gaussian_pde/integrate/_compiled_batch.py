@@ -112,10 +112,12 @@ def _l_dot(Z, dZ, d):
 
 def _guard(Ys, ymax):
     """Zero a stage state that is not finite or wild; True where it was (reject the step)."""
-    for v in Ys:
-        if not abs(v) <= ymax:        # (NaN too)
-            Ys[:] = 0.0
-            return True
+    wild = 0
+    for v in Ys:                      # a count, not an early exit: the loop vectorises
+        wild += not abs(v) <= ymax    # (NaN too)
+    if wild:
+        Ys[:] = 0.0
+        return True
     return False
 
 
