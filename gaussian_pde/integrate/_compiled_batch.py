@@ -216,37 +216,23 @@ def _combine(C, r, K, s, out):
 def _dop_errors(y, ynew, K, h, atol, rtol, S):
     """The sums of DOP853's error norms and of its stiffness ratio (``S``: scratch).
 
-    Long states take the row-wise sums of :func:`_combine` (vectorised); short ones one
-    fused loop (faster there). Both sum in the same order: the same bits.
+    The three combinations of the stages (:func:`_combine`) into ``S``, then one pass.
     """
     n = y.size
-    rows = n >= _ROWS_FROM
-    if rows:
-        _combine(_A, _NS - 1, K, _NS - 1, S[0])
-        _combine(_E53, 0, K, _NS + 1, S[1])
-        _combine(_E53, 1, K, _NS + 1, S[2])
+    _combine(_A, _NS - 1, K, _NS - 1, S[0])
+    _combine(_E53, 0, K, _NS + 1, S[1])
+    _combine(_E53, 1, K, _NS + 1, S[2])
     num = 0.0
     den = 0.0
     e5 = 0.0
     e3 = 0.0
     for i in range(n):
-        if rows:
-            last, a5, a3 = S[0, i], S[1, i], S[2, i]
-        else:
-            last = 0.0
-            for j in range(_NS - 1):
-                last += _A[_NS - 1, j] * K[j, i]
-            a5 = 0.0
-            a3 = 0.0
-            for j in range(_NS + 1):
-                a5 += _E5[j] * K[j, i]
-                a3 += _E3[j] * K[j, i]
-        ylast = y[i] + h * last
+        ylast = y[i] + h * S[0, i]
         num += (K[_NS, i] - K[_NS - 1, i]) ** 2
         den += (ynew[i] - ylast) ** 2
         sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
-        e5 += (a5 / sc) ** 2
-        e3 += (a3 / sc) ** 2
+        e5 += (S[1, i] / sc) ** 2
+        e3 += (S[2, i] / sc) ** 2
     return num, den, e5, e3
 
 
@@ -762,9 +748,10 @@ def prange(n):     # replaced by numba.prange when compiled
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_combine", "_dop_errors")
 _HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
-            "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt", "_dop_dense", "_dop_eval",
-            "_ros_attempt", "_ros_eval", "_nmin", "_initial_step", "_dense_at", "_located",
-            "_store", "_blowup_look", "_refactor", "_col_sq", "_accepted", "_trajectory")
+            "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
+            "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
+            "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_col_sq",
+            "_accepted", "_trajectory")
 
 
 @functools.cache
