@@ -90,6 +90,10 @@ def fortran_rhs(attention, with_mean, counter):
     softmax head: the three products in one call compiled by Numba, 0.6 us an
     evaluation of the d = 5 field instead of 1.0 us; its sums run in another order than
     BLAS's, so the field agrees with :func:`moment_field` to rounding, not bit for bit).
+    Otherwise the attention's :meth:`~gaussian_pde.Attention.compiled_field` where it
+    has one (every other type of the package, and sums of heads): one compiled call an
+    evaluation instead of the NumPy products of :func:`moment_field`, which remain for a
+    type without either (``benchmarks/bench_solve_fields.py`` measures the two).
     """
     d = attention.d
     m = d + 1 if with_mean else d
@@ -99,6 +103,10 @@ def fortran_rhs(attention, with_mean, counter):
         fast = heads[0].fused_rhs(with_mean, out, counter)
         if fast is not None:
             return fast
+    hook = getattr(attention, "compiled_field", None)
+    compiled = hook() if hook is not None else None
+    if compiled is not None:
+        return _compiled_field_rhs(compiled, d, m, out, counter)
     field = moment_field(attention, with_mean, out=out)
     flat = out.reshape(-1)
 
@@ -106,6 +114,32 @@ def fortran_rhs(attention, with_mean, counter):
         counter.nfev += 1
         field(y.reshape(d, m))
         return flat
+
+    rhs.field = field
+    return rhs
+
+
+def _compiled_field_rhs(compiled, d, m, out, counter):
+    """:func:`fortran_rhs` by the attention's compiled field (one call an evaluation).
+
+    The kernel is the generic one of :meth:`~gaussian_pde.Attention.compiled_field`
+    (compiled once for every type and shape, cached on disk), the field
+    :func:`gaussian_pde.solve_batch` integrates; it agrees with :func:`moment_field` to
+    rounding.
+    """
+    kernel, params = compiled.rhs, compiled.params
+    ws = np.zeros(compiled.ws_size)
+    flat = out.reshape(-1)
+
+    def rhs(t, y):
+        counter.nfev += 1
+        # SciPy's implicit solvers may pass a strided view; the kernel takes contiguous
+        kernel(params, d, m, y if y.flags.c_contiguous else np.ascontiguousarray(y), flat, ws)
+        return flat
+
+    def field(Z):
+        kernel(params, d, m, np.ascontiguousarray(Z, dtype=float).reshape(-1), flat, ws)
+        return out
 
     rhs.field = field
     return rhs

@@ -24,7 +24,9 @@ lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; the de
 ``"auto"`` takes DOP853 steps and hands a run that turns stiff over to LSODA with the
 exact Jacobian (:mod:`gaussian_pde.integrate._auto`); event semantics are those of
 :func:`scipy.integrate.solve_ivp`. The right-hand side is one fused kernel for the factor
-and the mean (:mod:`gaussian_pde.integrate._fused`). :func:`integrate_system` is that event loop
+and the mean (:mod:`gaussian_pde.integrate._fused`): compiled where the attention supplies
+a compiled field, the one :func:`~gaussian_pde.solve_batch` integrates.
+:func:`integrate_system` is that event loop
 for any state with a covariance: the closure solvers run it too, so that every solver
 stops at the same events with the same verdicts.
 """

@@ -400,13 +400,16 @@ def test_auto_blowup_is_confirmed_as_before():
 MEAN_FREE = [kind for kind in TYPES if not kind.field_sees_mean]
 
 
-def _mean_case(kind, seed, d=4):
+def _mean_case(kind, seed, d=4, wrap=None):
+    """A random head (or sum of heads) of ``kind``, a mean and a covariance; ``wrap`` maps
+    each head's class to the class built (the same draws)."""
     rng = np.random.default_rng(seed)
+    wrap = wrap or (lambda cls: cls)
     if has_hook(kind, "from_heads"):    # a sum of every single head kind of MEAN_FREE
-        att = kind.from_heads([cls.example(d, rng) for cls in MEAN_FREE
+        att = kind.from_heads([wrap(cls).example(d, rng) for cls in MEAN_FREE
                                if not has_hook(cls, "from_heads")])
     else:
-        att = kind.example(d, rng)
+        att = wrap(kind).example(d, rng)
     G = rng.standard_normal((d, d))
     return att, rng.standard_normal(d), G @ G.T / d
 
@@ -428,6 +431,53 @@ def test_mean_against_radau(kind):
         if te is not None:
             for m, m_ref in zip(sol.mean[1:], ref.mean[1:]):
                 assert rel(m, m_ref) < 1e-8
+
+
+def _numpy_fields(cls):
+    """``cls`` without compiled fields: what a type gets from the contract's defaults."""
+    return type(cls.__name__, (cls,), {"compiled_field": lambda self: None,
+                                       "fused_rhs": lambda self, with_mean, out, counter: None})
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
+    """``solve``'s right-hand side is the type's compiled field (or a softmax head's own
+    kernel) where it supplies one, the NumPy products otherwise; the two sum in different
+    orders, so a run takes the same steps to rounding: the same status, blow-up times
+    within 1e-12 and final states within 1e-7 (rounding grown along trajectories whose
+    covariance grows a million times, within the runs' own error at rtol 1e-10), with a
+    mean and without, over six settings whose covariance finishes or blows up. The
+    compiled field also takes the strided states SciPy's implicit solvers pass."""
+    from gaussian_pde.integrate._fused import fortran_rhs, moment_field
+
+    statuses = set()
+    for seed in range(6):
+        att, mean0, cov0 = _mean_case(kind, seed, d=3)
+        ref, _, _ = _mean_case(kind, seed, d=3, wrap=_numpy_fields)
+        assert ref.compiled_field() is None and att.compiled_field() is not None
+        for m0 in (mean0, None if not att.field_sees_mean else mean0):
+            a = gp.solve(att, m0, cov0, (0, 4.0))
+            b = gp.solve(ref, m0, cov0, (0, 4.0))
+            assert a.status == b.status, (seed, a.message, b.message)
+            statuses.add(str(a.status))
+            if a.status == "blowup":
+                assert abs(a.t_blowup - b.t_blowup) <= 1e-12 * a.t_blowup
+            else:
+                assert rel(a.cov_final, b.cov_final) < 1e-7
+                if m0 is not None:
+                    assert rel(a.mean_final, b.mean_final) < 1e-7
+    assert statuses <= {"finished", "blowup"}
+    d = att.d
+    Z = np.random.default_rng(1).standard_normal((d, 2 * (d + 1)))
+    counter = type("Counter", (), {"nfev": 0})()
+    rhs = fortran_rhs(att, True, counter)
+    flat = Z[:, ::2].ravel()                        # a copy, contiguous
+    view = Z.reshape(-1)[::2]                       # the same numbers, strided
+    expected = rhs(0.0, flat).copy()
+    np.testing.assert_array_equal(rhs(0.0, view), expected)
+    np.testing.assert_allclose(expected, moment_field(att, True)(Z[:, ::2].copy()).ravel(),
+                               rtol=1e-13, atol=1e-14 * np.abs(expected).max())
+    assert counter.nfev == 2
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow)
