@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde.integrate._batch import solve_batch
+from gaussian_pde import solve_batch
 
 
 def _rel(a, b):
