@@ -729,16 +729,29 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
 
+def _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
+               cov_out, mean_out):
+    """Trajectory ``b`` of ``Y`` (``(B, n)``, its row overwritten)."""
+    p_out = np.full(1, p0)
+    row = np.int64(b) if params.shape[0] > 1 else np.int64(0)
+    _trajectory(rhs, jac, params[row], d, m, Y[b], t_eval, p_out,
+                tr0[b], first[b], opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b])
+
+
 def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
            cov_out, mean_out):
-    """Every trajectory ``b`` of ``Y`` (``(B, n)``, overwritten), in parallel."""
-    nb = Y.shape[0]
-    nw = params.shape[0]
-    for b in prange(nb):
-        p_out = np.full(1, p0)
-        row = np.int64(b) if nw > 1 else np.int64(0)
-        _trajectory(rhs, jac, params[row], d, m, Y[b], t_eval, p_out,
-                    tr0[b], first[b], opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b])
+    """Every trajectory of ``Y``, in parallel."""
+    for b in prange(Y.shape[0]):
+        _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires,
+                   fres, cov_out, mean_out)
+
+
+def _drive_serial(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
+                  cov_out, mean_out):
+    """Every trajectory of ``Y`` on the calling thread: no pool of threads to wake."""
+    for b in range(Y.shape[0]):
+        _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires,
+                   fres, cov_out, mean_out)
 
 
 def prange(n):     # replaced by numba.prange when compiled
@@ -751,12 +764,17 @@ _HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_
             "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
             "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
             "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_col_sq",
-            "_accepted", "_trajectory")
+            "_accepted", "_trajectory", "_drive_one")
 
 
 @functools.cache
 def _core():
-    """The compiled driver (Numba, parallel over trajectories, cached on disk)."""
+    """The compiled drivers ``(parallel, serial)`` (Numba, cached on disk).
+
+    The parallel one runs the trajectories over the cores; the serial one, for a few
+    trajectories, runs them on the calling thread (each trajectory the same code, the
+    same bits).
+    """
     import numba
     from numba import types as T
 
@@ -781,7 +799,50 @@ def _core():
                  T.float64[:, :, :, ::1], T.float64[:, :, ::1])
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
-        return numba.njit(sig, cache=True, parallel=True, error_model="numpy")(_drive)
+        return (numba.njit(sig, cache=True, parallel=True, error_model="numpy")(_drive),
+                numba.njit(sig, cache=True, error_model="numpy")(_drive_serial))
+
+
+class _Resolved:
+    """A compiled kernel passed to the drivers by its address, looked up once.
+
+    Numba's wrapper-address protocol (``__wrapper_address__``, ``signature``): a
+    dispatcher passed as a first-class function is looked up again at every call of the
+    driver (about 30 us each, as long as a short trajectory); this object hands over the
+    address found at the first. It holds the dispatcher, which owns the code.
+    """
+
+    def __init__(self, kernel, sig):
+        from numba import types as T
+        from numba.experimental.function_type import _get_wrapper_address
+
+        self.kernel = kernel
+        self.sig = sig
+        self.address = _get_wrapper_address(kernel, sig)
+        self._numba_type_ = T.FunctionType(sig)
+
+    def __wrapper_address__(self):
+        return self.address
+
+    def signature(self):
+        return self.sig
+
+
+_RESOLVED = {}
+
+
+def _resolved(kernel, sig):
+    """:class:`_Resolved` of ``kernel`` (one per kernel), or the kernel where that fails."""
+    key = id(kernel)
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit.kernel is kernel:
+        return hit
+    try:
+        hit = _Resolved(kernel, sig)
+    except Exception:       # a Numba without the protocol: the dispatcher itself serves
+        return kernel
+    _RESOLVED[key] = hit
+    return hit
 
 
 # ----------------------------------------------------------------------------------------
@@ -931,7 +992,7 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     return dataclasses.replace(sol, **extra)
 
 
-#: fewer trajectories than this run on one thread: waking the pool's threads costs more
+#: fewer trajectories than this run on the calling thread: waking the pool's threads costs more
 #: than a short trajectory (seen: 20 ms for one trajectory of 1 ms on a loaded machine)
 SERIAL_BELOW = 4
 
@@ -942,21 +1003,18 @@ SERIAL_BELOW = 4
 _LAUNCH = threading.Lock()
 
 
-def _run(nb, *args):
-    """The compiled driver, on one thread for fewer than :data:`SERIAL_BELOW` trajectories."""
-    import numba
+def _run(nb, rhs, jac, *args):
+    """The compiled driver: serial for fewer than :data:`SERIAL_BELOW` trajectories."""
+    from ..attention import compiled_signatures
 
-    drive = _core()
+    parallel, serial = _core()
+    rhs_sig, jac_sig = compiled_signatures()
+    rhs, jac = _resolved(rhs, rhs_sig), _resolved(jac, jac_sig)
+    if nb < SERIAL_BELOW:
+        serial(rhs, jac, *args)
+        return
     with _LAUNCH:
-        if nb >= SERIAL_BELOW:
-            drive(*args)
-            return
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
-            drive(*args)
-        finally:
-            numba.set_num_threads(threads)
+        parallel(rhs, jac, *args)
 
 
 def _mean_units(mean0, rtol, atol):

@@ -168,9 +168,13 @@ def test_compiled_mean_stiff_rosenbrock_matches_dop853(rng):
 
 
 def test_compiled_trajectories_are_independent_and_scale(rng):
-    """A batch equals each trajectory alone (the same code runs per trajectory, so bit for
-    bit), and softmax's quadratic field gives t*(c Sigma_0) = t*(Sigma_0) / c."""
+    """A batch (the parallel driver) equals each trajectory alone (the serial driver):
+    the same code runs per trajectory, so bit for bit; and softmax's quadratic field
+    gives t*(c Sigma_0) = t*(Sigma_0) / c."""
+    from gaussian_pde.integrate._compiled_batch import SERIAL_BELOW
+
     atts, covs = _settings(rng, 3)
+    assert 1 < SERIAL_BELOW <= len(atts)
     together = gp.solve_batch(atts, covs, (0.0, 2.0))
     for b, att in enumerate(atts):
         alone = gp.solve_batch(att, covs[b][None], (0.0, 2.0))
@@ -350,3 +354,27 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
         assert list(a.status) == list(b.status) and a.message == b.message
         if kw:
             np.testing.assert_array_equal(a.mean_final, b.mean_final)
+
+
+def test_kernels_passed_by_address_give_the_same_bits(rng, monkeypatch):
+    """The drivers take each kernel by the address looked up once (Numba's wrapper-address
+    protocol) or, where that lookup is not available, as the dispatcher itself: the
+    same code runs, so the same bits, serial (one trajectory) and parallel."""
+    from gaussian_pde.attention import compiled_signatures
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    atts, covs = _settings(rng, 3)
+    by_address = [gp.solve_batch(atts[0], covs[:1], (0.0, 2.0)),
+                  gp.solve_batch(atts, covs, (0.0, 2.0))]
+    rhs = atts[0].compiled_field().rhs
+    first = cb._resolved(rhs, compiled_signatures()[0])
+    assert first is cb._resolved(rhs, compiled_signatures()[0])     # looked up once
+    assert isinstance(first.__wrapper_address__(), int) and first.__wrapper_address__() > 0
+    monkeypatch.setattr(cb, "_resolved", lambda kernel, sig: kernel)
+    as_dispatcher = [gp.solve_batch(atts[0], covs[:1], (0.0, 2.0)),
+                     gp.solve_batch(atts, covs, (0.0, 2.0))]
+    for a, b in zip(by_address, as_dispatcher):
+        assert a.path == b.path == "compiled"
+        np.testing.assert_array_equal(a.cov_final, b.cov_final)
+        np.testing.assert_array_equal(a.nfev, b.nfev)
+        np.testing.assert_array_equal(a.status.astype(str), b.status.astype(str))
