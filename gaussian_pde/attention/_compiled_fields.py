@@ -669,8 +669,9 @@ _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
 _INLINED = ("_softmax_core",)
 
 
+@functools.cache
 def signatures():
-    """The Numba signatures of ``rhs`` and ``jac`` (the integrator's argument types)."""
+    """The Numba signatures of ``rhs`` and ``jac`` (the integrator's argument types; built once)."""
     from numba import types as T
 
     vec, mat = T.float64[::1], T.float64[:, ::1]

@@ -828,21 +828,13 @@ class _Resolved:
         return self.sig
 
 
-_RESOLVED = {}
-
-
+@functools.cache
 def _resolved(kernel, sig):
-    """:class:`_Resolved` of ``kernel`` (one per kernel), or the kernel where that fails."""
-    key = id(kernel)
-    hit = _RESOLVED.get(key)
-    if hit is not None and hit.kernel is kernel:
-        return hit
+    """:class:`_Resolved` of ``kernel`` (once per kernel), or the kernel where that fails."""
     try:
-        hit = _Resolved(kernel, sig)
+        return _Resolved(kernel, sig)
     except Exception:       # a Numba without the protocol: the dispatcher itself serves
         return kernel
-    _RESOLVED[key] = hit
-    return hit
 
 
 # ----------------------------------------------------------------------------------------
