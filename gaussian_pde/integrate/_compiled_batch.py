@@ -32,6 +32,7 @@ statuses and messages exactly as the NumPy loop does (through
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -49,6 +50,10 @@ __all__ = ["integrate_compiled"]
 
 # outcome codes
 FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH, NFEV = range(10)
+#: hand-back codes of a single trajectory for :func:`gaussian_pde.solve` (:func:`integrate_one`):
+#: go on from the returned state with the event loop; the run turned stiff (Hairer's
+#: test); rejected steps came often (``REJECT_STIFF`` among ``REJECT_WINDOW`` accepted)
+HAND, HAND_STIFF, HAND_REJECTS = 10, 11, 12
 
 _NS = _dop.N_STAGES
 _A = np.ascontiguousarray(_dop.A)
@@ -552,16 +557,30 @@ def _col_sq(L, j):
 
 
 def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres,
-                cov_out, mean_out):
+                cov_out, mean_out, rec_t, rec_y, nrec):
     """Integrate one trajectory from the flat state ``y`` (overwritten with the final one).
 
     ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
     (negative: off), t0, t1; ``iopt``: max_nfev (negative: none), method (0 auto,
-    1 DOP853, 2 RODAS4), steady on, scratch size. Writes ``ires`` (code, nfev, nsteps,
-    implicit) and ``fres`` (t_final, t_blowup, and the numbers the message needs).
+    1 DOP853, 2 RODAS4), steady on, scratch size, hand back (0 or 1), and for the
+    rejection test the rejected steps that hand back (0: off) among how many accepted
+    ones. Writes ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final,
+    t_blowup, and the numbers the message needs).
+
+    Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
+    explicit steps run here until the end, the budget, or the first step at which the
+    event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: an
+    event's sign change (blow-up threshold, steady state, rank collapse), a state out of
+    range, a step below rounding (code ``HAND``: ``y`` is that step's start, ``fres[0]``
+    its time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where
+    the rejection test is on, frequent rejections (``HAND_REJECTS``; both at the end of
+    the last accepted step, ``fres[3]`` its size). The states go into ``rec_y`` at
+    ``rec_t``: at every step end (with the initial one), or at ``t_eval``; ``nrec[0]``
+    counts them.
     """
     atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
     max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
+    hand = iopt[4] != 0
     n = d * m
     ws = np.empty(iopt[3])
     f, fnew, ynew = np.empty(n), np.empty(n), np.empty(n)
@@ -574,9 +593,16 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
     nfev = 1
     fres[0] = t1
     fres[1] = np.nan
+    fres[3] = np.nan
     if not _finite(f):
-        ires[0], ires[1], fres[0] = FIELD0, nfev, t0
+        ires[0], ires[1], fres[0] = HAND if hand else FIELD0, nfev, t0
         return
+    if hand and t_eval.size == 0 and rec_t.size > 0:
+        rec_t[0] = t0
+        rec_y[0] = y
+        nrec[0] = 1
+    rej = np.zeros(max(iopt[6], 1), dtype=np.int64)
+    n_rej, n_acc, since = 0, 0, 0
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
     if opt[6] >= 0:
@@ -623,14 +649,15 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
             h_abs *= max(MIN_FACTOR, SAFETY * e ** err_exp)
         rejected = not acc
         if not acc and not h_abs >= min_step:
-            code = SMALL if _finite(ynew) else SMALL_OVERFLOW
+            code = HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW
             fres[0] = t
             break
         if acc:
             code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _accepted(
                 rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
                 xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
-                limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out)
+                limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
+                hand, rec_t, rec_y, nrec)
             if code >= 0:
                 break
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
@@ -643,8 +670,25 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
             if nonsti >= _NONSTIFF_RESET:
                 iasti = 0
             if iasti >= _STIFF_STEPS:
+                if hand:
+                    code = HAND_STIFF
+                    fres[0], fres[3] = t, h
+                    break
                 imp = True
                 fresh = False
+            if hand and iopt[5] > 0:    # rejected steps before each of the last accepted ones
+                if acc:
+                    i = n_acc % rej.size
+                    n_rej += since - rej[i]
+                    rej[i] = since
+                    since = 0
+                    n_acc += 1
+                    if n_rej >= iopt[5]:
+                        code = HAND_REJECTS
+                        fres[0], fres[3] = t, h
+                        break
+                else:
+                    since += 1
         if max_nfev >= 0 and nfev > max_nfev:
             code = NFEV
             fres[0] = t
@@ -654,10 +698,13 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
 
 def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
               xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
-              limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out):
+              limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
+              hand, rec_t, rec_y, nrec):
     """An accepted step: its rate, events, output, blow-up look, advance and re-factoring.
 
-    Returns the outcome code (negative: go on) and the updated scalars.
+    Returns the outcome code (negative: go on) and the updated scalars. Handing back
+    (see :func:`_trajectory`), a step with an event's sign change, a state out of range
+    or no room left to record it is not taken: ``HAND`` from its start.
     """
     t1 = opt[8]
     tau_new = tau + h
@@ -673,22 +720,49 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     else:
         fnew[:] = K[_NS]
     out = (t, tau, base, limit, susp, s0, s1)
-    if not (_finite(fnew) and _finite(ynew)):
+    if hand:
+        # the event loop's sign tests, as it would make them at this step's end
+        cross = not (_finite(fnew) and _finite(ynew))
+        full = t_eval.size == 0 and rec_t.size > 0 and nrec[0] >= rec_t.size
+        g0, g1 = ev[0], ev[1]
+        if not cross and steady_on:
+            g0 = _steady_gap(ynew, fnew, d, m, opt[4], opt[5])
+            cross = ev[0] >= 0 and g0 <= 0
+        if not cross and opt[6] >= 0 and first < d:
+            g1 = _rank_gap(ynew, d, m, first, opt[6])
+            cross = ev[1] >= 0 and g1 <= 0
+        if not cross:
+            tr = _l_trace(ynew.reshape((d, m)), d)
+            cross = math.log(max(tr, 1e-300)) - math.log(limit * tr0) >= 0
+        if cross or full:
+            fres[0], fres[3] = t, h
+            return (HAND,) + out + (nfev, nsteps, fresh)
+        ev[0], ev[1] = g0, g1
+    elif not (_finite(fnew) and _finite(ynew)):
         fres[0], fres[2], fres[3] = t, t, t_new
         return (OVERFLOW,) + out + (nfev, nsteps, fresh)
     nsteps += 1
     have[0] = 0
-    kind, stop_t, extra = _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U,
-                                   have, xa, xb, tmp, ws, ev, first, opt, steady_on)
-    nfev += extra
+    kind, stop_t = 0, np.inf
+    if not hand:
+        kind, stop_t, extra = _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F,
+                                       U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
+        nfev += extra
     if t_eval.size:
         t_end = min(t_new, stop_t)
         j = p_out[0]
         while j < t_eval.size and t_eval[j] <= t_end:
-            x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-            nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws,
-                              xa, have)
-            _store(xa, d, m, cov_out, mean_out, j)
+            if hand and t_eval[j] == t_new:
+                xa[:] = ynew
+            else:
+                x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
+                nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws,
+                                  xa, have)
+            if hand:
+                rec_t[j] = t_eval[j]
+                rec_y[j] = xa
+            else:
+                _store(xa, d, m, cov_out, mean_out, j)
             j += 1
         p_out[0] = j
     if kind > 0:
@@ -698,7 +772,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         fres[0], fres[2] = stop_t, stop_t
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
-    if _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
+    if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
         tstar, finite = _blowup_look(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
         nfev += 1
         fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t_new, limit, s0, s1
@@ -723,6 +797,11 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     if looked:      # a blow-up look restarts the clock (as solve restarts there)
         base, tau = t_new, 0.0
     fresh = False
+    if hand and t_eval.size == 0 and rec_t.size > 0:
+        k = nrec[0]
+        rec_t[k] = t
+        rec_y[k] = y
+        nrec[0] = k + 1
     if nsteps % REFACTOR_EVERY == 0:
         _refactor(y, f, d, m, opt[0], opt[1])
     code = FINISHED if t_new >= t1 else -1
@@ -730,28 +809,29 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
 
 
 def _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
-               cov_out, mean_out):
+               cov_out, mean_out, rec_t, rec_y, nrec):
     """Trajectory ``b`` of ``Y`` (``(B, n)``, its row overwritten)."""
     p_out = np.full(1, p0)
     row = np.int64(b) if params.shape[0] > 1 else np.int64(0)
     _trajectory(rhs, jac, params[row], d, m, Y[b], t_eval, p_out,
-                tr0[b], first[b], opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b])
+                tr0[b], first[b], opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b],
+                rec_t[b], rec_y[b], nrec[b:b + 1])
 
 
 def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
-           cov_out, mean_out):
+           cov_out, mean_out, rec_t, rec_y, nrec):
     """Every trajectory of ``Y``, in parallel."""
     for b in prange(Y.shape[0]):
         _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires,
-                   fres, cov_out, mean_out)
+                   fres, cov_out, mean_out, rec_t, rec_y, nrec)
 
 
 def _drive_serial(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
-                  cov_out, mean_out):
+                  cov_out, mean_out, rec_t, rec_y, nrec):
     """Every trajectory of ``Y`` on the calling thread: no pool of threads to wake."""
     for b in range(Y.shape[0]):
         _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires,
-                   fres, cov_out, mean_out)
+                   fres, cov_out, mean_out, rec_t, rec_y, nrec)
 
 
 def prange(n):     # replaced by numba.prange when compiled
@@ -796,7 +876,8 @@ def _core():
     vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
     sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
                  mat, vec, T.int64, vec, ivec, vec, ivec, T.int64[:, ::1], mat,
-                 T.float64[:, :, :, ::1], T.float64[:, :, ::1])
+                 T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
+                 ivec)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
         return (numba.njit(sig, cache=True, parallel=True, error_model="numpy")(_drive),
@@ -913,6 +994,89 @@ def _messages(code, fres, t0, max_nfev):
                            f"t = {fres[2]:.10g} (stiff or nearly singular dynamics)")
 
 
+def _option_arrays(opts, method, ws_size, hand=False, rejects=None):
+    """The core's ``opt`` (floats) and ``iopt`` (integers) of validated solver options."""
+    ev = opts.events
+    opt = np.array([opts.atol, opts.rtol, opts.max_step, ev.blowup_threshold,
+                    0.0 if ev.steady_tol is None else ev.steady_tol, ev.steady_atol,
+                    -1.0 if ev.rank_tol is None else ev.rank_tol, opts.t0, opts.t1])
+    iopt = np.array([-1 if opts.max_nfev is None else int(opts.max_nfev),
+                     ("auto", "DOP853", "rosenbrock").index(method), int(ev.steady_on),
+                     ws_size, int(hand), *((0, 0) if rejects is None else rejects)],
+                    dtype=np.int64)
+    return opt, iopt
+
+
+@dataclasses.dataclass
+class Handed:
+    """What :func:`integrate_one` returns: where the core stopped, and the states it kept."""
+
+    code: int
+    nfev: int
+    t: float               # the time of ``y``
+    y: np.ndarray          # the final state, or the state from which the event loop goes on
+    h: float               # the step to take from there (NaN: none)
+    t_rec: np.ndarray      # the recorded times (every step end, or ``t_eval`` up to ``t``)
+    y_rec: np.ndarray      # and states, (T, n)
+
+
+def record_rows(opts, n):
+    """Rows :func:`integrate_one` needs to record a run, or None where they would not fit.
+
+    Every step end costs at least 12 evaluations (one DOP853 step), so a run within
+    ``max_nfev`` records at most ``max_nfev // 12 + 2`` of them; with ``t_eval``, its
+    times. None without a budget, or past :data:`RECORD_BYTES`.
+    """
+    if opts.t_eval is not None:
+        rows = opts.t_eval.size
+    elif opts.max_nfev is None:
+        return None
+    else:
+        rows = int(opts.max_nfev) // 12 + 2
+    return rows if rows * n * 8 <= RECORD_BYTES else None
+
+
+#: the most memory :func:`integrate_one` takes for its record of states
+RECORD_BYTES = 64 * 2**20
+
+
+def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
+    """One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
+
+    ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's units; ``tr0``,
+    ``first``: the initial trace and the first eigenvalue index of the rank event;
+    ``rejects``: ``(count, window)``, hand back once ``count`` steps were rejected among
+    the last ``window`` accepted ones, or None. The explicit steps run here until the core
+    finishes, spends the budget, or hands the run back (see :func:`_trajectory`).
+    Returns :class:`Handed`.
+    """
+    rhs, jac, params, ws_size = fields
+    n = d * m
+    rows = record_rows(opts, n)
+    t_eval = opts.t_eval
+    te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
+    rec_t = np.zeros((1, rows))
+    rec_y = np.zeros((1, rows, n))
+    nrec = np.zeros(1, dtype=np.int64)
+    p0 = int(np.searchsorted(te, opts.t0, side="right"))
+    if t_eval is not None:       # the output times at t0 hold the initial state
+        rec_t[0, :p0] = te[:p0]
+        rec_y[0, :p0] = y0
+    opt, iopt = _option_arrays(opts, "auto", ws_size, hand=True, rejects=rejects)
+    Y = np.array(y0, dtype=float).reshape(1, n)
+    ires = np.zeros((1, 4), dtype=np.int64)
+    fres = np.zeros((1, 8))
+    _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
+         np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, iopt, ires, fres,
+         np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
+    code = int(ires[0, 0])
+    t = float(fres[0, 0]) if code != FINISHED else float(opts.t1)
+    kept = (int(nrec[0]) if t_eval is None
+            else int(np.searchsorted(te, t, side="right")))
+    return Handed(code=code, nfev=int(ires[0, 1]), t=t, y=Y[0], h=float(fres[0, 3]),
+                  t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy())
+
+
 def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
 
@@ -920,8 +1084,6 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     mean's equation is linear and homogeneous, ``Attention.mean_is_linear``); otherwise
     in its own units.
     """
-    import dataclasses
-
     from .._common.linalg import psd_factor
     from ._events import rank_first
     from ._record import BatchRecord
@@ -942,12 +1104,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
     first = (np.zeros(nb, dtype=np.int64) if ev.rank_tol is None
              else np.asarray(rank_first(cov0s, ev.rank_tol), dtype=np.int64))
-    opt = np.array([opts.atol, opts.rtol, opts.max_step, ev.blowup_threshold,
-                    0.0 if ev.steady_tol is None else ev.steady_tol, ev.steady_atol,
-                    -1.0 if ev.rank_tol is None else ev.rank_tol, t0, t1])
-    max_nfev = -1 if opts.max_nfev is None else int(opts.max_nfev)
-    iopt = np.array([max_nfev, ("auto", "DOP853", "rosenbrock").index(method),
-                     int(ev.steady_on), ws_size], dtype=np.int64)
+    opt, iopt = _option_arrays(opts, method, ws_size)
+    max_nfev = int(iopt[0])
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
     nt = te.size
     cov_out = np.full((nb, nt, d, d), np.nan)
@@ -956,7 +1114,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     fres = np.zeros((nb, 8))
     p0 = int(np.searchsorted(te, t0, side="right"))
     _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, iopt,
-         ires, fres, cov_out, mean_out)
+         ires, fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
+         np.zeros(nb, dtype=np.int64))
     rec = BatchRecord(nb, d, t1, t_eval, method)
     Z = Y.reshape(nb, d, m)
     rec.L_final[:] = Z[:, :, :d]

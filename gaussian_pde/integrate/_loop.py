@@ -63,7 +63,7 @@ class Segment:
 
 def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
               jac=None, t_eval=None, events=(), budget=None, stiff=None, give_up=None,
-              t_offset=0.0):
+              t_offset=0.0, stiff_now=False):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
 
     Parameters
@@ -100,6 +100,10 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
     t_offset : float
         The time at which this run's clock reads 0 (``t`` here is time since then), for
         the times written in messages only.
+    stiff_now : bool
+        With ``stiff``: the run is already known to be stiff (the compiled core's
+        stiffness test fired, :func:`gaussian_pde.integrate._compiled_batch.integrate_one`):
+        ``stiff`` takes the steps from ``t0``, its first step ``first_step``.
 
     Returns
     -------
@@ -117,8 +121,13 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         kwargs["first_step"] = first_step
     if jac is not None and accepts_jac(solver_cls):
         kwargs["jac"] = jac
-    solver = solver_cls(fun, t0, y0, t1, **kwargs)
     stiff_from = None
+    if stiff is not None and stiff_now:
+        solver = stiff_cls(fun, t0, y0, t1, **stiff_kwargs,
+                           first_step=handover_step(first_step, t0, t1))
+        stiff_from = t0
+    else:
+        solver = solver_cls(fun, t0, y0, t1, **kwargs)
 
     ts, ys = [], []
     if t_eval is None:
@@ -610,7 +619,7 @@ def _fortran_stop(watch, solver, method, t1):
 
 def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None, stiff=None,
-                       jac=None, nfev=None, t_offset=0.0, fortran_fun=None):
+                       jac=None, nfev=None, t_offset=0.0, fortran_fun=None, stiff_now=False):
     """:func:`integrate` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
 
     The Fortran code (``scipy.integrate.ode``) runs the Runge-Kutta stages without
@@ -632,7 +641,10 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     ``stiff`` (given ``jac``) finishes the run; ``Segment.stiff_from`` records where.
     With ``stiff``, ``jac`` and ``nfev`` (a callable giving the evaluation count),
     frequent rejected steps (``REJECT_STIFF`` among ``REJECT_WINDOW``) with
-    ``h rho(jac) >= STIFF_H_RHO`` hand over too.
+    ``h rho(jac) >= STIFF_H_RHO`` hand over too. ``stiff_now`` (with ``stiff``): the run
+    already showed its first sign of stiffness (the compiled core's test fired,
+    :func:`gaussian_pde.integrate._compiled_batch.integrate_one`); it starts with the
+    stabilised control from ``first_step``.
     """
     n = np.size(y0)
     t_events = [[] for _ in events]
@@ -653,7 +665,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             return jac_uncounted(t, y)
 
     failed_trials = 0
-    stabilized = False
+    stabilized = auto and stiff_now
     resume_step = None   # the first step of the stabilised restart
     k = 0
     while status is None:

@@ -23,11 +23,14 @@ The steps are taken by :mod:`gaussian_pde.integrate._loop`: SciPy's solver class
 lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; the default
 ``"auto"`` takes DOP853 steps and hands a run that turns stiff over to LSODA with the
 exact Jacobian (:mod:`gaussian_pde.integrate._auto`); event semantics are those of
-:func:`scipy.integrate.solve_ivp`. The right-hand side is one fused kernel for the factor
-and the mean (:mod:`gaussian_pde.integrate._fused`): compiled where the attention supplies
-a compiled field, the one :func:`~gaussian_pde.solve_batch` integrates.
-:func:`integrate_system` is that event loop
-for any state with a covariance: the closure solvers run it too, so that every solver
+:func:`scipy.integrate.solve_ivp`. Where the attention has a compiled field, ``"auto"``
+first runs :func:`~gaussian_pde.solve_batch`'s compiled core for the one trajectory
+(:func:`_solve_compiled`), which records every step and hands the run to the event loop
+at the first step with an event's sign change or a sign of stiffness. The event loop's
+right-hand side is one fused kernel for the factor and the mean
+(:mod:`gaussian_pde.integrate._fused`): compiled where the attention supplies a compiled
+field, the one :func:`~gaussian_pde.solve_batch` integrates. :func:`integrate_system` is
+that event loop for any state with a covariance: the closure solvers run it too, so that every solver
 stops at the same events with the same verdicts.
 """
 
@@ -56,7 +59,16 @@ from ._events import (
 )
 from ._exact import linear_mean
 from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
-from ._loop import accepts_jac, integrate, integrate_compiled, use_compiled
+from ._loop import (
+    REJECT_STIFF,
+    REJECT_WINDOW,
+    STIFF_H_RHO,
+    accepts_jac,
+    integrate,
+    integrate_compiled,
+    step_radius_at_least,
+    use_compiled,
+)
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._record import max_abs, mean_scale
 from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
@@ -257,7 +269,7 @@ class Run:
     stiff_from: float | None = None   # method="auto": where the stiff solver took over
 
 
-def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
+def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resume=None):
     """Integrate ``system`` from ``y0`` with the package's events, in one event loop.
 
     Parameters
@@ -279,6 +291,12 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
     jac : callable, optional
         Exact Jacobian for implicit methods (and for the stiff solver of ``"auto"``).
+    resume : (float, ndarray, float, bool), optional
+        ``(t, y, h, stiff)``: go on from the state ``y`` at time ``t``, where the compiled
+        core handed the run back (:func:`_solve_compiled`), with a first step ``h`` (NaN:
+        none), stiff from the start if ``stiff``; ``y0`` is still the initial state (the
+        events are relative to it). The states up to ``t`` are the caller's: ``Run``
+        holds those after it.
 
     Returns
     -------
@@ -305,6 +323,9 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     loop = _EventLoop(system, opts, method, solver_cls, stiff, jac, user_events, y0)
     ts, ys, t_events, stiff_from = [], [], {}, None
     t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
+    if resume is not None:
+        t_start, y_start = resume[0], resume[1]
+        loop.start = (resume[2] if resume[2] > 0 else None, resume[3])
     suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
     while True:
         # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
@@ -315,9 +336,11 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         evs = loop.events(limit, base)
         # a restarted segment stores only times strictly after the restart time
         seg_eval = None if t_eval is None else t_eval[
-            (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
+            (t_eval > t_start) | ((t_eval == t_start) & (not ts) & (resume is None))]
         res = loop.segment(evs, t_start, y_start, base, seg_eval)
-        keep = slice(1, None) if t_eval is None and ts else slice(None)  # no repeated restart
+        # no repeated restart (nor the state the run was resumed from)
+        keep = (slice(1, None) if t_eval is None and (ts or resume is not None)
+                else slice(None))
         if seg_eval is not None:
             seg_t = seg_eval[:res.t.size]     # the output times themselves, not base + tau
         else:
@@ -376,6 +399,8 @@ class _EventLoop:
         # every REFACTOR_EVERY steps
         self.due = {"refactor": False, "steps": 0, "range": None, "every": REFACTOR_EVERY}
         self.tr0 = max(system.trace(y0), _TINY)
+        #: the first segment's first step and whether it starts stiff (a resumed run)
+        self.start = (None, False)
         self.first = self.d = None
         rank_tol = opts.events.rank_tol
         if rank_tol is not None:
@@ -437,10 +462,15 @@ class _EventLoop:
     def segment(self, evs, t_start, y_start, base, seg_eval):
         """Integrate from ``t_start`` until ``t1`` or an event (the result of ``_loop``)."""
         opts, system = self.opts, self.system
-        kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step,
-                  first_step=opts.first_step, events=evs, budget=self.budget, t_offset=base,
-                  t_eval=None if seg_eval is None else seg_eval - base)
+        (first_step, stiff_now), self.start = self.start, (None, False)
         tau1 = opts.t1 - base
+        if first_step is not None:      # within the interval left (SciPy checks it)
+            first_step = min(first_step, tau1 - (t_start - base))
+            first_step = first_step if first_step > 0 else None
+        kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step,
+                  first_step=opts.first_step if first_step is None else first_step,
+                  events=evs, budget=self.budget, t_offset=base, stiff_now=stiff_now,
+                  t_eval=None if seg_eval is None else seg_eval - base)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -483,14 +513,70 @@ class _EventLoop:
             return "restart", t_final, y_final, new_limit, suspected
         if name == "max_nfev":
             # an implicit method (or "auto", whose stiff solver is LSODA) was already used
-            advice = ("a larger max_nfev" if self.stiff is not None
-                      or accepts_jac(self.solver_cls) else "method='LSODA' or a larger max_nfev")
-            return "stop", Status.FAILED, (
-                f"gave up after {self.opts.max_nfev} right-hand-side evaluations at "
-                f"t = {t_final:.10g} (stiff or nearly singular dynamics; try {advice})"), None
+            implicit = self.stiff is not None or accepts_jac(self.solver_cls)
+            return "stop", Status.FAILED, _gave_up(self.opts.max_nfev, t_final, implicit), None
         status = {"steady": Status.STEADY, "rank_collapse": Status.RANK_COLLAPSE}.get(
             name, Status.EVENT)
         return "stop", status, f"terminal event {name!r} at t = {t_final:.10g}", None
+
+
+def _gave_up(max_nfev, t, implicit):
+    """The message of a run that spent its evaluation budget at ``t``."""
+    advice = "a larger max_nfev" if implicit else "method='LSODA' or a larger max_nfev"
+    return (f"gave up after {max_nfev} right-hand-side evaluations at t = {t:.10g} "
+            f"(stiff or nearly singular dynamics; try {advice})")
+
+
+def _solve_compiled(system, y0, opts, jac):
+    r"""``method="auto"`` with its explicit steps in the compiled core; None where it does not apply.
+
+    The core (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
+    trajectory of :func:`~gaussian_pde.solve_batch`'s integrator) takes DOP853 steps and
+    records the states until the end of ``t_span``, the evaluation budget, or a step at
+    which the event loop has work (an event's sign change, a step below rounding, a
+    state out of range): :func:`integrate_system` goes on from there with the same
+    events, so every verdict and event time is the event loop's. Where Hairer's
+    stiffness test fires (or frequent rejected steps meet :math:`h\rho(J) \ge 2`), the
+    event loop goes on as after its own first sign of stiffness: DOP853 with the
+    stabilised step-size control, and LSODA on trial. Applies where the attention has
+    a compiled field and the run has a budget whose record of states fits
+    (:func:`~gaussian_pde.integrate._compiled_batch.record_rows`), without user events
+    or ``first_step``.
+    """
+    from . import _compiled_batch as core
+
+    if opts.first_step is not None or core.record_rows(opts, y0.size) is None:
+        return None
+    fields = core.compiled_fields(system.att)
+    if fields is None:
+        return None
+    ev = opts.events
+    first = (system.d if ev.rank_tol is None
+             else int(rank_first(system.mean_and_cov(y0)[1], ev.rank_tol)))
+    out = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
+                             first, opts,
+                             rejects=None if jac is None else (REJECT_STIFF, REJECT_WINDOW))
+    system.nfev = out.nfev
+    if out.code in (core.HAND, core.HAND_STIFF, core.HAND_REJECTS):
+        # frequent rejected steps are a first sign of stiffness where h rho(J) >= 2 at
+        # the step end (the event loop's own test); otherwise the event loop goes on
+        # with its own tests
+        stiff = out.code == core.HAND_STIFF or (
+            out.code == core.HAND_REJECTS
+            and step_radius_at_least(jac(out.t, out.y), out.h, STIFF_H_RHO))
+        run = integrate_system(system, y0, opts, "auto", jac=jac,
+                               resume=(out.t, out.y, out.h, stiff))
+        return dataclasses.replace(run, t=np.concatenate([out.t_rec, run.t]),
+                                   y=np.concatenate([out.y_rec, run.y]))
+    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
+        ["rank_collapse"] if first < system.d else [])
+    if out.code == core.FINISHED:
+        status, message = Status.FINISHED, "reached the end of t_span"
+    else:   # the budget
+        status, message = Status.FAILED, _gave_up(opts.max_nfev, out.t, True)
+    return Run(t=out.t_rec, y=out.y_rec, status=status, message=message, t_blowup=None,
+               t_final=out.t, y_final=out.y, t_events={k: np.empty(0) for k in names},
+               nfev=out.nfev)
 
 
 def _strictly_increasing(t, y):
@@ -550,9 +636,13 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
         ``"auto"`` (default): the method is picked per problem
-        (:mod:`gaussian_pde.integrate._auto`). DOP853 steps (Hairer's Fortran code under
-        the conditions below, SciPy's otherwise) with Hairer's stiffness test after every
-        step; once the run turns stiff (the test fires, or, on the Fortran path, frequent
+        (:mod:`gaussian_pde.integrate._auto`). DOP853 steps with Hairer's stiffness
+        test after every step: those of :func:`~gaussian_pde.solve_batch`'s compiled
+        core for one trajectory where the attention has a compiled field (without user
+        ``events`` or ``first_step``), up to the first step at which an event changes
+        sign or the run shows stiffness, from which the event loop below goes on
+        (Hairer's Fortran code under the conditions below, SciPy's otherwise); once the
+        run turns stiff (the test fires, or, on the Fortran path, frequent
         rejected steps with :math:`h\rho(J) \ge 2` for the exact Jacobian :math:`J`),
         the same trajectory continues with LSODA, given the exact Jacobian of the factor
         form and of the mean for softmax and L2 heads (LSODA's own differences
@@ -563,8 +653,8 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         its stability bound is looked at again every 200 steps)
         (:func:`gaussian_pde.integrate._loop.stiff_trial`). Events behave as with any
         other method; the ``message`` ends with ``"; stiff from t = ... on: LSODA ..."``
-        when LSODA finished the run. Non-stiff runs take exactly the steps of
-        ``"DOP853"``.
+        when LSODA finished the run. Non-stiff runs without events take exactly the
+        steps of ``solve_batch`` (on the compiled path) or of ``"DOP853"``.
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._loop``), several times
@@ -654,7 +744,9 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         solver_cls = METHODS[method] if isinstance(method, str) else method
         jac = (None if with_mean or not accepts_jac(solver_cls)
                else _factor_jacobian(attention))
-    run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
+    run = _solve_compiled(system, y0, opts, jac) if auto and not events else None
+    if run is None:
+        run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
     means, Ls = system.split(run.y)
     covs = Ls @ np.swapaxes(Ls, -1, -2)
     mean_f, L_f = system.split(run.y_final)

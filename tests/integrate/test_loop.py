@@ -320,14 +320,15 @@ def test_compiled_solves_in_threads_match_serial():
 
 
 def test_solve_uses_the_fortran_codes_only_for_few_output_times():
-    """Dense t_eval goes to SciPy's Python DOP853 (same steps as passing the class);
-    t_eval=None or a final time goes to the Fortran code (different step sequence)."""
+    """With method="DOP853", dense t_eval goes to SciPy's Python DOP853 (same steps as
+    passing the class); t_eval=None or a final time goes to the Fortran code (different
+    step sequence)."""
     from gaussian_pde.integrate._loop import MAX_LANDINGS, use_compiled
 
     att = gp.L2(np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]), np.eye(2))
     cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
     dense = np.linspace(0, 5, 41)
-    a = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense)
+    a = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense, method="DOP853")
     b = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense, method=DOP853)
     assert a.nfev == b.nfev
     np.testing.assert_array_equal(a.cov, b.cov)
@@ -380,7 +381,9 @@ def test_auto_leaves_a_stabilised_run_that_crawls_at_its_stability_bound(params,
     """Two settings of the seeded invariant loop: after a lost LSODA trial the stabilised
     DOP853 held h rho(J) at 3 to 5 with hardly a rejection, so neither stiffness test
     fired, and it spent its 50,000 evaluations. The periodic h rho(J) look of the
-    stabilised run hands it to LSODA again, which reaches LSODA's own verdict."""
+    stabilised run hands it to LSODA again, which reaches LSODA's own verdict, well
+    within the budget (the blow-up: about 37,000 evaluations, 27,700 before the
+    compiled core took the explicit steps up to the first sign of stiffness)."""
     from tests.integrate.test_invariants import BUDGET, _build, horizon
 
     att, cov0 = _build(params)
@@ -388,7 +391,7 @@ def test_auto_leaves_a_stabilised_run_that_crawls_at_its_stability_bound(params,
     lsoda = gp.solve(att, None, cov0, (0.0, t1), method="LSODA", max_nfev=BUDGET)
     auto = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
     assert str(lsoda.status) == verdict, lsoda.message
-    assert str(auto.status) == verdict and auto.nfev < 0.6 * BUDGET, auto.message
+    assert str(auto.status) == verdict and auto.nfev < 0.8 * BUDGET, auto.message
     assert "stiff from t" in auto.message
     if verdict == "blowup":
         assert abs(auto.t_blowup - lsoda.t_blowup) <= 1e-3 * lsoda.t_blowup

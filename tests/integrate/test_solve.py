@@ -378,15 +378,28 @@ def test_auto_events_after_the_switch_match_dop853(events):
         np.testing.assert_allclose(auto.t_events[name], times, rtol=1e-7)
 
 
-def test_auto_is_dop853_on_non_stiff_runs(rng):
-    """No stiffness: the default takes DOP853's steps (Fortran and Python paths)."""
-    att = make_attention(gp.L2, rng, 3, 2)
-    cov0 = random_spd(rng, 3)
-    for t_eval in (None, np.linspace(0, 2, 11)):
-        a = gp.solve(att, None, cov0, (0, 2.0), t_eval=t_eval)
-        b = gp.solve(att, None, cov0, (0, 2.0), t_eval=t_eval, method="DOP853")
-        assert "stiff" not in a.message and a.nfev == b.nfev
-        np.testing.assert_array_equal(a.cov, b.cov)
+@pytest.mark.parametrize("kind", TYPES, ids=lambda k: k.__name__)
+def test_auto_is_a_batch_of_one_on_non_stiff_runs(kind, rng):
+    """No stiffness, no event: the default takes the steps of ``solve_batch``'s compiled
+    core for one trajectory (the same steps, the same states at ``t_eval``), with the
+    mean where one is given."""
+    for seed in range(3):
+        att, mean0, cov0 = _mean_case(kind, seed, d=3)
+        for m0 in (mean0, None if not att.field_sees_mean else mean0):
+            for t_eval in (None, np.linspace(0, 0.5, 6)):
+                a = gp.solve(att, m0, cov0, (0, 0.5), t_eval=t_eval)
+                b = gp.solve_batch(att, cov0[None], (0, 0.5), t_eval=t_eval,
+                                   mean0s=None if m0 is None else m0[None])
+                assert b.path == "compiled" and str(b.status[0]) == "finished"
+                assert str(a.status) == "finished" and "stiff" not in a.message
+                # a state that lands on a step end is copied, not interpolated: at
+                # most one dense output (3 evaluations) fewer
+                assert a.nfev == b.nfev[0] - (0 if t_eval is None else 3 * (a.nfev < b.nfev[0]))
+                assert rel(a.cov_final, b.cov_final[0]) < 1e-14
+                if t_eval is not None:
+                    assert max(rel(x, y) for x, y in zip(a.cov, b.cov[0])) < 1e-12
+                else:
+                    assert a.t[0] == 0 and a.t[-1] == 0.5 and np.all(np.diff(a.t) > 0)
 
 
 def test_auto_blowup_is_confirmed_as_before():
@@ -439,15 +452,22 @@ def _numpy_fields(cls):
                                        "fused_rhs": lambda self, with_mean, out, counter: None})
 
 
+def _never(t, mean, cov):
+    """A user event that never fires."""
+    return 1.0
+
+
 @pytest.mark.parametrize("kind", TYPES)
 def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
-    """``solve``'s right-hand side is the type's compiled field (or a softmax head's own
-    kernel) where it supplies one, the NumPy products otherwise; the two sum in different
-    orders, so a run takes the same steps to rounding: the same status, blow-up times
-    within 1e-12 and final states within 1e-7 (rounding grown along trajectories whose
-    covariance grows a million times, within the runs' own error at rtol 1e-10), with a
-    mean and without, over six settings whose covariance finishes or blows up. The
-    compiled field also takes the strided states SciPy's implicit solvers pass."""
+    """The event loop's right-hand side is the type's compiled field (or a softmax head's
+    own kernel) where it supplies one, the NumPy products otherwise; the two sum in
+    different orders, so a run takes the same steps to rounding: the same status,
+    blow-up times within 1e-12 and final states within 1e-7 (rounding grown along
+    trajectories whose covariance grows a million times, within the runs' own error at
+    rtol 1e-10), with a mean and without, over six settings whose covariance finishes or
+    blows up. The default (the compiled core, then the event loop from the blow-up
+    threshold on) agrees with the NumPy field's run to its tolerance. The compiled field
+    also takes the strided states SciPy's implicit solvers pass."""
     from gaussian_pde.integrate._fused import fortran_rhs, moment_field
 
     statuses = set()
@@ -456,14 +476,18 @@ def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
         ref, _, _ = _mean_case(kind, seed, d=3, wrap=_numpy_fields)
         assert ref.compiled_field() is None and att.compiled_field() is not None
         for m0 in (mean0, None if not att.field_sees_mean else mean0):
-            a = gp.solve(att, m0, cov0, (0, 4.0))
-            b = gp.solve(ref, m0, cov0, (0, 4.0))
-            assert a.status == b.status, (seed, a.message, b.message)
+            # a user event keeps the whole run on the event loop
+            a = gp.solve(att, m0, cov0, (0, 4.0), events=[_never])
+            b = gp.solve(ref, m0, cov0, (0, 4.0), events=[_never])
+            c = gp.solve(att, m0, cov0, (0, 4.0))
+            assert a.status == b.status == c.status, (seed, a.message, b.message)
             statuses.add(str(a.status))
             if a.status == "blowup":
                 assert abs(a.t_blowup - b.t_blowup) <= 1e-12 * a.t_blowup
+                assert abs(c.t_blowup - b.t_blowup) <= 1e-9 * a.t_blowup
             else:
                 assert rel(a.cov_final, b.cov_final) < 1e-7
+                assert rel(c.cov_final, b.cov_final) < 1e-7
                 if m0 is not None:
                     assert rel(a.mean_final, b.mean_final) < 1e-7
     assert statuses <= {"finished", "blowup"}
