@@ -1,24 +1,27 @@
-"""Benchmark: the field ``gp.solve`` evaluates, compiled against NumPy, for every type.
+"""Benchmark: ``gp.solve`` with each type's compiled field against a type without one.
 
-``gp.solve`` hands its steppers one right-hand side per attention: a single softmax head
-its own compiled kernel, and every other type the compiled field of the attention
-contract (:meth:`gaussian_pde.Attention.compiled_field`, the one
-``gp.solve_batch`` integrates), where the type supplies one. The baseline is the NumPy
-field a type without compiled fields gets (:func:`gaussian_pde.integrate._fused.moment_field`):
-each type is run a second time as a subclass whose ``compiled_field`` and ``fused_rhs``
-return None, in the same process, interleaved, so the ratio does not depend on the machine's speed that
-day. A third column runs ``gp.solve_batch`` on the same setting as a batch of one (the
-compiled integrator).
+Where a type supplies a compiled field (:meth:`gaussian_pde.Attention.compiled_field`,
+the one ``gp.solve_batch`` integrates), ``gp.solve``'s default takes its explicit steps
+in ``gp.solve_batch``'s compiled core and hands the run to its event loop at an event or
+a sign of stiffness; the event loop evaluates the same compiled field (a single softmax
+head: its own kernel). The baseline is what a type without compiled fields gets: the
+event loop alone, on the NumPy field (:func:`gaussian_pde.integrate._fused.moment_field`).
+Each type is run a second time as a subclass whose ``compiled_field`` and ``fused_rhs``
+return None, in the same process, interleaved, so the ratio does not depend on the
+machine's speed that day; the two take different steps (SciPy's DOP853 step-size rule
+in the core, Hairer's in the event loop's Fortran code), so the evaluation counts may
+differ. A third column runs ``gp.solve_batch`` on the same setting as a batch of one:
+on a run without events or stiffness it is the same computation as ``gp.solve``.
 
 Settings: every Gaussian-preserving type of the registry, d in ``--dims``, ``--seeds``
 draws each (Q, K standard normal k x d with k = d, V = R / sqrt(d), Sigma_0 = G G^T / d,
 first without a mean (except where the type's field needs one), then with the mean
 0.5 sqrt(diag Sigma_0) for every type),
 over 20 natural time units (``20 / (|V| (1 + |A||Sigma_0| + c|K|^2|Sigma_0|))``) with
-the defaults of ``gp.solve``. Per type: CPU per evaluation of both fields, their ratio
-(total over the settings, and the median per setting), whether every status and
-evaluation count agrees, and the largest relative difference of the final covariances
-and blow-up times (the two fields sum in different orders: rounding).
+the defaults of ``gp.solve``. Per type: CPU per evaluation of both runs, the ratio of
+their CPU (total over the settings, and the median per setting), how many statuses and
+evaluation counts agree, and the largest relative difference of the final covariances
+and blow-up times (different steps: the runs' tolerance).
 
 Run:  python benchmarks/bench_solve_fields.py [--dims 2 4 6 8] [--seeds 10] [--rounds 3]
       [--json PATH]
@@ -173,7 +176,7 @@ def main():
                   flush=True)
         summaries[label] = table
         tables.append(dict(
-            title=("gp.solve: the compiled field against NumPy's, per type, "
+            title=("gp.solve: the compiled core and field against a type without them, per type, "
                    + ("with a mean" if with_mean else "without a mean (linear: with)")
                    + " (CPU, best of the rounds; batch of one: gp.solve_batch of the same "
                      "setting)"),

@@ -910,10 +910,16 @@ class _Resolved:
 
 
 @functools.cache
-def _resolved(kernel, sig):
-    """:class:`_Resolved` of ``kernel`` (once per kernel), or the kernel where that fails."""
+def _resolved(kernel, which):
+    """:class:`_Resolved` of ``kernel`` (once per kernel), or the kernel where that fails.
+
+    ``which``: 0 for a field (``rhs``), 1 for a Jacobian; its signature is that of
+    :func:`~gaussian_pde.attention.compiled_signatures`.
+    """
+    from ..attention import compiled_signatures
+
     try:
-        return _Resolved(kernel, sig)
+        return _Resolved(kernel, compiled_signatures()[which])
     except Exception:       # a Numba without the protocol: the dispatcher itself serves
         return kernel
 
@@ -1156,11 +1162,8 @@ _LAUNCH = threading.Lock()
 
 def _run(nb, rhs, jac, *args):
     """The compiled driver: serial for fewer than :data:`SERIAL_BELOW` trajectories."""
-    from ..attention import compiled_signatures
-
     parallel, serial = _core()
-    rhs_sig, jac_sig = compiled_signatures()
-    rhs, jac = _resolved(rhs, rhs_sig), _resolved(jac, jac_sig)
+    rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
     if nb < SERIAL_BELOW:
         serial(rhs, jac, *args)
         return

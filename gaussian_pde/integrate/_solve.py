@@ -102,21 +102,34 @@ class _System:
         self.mean_scale = float(mean_scale)
         self.m = d + 1 if with_mean else d
         self.nfev = 0
-        #: the right-hand side for Hairer's Fortran codes, which copy what it returns:
-        #: a buffer (see :func:`gaussian_pde.integrate._loop.integrate_compiled`)
-        self.fun_fortran = fun_fortran = fortran_rhs(attention, with_mean, self)
-        # the field of (d, m) states writes into the same buffer
-        self.field = fun_fortran.field
-
-        def fun(t, y):
-            return fun_fortran(t, y).copy()
-
-        #: the right-hand side handed to the solver (a new array at every call)
-        self.fun = fun
         #: ``trace(y)`` is ``z.dot(z)`` with ``z`` the state, or its entries at
         #: ``square_norm_entries`` (those of L, in a state that also holds the mean)
         self.trace_is_square_norm = True
         self.square_norm_entries = _factor_entries(d) if with_mean else None
+
+    @functools.cached_property
+    def fun_fortran(self):
+        """The right-hand side for Hairer's Fortran codes, which copy what it returns.
+
+        A buffer (see :func:`gaussian_pde.integrate._loop.integrate_compiled`), built at
+        the first use: a run that the compiled core finishes never evaluates it.
+        """
+        return fortran_rhs(self.att, self.with_mean, self)
+
+    @functools.cached_property
+    def field(self):
+        """The field of ``(d, m)`` states (it writes into :attr:`fun_fortran`'s buffer)."""
+        return self.fun_fortran.field
+
+    @functools.cached_property
+    def fun(self):
+        """The right-hand side handed to the solver (a new array at every call)."""
+        fun_fortran = self.fun_fortran
+
+        def fun(t, y):
+            return fun_fortran(t, y).copy()
+
+        return fun
 
     def __call__(self, t, y):
         return self.fun(t, y)

@@ -360,17 +360,16 @@ def test_kernels_passed_by_address_give_the_same_bits(rng, monkeypatch):
     """The drivers take each kernel by the address looked up once (Numba's wrapper-address
     protocol) or, where that lookup is not available, as the dispatcher itself: the
     same code runs, so the same bits, serial (one trajectory) and parallel."""
-    from gaussian_pde.attention import compiled_signatures
     from gaussian_pde.integrate import _compiled_batch as cb
 
     atts, covs = _settings(rng, 3)
     by_address = [gp.solve_batch(atts[0], covs[:1], (0.0, 2.0)),
                   gp.solve_batch(atts, covs, (0.0, 2.0))]
     rhs = atts[0].compiled_field().rhs
-    first = cb._resolved(rhs, compiled_signatures()[0])
-    assert first is cb._resolved(rhs, compiled_signatures()[0])     # looked up once
+    first = cb._resolved(rhs, 0)
+    assert first is cb._resolved(rhs, 0)     # looked up once
     assert isinstance(first.__wrapper_address__(), int) and first.__wrapper_address__() > 0
-    monkeypatch.setattr(cb, "_resolved", lambda kernel, sig: kernel)
+    monkeypatch.setattr(cb, "_resolved", lambda kernel, which: kernel)
     as_dispatcher = [gp.solve_batch(atts[0], covs[:1], (0.0, 2.0)),
                      gp.solve_batch(atts, covs, (0.0, 2.0))]
     for a, b in zip(by_address, as_dispatcher):

@@ -885,3 +885,78 @@ def test_a_mean_growing_past_the_float_range_fails_without_a_numpy_warning():
                        (0.0, 1000.0), t_eval=np.linspace(0.0, 1000.0, 25))
     assert sol.status == gp.Status.FAILED
     assert sol.t_final < 720.0
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=lambda k: k.__name__)
+def test_auto_hands_events_to_the_event_loop(kind):
+    """The default's compiled core stops at the start of the step in which an event
+    changes sign, and the event loop takes that step again: blow-up, steady state and
+    rank collapse end with the status of a run on the event loop alone (a user event
+    keeps it there), event times and blow-up times within the runs' tolerance, and the
+    stored times strictly increasing across the hand-back."""
+    seen = set()
+    for seed in range(4):
+        att, mean0, cov0 = _mean_case(kind, seed, d=3)
+        m0 = mean0 if att.field_sees_mean else None
+        for opts in ({}, {"steady_tol": 0.3}, {"rank_tol": 0.2}):
+            a = gp.solve(att, m0, cov0, (0, 20.0), **opts)
+            b = gp.solve(att, m0, cov0, (0, 20.0), events=[_never], **opts)
+            assert a.status == b.status, (seed, opts, a.message, b.message)
+            seen.add(str(a.status))
+            assert np.all(np.diff(a.t) > 0) and a.t[0] == 0.0 and a.t[-1] == a.t_final
+            if a.status == "failed":        # the budget: spent where each run's steps say
+                continue
+            assert a.t_final == pytest.approx(b.t_final, rel=1e-7)
+            if a.status == "blowup":
+                assert a.t_blowup == pytest.approx(b.t_blowup, rel=1e-9)
+            for name, times in a.t_events.items():
+                np.testing.assert_allclose(times, b.t_events[name], rtol=1e-7)
+            if a.status != "blowup":
+                assert rel(a.cov_final, b.cov_final) < 1e-6
+    assert len(seen - {"failed"}) >= 2, seen
+
+
+def test_a_full_record_hands_over_without_losing_a_step(monkeypatch):
+    """Where the core's record of states fills, the event loop goes on from the last
+    recorded state: every step is kept once, and the run ends as the core alone ends it."""
+    from gaussian_pde.integrate import _compiled_batch as core
+
+    att = make_attention(gp.L2, np.random.default_rng(3), 3, 2)
+    cov0 = random_spd(np.random.default_rng(4), 3)
+    whole = gp.solve(att, None, cov0, (0, 3.0))
+    monkeypatch.setattr(core, "record_rows", lambda opts, n: 6)
+    cut = gp.solve(att, None, cov0, (0, 3.0))
+    assert whole.status == cut.status == "finished" and whole.t.size > 10
+    np.testing.assert_array_equal(cut.t[:6], whole.t[:6])    # the core's steps
+    assert np.all(np.diff(cut.t) > 0) and cut.t[-1] == 3.0
+    assert rel(cut.cov_final, whole.cov_final) < 1e-8
+
+
+def test_record_rows_and_the_runs_without_a_record():
+    """The core records at most one state per 12 evaluations; a run without a budget, or
+    whose record would pass the memory cap, stays on the event loop, with the same verdict."""
+    from gaussian_pde.integrate import _compiled_batch as core
+    from gaussian_pde.integrate._options import solver_options
+
+    opts = solver_options((0, 1), max_nfev=1200)
+    assert core.record_rows(opts, 12) == 1200 // 12 + 2
+    assert core.record_rows(solver_options((0, 1), max_nfev=None), 12) is None
+    assert core.record_rows(solver_options((0, 1), max_nfev=10**12), 12) is None
+    assert core.record_rows(solver_options((0, 1), t_eval=[0, 0.5, 1]), 12) == 3
+    att = make_attention(gp.Softmax, np.random.default_rng(5), 3, 3)
+    cov0 = random_spd(np.random.default_rng(6), 3)
+    a = gp.solve(att, None, cov0, (0, 2.0))
+    b = gp.solve(att, None, cov0, (0, 2.0), max_nfev=None)
+    assert a.status == b.status and rel(a.cov_final, b.cov_final) < 1e-8
+
+
+def test_auto_budget_spent_in_the_core():
+    """``max_nfev`` spent in the core ends ``failed`` with the event loop's message."""
+    att = make_attention(gp.L2, np.random.default_rng(3), 3, 2)
+    cov0 = random_spd(np.random.default_rng(4), 3)
+    a = gp.solve(att, None, cov0, (0, 3.0), max_nfev=60)
+    b = gp.solve(att, None, cov0, (0, 3.0), max_nfev=60, events=[_never])
+    assert a.status == b.status == "failed"
+    assert a.message.startswith("gave up after 60 right-hand-side evaluations at t = ")
+    assert a.message.split(" (")[1] == b.message.split(" (")[1]
+    assert 60 < a.nfev <= 60 + 12 and a.t[-1] == a.t_final
