@@ -13,7 +13,8 @@ Below the drivers, one module per concept, with no import back up:
 * ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
   the closure solvers run too) and :func:`solve_batch`;
 * ``_compiled_batch``: :func:`solve_batch`'s compiled integrator (Numba, parallel over
-  trajectories), for every type whose ``compiled_field()`` supplies the kernels;
+  trajectories), for every type whose ``compiled_field()`` supplies the kernels; also
+  the explicit steps of :func:`solve`'s default, one trajectory;
 * ``_exact``: closed-form solutions, the reference problems of the tests.
 """
 

@@ -74,6 +74,10 @@ from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFI
 from ._refactor import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
 
 _BISECT = 30
+#: handing back: the blow-up crossing is located to rounding
+_BISECT_FINE = 64
+#: :func:`_accepted`: go on from a blow-up crossing with a fresh first step
+RESTART = -2
 #: :func:`_combine` runs along the rows of ``K`` from this state size on
 _ROWS_FROM = 16
 _STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
@@ -558,25 +562,28 @@ def _col_sq(L, j):
 
 def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres,
                 cov_out, mean_out, rec_t, rec_y, nrec):
-    """Integrate one trajectory from the flat state ``y`` (overwritten with the final one).
+    r"""Integrate one trajectory from the flat state ``y`` (overwritten with the final one).
 
     ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
-    (negative: off), t0, t1; ``iopt``: max_nfev (negative: none), method (0 auto,
-    1 DOP853, 2 RODAS4), steady on, scratch size, hand back (0 or 1), and for the
-    rejection test the rejected steps that hand back (0: off) among how many accepted
-    ones. Writes ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final,
-    t_blowup, and the numbers the message needs).
+    (negative: off), t0, t1, and the rejection test's least :math:`h|\lambda|`;
+    ``iopt``: max_nfev (negative: none), method (0 auto, 1 DOP853, 2 RODAS4), steady on,
+    scratch size, hand back (0 or 1), and for the rejection test the rejected steps that
+    hand back (0: off) among how many accepted ones, and its probe's period. Writes
+    ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final, t_blowup, and the
+    numbers the message needs).
 
     Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
     explicit steps run here until the end, the budget, or the first step at which the
-    event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: an
-    event's sign change (blow-up threshold, steady state, rank collapse), a state out of
-    range, a step below rounding (code ``HAND``: ``y`` is that step's start, ``fres[0]``
-    its time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where
-    the rejection test is on, frequent rejections (``HAND_REJECTS``; both at the end of
-    the last accepted step, ``fres[3]`` its size). The states go into ``rec_y`` at
-    ``rec_t``: at every step end (with the initial one), or at ``t_eval``; ``nrec[0]``
-    counts them.
+    event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: a
+    steady-state or rank-collapse sign change, a state out of range, a step below
+    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[0]`` its
+    time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
+    rejection test is on, frequent rejections or the periodic probe with Hairer's
+    :math:`h|\lambda|` in the stiff range (``HAND_REJECTS``; both at the end of the last
+    accepted step, ``fres[3]`` its size). The blow-up threshold is handled here as the
+    event loop handles it (:func:`_restart_at_crossing`). The states go into ``rec_y``
+    at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
+    at ``t_eval``; ``nrec[0]`` counts them.
     """
     atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
     max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
@@ -602,7 +609,7 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
         rec_y[0] = y
         nrec[0] = 1
     rej = np.zeros(max(iopt[6], 1), dtype=np.int64)
-    n_rej, n_acc, since = 0, 0, 0
+    counts = np.zeros(3, dtype=np.int64)
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
     if opt[6] >= 0:
@@ -660,6 +667,19 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
                 hand, rec_t, rec_y, nrec)
             if code >= 0:
                 break
+            if code == RESTART:          # the event loop's next segment, from the crossing
+                code = -1
+                h_abs = _initial_step(rhs, P, d, m, y, f, 0.0, t1 - base, atol, rtol,
+                                      max_step, -0.125, tmp, tmp2, ws)
+                nfev += 1
+                rejected, iasti, nonsti = False, 0, 0
+                rej[:] = 0
+                counts[:] = 0
+                if max_nfev >= 0 and nfev > max_nfev:
+                    code = NFEV
+                    fres[0] = t
+                    fres[2] = t
+                continue
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             if acc:
                 if hlamb > _STIFF_HLAMB:
@@ -676,19 +696,10 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
                     break
                 imp = True
                 fresh = False
-            if hand and iopt[5] > 0:    # rejected steps before each of the last accepted ones
-                if acc:
-                    i = n_acc % rej.size
-                    n_rej += since - rej[i]
-                    rej[i] = since
-                    since = 0
-                    n_acc += 1
-                    if n_rej >= iopt[5]:
-                        code = HAND_REJECTS
-                        fres[0], fres[3] = t, h
-                        break
-                else:
-                    since += 1
+            if hand and iopt[5] > 0 and _rejections(acc, hlamb, rej, counts, iopt, opt):
+                code = HAND_REJECTS
+                fres[0], fres[3] = t, h
+                break
         if max_nfev >= 0 and nfev > max_nfev:
             code = NFEV
             fres[0] = t
@@ -731,9 +742,6 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         if not cross and opt[6] >= 0 and first < d:
             g1 = _rank_gap(ynew, d, m, first, opt[6])
             cross = ev[1] >= 0 and g1 <= 0
-        if not cross:
-            tr = _l_trace(ynew.reshape((d, m)), d)
-            cross = math.log(max(tr, 1e-300)) - math.log(limit * tr0) >= 0
         if cross or full:
             fres[0], fres[3] = t, h
             return (HAND,) + out + (nfev, nsteps, fresh)
@@ -743,11 +751,18 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         return (OVERFLOW,) + out + (nfev, nsteps, fresh)
     nsteps += 1
     have[0] = 0
-    kind, stop_t = 0, np.inf
+    kind, stop_t, xc = 0, np.inf, 1.0
     if not hand:
         kind, stop_t, extra = _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F,
                                        U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
         nfev += extra
+    elif _log_trace(ynew, d, m) - math.log(limit * tr0) >= 0:
+        # the blow-up threshold's crossing, located on the dense output as the event
+        # loop locates it (to rounding), where the run restarts as the event loop does
+        xc, extra = _crossing(rhs, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa,
+                              imp, math.log(limit * tr0))
+        nfev += extra
+        kind, stop_t = 3, t + xc * h
     if t_eval.size:
         t_end = min(t_new, stop_t)
         j = p_out[0]
@@ -765,6 +780,11 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
                 _store(xa, d, m, cov_out, mean_out, j)
             j += 1
         p_out[0] = j
+    if kind == 3:
+        return _restart_at_crossing(rhs, P, d, m, t, h, xc, y, ynew, f, imp, K, Kx, F, U,
+                                    have, xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on,
+                                    limit, susp, s0, s1, nfev, nsteps, fresh, fres,
+                                    t_eval.size == 0, rec_t, rec_y, nrec)
     if kind > 0:
         nfev += _dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
                           tmp, ws, xa, have)
@@ -808,6 +828,109 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
 
+def _rejections(acc, hlamb, rej, counts, iopt, opt):
+    r"""Handing back, the rejection test after a step: whether to hand the run back.
+
+    ``rej``: the rejected steps before each of the last ``rej.size`` accepted ones;
+    ``counts``: their sum, the accepted steps, and the rejected ones since the last
+    accepted. True after an accepted step where ``iopt[5]`` of those were rejected, or
+    at every ``iopt[7]``-th accepted step (a run held at its stability bound rejects
+    little), with Hairer's :math:`h|\lambda|` at least ``opt[9]``: the event loop's
+    exact check follows. Fast growth rejects as often with :math:`h|\lambda|` far
+    below that range: the count starts afresh, as the event loop's after its check.
+    """
+    if not acc:
+        counts[2] += 1
+        return False
+    i = counts[1] % rej.size
+    counts[0] += counts[2] - rej[i]
+    rej[i] = counts[2]
+    counts[2] = 0
+    counts[1] += 1
+    frequent = counts[0] >= iopt[5]
+    if (frequent or counts[1] % iopt[7] == 0) and hlamb >= opt[9]:
+        return True
+    if frequent:
+        rej[:] = 0
+        counts[0] = 0
+    return False
+
+
+def _log_trace(y, d, m):
+    """``log tr(Sigma)`` of a flat state (the blow-up event's value before its offset)."""
+    return math.log(max(_l_trace(y.reshape((d, m)), d), 1e-300))
+
+
+def _crossing(rhs, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, imp, level):
+    """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
+
+    Bisection on the dense output to rounding (the event loop's root to 4 eps); the
+    state there has passed the level.
+    """
+    lo, hi = 0.0, 1.0
+    extra = 0
+    for _ in range(_BISECT_FINE):
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            break
+        extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa,
+                           have)
+        if _log_trace(xa, d, m) - level >= 0:
+            hi = mid
+        else:
+            lo = mid
+    return hi, extra
+
+
+def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, have, xa, xb,
+                         tmp, tmp2, ws, ev, first, opt, steady_on, limit, susp, s0, s1, nfev,
+                         nsteps, fresh, fres, steps, rec_t, rec_y, nrec):
+    """Handing back: the blow-up look where the trace passed its threshold, as the event loop.
+
+    At the fraction ``x`` of the step from ``t`` (the crossing ``t_c = t + x h``), the
+    state is recorded as a step end where ``steps`` (every step is recorded), its time
+    kept in ``fres[9:]`` (their count in ``fres[8]``, where ``fres`` has room);
+    :func:`_blowup_look` at it, then
+    the verdict of :func:`~gaussian_pde.integrate._events.blowup_verdict`: ``BLOWUP``
+    or ``GROWTH``, or go on from the crossing with the next limit, the clock restarted
+    there and a fresh first step (code ``RESTART``), as the event loop's next segment.
+    """
+    t_c = t + x * h
+    nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa, have)
+    rhs(P, d, m, xa, xb, ws)
+    nfev += 1
+    y[:] = xa
+    f[:] = xb
+    if steps and nrec[0] < rec_t.size:
+        k = nrec[0]
+        rec_t[k] = t_c
+        rec_y[k] = y
+        nrec[0] = k + 1
+    n_cross = int(fres[8]) if fres.size > 9 else 0
+    if fres.size > 9 + n_cross:
+        fres[9 + n_cross] = t_c
+        fres[8] = n_cross + 1
+    tstar, finite = _blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
+    nfev += 1
+    fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t_c, limit, s0, s1
+    fres[7] = 1.0 if finite else 0.0
+    out = (t_c, 0.0, t_c)
+    if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
+        fres[0], fres[1] = t_c, tstar
+        return (BLOWUP,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
+    grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
+    if limit * grow > MAX_GROWTH:
+        fres[0] = t_c
+        return (GROWTH,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
+    if finite:
+        s0, s1 = tstar, t_c
+    if steady_on:
+        ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
+    if opt[6] >= 0:
+        ev[1] = _rank_gap(y, d, m, first, opt[6])
+    return (RESTART,) + out + (limit * grow, finite, s0, s1, nfev, nsteps, False)
+
+
 def _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
                cov_out, mean_out, rec_t, rec_y, nrec):
     """Trajectory ``b`` of ``Y`` (``(B, n)``, its row overwritten)."""
@@ -844,7 +967,8 @@ _HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_
             "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
             "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
             "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_col_sq",
-            "_accepted", "_trajectory", "_drive_one")
+            "_rejections", "_log_trace", "_crossing", "_restart_at_crossing", "_accepted",
+            "_trajectory", "_drive_one")
 
 
 @functools.cache
@@ -1003,13 +1127,13 @@ def _messages(code, fres, t0, max_nfev):
 def _option_arrays(opts, method, ws_size, hand=False, rejects=None):
     """The core's ``opt`` (floats) and ``iopt`` (integers) of validated solver options."""
     ev = opts.events
+    count, window, level, probe = (0, 0, 0.0, 0) if rejects is None else rejects
     opt = np.array([opts.atol, opts.rtol, opts.max_step, ev.blowup_threshold,
                     0.0 if ev.steady_tol is None else ev.steady_tol, ev.steady_atol,
-                    -1.0 if ev.rank_tol is None else ev.rank_tol, opts.t0, opts.t1])
+                    -1.0 if ev.rank_tol is None else ev.rank_tol, opts.t0, opts.t1, level])
     iopt = np.array([-1 if opts.max_nfev is None else int(opts.max_nfev),
                      ("auto", "DOP853", "rosenbrock").index(method), int(ev.steady_on),
-                     ws_size, int(hand), *((0, 0) if rejects is None else rejects)],
-                    dtype=np.int64)
+                     ws_size, int(hand), count, window, probe], dtype=np.int64)
     return opt, iopt
 
 
@@ -1024,6 +1148,11 @@ class Handed:
     h: float               # the step to take from there (NaN: none)
     t_rec: np.ndarray      # the recorded times (every step end, or ``t_eval`` up to ``t``)
     y_rec: np.ndarray      # and states, (T, n)
+    t_blowup: float        # the blow-up time (BLOWUP), else NaN
+    crossings: np.ndarray  # the times where the trace passed a blow-up threshold
+    message: tuple         # (Status, message) of a blow-up look's verdict (BLOWUP, GROWTH)
+    limit: float           # the blow-up threshold (times tr(Sigma_0)) in force at ``t``
+    suspected: tuple       # ``(t*, t)`` of the last finite blow-up estimate, or None
 
 
 def record_rows(opts, n):
@@ -1044,15 +1173,20 @@ def record_rows(opts, n):
 
 #: the most memory :func:`integrate_one` takes for its record of states
 RECORD_BYTES = 64 * 2**20
+#: room for this many blow-up crossings (each passes a limit at least 100 times the last
+#: one, up to ``MAX_GROWTH``)
+MAX_CROSSINGS = 128
 
 
 def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
-    """One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
+    r"""One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
 
     ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's units; ``tr0``,
     ``first``: the initial trace and the first eigenvalue index of the rank event;
-    ``rejects``: ``(count, window)``, hand back once ``count`` steps were rejected among
-    the last ``window`` accepted ones, or None. The explicit steps run here until the core
+    ``rejects``: ``(count, window, level, probe)``, hand back once ``count`` steps were
+    rejected among the last ``window`` accepted ones, or at every ``probe``-th accepted
+    step, where Hairer's estimate of :math:`h|\lambda|` at the last one is at least
+    ``level`` (or None: no such test). The explicit steps run here until the core
     finishes, spends the budget, or hands the run back (see :func:`_trajectory`).
     Returns :class:`Handed`.
     """
@@ -1071,7 +1205,7 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     opt, iopt = _option_arrays(opts, "auto", ws_size, hand=True, rejects=rejects)
     Y = np.array(y0, dtype=float).reshape(1, n)
     ires = np.zeros((1, 4), dtype=np.int64)
-    fres = np.zeros((1, 8))
+    fres = np.zeros((1, 9 + MAX_CROSSINGS))
     _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
          np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, iopt, ires, fres,
          np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
@@ -1079,8 +1213,18 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     t = float(fres[0, 0]) if code != FINISHED else float(opts.t1)
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
+    looked = code in (BLOWUP, GROWTH)
+    crossings = fres[0, 9:9 + int(fres[0, 8])].copy()
+    limit, suspected = opts.events.blowup_threshold, None
+    if crossings.size and not looked:     # where the last look left the next one
+        finite = fres[0, 7] != 0
+        limit = float(fres[0, 4]) * (CONFIRM_GROWTH if finite else _NONFINITE_GROWTH)
+        suspected = (float(fres[0, 2]), float(fres[0, 3])) if finite else None
     return Handed(code=code, nfev=int(ires[0, 1]), t=t, y=Y[0], h=float(fres[0, 3]),
-                  t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy())
+                  t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
+                  t_blowup=float(fres[0, 1]) if code == BLOWUP else np.nan,
+                  crossings=crossings, limit=limit, suspected=suspected,
+                  message=_messages(code, fres[0], opts.t0, -1) if looked else None)
 
 
 def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):

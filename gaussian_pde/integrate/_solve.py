@@ -30,8 +30,8 @@ at the first step with an event's sign change or a sign of stiffness. The event 
 right-hand side is one fused kernel for the factor and the mean
 (:mod:`gaussian_pde.integrate._fused`): compiled where the attention supplies a compiled
 field, the one :func:`~gaussian_pde.solve_batch` integrates. :func:`integrate_system` is
-that event loop for any state with a covariance: the closure solvers run it too, so that every solver
-stops at the same events with the same verdicts.
+that event loop for any state with a covariance: the closure solvers run it too, so that
+every solver stops at the same events with the same verdicts.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
 from ._loop import (
     REJECT_STIFF,
     REJECT_WINDOW,
+    STABILIZED_PROBE,
     STIFF_H_RHO,
     accepts_jac,
     integrate,
@@ -304,10 +305,12 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resu
         ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
     jac : callable, optional
         Exact Jacobian for implicit methods (and for the stiff solver of ``"auto"``).
-    resume : (float, ndarray, float, bool), optional
-        ``(t, y, h, stiff)``: go on from the state ``y`` at time ``t``, where the compiled
-        core handed the run back (:func:`_solve_compiled`), with a first step ``h`` (NaN:
-        none), stiff from the start if ``stiff``; ``y0`` is still the initial state (the
+    resume : tuple, optional
+        ``(t, y, h, stiff, limit, suspected)``: go on from the state ``y`` at time ``t``,
+        where the compiled core handed the run back (:func:`_solve_compiled`), with a
+        first step ``h`` (NaN: none), stiff from the start if ``stiff``, the blow-up
+        threshold at ``limit`` times the initial trace and ``suspected`` the blow-up
+        estimate awaiting confirmation (or None); ``y0`` is still the initial state (the
         events are relative to it). The states up to ``t`` are the caller's: ``Run``
         holds those after it.
 
@@ -336,10 +339,10 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resu
     loop = _EventLoop(system, opts, method, solver_cls, stiff, jac, user_events, y0)
     ts, ys, t_events, stiff_from = [], [], {}, None
     t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
-    if resume is not None:
-        t_start, y_start = resume[0], resume[1]
-        loop.start = (resume[2] if resume[2] > 0 else None, resume[3])
     suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
+    if resume is not None:
+        t_start, y_start, h, stiff_now, limit, suspected = resume
+        loop.start = (h if h > 0 else None, stiff_now)
     while True:
         # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
         # dynamics are autonomous): near a blow-up at t*, the steps that resolve the time
@@ -546,12 +549,15 @@ def _solve_compiled(system, y0, opts, jac):
     The core (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
     trajectory of :func:`~gaussian_pde.solve_batch`'s integrator) takes DOP853 steps and
     records the states until the end of ``t_span``, the evaluation budget, or a step at
-    which the event loop has work (an event's sign change, a step below rounding, a
-    state out of range): :func:`integrate_system` goes on from there with the same
-    events, so every verdict and event time is the event loop's. Where Hairer's
-    stiffness test fires (or frequent rejected steps meet :math:`h\rho(J) \ge 2`), the
-    event loop goes on as after its own first sign of stiffness: DOP853 with the
-    stabilised step-size control, and LSODA on trial. Applies where the attention has
+    which the event loop has work (a steady-state or rank-collapse sign change, a step
+    below rounding, a state out of range): :func:`integrate_system` goes on from there
+    with the same events. The blow-up threshold the core handles as the event loop
+    does: the crossing located on the dense output to rounding, the estimate there, the
+    verdict of :func:`~gaussian_pde.integrate._events.blowup_verdict`, and a restart
+    from the crossing. Where Hairer's stiffness test fires (or frequent rejected steps,
+    or a periodic look, find Hairer's :math:`h|\lambda|` and then
+    :math:`h\rho(J)` at least 2), the event loop goes on as after its own first sign
+    of stiffness: DOP853 with the stabilised step-size control, and LSODA on trial. Applies where the attention has
     a compiled field and the run has a budget whose record of states fits
     (:func:`~gaussian_pde.integrate._compiled_batch.record_rows`), without user events
     or ``first_step``.
@@ -568,28 +574,41 @@ def _solve_compiled(system, y0, opts, jac):
              else int(rank_first(system.mean_and_cov(y0)[1], ev.rank_tol)))
     out = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
                              first, opts,
-                             rejects=None if jac is None else (REJECT_STIFF, REJECT_WINDOW))
+                             rejects=None if jac is None
+                             else (REJECT_STIFF, REJECT_WINDOW, STIFF_H_RHO,
+                                   STABILIZED_PROBE))
     system.nfev = out.nfev
     if out.code in (core.HAND, core.HAND_STIFF, core.HAND_REJECTS):
-        # frequent rejected steps are a first sign of stiffness where h rho(J) >= 2 at
-        # the step end (the event loop's own test); otherwise the event loop goes on
-        # with its own tests
+        # frequent rejected steps (or the periodic look) are a first sign of stiffness
+        # where h rho(J) >= 2 at the step end (the event loop's own test); otherwise
+        # the event loop goes on with its own tests
         stiff = out.code == core.HAND_STIFF or (
             out.code == core.HAND_REJECTS
             and step_radius_at_least(jac(out.t, out.y), out.h, STIFF_H_RHO))
         run = integrate_system(system, y0, opts, "auto", jac=jac,
-                               resume=(out.t, out.y, out.h, stiff))
-        return dataclasses.replace(run, t=np.concatenate([out.t_rec, run.t]),
-                                   y=np.concatenate([out.y_rec, run.y]))
+                               resume=(out.t, out.y, out.h, stiff, out.limit, out.suspected))
+        t_events = dict(run.t_events)
+        t_events["blowup"] = np.concatenate([out.crossings, t_events["blowup"]])
+        t, y = _strictly_increasing(np.concatenate([out.t_rec, run.t]),
+                                    np.concatenate([out.y_rec, run.y]))
+        return dataclasses.replace(run, t=t, y=y, t_events=t_events)
     names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
         ["rank_collapse"] if first < system.d else [])
+    t_events = {k: np.empty(0) for k in names}
+    t_events["blowup"] = out.crossings
+    t_blowup = None
     if out.code == core.FINISHED:
         status, message = Status.FINISHED, "reached the end of t_span"
+    elif out.message is not None:   # a blow-up look's verdict
+        status, message = out.message
+        t_blowup = out.t_blowup if status == Status.BLOWUP else None
     else:   # the budget
         status, message = Status.FAILED, _gave_up(opts.max_nfev, out.t, True)
-    return Run(t=out.t_rec, y=out.y_rec, status=status, message=message, t_blowup=None,
-               t_final=out.t, y_final=out.y, t_events={k: np.empty(0) for k in names},
-               nfev=out.nfev)
+    # past a blow-up look the clock runs from the crossing: near t* its steps can fall
+    # below the rounding of t itself, and a stored time repeats
+    t, y = _strictly_increasing(out.t_rec, out.y_rec)
+    return Run(t=t, y=y, status=status, message=message, t_blowup=t_blowup,
+               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev)
 
 
 def _strictly_increasing(t, y):

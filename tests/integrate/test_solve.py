@@ -888,12 +888,14 @@ def test_a_mean_growing_past_the_float_range_fails_without_a_numpy_warning():
 
 
 @pytest.mark.parametrize("kind", TYPES, ids=lambda k: k.__name__)
-def test_auto_hands_events_to_the_event_loop(kind):
-    """The default's compiled core stops at the start of the step in which an event
-    changes sign, and the event loop takes that step again: blow-up, steady state and
-    rank collapse end with the status of a run on the event loop alone (a user event
-    keeps it there), event times and blow-up times within the runs' tolerance, and the
-    stored times strictly increasing across the hand-back."""
+def test_auto_events_are_those_of_the_event_loop(kind):
+    """The default's compiled core stops at the start of the step in which a steady state
+    or a rank collapse changes sign, and the event loop takes that step again; a blow-up
+    threshold it handles as the event loop does (crossing, estimate, verdict, restart).
+    Blow-up, steady state and rank collapse end with the status of a run on the event
+    loop alone (a user event keeps it there), the same number of blow-up looks, event
+    times and blow-up times within the runs' tolerance, and the stored times strictly
+    increasing across a hand-back."""
     seen = set()
     for seed in range(4):
         att, mean0, cov0 = _mean_case(kind, seed, d=3)
