@@ -605,9 +605,7 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
         ires[0], ires[1], fres[0] = HAND if hand else FIELD0, nfev, t0
         return
     if hand and t_eval.size == 0 and rec_t.size > 0:
-        rec_t[0] = t0
-        rec_y[0] = y
-        nrec[0] = 1
+        _record(t0, y, rec_t, rec_y, nrec)
     rej = np.zeros(max(iopt[6], 1), dtype=np.int64)
     counts = np.zeros(3, dtype=np.int64)
     if steady_on:
@@ -795,21 +793,12 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
         tstar, finite = _blowup_look(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
         nfev += 1
-        fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t_new, limit, s0, s1
-        fres[7] = 1.0 if finite else 0.0
-        if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
+        code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
+                                                      s0, s1, fres)
+        if code >= 0:
             y[:] = ynew
-            fres[0], fres[1] = t_new, tstar
-            return (BLOWUP,) + out + (nfev, nsteps, fresh)
-        grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
-        if limit * grow > MAX_GROWTH:
-            y[:] = ynew
-            fres[0] = t_new
-            return (GROWTH,) + out + (nfev, nsteps, fresh)
-        susp = finite
-        if finite:
-            s0, s1 = tstar, t_new
-        limit *= grow
+            return (code,) + out + (nfev, nsteps, fresh)
+        limit, susp, s0, s1 = limit_, susp_, s0_, s1_
         looked = True
     t, tau = t_new, tau_new
     y[:] = ynew
@@ -818,14 +807,41 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         base, tau = t_new, 0.0
     fresh = False
     if hand and t_eval.size == 0 and rec_t.size > 0:
-        k = nrec[0]
-        rec_t[k] = t
-        rec_y[k] = y
-        nrec[0] = k + 1
+        _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
         _refactor(y, f, d, m, opt[0], opt[1])
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+
+
+def _look_verdict(tstar, finite, t, limit, susp, s0, s1, fres):
+    """The verdict of a blow-up look at ``t`` (:func:`~gaussian_pde.integrate._events.blowup_verdict`).
+
+    Writes the look's numbers into ``fres[2:8]`` (and ``fres[0:2]`` at the end of the
+    run). Returns ``(code, limit, susp, s0, s1)``: ``BLOWUP`` (confirmed), ``GROWTH``
+    (no finite-time signature within ``MAX_GROWTH``), or -1 with the next limit and
+    the suspicion ``(s0, s1)`` to confirm.
+    """
+    fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t, limit, s0, s1
+    fres[7] = 1.0 if finite else 0.0
+    if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
+        fres[0], fres[1] = t, tstar
+        return BLOWUP, limit, susp, s0, s1
+    grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
+    if limit * grow > MAX_GROWTH:
+        fres[0] = t
+        return GROWTH, limit, susp, s0, s1
+    if finite:
+        s0, s1 = tstar, t
+    return -1, limit * grow, finite, s0, s1
+
+
+def _record(t, y, rec_t, rec_y, nrec):
+    """Append the state ``y`` at ``t`` to the record (handing back, every step)."""
+    k = nrec[0]
+    rec_t[k] = t
+    rec_y[k] = y
+    nrec[0] = k + 1
 
 
 def _rejections(acc, hlamb, rej, counts, iopt, opt):
@@ -902,33 +918,23 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     y[:] = xa
     f[:] = xb
     if steps and nrec[0] < rec_t.size:
-        k = nrec[0]
-        rec_t[k] = t_c
-        rec_y[k] = y
-        nrec[0] = k + 1
+        _record(t_c, y, rec_t, rec_y, nrec)
     n_cross = int(fres[8]) if fres.size > 9 else 0
     if fres.size > 9 + n_cross:
         fres[9 + n_cross] = t_c
         fres[8] = n_cross + 1
     tstar, finite = _blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
     nfev += 1
-    fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t_c, limit, s0, s1
-    fres[7] = 1.0 if finite else 0.0
     out = (t_c, 0.0, t_c)
-    if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
-        fres[0], fres[1] = t_c, tstar
-        return (BLOWUP,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
-    grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
-    if limit * grow > MAX_GROWTH:
-        fres[0] = t_c
-        return (GROWTH,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
-    if finite:
-        s0, s1 = tstar, t_c
+    code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_c, limit, susp, s0, s1,
+                                                  fres)
+    if code >= 0:
+        return (code,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
     if opt[6] >= 0:
         ev[1] = _rank_gap(y, d, m, first, opt[6])
-    return (RESTART,) + out + (limit * grow, finite, s0, s1, nfev, nsteps, False)
+    return (RESTART,) + out + (limit_, susp_, s0_, s1_, nfev, nsteps, False)
 
 
 def _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
@@ -967,8 +973,8 @@ _HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_
             "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
             "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
             "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_col_sq",
-            "_rejections", "_log_trace", "_crossing", "_restart_at_crossing", "_accepted",
-            "_trajectory", "_drive_one")
+            "_look_verdict", "_record", "_rejections", "_log_trace", "_crossing",
+            "_restart_at_crossing", "_accepted", "_trajectory", "_drive_one")
 
 
 @functools.cache
@@ -1217,9 +1223,11 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     crossings = fres[0, 9:9 + int(fres[0, 8])].copy()
     limit, suspected = opts.events.blowup_threshold, None
     if crossings.size and not looked:     # where the last look left the next one
-        finite = fres[0, 7] != 0
-        limit = float(fres[0, 4]) * (CONFIRM_GROWTH if finite else _NONFINITE_GROWTH)
-        suspected = (float(fres[0, 2]), float(fres[0, 3])) if finite else None
+        from ._events import blowup_verdict
+
+        tstar, t_look, last, _, _, finite = fres[0, 2:8]
+        _, (suspected, limit) = blowup_verdict(float(tstar), bool(finite), float(t_look),
+                                               float(last), None)
     return Handed(code=code, nfev=int(ires[0, 1]), t=t, y=Y[0], h=float(fres[0, 3]),
                   t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
                   t_blowup=float(fres[0, 1]) if code == BLOWUP else np.nan,
