@@ -667,6 +667,10 @@ _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
 
 #: helpers inlined at the Numba IR level into their callers
 _INLINED = ("_softmax_core",)
+#: the helpers that allocate, or return arrays: compiled with Numba's reference counting;
+#: the rest, and the kernels, without it (see :func:`kernels`)
+_COUNTED = ("_finite", "_gain_qr", "_inverse_gram_qr", "_gain", "_l2_blocks", "_l2_rhs", "_sinkhorn_rhs",
+            "_head_parts")
 
 
 @functools.cache
@@ -696,10 +700,12 @@ def kernels():
             # the shared softmax body is inlined into its two callers, so that the kernels
             # compiled for a shape see its loop bounds as constants
             inline = "always" if name in _INLINED else "never"
-            g[name] = njit(cache=True, error_model="numpy", inline=inline)(g[name])
+            g[name] = njit(cache=True, error_model="numpy", inline=inline,
+                           _nrt=name in _COUNTED)(g[name])
     rhs_sig, jac_sig = signatures()
     opts = dict(cache=True, error_model="numpy", boundscheck=False)
-    return njit(rhs_sig, **opts)(heads_rhs), njit(jac_sig, **opts)(heads_jac)
+    return (njit(rhs_sig, _nrt=False, **opts)(heads_rhs),
+            njit(jac_sig, **opts)(heads_jac))
 
 
 @functools.cache
@@ -707,15 +713,14 @@ def _specialised_rhs(code, d, k):
     """:func:`heads_rhs` of one head of type ``code`` with ``d`` and ``k`` compiled in.
 
     The body is the generic kernel's (``_softmax_rhs``, ``_l2_rhs``, ...)
-    called with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``), so the compiler
-    inlines it with its loop bounds known; the signature is :func:`signatures`' (the
-    integrator takes it as it takes the generic one).
+    called with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``) and inlined
+    (:func:`_inlined_body`), so the compiler sees its loop bounds; the signature is
+    :func:`signatures`' (the integrator takes it as it takes the generic one).
     """
     from numba import njit
 
     kernels()                 # the bodies compiled first (they are called as globals)
-    # indexed by head code
-    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs, _linear_rhs, _softmax_offset_rhs)[code]
+    body = _inlined_body(code)
     D, K, M1 = int(d), int(k), int(d) + 1
 
     def rhs(P, d, m, y, out, ws):
@@ -727,7 +732,23 @@ def _specialised_rhs(code, d, k):
             body(data, K, D, M1, y, out, rest)
 
     rhs_sig, _ = signatures()
-    return njit(rhs_sig, cache=True, error_model="numpy", boundscheck=False)(rhs)
+    return njit(rhs_sig, cache=True, error_model="numpy", boundscheck=False, _nrt=False)(rhs)
+
+
+@functools.cache
+def _inlined_body(code):
+    """The body of head type ``code`` for :func:`_specialised_rhs`, inlined into it.
+
+    Inlined in Numba's IR, the body sees the shape as constants (its loops unrolled and
+    vectorised where they can be, each sum in the same order: the same bits); a body
+    that needs reference counting (:data:`_COUNTED`) is called instead.
+    """
+    from numba import njit
+
+    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs, _linear_rhs, _softmax_offset_rhs)[code]
+    if body.py_func.__name__ in _COUNTED:
+        return body
+    return njit(cache=True, error_model="numpy", inline="always", _nrt=False)(body.py_func)
 
 
 def add(fields):

@@ -94,6 +94,12 @@ def _finite(x):
     return True
 
 
+def _copy(dst, src):
+    """``dst[:] = src`` (1-D) as a loop: no temporary, so no allocation."""
+    for i in range(src.size):
+        dst[i] = src[i]
+
+
 def _rms(x, sc):
     acc = 0.0
     for i in range(x.size):
@@ -208,11 +214,22 @@ def _combine(C, r, K, s, out):
     """
     n = out.size
     if n < _ROWS_FROM:
-        for i in range(n):
+        i = 0
+        while i + 4 <= n:       # four sums in flight: each add waits on its own sum only
+            a0 = a1 = a2 = a3 = 0.0
+            for j in range(s):
+                c = C[r, j]
+                a0 += c * K[j, i]
+                a1 += c * K[j, i + 1]
+                a2 += c * K[j, i + 2]
+                a3 += c * K[j, i + 3]
+            out[i], out[i + 1], out[i + 2], out[i + 3] = a0, a1, a2, a3
+            i += 4
+        for q in range(i, n):
             acc = 0.0
             for j in range(s):
-                acc += C[r, j] * K[j, i]
-            out[i] = acc
+                acc += C[r, j] * K[j, q]
+            out[q] = acc
         return
     for i in range(n):
         out[i] = 0.0
@@ -265,7 +282,7 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
     _combine(_B2, 0, K, _NS, ynew)
     for i in range(n):
         ynew[i] = y[i] + h * ynew[i]
-    tmp[:] = ynew
+        tmp[i] = ynew[i]
     bad |= _guard(tmp, ymax)
     rhs(P, d, m, tmp, K[_NS], ws)
     num, den, e5, e3 = _dop_errors(y, ynew, K, h, atol, rtol, S)
@@ -280,7 +297,8 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
 def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
     """DOP853's dense-output coefficients ``F`` (7, n) of the step (three more stages)."""
     n = y.size
-    Kx[:_NS + 1] = K[:_NS + 1]
+    for s in range(_NS + 1):
+        _copy(Kx[s], K[s])
     for s in range(_NS + 1, 16):
         _combine(_A, s, Kx, s, tmp)
         for i in range(n):
@@ -321,7 +339,7 @@ def _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, rr, ws, atol, r
         W[i, i] += g
     if not _lu(W, piv):
         return np.inf
-    U[0] = f
+    _copy(U[0], f)
     _lu_solve(W, piv, U[0])
     bad = False
     for s in range(1, 6):
@@ -500,17 +518,23 @@ def _blowup_look(rhs, P, d, m, t, ynew, fnew, tmp, tmp2, ws):
 def _refactor(y, f, d, m, atol, rtol):
     """Re-factor ``L -> LW`` (rate too) where the columns cancel; True where it did."""
     Z = y.reshape((d, m))
-    dZ = f.reshape((d, m))
-    L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
-    if not _finite(L.ravel()):
-        return False
+    for i in range(d):
+        for j in range(d):
+            if not math.isfinite(Z[i, j]):
+                return False
     # every direction's excess eps c_j / (atol + rtol s_j) is at most eps max_j c_j / atol:
     # where that bound is within the rule, no SVD is needed to know it does not re-factor
     top = 0.0
     for j in range(d):
-        top = max(top, math.sqrt(_col_sq(L, j)))
+        top = max(top, math.sqrt(_col_sq(Z, j, d)))
     if atol > 0 and not _EPS * top / atol > REFACTOR_ABOVE:
         return False
+    return _refactor_svd(Z, f.reshape((d, m)), d, atol, rtol)
+
+
+def _refactor_svd(Z, dZ, d, atol, rtol):
+    """:func:`_refactor` past its cheap bound: the singular values decide."""
+    L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
     s = np.linalg.svd(L)[1]
     c = np.empty(d)
     for j in range(d):
@@ -528,7 +552,7 @@ def _refactor(y, f, d, m, atol, rtol):
     nz = np.empty(d, dtype=np.int64)
     q = 0
     for j in range(d):
-        if _col_sq(L, j) > 0:
+        if _col_sq(L, j, d) > 0:
             nz[q] = j
             q += 1
     W = np.eye(d)
@@ -553,9 +577,9 @@ def _refactor(y, f, d, m, atol, rtol):
     return True
 
 
-def _col_sq(L, j):
+def _col_sq(L, j, rows):
     acc = 0.0
-    for i in range(L.shape[0]):
+    for i in range(rows):
         acc += L[i, j] * L[i, j]
     return acc
 
@@ -585,17 +609,23 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
     at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
     at ``t_eval``; ``nrec[0]`` counts them.
     """
+    n = d * m
+    _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
+           mean_out, rec_t, rec_y, nrec, np.empty(iopt[3]), np.empty((7, n)),
+           np.empty((_NS + 1, n)), np.empty((16, n)), np.empty((7, n)), np.empty((6, n)),
+           np.empty((n, n)), np.empty((n, n)), np.empty(n, dtype=np.int64),
+           np.zeros(1, dtype=np.int64), np.zeros(2),
+           np.zeros(max(iopt[6], 1), dtype=np.int64), np.zeros(3, dtype=np.int64))
+
+
+def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
+           mean_out, rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
+           counts):
+    """:func:`_trajectory`'s work in the scratch it allocated (``vec``: seven vectors)."""
     atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
     max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
     hand = iopt[4] != 0
-    n = d * m
-    ws = np.empty(iopt[3])
-    f, fnew, ynew = np.empty(n), np.empty(n), np.empty(n)
-    tmp, tmp2, xa, xb = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
-    K, Kx, F, U = np.empty((_NS + 1, n)), np.empty((16, n)), np.empty((7, n)), np.empty((6, n))
-    J, W, piv = np.empty((n, n)), np.empty((n, n)), np.empty(n, dtype=np.int64)
-    have = np.zeros(1, dtype=np.int64)
-    ev = np.zeros(2)
+    f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
     rhs(P, d, m, y, f, ws)
     nfev = 1
     fres[0] = t1
@@ -606,8 +636,6 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
         return
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t0, y, rec_t, rec_y, nrec)
-    rej = np.zeros(max(iopt[6], 1), dtype=np.int64)
-    counts = np.zeros(3, dtype=np.int64)
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
     if opt[6] >= 0:
@@ -638,7 +666,7 @@ def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires
             nfev += 5
             err_exp, max_factor = -0.25, 6.0
         else:
-            K[0] = f
+            _copy(K[0], f)
             err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
             nfev += _NS
             err_exp, max_factor = -0.125, 10.0
@@ -727,7 +755,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         rhs(P, d, m, ynew, fnew, ws)
         nfev += 1
     else:
-        fnew[:] = K[_NS]
+        _copy(fnew, K[_NS])
     out = (t, tau, base, limit, susp, s0, s1)
     if hand:
         # the event loop's sign tests, as it would make them at this step's end
@@ -766,14 +794,14 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         j = p_out[0]
         while j < t_eval.size and t_eval[j] <= t_end:
             if hand and t_eval[j] == t_new:
-                xa[:] = ynew
+                _copy(xa, ynew)
             else:
                 x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
                 nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws,
                                   xa, have)
             if hand:
                 rec_t[j] = t_eval[j]
-                rec_y[j] = xa
+                _copy(rec_y[j], xa)
             else:
                 _store(xa, d, m, cov_out, mean_out, j)
             j += 1
@@ -786,7 +814,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     if kind > 0:
         nfev += _dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
                           tmp, ws, xa, have)
-        y[:] = xa
+        _copy(y, xa)
         fres[0], fres[2] = stop_t, stop_t
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
@@ -796,13 +824,13 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
         if code >= 0:
-            y[:] = ynew
+            _copy(y, ynew)
             return (code,) + out + (nfev, nsteps, fresh)
         limit, susp, s0, s1 = limit_, susp_, s0_, s1_
         looked = True
     t, tau = t_new, tau_new
-    y[:] = ynew
-    f[:] = fnew
+    _copy(y, ynew)
+    _copy(f, fnew)
     if looked:      # a blow-up look restarts the clock (as solve restarts there)
         base, tau = t_new, 0.0
     fresh = False
@@ -840,7 +868,7 @@ def _record(t, y, rec_t, rec_y, nrec):
     """Append the state ``y`` at ``t`` to the record (handing back, every step)."""
     k = nrec[0]
     rec_t[k] = t
-    rec_y[k] = y
+    _copy(rec_y[k], y)
     nrec[0] = k + 1
 
 
@@ -915,8 +943,8 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa, have)
     rhs(P, d, m, xa, xb, ws)
     nfev += 1
-    y[:] = xa
-    f[:] = xb
+    _copy(y, xa)
+    _copy(f, xb)
     if steps and nrec[0] < rec_t.size:
         _record(t_c, y, rec_t, rec_y, nrec)
     n_cross = int(fres[8]) if fres.size > 9 else 0
@@ -968,13 +996,15 @@ def prange(n):     # replaced by numba.prange when compiled
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
-_INLINED = ("_combine", "_dop_errors")
-_HELPERS = ("_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
+_INLINED = ("_copy", "_guard", "_combine", "_dop_errors")
+#: the helpers that allocate (compiled with Numba's reference counting; see _core())
+_ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd", "_trajectory", "_drive_one")
+_HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
             "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
             "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
-            "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_col_sq",
-            "_look_verdict", "_record", "_rejections", "_log_trace", "_crossing",
-            "_restart_at_crossing", "_accepted", "_trajectory", "_drive_one")
+            "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_refactor_svd",
+            "_col_sq", "_look_verdict", "_record", "_rejections", "_log_trace", "_crossing",
+            "_restart_at_crossing", "_accepted", "_steps", "_trajectory", "_drive_one")
 
 
 @functools.cache
@@ -984,6 +1014,12 @@ def _core():
     The parallel one runs the trajectories over the cores; the serial one, for a few
     trajectories, runs them on the calling thread (each trajectory the same code, the
     same bits).
+
+    Only the helpers in :data:`_ALLOCATING` (those that allocate) are compiled with
+    Numba's reference counting (``_nrt``). Every array the others see belongs to a
+    caller that holds it for the whole call, and the counting would cost an atomic
+    increment and decrement per array, view and call: measured, about 40 % of a step at
+    d = 3. A helper without it that allocated would fail to compile, not leak.
     """
     import numba
     from numba import types as T
@@ -1000,7 +1036,8 @@ def _core():
     for name in _HELPERS:
         if not hasattr(g[name], "py_func"):
             inline = "always" if name in _INLINED else "never"
-            g[name] = numba.njit(cache=True, error_model="numpy", inline=inline)(g[name])
+            g[name] = numba.njit(cache=True, error_model="numpy", inline=inline,
+                                 _nrt=name in _ALLOCATING)(g[name])
     g["prange"] = numba.prange
     rhs_sig, jac_sig = signatures()
     vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
