@@ -106,7 +106,7 @@ class BiasedSoftmax(SingleHeadAttention):
         Q, K, V, c, q, _ = self.weights()   # a subclass that changes the weights keeps its field
         c = float(c)
         data = (c, c * V, K, Q, q)
-        return cf.combine(self.d, [cf.pack_head(cf.SOFTMAX_OFFSET, self.k, self.d, data)])
+        return cf.head_field(cf.SOFTMAX_OFFSET, self.k, self.d, data)
 
     def riccati_matrix(self):
         r""":math:`A + A^T` when :math:`V = I`: the covariance is plain softmax's."""

@@ -62,7 +62,7 @@ import math
 
 import numpy as np
 
-__all__ = ["CompiledField", "kernels", "pack_head", "combine", "add"]
+__all__ = ["CompiledField", "kernels", "pack_head", "combine", "head_field", "add"]
 
 #: head codes of the packed vector
 SOFTMAX, L2, SINKHORN, LINEAR, SOFTMAX_OFFSET = 0, 1, 2, 3, 4
@@ -119,9 +119,27 @@ def pack_head(code, k, d, data):
     """One head's pack ``[code, k, size, data...]``, its scratch size and closed-form flag."""
     pack = np.concatenate([(float(code), float(k), 0.0), *data], axis=None)
     pack[2] = pack.size - _HEADER
+    return pack, _head_ws(k, d), code not in (SINKHORN, LINEAR)
+
+
+def _head_ws(k, d):
     m = d + 1
-    ws = 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
-    return pack, ws, code not in (SINKHORN, LINEAR)
+    return 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
+
+
+def head_field(code, k, d, data):
+    """The :class:`CompiledField` of one head: ``combine(d, [pack_head(code, k, d, data)])``.
+
+    The same field, packed in one pass (a batch packs one per trajectory).
+    """
+    if kernels() is None:
+        return None
+    rhs, jac = kernels()
+    params = np.concatenate([(1.0, float(code), float(k), 0.0), *data], axis=None)
+    params[3] = params.size - 1 - _HEADER      # the head's size, after [heads, code, k]
+    return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
+                         ws_size=_head_ws(k, d) + 2 * d * (d + 1),
+                         exact_jacobian=code not in (SINKHORN, LINEAR))
 
 
 def combine(d, parts):

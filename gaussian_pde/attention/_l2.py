@@ -149,7 +149,7 @@ class L2(SingleHeadAttention):
         c = float(c)
         s = float(np.sqrt(2.0 * c))
         data = (c, s, s * V, s * K, Q, V, K)
-        return cf.combine(self.d, [cf.pack_head(cf.L2, self.k, self.d, data)])
+        return cf.head_field(cf.L2, self.k, self.d, data)
 
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{-c|Qx_i - Kx_j|^2}`."""

@@ -142,8 +142,7 @@ class Linear(SingleHeadAttention):
         from . import _compiled_fields as cf
 
         c = float(self.scale)
-        return cf.combine(self.d, [cf.pack_head(cf.LINEAR, self.k, self.d,
-                                                (c, c * self.V, self.K, self.Q))])
+        return cf.head_field(cf.LINEAR, self.k, self.d, (c, c * self.V, self.K, self.Q))
 
     @classmethod
     def example_setting(cls):

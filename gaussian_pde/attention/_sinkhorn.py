@@ -125,7 +125,7 @@ class Sinkhorn(SingleHeadAttention):
 
         Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
         data = (c * K.T @ Q, V)
-        return cf.combine(self.d, [cf.pack_head(cf.SINKHORN, self.k, self.d, data)])
+        return cf.head_field(cf.SINKHORN, self.k, self.d, data)
 
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j n\pi_{ij}x_j` with :math:`\pi` the Sinkhorn plan.

@@ -127,7 +127,7 @@ class Softmax(SingleHeadAttention):
         Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
         c = float(c)
         data = (c, c * V, K, Q)
-        return cf.combine(self.d, [cf.pack_head(cf.SOFTMAX, self.k, self.d, data)])
+        return cf.head_field(cf.SOFTMAX, self.k, self.d, data)
 
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{c\langle Qx_i, Kx_j\rangle}`."""
