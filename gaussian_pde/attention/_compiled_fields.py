@@ -119,7 +119,7 @@ def pack_head(code, k, d, data):
     """One head's pack ``[code, k, size, data...]``, its scratch size and closed-form flag."""
     pack = np.concatenate([(float(code), float(k), 0.0), *data], axis=None)
     pack[2] = pack.size - _HEADER
-    return pack, _head_ws(k, d), code not in (SINKHORN, LINEAR)
+    return pack, _head_ws(k, d), _closed_form(code)
 
 
 def _head_ws(k, d):
@@ -127,19 +127,28 @@ def _head_ws(k, d):
     return 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
 
 
+def _closed_form(code):
+    """Whether a head of type ``code`` has a closed-form Jacobian."""
+    return code not in (SINKHORN, LINEAR)
+
+
+def _field(d, params, head_ws, exact):
+    """The :class:`CompiledField` of packed ``params`` (None without Numba)."""
+    if kernels() is None:
+        return None
+    rhs, jac = kernels()
+    return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
+                         ws_size=int(head_ws + 2 * d * (d + 1)), exact_jacobian=exact)
+
+
 def head_field(code, k, d, data):
     """The :class:`CompiledField` of one head: ``combine(d, [pack_head(code, k, d, data)])``.
 
     The same field, packed in one pass (a batch packs one per trajectory).
     """
-    if kernels() is None:
-        return None
-    rhs, jac = kernels()
     params = np.concatenate([(1.0, float(code), float(k), 0.0), *data], axis=None)
     params[3] = params.size - 1 - _HEADER      # the head's size, after [heads, code, k]
-    return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
-                         ws_size=_head_ws(k, d) + 2 * d * (d + 1),
-                         exact_jacobian=code not in (SINKHORN, LINEAR))
+    return _field(d, params, _head_ws(k, d), _closed_form(code))
 
 
 def combine(d, parts):
@@ -147,14 +156,8 @@ def combine(d, parts):
 
     None without Numba (the callers then take their NumPy paths).
     """
-    if kernels() is None:
-        return None
-    rhs, jac = kernels()
     params = np.concatenate([(float(len(parts)),), *(p for p, _, _ in parts)])
-    ws = max(w for _, w, _ in parts) + 2 * d * (d + 1)
-    exact = all(e for _, _, e in parts)
-    return CompiledField(rhs=rhs, jac=jac, params=params, d=d, ws_size=int(ws),
-                         exact_jacobian=exact)
+    return _field(d, params, max(w for _, w, _ in parts), all(e for _, _, e in parts))
 
 
 # ----------------------------------------------------------------------------------------
