@@ -735,41 +735,75 @@ def _specialised_rhs(code, d, k):
 
     The body is the generic kernel's (``_softmax_rhs``, ``_l2_rhs``, ...)
     called with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``) and inlined
-    (:func:`_inlined_body`), so the compiler sees its loop bounds; the signature is
+    (:func:`_inlined_bodies`), so the compiler sees its loop bounds; the signature is
     :func:`signatures`' (the integrator takes it as it takes the generic one).
+
+    The closure holds integers only, and the bodies are module globals: Numba keys its
+    disk cache on the closure's values, so each type and shape is compiled once per
+    installation, not once per process. The branches on ``CODE`` are pruned at compile
+    time (a constant of the closure): each kernel holds one body.
     """
     from numba import njit
 
     kernels()                 # the bodies compiled first (they are called as globals)
-    body = _inlined_body(code)
-    D, K, M1 = int(d), int(k), int(d) + 1
+    _inlined_bodies()
+    CODE, D, K, M1 = int(code), int(d), int(k), int(d) + 1
 
     def rhs(P, d, m, y, out, ws):
         data = P[1 + _HEADER:]
         rest = ws[2 * d * m:]
-        if m == D:
-            body(data, K, D, D, y, out, rest)
+        if CODE == SOFTMAX:
+            if m == D:
+                _softmax_rhs_inlined(data, K, D, D, y, out, rest)
+            else:
+                _softmax_rhs_inlined(data, K, D, M1, y, out, rest)
+        elif CODE == L2:
+            if m == D:
+                _l2_rhs_inlined(data, K, D, D, y, out, rest)
+            else:
+                _l2_rhs_inlined(data, K, D, M1, y, out, rest)
+        elif CODE == SINKHORN:
+            if m == D:
+                _sinkhorn_rhs_inlined(data, K, D, D, y, out, rest)
+            else:
+                _sinkhorn_rhs_inlined(data, K, D, M1, y, out, rest)
+        elif CODE == LINEAR:
+            if m == D:
+                _linear_rhs_inlined(data, K, D, D, y, out, rest)
+            else:
+                _linear_rhs_inlined(data, K, D, M1, y, out, rest)
+        elif m == D:
+            _softmax_offset_rhs_inlined(data, K, D, D, y, out, rest)
         else:
-            body(data, K, D, M1, y, out, rest)
+            _softmax_offset_rhs_inlined(data, K, D, M1, y, out, rest)
 
     rhs_sig, _ = signatures()
     return njit(rhs_sig, cache=True, error_model="numpy", boundscheck=False, _nrt=False)(rhs)
 
 
-@functools.cache
-def _inlined_body(code):
-    """The body of head type ``code`` for :func:`_specialised_rhs`, inlined into it.
+#: the single-head bodies by type code (:data:`SOFTMAX` ...), as :func:`_specialised_rhs`
+#: calls them: ``<name>_inlined``, defined by :func:`_inlined_bodies`
+_BODIES = ("_softmax_rhs", "_l2_rhs", "_sinkhorn_rhs", "_linear_rhs", "_softmax_offset_rhs")
+_softmax_rhs_inlined = _l2_rhs_inlined = _sinkhorn_rhs_inlined = None
+_linear_rhs_inlined = _softmax_offset_rhs_inlined = None
 
-    Inlined in Numba's IR, the body sees the shape as constants (its loops unrolled and
+
+@functools.cache
+def _inlined_bodies():
+    """Define the globals ``<body>_inlined`` of :data:`_BODIES` that the kernels of a shape call.
+
+    Inlined in Numba's IR, a body sees the shape as constants (its loops unrolled and
     vectorised where they can be, each sum in the same order: the same bits); a body
     that needs reference counting (:data:`_COUNTED`) is called instead.
     """
     from numba import njit
 
-    body = (_softmax_rhs, _l2_rhs, _sinkhorn_rhs, _linear_rhs, _softmax_offset_rhs)[code]
-    if body.py_func.__name__ in _COUNTED:
-        return body
-    return njit(cache=True, error_model="numpy", inline="always", _nrt=False)(body.py_func)
+    g = globals()
+    for name in _BODIES:
+        body = g[name]
+        if name not in _COUNTED:
+            body = njit(cache=True, error_model="numpy", inline="always", _nrt=False)(body.py_func)
+        g[name + "_inlined"] = body
 
 
 def add(fields):

@@ -32,6 +32,7 @@ statuses and messages exactly as the NumPy loop does (through
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -1096,11 +1097,15 @@ def _resolved(kernel, which):
 # the Python side: the fields, the call, the statuses and messages
 # ----------------------------------------------------------------------------------------
 
-#: a batch of at least this many trajectories runs its type's kernel compiled for its
-#: ``d`` and ``k`` (``CompiledField.specialised``): about a second to compile at the
-#: first request of a shape, cached on disk, against a third of the time per step
-#: saved at d = 3; smaller batches take the generic kernel
+#: a single-head shape (type, ``d``, ``k``) asked for at least this many trajectories in
+#: this process (one batch, or the solves of a loop) runs its type's kernel compiled for
+#: its ``d`` and ``k`` (``CompiledField.specialised``, the same bits): a second or a few
+#: to compile at the first request of a shape on a machine, then loaded from Numba's disk
+#: cache in milliseconds; a shape asked for less takes the generic kernel
 SPECIALISE_FROM = 64
+
+#: trajectories asked of each single-head shape ``(d, heads, code, k)`` in this process
+_DEMAND = collections.Counter()
 
 
 def compiled_fields(attentions, n=1):
@@ -1108,9 +1113,10 @@ def compiled_fields(attentions, n=1):
 
     None where one of them has no compiled field (``compiled_field()`` is None) or
     where they do not share one pair of kernels. ``attentions``: one attention (for
-    every trajectory) or a list of one per trajectory; ``n``: the trajectories. From
-    :data:`SPECIALISE_FROM` trajectories on, where all heads have one type and shape,
-    its kernel compiled for that shape.
+    every trajectory) or a list of one per trajectory; ``n``: the trajectories. Where
+    all have one head of one type and shape, and that shape has been asked for
+    :data:`SPECIALISE_FROM` trajectories in this process (these ``n`` included), its
+    kernel compiled for that shape.
     """
     single = not isinstance(attentions, list)
     seen = {}
@@ -1134,8 +1140,11 @@ def compiled_fields(attentions, n=1):
     if not single and len(seen) == 1:
         params = params[:1]
     # (heads, type, k): one shape for all
-    if n >= SPECIALISE_FROM and np.all(params[:, :3] == params[0, :3]):
-        rhs = fields[0].specialised().rhs
+    if np.all(params[:, :3] == params[0, :3]):
+        shape = (fields[0].d, *params[0, :3].tolist())
+        _DEMAND[shape] += n
+        if _DEMAND[shape] >= SPECIALISE_FROM:
+            rhs = fields[0].specialised().rhs
     return rhs, jac, params, max(cf.ws_size for cf in fields)
 
 

@@ -7,6 +7,8 @@ rounding, amplified near a blow-up. The pinned 1e-9 (relative) on final states a
 times leaves several orders over the ~1e-13 seen away from blow-ups.
 """
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -336,6 +338,7 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
                 rng.standard_normal((d, d)) / d) for _ in range(6)]
     covs = np.array([random_spd(rng, d) for _ in atts])
     mus = rng.standard_normal((len(atts), d))
+    monkeypatch.setattr(cb, "_DEMAND", collections.Counter())   # the shape not asked yet
     generic = cb.compiled_fields(atts, 1)[0]
     special = cb.compiled_fields(atts, cb.SPECIALISE_FROM)[0]
     assert special is not generic
@@ -347,6 +350,7 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
         runs = []
         for start in (10**9, 1):
             monkeypatch.setattr(cb, "SPECIALISE_FROM", start)
+            monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
             runs.append(gp.solve_batch(atts, covs, (0.0, 4.0), t_eval=[1.0, 4.0], **kw))
         a, b = runs
         for name in ("cov_final", "cov", "t_final", "t_blowup", "nfev", "nsteps"):
@@ -354,6 +358,47 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
         assert list(a.status) == list(b.status) and a.message == b.message
         if kw:
             np.testing.assert_array_equal(a.mean_final, b.mean_final)
+
+
+def test_a_loop_of_solves_takes_the_kernel_of_its_shape(rng, monkeypatch):
+    """The solves of one shape count together: from the SPECIALISE_FROM-th trajectory
+    asked of a type, d and k in the process, the kernel compiled for them (a batch of
+    that many at once too); other shapes and sums of heads keep the generic kernel."""
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
+    monkeypatch.setattr(cb, "SPECIALISE_FROM", 5)
+    att = gp.Softmax.example(3, rng)
+    generic = att.compiled_field().rhs
+    kernels = [cb.compiled_fields(att)[0] for _ in range(6)]
+    assert kernels[:4] == [generic] * 4
+    assert kernels[4] is kernels[5] is att.compiled_field().specialised().rhs
+    other = gp.Softmax.example(4, rng)
+    assert cb.compiled_fields(other)[0] is generic
+    assert cb.compiled_fields([other] * 5, 5)[0] is not generic
+    two = gp.MultiHead([gp.Softmax.example(3, rng), gp.Softmax.example(3, rng)])
+    assert all(cb.compiled_fields(two)[0] is generic for _ in range(6))
+
+
+_CACHED = """
+import sys
+from gaussian_pde.attention import _compiled_fields as cf
+rhs = cf._specialised_rhs(cf.SOFTMAX, 2, 3)
+print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
+"""
+
+
+def test_kernels_of_a_shape_are_loaded_from_the_disk_cache():
+    """A shape's kernel is compiled once on a machine: a second process loads it from
+    Numba's cache (its closure holds only integers, whose pickles are the cache key)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    runs = [subprocess.run([sys.executable, "-c", _CACHED], capture_output=True, text=True,
+                           check=True, cwd=root).stdout.split() for _ in range(2)]
+    assert runs[1] == ["1", "0"], runs
 
 
 def test_kernels_passed_by_address_give_the_same_bits(rng, monkeypatch):
