@@ -1248,8 +1248,10 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     rows = record_rows(opts, n)
     t_eval = opts.t_eval
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
-    rec_t = np.zeros((1, rows))
-    rec_y = np.zeros((1, rows, n))
+    # written before they are read (the first ``kept`` rows): not zeroed, since the
+    # room for a whole budget's steps is megabytes at d = 8
+    rec_t = np.empty((1, rows))
+    rec_y = np.empty((1, rows, n))
     nrec = np.zeros(1, dtype=np.int64)
     p0 = int(np.searchsorted(te, opts.t0, side="right"))
     if t_eval is not None:       # the output times at t0 hold the initial state
