@@ -13,7 +13,8 @@ tolerances (rtol 1e-10, atol 1e-12). For every workload:
 * ``loop``: a loop over the default :func:`gaussian_pde.solve` (``mean0=None`` without a
   mean), timed on ``--single`` trajectories and extrapolated to ``B``, warm (one untimed
   solve first) and best of ``--rounds`` as the batch is (wall and CPU: on a loaded
-  machine the CPU ratio is the one that load moves least);
+  machine the CPU ratio is the one that load moves least); after the batch, so with the
+  kernel compiled for the shape, as a user's loop has from its 64th solve on;
 * ``diffrax``: JAX + diffrax, ``Dopri8`` with a PID controller, ``vmap`` + ``jit`` over the
   trajectories of the same factor-form ODE, ``throw=False`` and a step cap per lane
   (``--jax-max-steps``); cold (compile included) and warm (the second call, wall and
