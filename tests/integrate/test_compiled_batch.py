@@ -380,8 +380,18 @@ def test_a_loop_of_solves_takes_the_kernel_of_its_shape(rng, monkeypatch):
     assert all(cb.compiled_fields(two)[0] is generic for _ in range(6))
 
 
+def _python(code, *args, **env):
+    """The standard output of ``python -c code args`` in a new process, from the repository root."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          check=True, env=dict(os.environ, **env),
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout
+
+
 _CACHED = """
-import sys
 from gaussian_pde.attention import _compiled_fields as cf
 rhs = cf._specialised_rhs(cf.SOFTMAX, 2, 3)
 print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
@@ -391,13 +401,7 @@ print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
 def test_kernels_of_a_shape_are_loaded_from_the_disk_cache():
     """A shape's kernel is compiled once on a machine: a second process loads it from
     Numba's cache (its closure holds only integers, whose pickles are the cache key)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    runs = [subprocess.run([sys.executable, "-c", _CACHED], capture_output=True, text=True,
-                           check=True, cwd=root).stdout.split() for _ in range(2)]
+    runs = [_python(_CACHED).split() for _ in range(2)]
     assert runs[1] == ["1", "0"], runs
 
 
@@ -476,16 +480,8 @@ def test_compiled_code_frees_what_it_allocates():
     runs of every compiled type (batch and single, output, events, a stiff hand-over
     to RODAS4, a blow-up), every allocation is freed; the counters do see an array that
     is still held."""
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, NUMBA_NRT_STATS="1")
     names = [n for n, cls in gp.ATTENTIONS.items() if has_hook(cls, "compiled_field")]
-    out = subprocess.run([sys.executable, "-c", _BALANCE, *names], capture_output=True,
-                         text=True, env=env, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    lines = dict((ln.split()[0], [int(x) for x in ln.split()[1:]])
-                 for ln in out.stdout.splitlines())
+    out = _python(_BALANCE, *names, NUMBA_NRT_STATS="1")
+    lines = dict((ln.split()[0], [int(x) for x in ln.split()[1:]]) for ln in out.splitlines())
     assert lines["made"][0] > 1000 and lines["work"] == [0, 0]
     assert lines["held"] == [1, 1]
