@@ -90,7 +90,8 @@ mathjax2_config = {"tex2jax": {"inlineMath": [["\\(", "\\)"]],
                                "displayMath": [["\\[", "\\]"]],
                                "processEscapes": True,
                                "ignoreClass": "tex2jax_ignore|mathjax_ignore|document",
-                               "processClass": "tex2jax_process|mathjax_process|math|output_area"}}
+                               "processClass": "tex2jax_process|mathjax_process|math|output_area"},
+                    **gp_docs.mathjax_fonts()}
 
 # Theme
 html_theme = "pydata_sphinx_theme"

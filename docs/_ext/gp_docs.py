@@ -248,6 +248,20 @@ def mathjax_path() -> str:
     return f"mathjax/MathJax.js?config={found[1]}"
 
 
+def mathjax_fonts() -> dict:
+    """MathJax 2's ``HTML-CSS`` settings for the local copy: its web fonts where TeX's are absent.
+
+    The PyPI wheel's copy ships only the STIX-Web fonts; left to its default (TeX), the
+    HTML-CSS output asks for TeX font files that are not there and shows "[Math
+    Processing Error]" for every formula that needs one of their glyphs.
+    """
+    found = local_mathjax()
+    if found is None or (found[0] / "fonts" / "HTML-CSS" / "TeX").is_dir():
+        return {}
+    return {"HTML-CSS": {"availableFonts": [], "preferredFont": None, "webFont": "STIX-Web",
+                         "imageFont": None}}
+
+
 def _copy_mathjax(app, exception):
     found = local_mathjax()
     if exception is not None or found is None or app.builder.format != "html":
