@@ -64,6 +64,31 @@ _E5 = np.ascontiguousarray(_dop.E5)
 _D = np.ascontiguousarray(_dop.D)
 _B2 = _B[None, :].copy()
 _E53 = np.stack([_E5, _E3])
+
+
+def _columns(C, last, keep=()):
+    """Row ``r`` of ``C``'s nonzero columns below ``last[r]`` (``keep``: those kept besides).
+
+    ``(cols, count)``: ``cols[r, :count[r]]`` in increasing order. :func:`_combine` sums
+    over them only: a zero coefficient adds an exact zero to a sum that starts at +0 (so
+    never holds -0), which leaves every bit as it is wherever the stages are finite.
+    """
+    cols = np.zeros(C.shape, dtype=np.int64)
+    count = np.zeros(C.shape[0], dtype=np.int64)
+    for r in range(C.shape[0]):
+        js = [j for j in range(last[r]) if C[r, j] != 0 or j in keep]
+        cols[r, :len(js)], count[r] = js, len(js)
+    return cols, count
+
+
+# DOP853's stages (the first nonfinite stage always meets a nonzero coefficient in the
+# next one, so the step is rejected as before); the solution's weights and the error's
+# keep every column, zero or not: a nonfinite stage makes the new state or the error
+# nonfinite as it did (the error keeps f(y_new), the last).
+_A_COLS = _columns(_A, range(_A.shape[0]))
+_B_COLS = _columns(_B2, [_NS], keep=range(_NS))
+_E_COLS = _columns(_E53, [_NS + 1] * 2, keep=(_NS,))
+_D_COLS = _columns(_D, [16] * _D.shape[0])
 _RA_ = np.ascontiguousarray(_RA)
 _RB_ = np.ascontiguousarray(_RB)
 _RC_ = np.ascontiguousarray(_RC)
@@ -206,20 +231,24 @@ def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
 # the two steppers and their dense output
 # ----------------------------------------------------------------------------------------
 
-def _combine(C, r, K, s, out):
-    """``out[i] = sum_{j < s} C[r, j] K[j, i]``, summed over ``j`` in increasing order.
+def _combine(C, cols, r, K, out):
+    """``out[i] = sum_j C[r, j] K[j, i]`` over the columns ``cols`` (``(index, count)``).
 
-    From :data:`_ROWS_FROM` entries on, the loop over ``i`` runs innermost, along the
-    rows of ``K``, so that the compiler vectorises it; below, dot products, four entries
-    at a time (faster for short rows; four sums in flight, where one would wait on each
-    add). Both sum each entry in the same order: the same bits.
+    Summed over ``j`` in increasing order (see :func:`_columns`). From
+    :data:`_ROWS_FROM` entries on, the loop over ``i`` runs innermost, along the rows of
+    ``K``, so that the compiler vectorises it; below, dot products, four entries at a
+    time (faster for short rows; four sums in flight, where one would wait on each add).
+    Both sum each entry in the same order: the same bits.
     """
     n = out.size
+    idx, count = cols
+    s = count[r]
     if n < _ROWS_FROM:
         i = 0
         while i + 4 <= n:       # four sums in flight: each add waits on its own sum only
             a0 = a1 = a2 = a3 = 0.0
-            for j in range(s):
+            for q in range(s):
+                j = idx[r, q]
                 c = C[r, j]
                 a0 += c * K[j, i]
                 a1 += c * K[j, i + 1]
@@ -227,15 +256,17 @@ def _combine(C, r, K, s, out):
                 a3 += c * K[j, i + 3]
             out[i], out[i + 1], out[i + 2], out[i + 3] = a0, a1, a2, a3
             i += 4
-        for q in range(i, n):
+        for p in range(i, n):
             acc = 0.0
-            for j in range(s):
-                acc += C[r, j] * K[j, q]
-            out[q] = acc
+            for q in range(s):
+                j = idx[r, q]
+                acc += C[r, j] * K[j, p]
+            out[p] = acc
         return
     for i in range(n):
         out[i] = 0.0
-    for j in range(s):
+    for q in range(s):
+        j = idx[r, q]
         a = C[r, j]
         for i in range(n):
             out[i] += a * K[j, i]
@@ -244,18 +275,18 @@ def _combine(C, r, K, s, out):
 def _dop_errors(y, ynew, K, h, atol, rtol, S):
     """The sums of DOP853's error norms and of its stiffness ratio (``S``: scratch).
 
-    The three combinations of the stages (:func:`_combine`) into ``S``, then one pass.
+    ``S[0]`` holds the last stage's state (from :func:`_dop_attempt`); the two error
+    combinations of the stages (:func:`_combine`) go into ``S[1:3]``, then one pass.
     """
     n = y.size
-    _combine(_A, _NS - 1, K, _NS - 1, S[0])
-    _combine(_E53, 0, K, _NS + 1, S[1])
-    _combine(_E53, 1, K, _NS + 1, S[2])
+    _combine(_E53, _E_COLS, 0, K, S[1])
+    _combine(_E53, _E_COLS, 1, K, S[2])
     num = 0.0
     den = 0.0
     e5 = 0.0
     e3 = 0.0
     for i in range(n):
-        ylast = y[i] + h * S[0, i]
+        ylast = S[0, i]
         num += (K[_NS, i] - K[_NS - 1, i]) ** 2
         den += (ynew[i] - ylast) ** 2
         sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
@@ -276,12 +307,14 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
     ymax = _WILD * top
     bad = False
     for s in range(1, _NS):
-        _combine(_A, s, K, s, tmp)
+        _combine(_A, _A_COLS, s, K, tmp)
         for i in range(n):
             tmp[i] = y[i] + tmp[i] * h
+        if s == _NS - 1:        # the last stage's state: the stiffness test's
+            _copy(S[0], tmp)
         bad |= _guard(tmp, ymax)
         rhs(P, d, m, tmp, K[s], ws)
-    _combine(_B2, 0, K, _NS, ynew)
+    _combine(_B2, _B_COLS, 0, K, ynew)
     for i in range(n):
         ynew[i] = y[i] + h * ynew[i]
         tmp[i] = ynew[i]
@@ -302,12 +335,12 @@ def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
     for s in range(_NS + 1):
         _copy(Kx[s], K[s])
     for s in range(_NS + 1, 16):
-        _combine(_A, s, Kx, s, tmp)
+        _combine(_A, _A_COLS, s, Kx, tmp)
         for i in range(n):
             tmp[i] = y[i] + tmp[i] * h
         rhs(P, d, m, tmp, Kx[s], ws)
     for r in range(4):
-        _combine(_D, r, Kx, 16, F[3 + r])
+        _combine(_D, _D_COLS, r, Kx, F[3 + r])
         for i in range(n):
             F[3 + r, i] = h * F[3 + r, i]
     for i in range(n):
@@ -1287,13 +1320,13 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
 def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
 
-    ``mean_units``: hold the mean in the units of :func:`_mean_units` (only where the
-    mean's equation is linear and homogeneous, ``Attention.mean_is_linear``); otherwise
-    in its own units.
+    ``mean_units``: hold the mean in the units of :func:`gaussian_pde.solve`
+    (:func:`~gaussian_pde.integrate._record.mean_scale`; only where the mean's equation
+    is linear and homogeneous, ``Attention.mean_is_linear``); otherwise in its own units.
     """
     from .._common.linalg import psd_factor
     from ._events import rank_first
-    from ._record import BatchRecord
+    from ._record import BatchRecord, mean_scales
 
     rhs, jac, params, ws_size = fields
     nb, d = cov0s.shape[0], cov0s.shape[-1]
@@ -1304,8 +1337,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     Y[:, :, :d] = psd_factor(cov0s)
     scale = None
     if mean0s is not None:
-        scale = np.array([_mean_units(mu, opts.rtol, opts.atol) if mean_units else 1.0
-                          for mu in mean0s])
+        scale = (mean_scales(mean0s, opts.rtol, opts.atol) if mean_units
+                 else np.ones(nb))
         Y[:, :, d] = mean0s / scale[:, None]
     Y = Y.reshape(nb, d * m)
     tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
@@ -1370,10 +1403,3 @@ def _run(nb, rhs, jac, *args):
         return
     with _LAUNCH:
         parallel(rhs, jac, *args)
-
-
-def _mean_units(mean0, rtol, atol):
-    """The units of a trajectory's mean in the state (those of :func:`gaussian_pde.solve`)."""
-    from ._record import mean_scale
-
-    return mean_scale(np.asarray(mean0, dtype=float), rtol, atol)

@@ -34,6 +34,38 @@ def _settings(rng, d, kinds=tuple(COMPILED)):
     return atts, np.array(covs)
 
 
+def test_stage_sums_skip_only_zero_coefficients(rng):
+    """The compiled sums of the stages over the nonzero coefficients only: the same bits
+    as the sum over every column in order, and every column a nonfinite stage could hide
+    in is kept."""
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    cb._core()
+    ns = cb._NS
+    tables = [(cb._A, cb._A_COLS, range(1, 16), lambda r: r),
+              (cb._B2, cb._B_COLS, [0], lambda r: ns),
+              (cb._E53, cb._E_COLS, [0, 1], lambda r: ns + 1),
+              (cb._D, cb._D_COLS, range(4), lambda r: 16)]
+    skipped = 0
+    for n in (9, 12, cb._ROWS_FROM + 4):       # dot products, and along the rows
+        K = rng.standard_normal((16, n)) * 10.0 ** rng.integers(-3, 4, size=(16, 1))
+        for C, cols, rows, last in tables:
+            for r in rows:
+                out = np.empty(n)
+                cb._combine(C, cols, r, K, out)
+                want = np.zeros(n)
+                for j in range(last(r)):        # every column, in order
+                    want = want + C[r, j] * K[j]
+                assert out.tobytes() == want.tobytes()
+                skipped += last(r) - cols[1][r]
+    assert skipped > 0
+    # the first nonfinite stage meets a nonzero coefficient in the next stage ...
+    assert all(cb._A[s, s - 1] != 0 for s in range(1, 16))
+    # ... and the new state and the error see every stage, f(y_new) included
+    assert cb._B_COLS[1][0] == ns and cb._E_COLS[1].tolist() == [9, 9]
+    assert cb._E_COLS[0][0, 8] == ns
+
+
 @pytest.mark.parametrize("d", [2, 4])
 def test_compiled_equals_numpy_step_for_step(rng, d):
     atts, covs = _settings(rng, d)
