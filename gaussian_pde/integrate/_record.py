@@ -15,7 +15,7 @@ from .._common.linalg import numerical_rank
 from ._events import rank_note
 from ._results import BatchSolution, Status
 
-__all__ = ["BatchRecord", "max_abs", "mean_scale"]
+__all__ = ["BatchRecord", "max_abs", "mean_scale", "mean_scales"]
 
 
 class BatchRecord:
@@ -76,7 +76,23 @@ def mean_scale(mean0, rtol, atol):
     """
     if mean0 is None:
         return 1.0
-    size = max_abs(mean0)
+    return _units(max_abs(mean0), rtol, atol)
+
+
+def mean_scales(mean0s, rtol, atol):
+    """:func:`mean_scale` of every row of ``mean0s`` (``(B, d)``), as an array.
+
+    The sizes of a finite stack in one NumPy reduction (the same numbers: a maximum of
+    absolute values is exact), then the units as :func:`mean_scale` takes them.
+    """
+    if np.isfinite(mean0s).all():
+        sizes = np.max(np.abs(mean0s), axis=1, initial=0.0).tolist()
+    else:
+        sizes = [max_abs(mu) for mu in mean0s]
+    return np.array([_units(size, rtol, atol) for size in sizes])
+
+
+def _units(size, rtol, atol):
     if not (size > 0 and math.isfinite(size)):
         return 1.0
     exponent = round(math.log2(rtol / atol) + math.log2(size))

@@ -621,6 +621,19 @@ def test_mean_against_radau_through_the_stiff_switch():
     assert rel(sol.cov_final, ref.cov_final) < 1e-8
 
 
+def test_the_units_of_a_stack_of_means_are_those_of_each_mean():
+    from gaussian_pde.integrate._record import mean_scale, mean_scales
+
+    rng = np.random.default_rng(3)
+    stack = rng.standard_normal((40, 3)) * 10.0 ** rng.integers(-8, 9, size=(40, 1))
+    stack[5] = 0.0
+    stack[7] = [1e300, -1e300, 0.0]
+    for rows in (stack, np.vstack([stack, [[np.nan, 1.0, 2.0], [np.inf, 0.0, 0.0]]])):
+        want = [mean_scale(mu, 1e-10, 1e-12) for mu in rows]
+        got = mean_scales(rows, 1e-10, 1e-12)
+        assert got.tolist() == want
+
+
 def test_mean_scale_is_a_power_of_two_and_changes_only_the_units():
     from gaussian_pde.integrate._record import mean_scale as _mean_scale
     from gaussian_pde.integrate._solve import _System
