@@ -17,7 +17,7 @@ tolerances (rtol 1e-10, atol 1e-12). For every workload:
   kernel compiled for the shape, as a user's loop has from its 64th solve on;
 * ``diffrax``: JAX + diffrax, ``Dopri8`` with a PID controller, ``vmap`` + ``jit`` over the
   trajectories of the same factor-form ODE, ``throw=False`` and a step cap per lane
-  (``--jax-max-steps``); cold (compile included) and warm (the second call, wall and
+  (``--jax-max-steps``); cold (compile included) and warm (from the second call, wall and
   CPU); at the loosest of rtol 1e-8, 1e-10, 1e-12 (atol = rtol / 100) whose error is at
   most the batch's (equal accuracy), every tolerance tried recorded; the lanes that
   succeed (diffrax's result and a finite state at ``T``) and those that spent the cap;
@@ -46,7 +46,8 @@ written after every workload, so a long run that is stopped keeps what it measur
 workloads run by increasing ``B``, so it cuts the largest).
 ``--quick`` runs d = 3 and 5, B = 100 and 1000, both horizons, without a mean and with one
 (a few minutes on an idle 2-core machine); ``--d``, ``--B``, ``--T``, ``--mean`` pick
-other parts of the grid. Times are best of ``--rounds``.
+other parts of the grid. Times are best of ``--rounds`` (diffrax warm: of one call), and
+of as many calls as fill ``--min-time`` seconds where the calls are shorter (at most 50).
 """
 
 from __future__ import annotations
@@ -84,16 +85,29 @@ def rel_err(a, b):
                         / np.linalg.norm(b / s, axis=axes)))
 
 
-def best(fn, rounds):
-    out, t_best = None, math.inf
-    for _ in range(rounds):
+def best(fn, rounds, min_time=0.0):
+    """``(result, wall, cpu)``: the best wall time of ``rounds`` calls, and its CPU time.
+
+    Short calls repeat until ``min_time`` seconds have passed as well (at most
+    :data:`MAX_REPEATS` calls): one or two calls of a few milliseconds measure the
+    machine's noise more than the code.
+    """
+    out, t_best, cpu_best = None, math.inf, math.inf
+    spent, n = 0.0, 0
+    while n < rounds or (spent < min_time and n < MAX_REPEATS):
         t0 = time.perf_counter()
         c0 = time.process_time()
         out = fn()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if wall < t_best:
             t_best, cpu_best = wall, cpu
+        spent += wall
+        n += 1
     return out, t_best, cpu_best
+
+
+#: the most calls :func:`best` makes to fill ``min_time``
+MAX_REPEATS = 50
 
 
 def floors():
@@ -140,13 +154,14 @@ def field_flops(d, k, m):
     return 2 * (d + 2 * k) * d * m + 2 * d * d * k + 2 * d * k * m
 
 
-def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps):
+def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps, rounds=1, min_time=0.0):
     """diffrax's Dopri8 (PID controller, vmap + jit) on the factor-form ODE of every lane.
 
-    Cold (compile included) and warm (the second call) wall times, the warm call's CPU
-    time, the final covariances and means, and per lane: success (diffrax's result
-    ``successful`` and a finite state at ``T``; ``throw=False``, so one lane that fails or
-    spends its ``max_steps`` does not stop the others) and the steps taken.
+    Cold (compile included) and warm (the second call, repeated for at least ``min_time``
+    seconds, best of those, as :func:`best`) wall times, the warm call's CPU time, the
+    final covariances and means, and per lane: success (diffrax's result ``successful``
+    and a finite state at ``T``; ``throw=False``, so one lane that fails or spends its
+    ``max_steps`` does not stop the others) and the steps taken.
     """
     import diffrax
     import jax
@@ -186,10 +201,13 @@ def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps):
     Z, steps, ok = f(*args)
     Z.block_until_ready()
     cold = time.perf_counter() - t0
-    t0, c0 = time.perf_counter(), time.process_time()
-    Z, steps, ok = f(*args)
-    Z.block_until_ready()
-    warm, warm_cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    def call():
+        out = f(*args)
+        out[0].block_until_ready()
+        return out
+
+    (Z, steps, ok), warm, warm_cpu = best(call, rounds, min_time)
     Z, steps, ok = np.asarray(Z), np.asarray(steps), np.asarray(ok)
     L = Z[:, :, :d]
     return dict(cold_s=cold, warm_s=warm, warm_cpu_s=warm_cpu, cov=L @ np.swapaxes(L, 1, 2),
@@ -225,7 +243,7 @@ def _worst(e):
     return max(vals) if vals else None
 
 
-def _timed_loop(atts, means, covs, T, ns, B, rounds):
+def _timed_loop(atts, means, covs, T, ns, B, rounds, min_time):
     """A loop over the default ``solve`` on ``ns`` trajectories, extrapolated to ``B``.
 
     Warm and best of ``rounds``, as the batch is: one untimed solve first loads the
@@ -235,7 +253,7 @@ def _timed_loop(atts, means, covs, T, ns, B, rounds):
         return gp.solve(atts[i], None if means is None else means[i], covs[i], (0.0, T))
 
     one(0)
-    out, wall, cpu = best(lambda: [one(i) for i in range(ns)], rounds)
+    out, wall, cpu = best(lambda: [one(i) for i in range(ns)], rounds, min_time)
     return out, wall / ns * B, cpu / ns * B
 
 
@@ -245,7 +263,8 @@ def _diffrax_columns(row, Q, V, covs, means, T, ref, nref, a):
     tried = []
     for rtol in (1e-8, 1e-10, 1e-12):
         try:
-            r = diffrax_run(Q, V, covs, means, T, rtol, rtol * 1e-2, a.jax_max_steps)
+            r = diffrax_run(Q, V, covs, means, T, rtol, rtol * 1e-2, a.jax_max_steps,
+                           1, a.min_time)
         except Exception as exc:   # noqa: BLE001 - recorded: a failure is a result too
             tried.append(dict(rtol=rtol, failed=f"{type(exc).__name__}: "
                               + str(exc).splitlines()[0][:200]))
@@ -277,7 +296,8 @@ def measure(B, d, T, with_mean, a, have_jax):
     rng = np.random.default_rng(1000 * d + B + (7 if with_mean else 0))
     atts, covs, means, (Q, V) = workload(rng, B, d, with_mean)
     kw = {} if means is None else {"mean0s": means}
-    sol, wall, cpu = best(lambda: gp.solve_batch(atts, covs, (0.0, T), **kw), a.rounds)
+    sol, wall, cpu = best(lambda: gp.solve_batch(atts, covs, (0.0, T), **kw), a.rounds,
+                          a.min_time)
     nref = min(a.ref, B)
     ref = gp.solve_batch(atts[:nref], covs[:nref], (0.0, T), rtol=1e-13, atol=1e-15,
                          method="DOP853", max_nfev=None,
@@ -286,7 +306,8 @@ def measure(B, d, T, with_mean, a, have_jax):
     e_batch = errors(sol.cov_final[:nref], None if means is None else sol.mean_final[:nref],
                      reached[:nref], ref)
     ns = min(a.single, B)
-    loop, t_loop, cpu_loop = _timed_loop(atts, means, covs, T, ns, B, a.rounds)
+    loop, t_loop, cpu_loop = _timed_loop(atts, means, covs, T, ns, B, a.rounds,
+                                          a.min_time)
     nl = min(ns, nref)
     e_loop = errors(np.array([s.cov_final for s in loop[:nl]]),
                     None if means is None else np.array([s.mean_final for s in loop[:nl]]),
@@ -409,6 +430,8 @@ def _arguments():
     p.add_argument("--single", type=int, default=30, help="trajectories of the loop timed")
     p.add_argument("--ref", type=int, default=30, help="trajectories of the tight reference")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--min-time", type=float, default=0.5,
+                   help="seconds a timing repeats for at least (calls shorter than that)")
     p.add_argument("--jax-max-b", type=int, default=10_000,
                    help="largest B that runs the diffrax column")
     p.add_argument("--jax-max-steps", type=int, default=20_000,
