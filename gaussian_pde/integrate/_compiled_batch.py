@@ -272,7 +272,7 @@ def _combine(C, cols, r, K, out):
             out[i] += a * K[j, i]
 
 
-def _dop_errors(y, ynew, K, h, atol, rtol, S):
+def _dop_errors(y, ynew, K, atol, rtol, S):
     """The sums of DOP853's error norms and of its stiffness ratio (``S``: scratch).
 
     ``S[0]`` holds the last stage's state (from :func:`_dop_attempt`); the two error
@@ -320,7 +320,7 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
         tmp[i] = ynew[i]
     bad |= _guard(tmp, ymax)
     rhs(P, d, m, tmp, K[_NS], ws)
-    num, den, e5, e3 = _dop_errors(y, ynew, K, h, atol, rtol, S)
+    num, den, e5, e3 = _dop_errors(y, ynew, K, atol, rtol, S)
     hlamb = h * math.sqrt(num / den) if den > 0 else 0.0
     denom = e5 + 0.01 * e3
     err = h * e5 / math.sqrt(denom * n) if denom > 0 else 0.0
