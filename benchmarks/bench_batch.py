@@ -154,7 +154,7 @@ def field_flops(d, k, m):
     return 2 * (d + 2 * k) * d * m + 2 * d * d * k + 2 * d * k * m
 
 
-def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps, rounds=1, min_time=0.0):
+def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps, min_time=0.0):
     """diffrax's Dopri8 (PID controller, vmap + jit) on the factor-form ODE of every lane.
 
     Cold (compile included) and warm (the second call, repeated for at least ``min_time``
@@ -207,7 +207,7 @@ def diffrax_run(Q, V, covs, means, T, rtol, atol, max_steps, rounds=1, min_time=
         out[0].block_until_ready()
         return out
 
-    (Z, steps, ok), warm, warm_cpu = best(call, rounds, min_time)
+    (Z, steps, ok), warm, warm_cpu = best(call, 1, min_time)
     Z, steps, ok = np.asarray(Z), np.asarray(steps), np.asarray(ok)
     L = Z[:, :, :d]
     return dict(cold_s=cold, warm_s=warm, warm_cpu_s=warm_cpu, cov=L @ np.swapaxes(L, 1, 2),
@@ -246,7 +246,7 @@ def _worst(e):
 def _timed_loop(atts, means, covs, T, ns, B, rounds, min_time):
     """A loop over the default ``solve`` on ``ns`` trajectories, extrapolated to ``B``.
 
-    Warm and best of ``rounds``, as the batch is: one untimed solve first loads the
+    Warm and timed as the batch is (:func:`best`): one untimed solve first loads the
     compiled kernels that the process has not used yet.
     """
     def one(i):
@@ -264,7 +264,7 @@ def _diffrax_columns(row, Q, V, covs, means, T, ref, nref, a):
     for rtol in (1e-8, 1e-10, 1e-12):
         try:
             r = diffrax_run(Q, V, covs, means, T, rtol, rtol * 1e-2, a.jax_max_steps,
-                           1, a.min_time)
+                           a.min_time)
         except Exception as exc:   # noqa: BLE001 - recorded: a failure is a result too
             tried.append(dict(rtol=rtol, failed=f"{type(exc).__name__}: "
                               + str(exc).splitlines()[0][:200]))

@@ -741,7 +741,9 @@ def _specialised_rhs(code, d, k):
     The closure holds integers only, and the bodies are module globals: Numba keys its
     disk cache on the closure's values, so each type and shape is compiled once per
     installation, not once per process. The branches on ``CODE`` are pruned at compile
-    time (a constant of the closure): each kernel holds one body.
+    time (a constant of the closure): each kernel holds one body. Hence the calls written
+    out per type and ``m``: behind one shared dispatch helper the branches are not pruned,
+    and every kernel compiles all five bodies (several times the first compile).
     """
     from numba import njit
 
