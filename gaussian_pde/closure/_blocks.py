@@ -103,6 +103,10 @@ class Affine(Field):
 
 #: the activations of :class:`MLP`
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+#: default order of Mehler's expansion in :meth:`MLP.gaussian_moments` (narrow layers)
+MEHLER_ORDER = 12
+#: widest hidden layer given :data:`MEHLER_ORDER` by default (its ``p x p`` correlations)
+MEHLER_FULL_MAX = 1024
 _GELU_C = float(np.sqrt(2.0 / np.pi))
 
 
@@ -167,12 +171,14 @@ class MLP(Field):
     b2 : array_like, shape (d,)
     activation : {"relu", "gelu", "gelu_tanh"}
         ReLU, the exact GELU :math:`u\,\Phi(u)`, or its tanh approximation (GPT-2's).
-    mehler_order : int
+    mehler_order : int, optional
         Order :math:`N \ge 1` of Mehler's expansion of the hidden units' covariance in a
         discrete layer map (:meth:`gaussian_moments`, docs/math.md 6.5): the off-diagonal
         error is at most :math:`|\rho_{kl}|^{N+1}` times the units' non-linear standard
         deviations. Order 1 costs :math:`O(pd^2)`; higher orders form the ``p x p``
-        correlations (:math:`O(p^2d)`).
+        correlations (:math:`O(p^2d)`). Default: :data:`MEHLER_ORDER` while
+        ``p <= MEHLER_FULL_MAX`` hidden units, else 1 (wide layers, where the units'
+        correlations are small, :math:`O(d^{-1/2})` for generic weights).
 
     Notes
     -----
@@ -183,7 +189,7 @@ class MLP(Field):
     always_affine = False
     closed_moments = True
 
-    def __init__(self, W1, b1, W2, b2, activation="relu", mehler_order=2):
+    def __init__(self, W1, b1, W2, b2, activation="relu", mehler_order=None):
         W1 = validate_matrix(W1, "W1")
         p, d = W1.shape
         self.W1 = W1
@@ -193,6 +199,8 @@ class MLP(Field):
         if activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
         self.activation = activation
+        if mehler_order is None:
+            mehler_order = MEHLER_ORDER if p <= MEHLER_FULL_MAX else 1
         self.mehler_order = validate_int(mehler_order, "mehler_order", minimum=1)
         if self.mehler_order > 40:
             raise ValueError(f"`mehler_order` must be at most 40, got {mehler_order}.")

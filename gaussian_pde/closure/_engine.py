@@ -236,6 +236,8 @@ class FieldSum(Field):
         and any :math:`\Gamma_k` is :math:`M_a\Sigma\,\mathbb E[J_k]^T` (Stein's lemma), exact for
         Gaussian :math:`X`; two non-affine terms have no closed cross-covariance (``None``).
         """
+        if self.always_affine:
+            return super().gaussian_moments(mean, cov)
         parts = [t.gaussian_moments(mean, cov) for t in self.terms]
         if any(p is None for p in parts):
             return None

@@ -190,12 +190,8 @@ def _relu_hermite(m, s, order):
     return e, (m * m + s * s) * Phi + m * s * ph
 
 
-def _rule():
-    x, w = np.polynomial.legendre.leggauss(10)
-    return x, w
-
-
-_GL = _rule()
+_GL = np.polynomial.legendre.leggauss(10)
+_PANELS = 12       # per side of the kink: 240 nodes per unit
 
 
 def _split_nodes(lo, hi, n_panels):
@@ -213,26 +209,35 @@ def _psi_rule(m, s):
     """Nodes ``u`` (p, q) and weights (p, q) of E[f(a)] for the part localised in |u| <= 10.
 
     Wide units (s >= 1/2): composite Gauss-Legendre in ``u`` on [-10, 0] and [0, 10]
-    against the normal density (the kink of the activation at 0 is a panel edge). Narrow
-    units: the same in ``z = (u - m)/s`` on [-9, 9], split at the kink ``z = -m/s``.
+    (panels of width 5/6) against the normal density (the kink of the activation at 0 is a
+    panel edge). Narrow units: the same in ``z = (u - m)/s`` on [-9, 9], split at the kink
+    ``z = -m/s`` (the activation varies on the scale ``1/s > 2`` in ``z``).
     """
     p = m.shape[0]
+    q = 2 * _PANELS * _GL[0].size
+    u = np.empty((p, q))
+    w = np.empty((p, q))
     wide = s >= 0.5
-    ss = np.where(wide, s, 1.0)
-    zero = np.zeros(p)
-    ten = np.full(p, 10.0)
-    u1, w1 = _split_nodes(-ten, zero, 40)
-    u2, w2 = _split_nodes(zero, ten, 40)
-    u_w = np.concatenate([u1, u2], axis=1)
-    w_w = np.concatenate([w1, w2], axis=1) * _phi((u_w - m[:, None]) / ss[:, None]) / ss[:, None]
-    sn = np.where(wide, 1.0, s)
-    z0 = np.clip(-m / np.maximum(sn, 1e-300), -9.0, 9.0)
-    z1, v1 = _split_nodes(np.full(p, -9.0), z0, 40)
-    z2, v2 = _split_nodes(z0, np.full(p, 9.0), 40)
-    z_n = np.concatenate([z1, z2], axis=1)
-    u_n = m[:, None] + sn[:, None] * z_n
-    w_n = np.concatenate([v1, v2], axis=1) * _phi(z_n)
-    return (np.where(wide[:, None], u_w, u_n), np.where(wide[:, None], w_w, w_n))
+    if np.any(wide):
+        mw, sw = m[wide], s[wide]
+        k = mw.shape[0]
+        u1, w1 = _split_nodes(np.full(k, -10.0), np.zeros(k), _PANELS)
+        u2, w2 = _split_nodes(np.zeros(k), np.full(k, 10.0), _PANELS)
+        uw = np.concatenate([u1, u2], axis=1)
+        u[wide] = uw
+        w[wide] = (np.concatenate([w1, w2], axis=1)
+                   * _phi((uw - mw[:, None]) / sw[:, None]) / sw[:, None])
+    narrow = ~wide
+    if np.any(narrow):
+        mn, sn = m[narrow], s[narrow]
+        k = mn.shape[0]
+        z0 = np.clip(-mn / sn, -9.0, 9.0)
+        z1, v1 = _split_nodes(np.full(k, -9.0), z0, _PANELS)
+        z2, v2 = _split_nodes(z0, np.full(k, 9.0), _PANELS)
+        zn = np.concatenate([z1, z2], axis=1)
+        u[narrow] = mn[:, None] + sn[:, None] * zn
+        w[narrow] = np.concatenate([v1, v2], axis=1) * _phi(zn)
+    return u, w
 
 
 def activation_hermite(activation, m, s, order):
