@@ -49,6 +49,7 @@ from scipy.special import ndtr
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
+    validate_allocation,
     validate_int,
     validate_matrix,
     validate_positive,
@@ -204,6 +205,8 @@ class MLP(Field):
         self.mehler_order = validate_int(mehler_order, "mehler_order", minimum=1)
         if self.mehler_order > 40:
             raise ValueError(f"`mehler_order` must be at most 40, got {mehler_order}.")
+        if self.mehler_order >= 2:      # the p x p correlations and their powers
+            validate_allocation(4 * p * p, "mehler_order")
         self.d = d
         #: bound on Mehler's remainder at the last :meth:`gaussian_moments` (orders >= 2)
         self.last_mehler_bound = None

@@ -19,10 +19,20 @@ Gaussian propagation is exact where the field is affine, :math:`F = b + Mx`:
     \qquad \text{none: } (b + M\alpha,\ M\Sigma M^T),
 
 and the continuous mode integrates :math:`L' = ML`. Otherwise it is the Gaussian closure:
-the continuous mode integrates the closure ODE (:func:`gaussian_pde.closure._engine.solve_closure`)
-and the discrete modes push the Gauss-Hermite nodes of :math:`\mathcal N(\alpha,\Sigma)`
-through the layer map and match the mean and covariance of the images (the weights are
-positive, so the covariance stays PSD). Particles run every mode with the same weights:
+the continuous mode integrates the closure ODE (:func:`gaussian_pde.closure._engine.solve_closure`);
+the discrete modes use the field's closed moments where it has them
+(:meth:`~gaussian_pde.closure._engine.Field.gaussian_moments`: MLPs, LayerNorm/RMSNorm/trace
+normalisation in pre-norm position, sums with one non-affine term; docs/math.md 6.5),
+
+.. math::
+
+    (\alpha, \Sigma) \mapsto (\alpha + h\mathbb E\Gamma,\
+    \Sigma + h(\Sigma\,\mathbb EJ^T + \mathbb EJ\,\Sigma) + h^2\operatorname{Cov}\Gamma),
+
+with no quadrature in :math:`d`; other fields push the Gauss-Hermite nodes of
+:math:`\mathcal N(\alpha,\Sigma)` through the layer map and match the mean and covariance
+of the images (the weights are positive, so the covariance stays PSD), a tensor rule that
+:func:`propagate_gaussian` refuses up front where it is too large. Particles run every mode with the same weights:
 RK4 (``steps_per_layer`` steps) for the continuous mode, the layer map itself otherwise.
 
 Masked (causal) attention layers carry token positions (a stack is either all masked or
@@ -343,7 +353,9 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
         Masked stacks only: the number ``B >= 1`` of position blocks (checked against
         ``mean0``; required when ``mean0`` is a ``(d,)`` vector or a function).
     n_per_dim : int
-        Gauss-Hermite nodes per dimension of the closure (2..40).
+        Gauss-Hermite nodes per dimension of the closure (2..40), for the layers without
+        closed moments (their tensor rule of ``n_per_dim ** d`` nodes is refused up front
+        above 250,000 nodes, with the memory it would take).
     blowup_threshold : float
         Stop with ``"blowup"`` when tr Sigma exceeds this multiple of tr Sigma_0 (masked:
         the covariance of the whole sequence, the mixture of the blocks).
@@ -368,6 +380,8 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
                  validate_covariance(cov0, "cov0", d=stack.d))
     n_per_dim = validate_quadrature(n_per_dim, "n_per_dim")
     _check_tensor_rule(stack, n_per_dim)
+    # the states after every layer and the closed moments' working d x d arrays
+    validate_allocation((stack.n_layers + 12) * stack.d ** 2, "stack")
     blowup_threshold = event_options(blowup_threshold).blowup_threshold
     rtol = validate_tolerance(rtol, "rtol")
     atol = validate_positive(atol, "atol")
