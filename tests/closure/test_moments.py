@@ -165,3 +165,21 @@ def test_wide_stacks_refuse_only_the_tensor_rule(rng):
     sig = gp.get_attention("sigmoid").example(d=d, rng=1)
     with pytest.raises(ValueError, match=r"layer 2 .*GiB"):
         gp.propagate_gaussian(gp.Stack([att, sig], h=0.5), np.zeros(d), np.eye(d))
+
+
+def test_closure_ode_terms_use_the_closed_moments(rng):
+    """Continuous mode: G = E[J_inner] J_N L for attention behind LayerNorm equals the
+    tensor rule's E[Gamma(alpha + Lz) z^T] (Stein's lemma; the inner field is affine)."""
+    d = 3
+    mean, cov, g, b = _setting(rng, d)
+    att = gp.Softmax(rng.standard_normal((d, d)) / 2, rng.standard_normal((d, d)) / 2,
+                     rng.standard_normal((d, d)))
+    F = PreNorm(LayerNorm(d, g, b, eps=1.0), att)
+    assert F.closed_moments and not F.always_affine
+    L = psd_sqrt(cov)
+    dm, G = gp.closure.closure_terms(F, mean, L)
+    Z, W = standard_nodes(d, 30)
+    X = mean + Z @ L.T
+    V = F(mean, cov, X)
+    np.testing.assert_allclose(dm, W @ V, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(G, (V * W[:, None]).T @ Z, rtol=1e-5, atol=1e-6)
