@@ -73,7 +73,8 @@ def _laplace_nodes(lam, mu2, d, eps, rbar):
     """
     c = 2.0 / d
     s_c = -math.log(rbar + eps)
-    hi = s_c + 60.0 if eps == 0 else max(s_c + 60.0, math.log(80.0 / eps))
+    # eps = 0: the tail decays only as a power of t (that of the rank), so go further
+    hi = s_c + 300.0 if eps == 0 else max(s_c + 60.0, math.log(80.0 / eps))
     s = np.arange(s_c - 90.0, hi + _STEP, _STEP)
     t = np.exp(s)
     ct = c * t[:, None] * lam
@@ -85,7 +86,7 @@ def _laplace_nodes(lam, mu2, d, eps, rbar):
     top = logw.max(axis=1, keepdims=True)
     if np.any(logw[:, -1] > top[:, 0] - _LOG_CUT):
         raise ValueError("the normalisation's moments are infinite or too heavy-tailed for "
-                         "its closure: `eps` = 0 with a covariance of rank below 3 (the "
+                         "its closure: `eps` = 0 with a covariance of rank below 4 (the "
                          "token's centred part is nearly degenerate); use `eps` > 0.")
     keep = np.any(logw > top - _LOG_CUT, axis=0)
     return F[keep], np.exp(logw[:, keep])
@@ -106,7 +107,7 @@ def normalization_moments(mean, cov, gamma, beta, eps, center):
     gamma, beta : ndarray, shape (d,)
         Gain and shift.
     eps : float
-        ``>= 0``; with 0 the moments exist only for a centred covariance of rank 3 or more.
+        ``>= 0``; with 0 the closure asks for a centred covariance of rank 4 or more.
     center : bool
         Subtract the coordinates' mean (LayerNorm) or not (RMSNorm).
 
