@@ -49,6 +49,7 @@ from scipy.special import ndtr
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
+    validate_allocation,
     validate_int,
     validate_matrix,
     validate_positive,
@@ -56,6 +57,7 @@ from .._common.validation import (
     validate_vector,
 )
 from ._engine import DEFAULT_N_PER_DIM, Field, as_field, standard_nodes
+from ._moments import gaussian_activation_moments, normalization_moments
 
 __all__ = ["ACTIVATIONS", "Affine", "MLP", "gelu_tanh", "LayerNorm", "RMSNorm", "TraceNorm",
            "PreNorm", "Normalization"]
@@ -85,6 +87,8 @@ class Affine(Field):
         self.W = W
         self.c = np.zeros(self.d) if c is None else validate_vector(c, "c", size=self.d)
 
+    always_affine = True
+
     def __repr__(self):
         return f"Affine(d={self.d})"
 
@@ -100,6 +104,10 @@ class Affine(Field):
 
 #: the activations of :class:`MLP`
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+#: default order of Mehler's expansion in :meth:`MLP.gaussian_moments` (narrow layers)
+MEHLER_ORDER = 12
+#: widest hidden layer given :data:`MEHLER_ORDER` by default (its ``p x p`` correlations)
+MEHLER_FULL_MAX = 1024
 _GELU_C = float(np.sqrt(2.0 / np.pi))
 
 
@@ -164,6 +172,14 @@ class MLP(Field):
     b2 : array_like, shape (d,)
     activation : {"relu", "gelu", "gelu_tanh"}
         ReLU, the exact GELU :math:`u\,\Phi(u)`, or its tanh approximation (GPT-2's).
+    mehler_order : int, optional
+        Order :math:`N \ge 1` of Mehler's expansion of the hidden units' covariance in a
+        discrete layer map (:meth:`gaussian_moments`, docs/math.md 6.5): the off-diagonal
+        error is at most :math:`|\rho_{kl}|^{N+1}` times the units' non-linear standard
+        deviations. Order 1 costs :math:`O(pd^2)`; higher orders form the ``p x p``
+        correlations (:math:`O(p^2d)`). Default: :data:`MEHLER_ORDER` while
+        ``p <= MEHLER_FULL_MAX`` hidden units, else 1 (wide layers, where the units'
+        correlations are small, :math:`O(d^{-1/2})` for generic weights).
 
     Notes
     -----
@@ -171,7 +187,10 @@ class MLP(Field):
     ``gelu_tanh`` a 1-D Gauss-Hermite sum per hidden unit).
     """
 
-    def __init__(self, W1, b1, W2, b2, activation="relu"):
+    always_affine = False
+    closed_moments = True
+
+    def __init__(self, W1, b1, W2, b2, activation="relu", mehler_order=None):
         W1 = validate_matrix(W1, "W1")
         p, d = W1.shape
         self.W1 = W1
@@ -181,7 +200,16 @@ class MLP(Field):
         if activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
         self.activation = activation
+        if mehler_order is None:
+            mehler_order = MEHLER_ORDER if p <= MEHLER_FULL_MAX else 1
+        self.mehler_order = validate_int(mehler_order, "mehler_order", minimum=1)
+        if self.mehler_order > 40:
+            raise ValueError(f"`mehler_order` must be at most 40, got {mehler_order}.")
+        if self.mehler_order >= 2:      # the p x p correlations and their powers
+            validate_allocation(4 * p * p, "mehler_order")
         self.d = d
+        #: bound on Mehler's remainder at the last :meth:`gaussian_moments` (orders >= 2)
+        self.last_mehler_bound = None
 
     def __repr__(self):
         return f"MLP(d={self.d}, p={self.W1.shape[0]}, activation={self.activation!r})"
@@ -217,6 +245,38 @@ class MLP(Field):
             return e + ge, de + gde
         return e, de
 
+    def _psi(self):
+        """The activation minus ReLU (vanishes outside ``|u| <= 10``), ``None`` for ReLU."""
+        if self.activation == "relu":
+            return None
+        if self.activation == "gelu_tanh":
+            return lambda u: gelu_tanh(u)[0] - np.maximum(u, 0.0)
+        return lambda u: u * ndtr(u) - np.maximum(u, 0.0)
+
+    def gaussian_moments(self, mean, cov):
+        r"""Mean, mean Jacobian and covariance of :math:`\Gamma(X)`, :math:`X\sim\mathcal N(\alpha,\Sigma)`.
+
+        With :math:`a = W_1X + b_1 \sim \mathcal N(m, C)`, :math:`C = W_1\Sigma W_1^T`:
+        :math:`\mathbb E\Gamma = W_2\mathbb E\phi(a) + b_2`,
+        :math:`\mathbb E J = W_2\operatorname{diag}(\mathbb E\phi')W_1` and
+        :math:`\operatorname{Cov}\Gamma = \mathbb E J\,\Sigma\,\mathbb E J^T + W_2 RW_2^T`,
+        :math:`R` the orders ``2..mehler_order`` of Mehler's expansion off the diagonal and
+        the exact non-linear variance on it (:mod:`gaussian_pde.closure._moments`).
+        """
+        WS = self.W1 @ cov
+        s = np.sqrt(np.maximum(np.einsum("pd,pd->p", WS, self.W1), 0.0))
+        C = WS @ self.W1.T if self.mehler_order >= 2 else None
+        e0, dphi, extra, bound = gaussian_activation_moments(
+            self._psi(), self.W1 @ mean + self.b1, s, C, self.mehler_order)
+        self.last_mehler_bound = bound
+        J = (self.W2 * dphi) @ self.W1
+        if extra.ndim == 1:
+            R = (self.W2 * extra) @ self.W2.T
+        else:
+            R = self.W2 @ extra @ self.W2.T
+        cov_out = J @ cov @ J.T + R
+        return self.W2 @ e0 + self.b2, J, 0.5 * (cov_out + cov_out.T)
+
     def closure_terms(self, mean, L, n_per_dim):
         m = self.W1 @ mean + self.b1
         WL = self.W1 @ L
@@ -240,8 +300,19 @@ class Normalization:
         """Normalised tokens of the empirical measure of ``x``."""
         return self.apply(x, None, None)
 
+    def moments(self, mean, cov):
+        r"""``(E u, Cov u, E[du/dx])`` for :math:`u = N(X)`, :math:`X\sim\mathcal N(\alpha,\Sigma)`, or ``None``.
+
+        ``None`` (the default) when there is no formula; the per-token norms and the trace
+        normalisation have exact ones (docs/math.md 6.5).
+        """
+        return None
+
     def push(self, mean, cov, n_per_dim):
-        r"""Mean and covariance of :math:`N_\#\mathcal N(\alpha,\Sigma)` (quadrature by default)."""
+        r"""Mean and covariance of :math:`N_\#\mathcal N(\alpha,\Sigma)` (exact moments, else quadrature)."""
+        mom = self.moments(mean, cov)
+        if mom is not None:
+            return mom[0], mom[1]
         Z, W = standard_nodes(self.d, n_per_dim)
         Y = self.apply(mean + Z @ psd_sqrt(cov).T, mean, cov)
         m = W @ Y
@@ -276,6 +347,10 @@ class LayerNorm(Normalization):
     def __repr__(self):
         return f"LayerNorm(d={self.d})"
 
+    def moments(self, mean, cov):
+        """Exact moments by the one-dimensional Laplace integral (docs/math.md 6.5)."""
+        return normalization_moments(mean, cov, self.gamma, self.beta, self.eps, center=True)
+
     def apply(self, x, mean=None, cov=None):
         xc = x - x.mean(axis=-1, keepdims=True)
         var = np.mean(xc * xc, axis=-1, keepdims=True)
@@ -293,6 +368,11 @@ class RMSNorm(Normalization):
 
     def __repr__(self):
         return f"RMSNorm(d={self.d})"
+
+    def moments(self, mean, cov):
+        """Exact moments by the one-dimensional Laplace integral (docs/math.md 6.5)."""
+        return normalization_moments(mean, cov, self.gamma, np.zeros(self.d), self.eps,
+                                     center=False)
 
     def apply(self, x, mean=None, cov=None):
         return self.gamma * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
@@ -336,6 +416,10 @@ class TraceNorm(Normalization):
     def push(self, mean, cov, n_per_dim=None):
         return mean, self.factor(cov) ** 2 * cov
 
+    def moments(self, mean, cov):
+        c = self.factor(cov)
+        return mean, c * c * cov, c * np.eye(self.d)
+
 
 class PreNorm(Field):
     r"""A field in pre-norm position: :math:`\Gamma(x) = \Gamma_{\rm inner}[N_\#\mu](N(x))`.
@@ -361,7 +445,8 @@ class PreNorm(Field):
                              f"{self.inner.d}.")
         self.norm = norm
         self.d = self.inner.d
-        self.n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=self.d)
+        # the tensor rule (n_per_dim ** d nodes) is checked where it is used
+        self.n_per_dim = validate_quadrature(n_per_dim, "n_per_dim")
 
     def __repr__(self):
         return f"PreNorm({self.norm!r}, {self.inner!r})"
@@ -388,6 +473,39 @@ class PreNorm(Field):
         if self.norm is None:
             return self.inner.closure_terms(mean, L, n_per_dim)
         return super().closure_terms(mean, L, n_per_dim)
+
+    @property
+    def always_affine(self):
+        return (self.norm is None or self.norm.exact) and self.inner.always_affine
+
+    @property
+    def closed_moments(self):
+        """The norm has exact moments and the inner field closed ones."""
+        has_norm = self.norm is None or type(self.norm).moments is not Normalization.moments
+        return has_norm and self.inner.closed_moments
+
+    def gaussian_moments(self, mean, cov):
+        r"""The inner field's moments at the normalised Gaussian, chained through the norm.
+
+        With :math:`u = N(X)` of exact moments :math:`(\mu_u, C_u)` and mean Jacobian
+        :math:`J_N` (:meth:`Normalization.moments`), the inner field is taken against and
+        at :math:`\mathcal N(\mu_u, C_u)`: :math:`(\mathbb E\Gamma, \mathbb E J_{\rm inner}J_N,
+        \operatorname{Cov}\Gamma)`, so that :math:`\operatorname{Cov}(X, \Gamma) =
+        \Sigma J_N^T\mathbb E J_{\rm inner}^T`. Exact when the inner field is affine
+        against its measure (attention); otherwise the law of :math:`u` is replaced by its
+        moment-matched Gaussian (docs/math.md 6.5 gives the error order).
+        """
+        if self.norm is None:
+            return self.inner.gaussian_moments(mean, cov)
+        mom = self.norm.moments(mean, cov)
+        if mom is None:
+            return None
+        mu, C, Jn = mom
+        inner = self.inner.gaussian_moments(mu, C)
+        if inner is None:
+            return None
+        E, J, Cg = inner
+        return E, J @ Jn, Cg
 
     def __call__(self, mean, cov, x):
         if self.norm is None:

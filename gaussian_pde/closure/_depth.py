@@ -19,10 +19,20 @@ Gaussian propagation is exact where the field is affine, :math:`F = b + Mx`:
     \qquad \text{none: } (b + M\alpha,\ M\Sigma M^T),
 
 and the continuous mode integrates :math:`L' = ML`. Otherwise it is the Gaussian closure:
-the continuous mode integrates the closure ODE (:func:`gaussian_pde.closure._engine.solve_closure`)
-and the discrete modes push the Gauss-Hermite nodes of :math:`\mathcal N(\alpha,\Sigma)`
-through the layer map and match the mean and covariance of the images (the weights are
-positive, so the covariance stays PSD). Particles run every mode with the same weights:
+the continuous mode integrates the closure ODE (:func:`gaussian_pde.closure._engine.solve_closure`);
+the discrete modes use the field's closed moments where it has them
+(:meth:`~gaussian_pde.closure._engine.Field.gaussian_moments`: MLPs, LayerNorm/RMSNorm/trace
+normalisation in pre-norm position, sums with one non-affine term; docs/math.md 6.5),
+
+.. math::
+
+    (\alpha, \Sigma) \mapsto (\alpha + h\mathbb E\Gamma,\
+    \Sigma + h(\Sigma\,\mathbb EJ^T + \mathbb EJ\,\Sigma) + h^2\operatorname{Cov}\Gamma),
+
+with no quadrature in :math:`d`; other fields push the Gauss-Hermite nodes of
+:math:`\mathcal N(\alpha,\Sigma)` through the layer map and match the mean and covariance
+of the images (the weights are positive, so the covariance stays PSD), a tensor rule that
+:func:`propagate_gaussian` refuses up front where it is too large. Particles run every mode with the same weights:
 RK4 (``steps_per_layer`` steps) for the continuous mode, the layer map itself otherwise.
 
 Masked (causal) attention layers carry token positions (a stack is either all masked or
@@ -46,6 +56,7 @@ import numpy as np
 from .._common.linalg import psd_sqrt
 from .._common.runge_kutta import rk4_step
 from .._common.validation import (
+    QUADRATURE_MAX_NODES,
     validate_allocation,
     validate_array,
     validate_covariance,
@@ -226,6 +237,14 @@ def _push_nodes(F, mean, cov, h, mode, n_per_dim):
 
 
 def _gaussian_layer(F, mean, cov, h, mode, n_per_dim):
+    r"""One discrete layer: exact (affine), closed moments, or the tensor rule.
+
+    Closed moments :math:`(\mathbb E\Gamma, \mathbb EJ, \operatorname{Cov}\Gamma)`
+    (:meth:`~gaussian_pde.closure._engine.Field.gaussian_moments`) give the residual map's
+    :math:`\alpha + h\mathbb E\Gamma` and
+    :math:`\Sigma + h(\Sigma\,\mathbb EJ^T + \mathbb EJ\,\Sigma) + h^2\operatorname{Cov}\Gamma`
+    (mode none: :math:`(\mathbb E\Gamma, \operatorname{Cov}\Gamma)`).
+    """
     aff = F.affine(mean, cov)
     if aff is not None:
         b, M = aff
@@ -233,8 +252,41 @@ def _gaussian_layer(F, mean, cov, h, mode, n_per_dim):
             P = np.eye(F.d) + h * M
             return mean + h * (b + M @ mean), P @ cov @ P.T, True
         return b + M @ mean, M @ cov @ M.T, True
+    mom = F.gaussian_moments(mean, cov) if F.closed_moments else None
+    if mom is not None:
+        E, J, C = mom
+        if mode == "residual":
+            X = cov @ J.T
+            c = cov + h * (X + X.T) + (h * h) * C
+            return mean + h * E, 0.5 * (c + c.T), False
+        return E, C, False
     m, c = _push_nodes(F, mean, cov, h, mode, n_per_dim)
     return m, c, False
+
+
+def _needs_tensor_rule(stack):
+    """Indices of the layers whose Gaussian map needs the tensor Gauss-Hermite rule."""
+    if stack.masked:
+        return list(range(stack.n_layers))
+    return [i for i, F in enumerate(stack.layers)
+            if not (F.always_affine or F.closed_moments)]
+
+
+def _check_tensor_rule(stack, n_per_dim):
+    """Refuse up front a tensor rule too large to compute, with what it would need."""
+    need = _needs_tensor_rule(stack)
+    if not need:
+        return
+    nodes = n_per_dim ** stack.d
+    if nodes > QUADRATURE_MAX_NODES:
+        gib = nodes * stack.d * 8 * 3 / 2**30
+        raise ValueError(
+            f"layer {need[0] + 1} ({stack.layers[need[0]]!r}) has no closed Gaussian moments, "
+            f"so its Gaussian map needs the tensor Gauss-Hermite rule: `n_per_dim` = "
+            f"{n_per_dim} in d = {stack.d} is {float(nodes):.3g} nodes (about {gib:.3g} GiB), "
+            f"more than {QUADRATURE_MAX_NODES}; lower `n_per_dim`, or use layers with "
+            "closed moments (affine, MLP, LayerNorm/RMSNorm/TraceNorm PreNorm of those, "
+            "sums with one non-affine term).")
 
 
 def _masked_layer(att, means, covs, h, mode, n_per_dim):
@@ -301,7 +353,9 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
         Masked stacks only: the number ``B >= 1`` of position blocks (checked against
         ``mean0``; required when ``mean0`` is a ``(d,)`` vector or a function).
     n_per_dim : int
-        Gauss-Hermite nodes per dimension of the closure (2..40).
+        Gauss-Hermite nodes per dimension of the closure (2..40), for the layers without
+        closed moments (their tensor rule of ``n_per_dim ** d`` nodes is refused up front
+        above 250,000 nodes, with the memory it would take).
     blowup_threshold : float
         Stop with ``"blowup"`` when tr Sigma exceeds this multiple of tr Sigma_0 (masked:
         the covariance of the whole sequence, the mixture of the blocks).
@@ -324,7 +378,10 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
             raise ValueError("`n_blocks` applies to a stack of masked attention only.")
         state = (validate_vector(mean0, "mean0", size=stack.d),
                  validate_covariance(cov0, "cov0", d=stack.d))
-    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=stack.d)
+    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim")
+    _check_tensor_rule(stack, n_per_dim)
+    # the states after every layer and the closed moments' working d x d arrays
+    validate_allocation((stack.n_layers + 12) * stack.d ** 2, "stack")
     blowup_threshold = event_options(blowup_threshold).blowup_threshold
     rtol = validate_tolerance(rtol, "rtol")
     atol = validate_positive(atol, "atol")

@@ -116,17 +116,47 @@ class Field(abc.ABC):
         r"""``(b, M)`` if the field against :math:`\mathcal N(\alpha,\Sigma)` is :math:`b + Mx`, else ``None``."""
         return None
 
+    #: whether :meth:`affine` returns the affine form against every Gaussian
+    always_affine = False
+
+    @property
+    def closed_moments(self):
+        """Whether :meth:`gaussian_moments` answers against every Gaussian (no tensor rule)."""
+        return self.always_affine
+
+    def gaussian_moments(self, mean, cov):
+        r"""Mean, mean Jacobian and covariance of :math:`\Gamma(X)` without a tensor rule, or ``None``.
+
+        That is :math:`(\mathbb E\Gamma(X),\ \mathbb E J_\Gamma(X),\ \operatorname{Cov}\Gamma(X))`.
+
+        For :math:`X\sim\mathcal N(\alpha,\Sigma)`; by Stein's lemma
+        :math:`\operatorname{Cov}(X, \Gamma(X)) = \Sigma\,\mathbb E[J_\Gamma]^T`, so these are the
+        first two joint moments of :math:`(X, \Gamma(X))` that a discrete layer map needs
+        (docs/math.md 6.5). The default: the affine form :math:`(b + M\alpha, M, M\Sigma M^T)`
+        when there is one, else ``None`` (the caller falls back on the tensor rule).
+        """
+        aff = self.affine(mean, cov)
+        if aff is None:
+            return None
+        b, M = aff
+        return b + M @ mean, M, M @ cov @ M.T
+
     def closure_terms(self, mean, L, n_per_dim):
         r""":math:`(\mathbb E[\Gamma(X)],\ G = \mathbb E[\Gamma(\alpha + Lz)z^T])`, unchecked.
 
-        The default uses the affine form when there is one, else the tensor Gauss-Hermite
-        rule in :math:`z`.
+        The default uses the affine form when there is one, then the closed moments
+        (:math:`G = \mathbb E[J_\Gamma]L`, :meth:`gaussian_moments`), else the tensor
+        Gauss-Hermite rule in :math:`z`.
         """
         cov = L @ L.T
         aff = self.affine(mean, cov)
         if aff is not None:
             b, M = aff
             return b + M @ mean, M @ L
+        if self.closed_moments:
+            mom = self.gaussian_moments(mean, cov)
+            if mom is not None:
+                return mom[0], mom[1] @ L
         Z, W = standard_nodes(L.shape[1], n_per_dim)
         X = mean + Z @ L.T
         Gam = self(mean, cov, X)
@@ -189,6 +219,41 @@ class FieldSum(Field):
         parts = [t.closure_terms(mean, L, n_per_dim) for t in self.terms]
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
+    @property
+    def always_affine(self):
+        return all(t.always_affine for t in self.terms)
+
+    @property
+    def closed_moments(self):
+        """Every term closed, and at most one of them not affine (their cross-covariances)."""
+        return (all(t.closed_moments for t in self.terms)
+                and sum(not t.always_affine for t in self.terms) <= 1)
+
+    def gaussian_moments(self, mean, cov):
+        r"""Sum of the terms' moments; the cross-covariances where all terms but one are affine.
+
+        With :math:`\Gamma = \sum_k\Gamma_k`, the cross term of an affine :math:`\Gamma_a = b + M_aX`
+        and any :math:`\Gamma_k` is :math:`M_a\Sigma\,\mathbb E[J_k]^T` (Stein's lemma), exact for
+        Gaussian :math:`X`; two non-affine terms have no closed cross-covariance (``None``).
+        """
+        if self.always_affine:
+            return super().gaussian_moments(mean, cov)
+        parts = [t.gaussian_moments(mean, cov) for t in self.terms]
+        if any(p is None for p in parts):
+            return None
+        affine = [t.affine(mean, cov) is not None for t in self.terms]
+        if sum(not a for a in affine) > 1:
+            return None
+        E = sum(p[0] for p in parts)
+        J = sum(p[1] for p in parts)
+        C = sum(p[2] for p in parts)
+        for i, pi in enumerate(parts):
+            for k in range(i + 1, len(parts)):
+                a, o = (pi, parts[k]) if affine[i] else (parts[k], pi)
+                X = a[1] @ cov @ o[1].T
+                C = C + X + X.T
+        return E, J, 0.5 * (C + C.T)
+
     def __repr__(self):
         return " + ".join(repr(t) for t in self.terms)
 
@@ -243,6 +308,10 @@ class AttentionField(Field):
     def __repr__(self):
         return f"AttentionField({self.attention!r})"
 
+    @property
+    def always_affine(self):
+        return self.attention.gaussian_preserving and self.n_inner is None
+
     def affine(self, mean, cov):
         att = self.attention
         if att.gaussian_preserving and self.n_inner is None:
@@ -267,6 +336,13 @@ class AttentionField(Field):
 # closure right-hand side and solver
 
 
+def _validate_rule(field, n_per_dim, d):
+    """``n_per_dim`` in range; its tensor rule (``n_per_dim ** d`` nodes) checked where used."""
+    if field.always_affine or field.closed_moments:
+        return validate_quadrature(n_per_dim, "n_per_dim")
+    return validate_quadrature(n_per_dim, "n_per_dim", d=d)
+
+
 def closure_terms(field, mean, L, n_per_dim=DEFAULT_N_PER_DIM):
     r"""Factor-form closure: :math:`(\alpha', L') = (\mathbb E\Gamma(X), \mathbb E[\Gamma(\alpha+Lz)z^T])`.
 
@@ -286,7 +362,7 @@ def closure_terms(field, mean, L, n_per_dim=DEFAULT_N_PER_DIM):
     L = np.asarray(L, dtype=float)
     if L.ndim != 2 or L.shape[0] != field.d:
         raise ValueError(f"`L` must have shape ({field.d}, r), got {L.shape}.")
-    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=L.shape[1])
+    n_per_dim = _validate_rule(field, n_per_dim, L.shape[1])
     return field.closure_terms(mean, L, n_per_dim)
 
 
@@ -322,7 +398,7 @@ def closure_moment_rhs(field, mean, cov, n_per_dim=DEFAULT_N_PER_DIM):
     field = as_field(field)
     mean = validate_vector(mean, "mean", size=field.d)
     cov = validate_covariance(cov, "cov", d=field.d)
-    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=field.d)
+    n_per_dim = _validate_rule(field, n_per_dim, field.d)
     L = psd_sqrt(cov)
     dm, G = _finite_terms(field, mean, L, n_per_dim, "mean", "cov")
     C = L @ G.T
@@ -429,7 +505,7 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     d = field.d
     mean0 = validate_vector(mean0, "mean0", size=d)
     cov0 = validate_covariance(cov0, "cov0", d=d)
-    n_per_dim = validate_quadrature(n_per_dim, "n_per_dim", d=d)
+    n_per_dim = _validate_rule(field, n_per_dim, d)
     opts, method, events = run_options(
         t_span, method, events, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
         first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._checkpoint import GPT2Checkpoint, load_gpt2
+from ._checkpoint import GPT2Checkpoint, gpt2_forward, load_gpt2, random_gpt2_state_dict
 from ._spec import VARIANTS, ModelSpec, model_spec
 from ._tasks import TASKS, Task, get_task
 
@@ -54,7 +54,8 @@ _LAZY = {
     "STUDY_TASKS": "_study",
 }
 
-__all__ = ["GPT2Checkpoint", "ModelSpec", "TASKS", "Task", "VARIANTS", "get_task", "load_gpt2",
+__all__ = ["GPT2Checkpoint", "gpt2_forward", "random_gpt2_state_dict",
+           "ModelSpec", "TASKS", "Task", "VARIANTS", "get_task", "load_gpt2",
            "model_spec", "train", "Run", "TrainResult", "init_params", "layer_tokens", "loss_fn",
            "apply", "stack_tokens", "drift_metrics", "gaussian_fit", "layer_attention",
            "layer_ffn", "gaussian_stack", "gaussian_prediction", "model_on_gaussian_tokens",

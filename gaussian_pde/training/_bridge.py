@@ -19,8 +19,16 @@ LayerNorm is then a :class:`gaussian_pde.Stack`:
 affine), the Gaussian closure with a feed-forward map. :func:`model_on_gaussian_tokens`
 runs the model itself on :math:`n` tokens drawn from the same Gaussian, and
 :func:`bridge` compares the two per layer for several :math:`n`: a Monte Carlo error
-shrinks like :math:`n^{-1/2}`, a closure bias or a degenerate attention (effective sample
-size of a few tokens) does not.
+shrinks like :math:`n^{-1/2}`, a closure bias or a finite-:math:`n` bias does not.
+
+The attention weights' effective sample size over :math:`n` is measured, and so is what
+it converges to: for keys :math:`y \sim \mathcal N(\alpha, \Sigma)` and a query whose
+score is :math:`a^Ty` (:math:`a = Ax + g`), the weights :math:`e^{a^Ty}` have
+:math:`(\mathbb Ew)^2/\mathbb Ew^2 = e^{-a^T\Sigma a}`. A small ESS/n is therefore a property
+of the mean-field limit itself, not a breakdown at finite :math:`n`; what makes finite
+:math:`n` converge slowly is a heavy tail of the importance weights, a large
+:math:`e^{a^T\Sigma a}` (the second moment of the normalised weights), reported by its
+median and 90th percentile over the queries.
 """
 
 from __future__ import annotations
@@ -101,7 +109,9 @@ def gaussian_prediction(params, spec, mean0, cov0, *, n_per_dim=3, blowup_thresh
     stack, per = gaussian_stack(params, spec)
     sol = gp.propagate_gaussian(stack, mean0, cov0, n_per_dim=n_per_dim,
                                 blowup_threshold=blowup_threshold)
-    exact = bool(sol.exact.size == len(stack.layers) and np.all(sol.exact))
+    # whether every layer's map is exact is a property of the layers (affine against every
+    # Gaussian), whether or not the propagation reached them before a blow-up
+    exact = all(F.always_affine for F in stack.layers)
     return sol.mean[::per], sol.cov[::per], exact, str(sol.status)
 
 
@@ -150,12 +160,42 @@ def model_on_gaussian_tokens(params, spec, x):
     return np.stack(out), np.array(ess)
 
 
+#: below this fraction of the input's trace a covariance has collapsed: relative errors
+#: between two collapsed covariances are rounding, not reported
+COLLAPSED = 1e-12
+
+
+def weight_tails(att, x, cov):
+    r""":math:`\log_{10}e^{a^T\Sigma a}` for every query in ``x`` and every head of ``att``.
+
+    :math:`a = Ax + g` is the query's score vector (:meth:`~gaussian_pde.Attention.quadratic_score`;
+    heads whose score is quadratic in the key are left out), :math:`\Sigma` the keys'
+    covariance. :math:`e^{-a^T\Sigma a}` is the mean-field effective sample size over
+    :math:`n`; :math:`e^{a^T\Sigma a}` the second moment of the normalised weights.
+    """
+    vals = []
+    for h in att.heads:
+        qs = h.quadratic_score()
+        if qs is None or qs.H is not None:
+            continue
+        a = x @ np.asarray(qs.A).T + (0.0 if qs.g is None else qs.g)
+        vals.append(np.einsum("nd,de,ne->n", a, cov, a) / np.log(10.0))
+    return np.concatenate(vals) if vals else np.full(1, np.nan)
+
+
 def _errors(m_hat, c_hat, m, c):
-    """Relative covariance error, mean error over sqrt(tr), and W2 over sqrt(tr), per layer."""
+    """Relative covariance error, mean error over sqrt(tr), and W2 over sqrt(tr), per layer.
+
+    NaN where either covariance is not finite or has collapsed (trace below
+    :data:`COLLAPSED` times the input's).
+    """
     K = m.shape[0]
     out = np.full((3, K), np.nan)
+    tr0 = max(float(np.trace(c[0])), 1e-300)
     for i in range(K):
         if not (np.all(np.isfinite(c_hat[i])) and np.all(np.isfinite(c[i]))):
+            continue
+        if min(np.trace(c[i]), np.trace(c_hat[i])) < COLLAPSED * tr0:
             continue
         tr = np.trace(c[i])
         out[0, i] = np.linalg.norm(c_hat[i] - c[i]) / np.linalg.norm(c[i])
@@ -175,12 +215,19 @@ def bridge(params, spec, mean0, cov0, *, n_tokens=(64, 256, 1024), n_sequences=6
     Returns
     -------
     dict
-        ``pred_trace`` (K,), ``exact``, ``status``; and per ``n`` (lists in the order of
-        ``n_tokens``) ``cov_err``, ``mean_err``, ``w2_rel`` (medians over sequences,
-        (depth + 1,) each, NaN where the prediction stopped), ``model_trace`` and
-        ``ess_frac`` (effective sample size over :math:`n`, per layer); plus ``slope``,
-        the least-squares slope of :math:`\log` ``cov_err`` against :math:`\log n` per
-        layer (about :math:`-1/2` where the error is Monte Carlo).
+        ``pred_trace`` (K,), ``exact`` (every layer's Gaussian map exact), ``status``,
+        ``layers_reached`` (the layers the prediction completed: ``depth`` unless it blew
+        up or failed); and per ``n`` (lists in the order of ``n_tokens``) ``cov_err``,
+        ``mean_err``, ``w2_rel`` (medians over sequences, (depth + 1,) each, NaN where the
+        prediction stopped or a covariance collapsed), ``model_trace`` and ``ess_frac``
+        (effective sample size over :math:`n`, per layer); ``slope``, the least-squares
+        slope of :math:`\log` ``cov_err`` against :math:`\log n` per layer (about
+        :math:`-1/2` where the error is Monte Carlo); ``tail_median`` and ``tail_p90``
+        (depth,), the median and 90th percentile over queries and heads of
+        :math:`e^{a^T\Sigma a}` (:func:`weight_tails`) at each layer's input, with the
+        tokens of the first sequence of the largest :math:`n` and their covariance; and
+        ``ess_mean_field`` (depth,), the median of :math:`e^{-a^T\Sigma a}`, the limit of
+        ``ess_frac``.
     """
     mean0, cov0 = np.asarray(mean0, float), np.asarray(cov0, float)
     m, c, exact, status = gaussian_prediction(params, spec, mean0, cov0, n_per_dim=n_per_dim)
@@ -188,8 +235,9 @@ def bridge(params, spec, mean0, cov0, *, n_tokens=(64, 256, 1024), n_sequences=6
     pad = lambda a: np.concatenate([a, np.full((L1 - K,) + a.shape[1:], np.nan)])  # noqa: E731
     m, c = pad(m), pad(c)
     res = {"n_tokens": list(n_tokens), "pred_trace": np.trace(c, axis1=1, axis2=2),
-           "exact": exact, "status": status, "cov_err": [], "mean_err": [], "w2_rel": [],
-           "model_trace": [], "ess_frac": []}
+           "exact": exact, "status": status, "layers_reached": K - 1, "cov_err": [],
+           "mean_err": [], "w2_rel": [], "model_trace": [], "ess_frac": []}
+    last_tokens = None
     rng = np.random.default_rng(seed)
     chol = np.linalg.cholesky(cov0 + 1e-12 * np.trace(cov0) * np.eye(cov0.shape[0]))
     for n in n_tokens:
@@ -197,6 +245,8 @@ def bridge(params, spec, mean0, cov0, *, n_tokens=(64, 256, 1024), n_sequences=6
         for _ in range(n_sequences):
             x = mean0 + rng.standard_normal((n, mean0.size)) @ chol.T
             toks, ess = model_on_gaussian_tokens(params, spec, x)
+            if last_tokens is None and n == max(n_tokens):
+                last_tokens = toks
             fits = [gaussian_fit(t) for t in toks]
             mh = np.array([f[0] for f in fits])
             ch = np.array([f[1] for f in fits])
@@ -215,5 +265,15 @@ def bridge(params, spec, mean0, cov0, *, n_tokens=(64, 256, 1024), n_sequences=6
         if np.all(np.isfinite(ce[:, i])) and len(n_tokens) > 1:
             slope[i] = np.polyfit(ln, ce[:, i], 1)[0]
     res["slope"] = slope
+    med, p90, emf = (np.full(spec.depth, np.nan) for _ in range(3))
+    for layer in range(spec.depth):
+        z = last_tokens[layer]
+        if not np.all(np.isfinite(z)):
+            continue
+        with np.errstate(over="ignore"):
+            t = weight_tails(layer_attention(params, spec, layer), z, gaussian_fit(z)[1])
+        med[layer], p90[layer] = 10.0 ** np.median(t), 10.0 ** np.quantile(t, 0.9)
+        emf[layer] = 10.0 ** -np.median(t)
+    res.update(tail_median=med, tail_p90=p90, ess_mean_field=emf)
     return res
 

@@ -54,7 +54,7 @@ import numpy as np
 import gaussian_pde as gp
 from gaussian_pde.attention import dot_product_head, sum_of_heads
 
-__all__ = ["GPT2Checkpoint", "load_gpt2"]
+__all__ = ["GPT2Checkpoint", "load_gpt2", "random_gpt2_state_dict", "gpt2_forward"]
 
 _INSTALL = 'pip install -e ".[train]"'
 
@@ -106,7 +106,8 @@ class GPT2Checkpoint:
     ln_2: list
     mlp: list
 
-    def stack(self, *, layernorm=False, ffn=False, offsets=True, h=1.0, n_per_dim=3):
+    def stack(self, *, layernorm=False, ffn=False, offsets=True, h=1.0, n_per_dim=3,
+              mehler_order=None):
         r"""The residual :class:`gaussian_pde.Stack` of the checkpoint.
 
         Attention sub-layers :math:`x + h(\mathrm{Attn}(x) + c)`; with ``layernorm`` the
@@ -127,6 +128,9 @@ class GPT2Checkpoint:
             layers.append(att)
             if ffn:
                 f = self.mlp[i]
+                if mehler_order is not None:
+                    f = gp.MLP(f.W1, f.b1, f.W2, f.b2, activation=f.activation,
+                               mehler_order=mehler_order)
                 layers.append(gp.PreNorm(gp.LayerNorm(self.d, *self.ln_2[i]), f,
                                          n_per_dim=n_per_dim) if layernorm else f)
         return gp.Stack(layers, h=h, mode="residual")
@@ -195,3 +199,96 @@ def load_gpt2(source, n_head):
                                  _get(sd, p + "mlp.c_proj.bias", (d,)),
                                  activation="gelu_tanh"))
     return GPT2Checkpoint(d=d, n_head=n_head, n_layer=len(layers), **out)
+
+
+def random_gpt2_state_dict(d, n_layer, n_head, *, ffn=None, scale=0.02, bias_scale=0.02,
+                           ln_scale=0.1, rng=None):
+    r"""A GPT-2-shaped state dict with random weights at GPT-2's initial scale.
+
+    GPT-2 initialises every weight :math:`\mathcal N(0, 0.02^2)` and the two residual
+    projections (``attn.c_proj``, ``mlp.c_proj``) with ``0.02 / sqrt(2 n_layer)``; here the
+    biases are :math:`\mathcal N(0, \text{bias\_scale}^2)` and the LayerNorm gains and shifts
+    :math:`1 + \mathcal N(0, \text{ln\_scale}^2)` and :math:`\mathcal N(0, \text{ln\_scale}^2)`
+    (GPT-2 starts them at zero and one; non-zero values exercise every term). Float32, as
+    GPT-2 stores them.
+
+    Parameters
+    ----------
+    d, n_layer, n_head : int
+        Width, layers and heads (``n_head`` divides ``d``).
+    ffn : int, optional
+        Feed-forward width, default ``4 d``.
+    scale, bias_scale, ln_scale : float
+        Standard deviations of the weights, biases and LayerNorm parameters.
+    rng : numpy.random.Generator or int, optional
+        Random generator or seed.
+    """
+    for name, v in (("d", d), ("n_layer", n_layer), ("n_head", n_head)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
+    if d % n_head:
+        raise ValueError(f"`n_head` = {n_head} does not divide `d` = {d}.")
+    f = 4 * d if ffn is None else int(ffn)
+    rng = np.random.default_rng(rng)
+    proj = scale / np.sqrt(2 * n_layer)
+    sd = {}
+    for i in range(n_layer):
+        p = f"h.{i}."
+        sd.update({
+            p + "attn.c_attn.weight": scale * rng.standard_normal((d, 3 * d)),
+            p + "attn.c_attn.bias": bias_scale * rng.standard_normal(3 * d),
+            p + "attn.c_proj.weight": proj * rng.standard_normal((d, d)),
+            p + "attn.c_proj.bias": bias_scale * rng.standard_normal(d),
+            p + "ln_1.weight": 1 + ln_scale * rng.standard_normal(d),
+            p + "ln_1.bias": ln_scale * rng.standard_normal(d),
+            p + "ln_2.weight": 1 + ln_scale * rng.standard_normal(d),
+            p + "ln_2.bias": ln_scale * rng.standard_normal(d),
+            p + "mlp.c_fc.weight": scale * rng.standard_normal((d, f)),
+            p + "mlp.c_fc.bias": bias_scale * rng.standard_normal(f),
+            p + "mlp.c_proj.weight": proj * rng.standard_normal((f, d)),
+            p + "mlp.c_proj.bias": bias_scale * rng.standard_normal(d),
+        })
+    return {k: v.astype(np.float32) for k, v in sd.items()}
+
+
+def gpt2_forward(source, x, n_head, *, eps=1e-5):
+    r"""GPT-2's blocks on tokens ``x`` (n, d), full (non-causal) attention, in NumPy.
+
+    Written from GPT-2's definition, independently of the package's fields: per layer
+    :math:`x \mapsto x + \mathrm{Attn}(\mathrm{LN}_1(x))`, then
+    :math:`x \mapsto x + \mathrm{MLP}(\mathrm{LN}_2(x))` (tanh-GELU), every token attending
+    to all ``n`` tokens. Returns the tokens after every sub-layer, input first,
+    shape ``(2 L + 1, n, d)``: the states :func:`gaussian_pde.propagate_gaussian` reports
+    for ``stack(layernorm=True, ffn=True)``.
+    """
+    sd = {re.sub(r"^transformer\.", "", k): np.asarray(v, float) for k, v in _read(source).items()}
+    x = np.asarray(x, float)
+    n_layer = len({int(m.group(1)) for k in sd if (m := re.match(r"h\.(\d+)\.", k))})
+    d = x.shape[1]
+    hd = d // n_head
+
+    def ln(z, g, b):
+        zc = z - z.mean(axis=1, keepdims=True)
+        return zc / np.sqrt((zc * zc).mean(axis=1, keepdims=True) + eps) * g + b
+
+    out = [x]
+    for i in range(n_layer):
+        p = f"h.{i}."
+        z = ln(x, sd[p + "ln_1.weight"], sd[p + "ln_1.bias"])
+        q, k, v = np.split(z @ sd[p + "attn.c_attn.weight"] + sd[p + "attn.c_attn.bias"], 3,
+                           axis=1)
+        heads = []
+        for h in range(n_head):
+            sl = slice(h * hd, (h + 1) * hd)
+            s = q[:, sl] @ k[:, sl].T / np.sqrt(hd)
+            w = np.exp(s - s.max(axis=1, keepdims=True))
+            heads.append((w / w.sum(axis=1, keepdims=True)) @ v[:, sl])
+        x = x + (np.concatenate(heads, axis=1) @ sd[p + "attn.c_proj.weight"]
+                 + sd[p + "attn.c_proj.bias"])
+        out.append(x)
+        z = ln(x, sd[p + "ln_2.weight"], sd[p + "ln_2.bias"])
+        u = z @ sd[p + "mlp.c_fc.weight"] + sd[p + "mlp.c_fc.bias"]
+        a = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3)))
+        x = x + a @ sd[p + "mlp.c_proj.weight"] + sd[p + "mlp.c_proj.bias"]
+        out.append(x)
+    return np.stack(out)

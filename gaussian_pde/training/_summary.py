@@ -105,11 +105,18 @@ def bridge_rows(results):
         for v, b in byv.items():
             for kind in ("attention", "full"):
                 r = b[kind]
+                nan = np.full(len(r["ess_frac"][-1]), np.nan)
+                reached = r.get("layers_reached", len(r["pred_trace"]) - 1)
+                pred = np.asarray(r["pred_trace"], float)
                 rows.append(dict(task=t, variant=v, blocks=kind, exact=r["exact"],
-                                 status=r["status"], cov_err=np.asarray(r["cov_err"][-1]),
+                                 status=r["status"], layers_reached=reached,
+                                 cov_err=np.asarray(r["cov_err"][-1]),
                                  slope=np.asarray(r["slope"][1:]),
                                  ess=np.asarray(r["ess_frac"][-1]),
+                                 ess_mean_field=np.asarray(r.get("ess_mean_field", nan)),
+                                 tail_median=np.asarray(r.get("tail_median", nan)),
+                                 tail_p90=np.asarray(r.get("tail_p90", nan)),
                                  trace_model=float(r["model_trace"][-1][-1]),
-                                 trace_gauss=float(r["pred_trace"][-1]),
+                                 trace_gauss=float(pred[reached]),
                                  diverged=b.get("diverged", False)))
     return rows

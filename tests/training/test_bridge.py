@@ -16,6 +16,7 @@ from gaussian_pde.training import (  # noqa: E402
     model_on_gaussian_tokens,
     without_ffn,
 )
+from gaussian_pde.training._bridge import weight_tails  # noqa: E402
 
 NO_LN = [v for v, s in VARIANTS.items() if not s.has_layernorm]
 
@@ -86,3 +87,30 @@ def test_bridge_refuses_layernorm_and_bad_dimensions(probe):
         gaussian_prediction(p, spec, np.zeros(spec.width + 1), np.eye(spec.width))
     with pytest.raises(ValueError, match="`layer`"):
         layer_attention(p, spec, 3)
+
+
+def test_exact_survives_a_blowup(probe):
+    """An attention-only prediction that blows up is still an exact map (not 'closure'),
+    and the bridge says after which layer it stopped."""
+    r = probe("pde_rk4")
+    p, spec = without_ffn(r["params"], r["spec"])
+    d = spec.width
+    m, c, exact, status = gaussian_prediction(p, spec, np.zeros(d), 1e3 * np.eye(d),
+                                              blowup_threshold=1.0 + 1e-9)
+    assert exact and status != "finished" and m.shape[0] < spec.depth + 1
+
+
+def test_weight_tails_are_the_mean_field_ess(rng):
+    """For Gaussian keys, ESS/n of the weights e^(a'y) tends to exp(-a'Sa) (Monte Carlo,
+    4 standard errors of the ratio estimator)."""
+    d = 3
+    att = gp.MultiHead([gp.Softmax(rng.standard_normal((d, d)) / 2,
+                                   rng.standard_normal((d, d)) / 2, np.eye(d))])
+    cov = np.eye(d) + 0.2 * np.ones((d, d))
+    x = rng.standard_normal((1, d))
+    (log10_tail,) = weight_tails(att, x, cov)
+    a = att.heads[0].A @ x[0]
+    y = rng.multivariate_normal(np.zeros(d), cov, size=400_000)
+    w = np.exp(y @ a - np.max(y @ a))
+    ess = w.sum() ** 2 / np.sum(w * w) / w.size
+    assert abs(np.log(ess) + log10_tail * np.log(10)) < 0.05, (ess, 10.0 ** -log10_tail)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from gaussian_pde.training import load_gpt2
+from gaussian_pde.training import gpt2_forward, load_gpt2, random_gpt2_state_dict
 
 D, H, F, NL = 6, 2, 10, 2
 
@@ -152,3 +152,73 @@ def test_bad_checkpoints(tmp_path):
         load_gpt2(tmp_path / "x.pt", n_head=H)
     with pytest.raises(ValueError, match="not a file"):
         load_gpt2(tmp_path / "missing.npz", n_head=H)
+
+
+def test_gpt2_forward_is_gpt2s_blocks():
+    """The library's NumPy forward pass equals the blocks written out in this module."""
+    sd = _state_dict(np.random.default_rng(7))
+    x = np.random.default_rng(8).standard_normal((15, D))
+    want = [x]
+    for i in range(NL):
+        p = f"transformer.h.{i}."
+        z = want[-1]
+        z = z + _gpt2_attention(sd, i, _ln(z, sd[p + "ln_1.weight"], sd[p + "ln_1.bias"]))
+        want.append(z)
+        want.append(z + _gpt2_mlp(sd, i, _ln(z, sd[p + "ln_2.weight"], sd[p + "ln_2.bias"])))
+    np.testing.assert_allclose(gpt2_forward(sd, x, H), np.stack(want), rtol=1e-12, atol=1e-12)
+
+
+def _mc_level(S, n):
+    r"""Expected relative Frobenius error of a sample covariance of n Gaussian draws.
+
+    :math:`\mathbb E\|\hat S - S\|_F^2 = ((\operatorname{tr}S)^2 + \|S\|_F^2)/n` for
+    independent draws (Wishart second moments).
+    """
+    return np.sqrt((np.trace(S) ** 2 + np.sum(S * S)) / n) / np.linalg.norm(S)
+
+
+FC, PROJ = 2.0, 8.0   # fc and proj weights scaled up: the MLP's closure terms must show
+
+
+def test_gpt2_shaped_stack_matches_its_tokens_at_d64():
+    """A GPT-2-shaped checkpoint (d = 64, 2 layers, 4 heads, FFN 256, LayerNorm, offsets):
+    the Gaussian states after every sub-layer against the model's own tokens (full attention
+    on n tokens from N(mean0, cov0)). The covariance error is the Monte Carlo error of
+    n draws (its ratio to the Wishart level stays near 1, and it halves from n = 256 to
+    1024), the mean's error is its standard error, while the layers move the mean by
+    many standard errors."""
+    d, n_head, n_layer = 64, 4, 2
+    rng = np.random.default_rng(11)
+    sd = random_gpt2_state_dict(d, n_layer, n_head, scale=0.1, bias_scale=0.2, rng=rng)
+    for i in range(n_layer):      # a strong, non-linear MLP: its closure terms are visible
+        sd[f"h.{i}.mlp.c_fc.weight"] *= FC
+        sd[f"h.{i}.mlp.c_proj.weight"] *= PROJ
+    mean0 = 0.5 * rng.standard_normal(d)
+    A = rng.standard_normal((d, d)) / np.sqrt(d)
+    cov0 = A @ A.T + 0.5 * np.eye(d)
+    ck = load_gpt2(sd, n_head)
+    sol = gp.propagate_gaussian(ck.stack(layernorm=True, ffn=True, offsets=True), mean0, cov0)
+    assert sol.status == "finished" and sol.mean.shape == (2 * n_layer + 1, d)
+    assert not np.any(sol.exact)
+    chol = np.linalg.cholesky(cov0)
+    ratio, mean_z, err = {}, {}, {}
+    for n in (256, 1024):
+        r, z, e = [], [], []
+        for _ in range(3):
+            toks = gpt2_forward(sd, mean0 + rng.standard_normal((n, d)) @ chol.T, n_head)
+            ek = np.array([np.linalg.norm(np.cov(t.T, bias=True) - S) / np.linalg.norm(S)
+                           for t, S in zip(toks, sol.cov)])
+            e.append(ek)
+            r.append(ek / np.array([_mc_level(S, n) for S in sol.cov]))
+            z.append([np.linalg.norm(t.mean(axis=0) - m) / np.sqrt(np.trace(S) / n)
+                      for t, m, S in zip(toks, sol.mean, sol.cov)])
+        ratio[n], mean_z[n], err[n] = np.mean(r, axis=0), np.mean(z, axis=0), np.mean(e, axis=0)
+    for n in ratio:
+        assert np.all((ratio[n] > 0.8) & (ratio[n] < 1.25)), (n, ratio[n])
+        # |mean error| / its standard error: about 1 in d = 64 (a chi over sqrt(d))
+        assert np.all(mean_z[n] < 1.4), (n, mean_z[n])
+    slope = np.log(err[1024] / err[256]) / np.log(4.0)
+    assert np.all((slope > -0.65) & (slope < -0.35)), slope
+    # the layers matter: the mean moves by many of its standard errors at n = 1024
+    move = np.linalg.norm(sol.mean[-1] - sol.mean[0]) / np.sqrt(np.trace(sol.cov[-1]) / 1024)
+    assert move > 5, move
