@@ -19,6 +19,7 @@ import numpy as np
 
 from .._common.validation import _memory_bytes
 from ._compute import compute_batch, result_layout
+from ._estimate import SweepEstimate, estimate_sweep, estimate_words
 from ._spec import SweepSpec
 from ._store import SweepIntegrityWarning, SweepStore, _describe
 
@@ -45,11 +46,13 @@ class SweepReport:
     n_skipped : int
         Tasks already stored, and verified, when the run started (resumed).
     n_computed : int
-        Tasks computed and stored by this run (the damaged ones included).
+        Tasks computed and stored by this run (the damaged ones and those the time
+        estimate's pilot computed whole included).
     n_settings_computed : int
         Settings in those tasks.
     seconds : float
-        Wall time of the computation (after the cluster was up).
+        Wall time of the computation: the pilot of the time estimate (in this process,
+        before any cluster starts) and the tasks once the cluster was up.
     scheduler : str
         ``"inprocess"``, ``"local"`` (a LocalCluster started here) or the address used.
     n_workers : int
@@ -58,6 +61,8 @@ class SweepReport:
         Stored tasks found damaged (a chunk truncated, deleted or overwritten) when the run
         started: their flags were cleared and they were recomputed (counted in
         ``n_computed``, not in ``n_skipped``).
+    estimate : SweepEstimate or None
+        The start-up time estimate (with ``progress``), to compare with ``seconds``.
     """
 
     path: str
@@ -69,6 +74,7 @@ class SweepReport:
     scheduler: str
     n_workers: int
     n_damaged: int = 0
+    estimate: SweepEstimate | None = None
 
     @property
     def settings_per_second(self):
@@ -163,91 +169,16 @@ def check_resources(spec, scheduler=None):
     return need
 
 
-#: seconds the time estimate may spend piloting (one setting per piloted dimension)
-_PILOT_BUDGET = 0.5
-#: smallest exponent of d used to extrapolate a setting's time beyond the piloted
-#: dimensions (the d x d linear algebra of each step)
-_MIN_EXPONENT = 3.0
-
-
-def _pilot_seconds(spec, attention, d):
-    """Wall time of one setting (draw 0) of block ``(attention, d)``, computed here."""
-    pilot = dataclasses.replace(spec, attention=(attention,), dims=(d,), draws=1,
-                                batch_size=1)
-    start = time.perf_counter()
-    compute_batch(pilot, 0)
-    return time.perf_counter() - start
-
-
-def _per_setting(measured, d):
-    """Seconds per setting at ``d``, log-log from the piloted ``(d, seconds)`` pairs."""
-    ds = np.log([m[0] for m in measured])
-    ts = np.log([max(m[1], 1e-6) for m in measured])
-    if len(measured) == 1 or d > measured[-1][0]:
-        slope = _MIN_EXPONENT if len(measured) == 1 else max(
-            _MIN_EXPONENT, (ts[-1] - ts[-2]) / max(ds[-1] - ds[-2], 1e-12))
-        return float(np.exp(ts[-1] + slope * (np.log(d) - ds[-1])))
-    return float(np.exp(np.interp(np.log(d), ds, ts)))
-
-
-def estimate_seconds(spec, pilot=None, budget=_PILOT_BUDGET):
-    r"""Estimated compute time of a whole sweep, from a short pilot.
-
-    For each attention type, one setting is timed at the smallest dimension, then at
-    dimensions at least twice the last piloted one while the predicted time of the next
-    pilot fits in ``budget`` seconds. Other dimensions are interpolated log-log between
-    piloted ones, and extrapolated beyond the largest as :math:`d^p` with ``p`` the
-    slope of the last two pilots, at least 3. Settings of a batch are counted one by one
-    (a batch is usually faster), so this is an estimate, of one worker's time.
-
-    Returns
-    -------
-    seconds : float
-        Estimated time of all the sweep's settings on one worker.
-    n_pilot : int
-        Settings timed.
-    d_pilot : int
-        Largest dimension piloted.
-    """
-    pilot = pilot or _pilot_seconds
-    dims = sorted(set(spec.dims))
-    spent, total, n_pilot, d_pilot = 0.0, 0.0, 0, 0
-    for attention in spec.attention:
-        measured = []
-        for d in dims:
-            if measured and (d < 2 * measured[-1][0] and d != dims[-1]):
-                continue
-            if measured and spent + _per_setting(measured, d) > budget:
-                break
-            seconds = pilot(spec, attention, d)
-            spent += seconds
-            measured.append((d, seconds))
-        n_pilot += len(measured)
-        d_pilot = max(d_pilot, measured[-1][0])
-        total += sum(spec.draws * _per_setting(measured, d) for d in spec.dims)
-    return total, n_pilot, d_pilot
-
-
-def _duration(seconds):
-    """``seconds`` in words: s, min, h, days or years, two or three digits."""
-    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600),
-                       ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds:.2g} s"
-
-
-def _estimate_words(spec, scheduler, workers):
-    """The time estimate of the start-up line (after a pilot)."""
-    seconds, n_pilot, d_pilot = estimate_seconds(spec)
-    where = "one worker"
+def _estimate_line(spec, tasks, scheduler, workers, keep):
+    """The time estimate of the start-up line (after a pilot, :mod:`._estimate`)."""
+    n, where = 1, "one worker"
     if scheduler in (None, "local"):
         n = workers or _default_workers()
-        seconds, where = seconds / n, f"{n} worker(s)"
+        where = f"{n} worker(s)"
     elif scheduler != "inprocess":
         where = "one worker; divide by the cluster's workers"
-    return (f"; estimated time ~{_duration(seconds)} on {where} (an estimate: {n_pilot} "
-            f"setting(s) timed, d up to {d_pilot}, extrapolated)")
+    est = estimate_sweep(spec, tasks, workers=n, keep=keep)
+    return est, estimate_words(est, where)
 
 
 class _Progress:
@@ -360,8 +291,9 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     progress : bool
         Show a line with the size of the sweep (tasks, settings, memory per task and of
         the results) at once, completed by an estimated time from a short pilot
-        (:func:`estimate_seconds`), then a progress bar (tasks done, tasks/s, settings/s), on
-        stderr.
+        (:func:`gaussian_pde.sweep._estimate.estimate_sweep`: a few tasks timed in this
+        process, stored, not computed again), then a progress bar (tasks done, tasks/s,
+        settings/s), on stderr.
     connect_timeout : float
         Seconds to wait for a scheduler before :class:`SchedulerUnreachableError`.
 
@@ -388,14 +320,6 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         raise ValueError(f"`connect_timeout` must be a positive number, got "
                          f"{connect_timeout!r}.")
     need = check_resources(spec, scheduler)
-    if progress:
-        sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
-                         f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
-                         f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
-                         f"{need['results_bytes'] / 2**20:.3g} MiB")
-        sys.stderr.flush()
-        sys.stderr.write(_estimate_words(spec, scheduler, workers) + "\n")
-        sys.stderr.flush()
     store = SweepStore(out, spec)
     damaged = store.repair()
     if damaged:
@@ -410,28 +334,44 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     missing = store.missing_tasks()
     skipped = spec.n_tasks - len(missing)
     run_id = uuid.uuid4().hex[:12]
-    bar = _Progress(len(missing), spec.batch_size, progress)
-    n_settings = 0
+    start = time.perf_counter()
+    n_settings, est = 0, None
+    if progress:
+        sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
+                         f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
+                         f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
+                         f"{need['results_bytes'] / 2**20:.3g} MiB")
+        sys.stderr.flush()
 
-    def settings_in(index):
-        _, _, lo, hi = spec.task(index)
-        return hi - lo
+        def keep(index, arrays, seconds):   # a task the pilot computed whole: stored
+            store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
+                                             "seconds": seconds, "pilot": True})
+        est, words = _estimate_line(spec, missing, scheduler, workers, keep)
+        sys.stderr.write(words + "\n")
+        sys.stderr.flush()
+        n_settings = sum(_settings_in(spec, index) for index in est.kept)
+        missing = [index for index in missing if index not in set(est.kept)]
+    n_piloted = spec.n_tasks - skipped - len(missing)
+    bar = _Progress(len(missing), spec.batch_size, progress)
 
     if scheduler == "inprocess":
-        start = time.perf_counter()
         for index in missing:
             t0 = time.perf_counter()
             arrays = compute_batch(spec, index)
             store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
                                              "seconds": time.perf_counter() - t0})
-            n_settings += settings_in(index)
-            bar.update(settings_in(index))
-        return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings,
-                           time.perf_counter() - start, "inprocess", 1, len(damaged))
+            n_settings += _settings_in(spec, index)
+            bar.update(_settings_in(spec, index))
+        return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing),
+                           n_settings, time.perf_counter() - start, "inprocess", 1,
+                           len(damaged), est)
 
-    if not missing:  # nothing to do: do not start a cluster
-        return SweepReport(str(out), spec.n_tasks, skipped, 0, 0, 0.0,
-                           "local" if scheduler is None else str(scheduler), 0, len(damaged))
+    if not missing:  # nothing (more) to do: do not start a cluster
+        return SweepReport(str(out), spec.n_tasks, skipped, n_piloted, n_settings,
+                           time.perf_counter() - start,
+                           "local" if scheduler is None else str(scheduler), 0, len(damaged),
+                           est)
+    pilot_seconds = time.perf_counter() - start     # the cluster's start-up is not counted
     client, cluster, label, owned = _connect(scheduler, workers, connect_timeout)
     futures, pending = [], {}
     try:
@@ -456,9 +396,9 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             arrays, info = future.result()
             future.release()
             store.write_task(index, arrays, dict(info, run=run_id))
-            n_settings += settings_in(index)
-            bar.update(settings_in(index))
-        seconds = time.perf_counter() - start
+            n_settings += _settings_in(spec, index)
+            bar.update(_settings_in(spec, index))
+        seconds = pilot_seconds + time.perf_counter() - start
     finally:
         if futures:
             client.cancel([f for f in futures if f.key in pending])
@@ -466,5 +406,10 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             client.close()
         if cluster is not None:
             cluster.close()
-    return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings, seconds,
-                       label, n_workers, len(damaged))
+    return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing), n_settings,
+                       seconds, label, n_workers, len(damaged), est)
+
+
+def _settings_in(spec, index):
+    _, _, lo, hi = spec.task(index)
+    return hi - lo
