@@ -81,7 +81,8 @@ class SweepEstimate:
     pilot_seconds : float
         Wall time of the pilot (warm-ups included).
     kept : tuple of int
-        Tasks the pilot computed whole (handed to ``keep``).
+        Tasks the pilot computed whole and handed to ``keep`` (not in the estimate's
+        remaining work).
     """
 
     seconds: float
@@ -197,15 +198,20 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
     """
     start = time.perf_counter()
     tasks = list(range(spec.n_tasks) if tasks is None else tasks)
+    kept = set()
     if pilot is None:
+        def kept_too(index, arrays, seconds):
+            keep(index, arrays, seconds)
+            kept.add(index)
+
         def pilot(spec, index, rows):
-            return _run_pilot(spec, index, rows, keep)
+            return _run_pilot(spec, index, rows, None if keep is None else kept_too)
     warm_up = warm_up or _warm_up
     by_block = {}
     for index in tasks:
         attention, d, lo, hi = spec.task(index)
         by_block.setdefault((attention, d), []).append((index, hi - lo))
-    models, kept, n_pilot, d_pilot = {}, set(), 0, 0
+    models, n_pilot, d_pilot = {}, 0, 0
     n_att = len({a for a, _ in by_block})
     for attention in spec.attention:
         dims = sorted(d for a, d in by_block if a == attention)
@@ -236,8 +242,6 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
             seconds, timed = pilot(spec, index, rows)
             spent += seconds
             n_pilot += 1
-            if timed == by_block[(attention, d)][0][1]:
-                kept.add(index)
             measured.append((d, seconds / timed))
         models[attention] = measured
         d_pilot = max(d_pilot, measured[-1][0])

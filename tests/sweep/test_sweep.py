@@ -33,6 +33,7 @@ from gaussian_pde.sweep import (
     run_sweep,
     summarize,
 )
+from gaussian_pde.sweep import _estimate as _sweep_estimate
 from gaussian_pde.sweep import _run as _sweep_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -524,6 +525,7 @@ def test_a_long_sweep_says_its_size_before_the_first_task(tmp_path, monkeypatch,
     def first_task(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(_sweep_run, "compute_batch", first_task)
+    monkeypatch.setattr(_sweep_estimate, "compute_batch", first_task)   # the pilot's
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
     err = capsys.readouterr().err
@@ -546,50 +548,139 @@ def test_cli_refuses_a_sweep_too_large_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "res").exists()
 
 
-def test_a_huge_sweep_says_an_estimated_time_on_its_start_line(tmp_path, monkeypatch,
-                                                               capsys):
-    """dims 2..101: the start line gives the size, then an estimate from a (simulated) pilot."""
+def _cost(c, b, q):
+    """A pilot whose settings take ``c + b d^q`` seconds (a fixed cost and a power law)."""
+    timed = []
+
+    def pilot(spec, index, rows):
+        d = spec.task(index)[1]
+        timed.append(d)
+        return rows * (c + b * d**q), rows
+    return pilot, timed
+
+
+def test_a_huge_sweep_says_where_it_cannot_estimate(tmp_path, monkeypatch, capsys):
+    """dims 2..101, one draw: the start line gives the size, then an estimate of the
+    dimensions the pilot reaches and says that it cannot estimate beyond them."""
     import re
 
-    spec = small_spec(dims=list(range(2, 102)), draws=2, batch_size=1)
-    piloted = []
-
-    def pilot(spec, attention, d):
-        piloted.append(d)
-        return 1e-3 * d**3
+    spec = small_spec(dims=list(range(2, 102)), draws=1, batch_size=1)
+    pilot, timed = _cost(1e-3, 1e-6, 5)
 
     def first_task(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(_sweep_run, "_pilot_seconds", pilot)
+    monkeypatch.setattr(_sweep_estimate, "_run_pilot", lambda s, i, r, keep: pilot(s, i, r))
+    monkeypatch.setattr(_sweep_estimate, "_warm_up", lambda *a: None)
     monkeypatch.setattr(_sweep_run, "compute_batch", first_task)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
     line = capsys.readouterr().err.splitlines()[0]
     assert line.startswith("sweep: ") and "d up to 101" in line
-    assert re.search(r"; estimated time ~[0-9.e+]+ (s|min|h|days|years) on one worker "
-                     r"\(an estimate: \d+ setting\(s\) timed, d up to \d+", line), line
-    # the pilot stays in its budget: the small dimensions, not d = 101
-    assert max(piloted) < 101 and sum(1e-3 * d**3 for d in piloted) < 1.0
+    found = re.search(r"; estimated time ~\S+ \S+ \(\S+ \S+ to \S+ \S+\) on one worker for "
+                      r"d <= (\d+) \(\d+ task\(s\) timed, d up to (\d+), time per setting "
+                      r"growing ~ d\^(\S+) there\); cannot estimate beyond d = (\d+): ", line)
+    assert found, line
+    reach, d_pilot, p, beyond = found.groups()
+    assert reach == beyond and int(reach) == 2 * int(d_pilot) < 101
+    assert float(p) == pytest.approx(5, abs=0.3)
+    # the pilot kept within its budget (at most _PILOT_MAX over both types)
+    assert sum(1e-3 + 1e-6 * d**5 for d in timed) < _sweep_estimate._PILOT_MAX
 
 
-def test_the_estimate_extrapolates_the_pilot():
-    spec = small_spec(attention=["softmax"], dims=[2, 4, 8], draws=10)
-    seconds, n_pilot, d_pilot = _sweep_run.estimate_seconds(
-        spec, pilot=lambda s, a, d: 1e-3 * d**3, budget=10.0)
-    assert (n_pilot, d_pilot) == (3, 8)
-    assert seconds == pytest.approx(10 * 1e-3 * (8 + 64 + 512))
-    # a budget too small for d = 8: extrapolated as d^3 from the pilots
-    seconds, n_pilot, d_pilot = _sweep_run.estimate_seconds(
-        spec, pilot=lambda s, a, d: 1e-3 * d**3, budget=0.1)
-    assert (n_pilot, d_pilot) == (2, 4)
-    assert seconds == pytest.approx(10 * 1e-3 * (8 + 64 + 512))
+@pytest.mark.parametrize("budget", [0.05, 1.0, 100.0])
+def test_the_estimate_fits_the_growth_of_the_cost(budget):
+    """Settings costing c + b d^q: the pilot times dimensions spread over the range, the
+    fitted slope is q, and the estimate (and its range) holds the true time of the
+    dimensions it covers, within the pilot's budget."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 41)), draws=3, batch_size=3)
+    c, b, q = 2e-3, 1e-6, 5
+    pilot, timed = _cost(c, b, q)
+    est = _sweep_estimate.estimate_sweep(spec, budget=budget, pilot=pilot,
+                                         warm_up=lambda *a: None)
+    assert len(timed) == len(set(timed)) == est.n_pilot >= 2 and timed[0] == 2
+    assert sum(3 * (c + b * d**q) for d in timed[:-1]) <= budget
+    top = est.d_reach or 40
+    true = sum(3 * (c + b * d**q) for d in range(2, top + 1))
+    spent = est.pilot_seconds     # the wall time of the (simulated) pilot: ~0
+    # (the range's ends, widened by 10% for the log-log interpolation between pilots)
+    assert est.low - spent <= 1.1 * true and true <= 1.1 * (est.high - spent)
+    assert est.seconds - spent == pytest.approx(true, rel=0.5)
+    if np.isfinite(est.exponent):    # the growth was measured: the estimate reaches 2 d_pilot
+        assert est.exponent == pytest.approx(q, abs=0.3)
+        assert est.d_reach is None or est.d_reach == 2 * est.d_pilot
+    else:                            # only fixed costs timed: no extrapolation at all
+        assert est.d_reach == est.d_pilot
+    if est.d_reach is not None:
+        assert est.all_seconds > est.seconds
 
 
-def test_a_small_sweep_prints_an_estimate_after_a_real_pilot(tmp_path, capsys):
-    run_sweep(small_spec(draws=2), tmp_path / "res", scheduler="inprocess", progress=True)
+def test_the_estimate_schedules_the_tasks_on_the_workers():
+    """One long last task: two workers do not halve it (list scheduling, in order)."""
+    assert _sweep_estimate._wall([1.0, 1.0, 1.0, 10.0], 2) == 11.0
+    assert _sweep_estimate._wall([1.0] * 4, 2) == 2.0
+    assert _sweep_estimate._wall([1.0] * 4, 1) == 4.0
+
+
+def test_a_setting_s_growth_not_measured_is_not_extrapolated():
+    """Costs flat over the timed dimensions (fixed costs only): no growth to fit, so the
+    estimate covers the timed dimensions only and says so."""
+    spec = small_spec(attention=["softmax"], dims=[2, 4, 50], draws=1, batch_size=1)
+    est = _sweep_estimate.estimate_sweep(
+        spec, budget=1.0, pilot=lambda s, i, r: (0.01 * r if s.task(i)[1] < 50 else 1.0, r),
+        warm_up=lambda *a: None)
+    assert est.d_reach == 4 and est.d_pilot == 4 and np.isnan(est.exponent)
+    words = _sweep_estimate.estimate_words(est, "one worker")
+    assert "cannot estimate beyond d = 4" in words
+
+
+def test_a_small_sweep_s_estimate_holds(tmp_path, capsys):
+    """A real sweep of a few seconds (softmax, K = -Q, d = 2..12, one draw): the start-up
+    estimate is within 3x of the time measured by the same run (both include the pilot,
+    whose whole tasks are stored, not computed twice)."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 13)), draws=1, batch_size=1)
+    report = run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
     line = capsys.readouterr().err.splitlines()[0]
-    import re
+    est = report.estimate
+    assert "; estimated time ~" in line and est.n_pilot >= 2, line
+    assert report.n_computed == spec.n_tasks and len(est.kept) >= 2
+    assert len(log_lines(tmp_path / "res")) == spec.n_tasks    # no task computed twice
+    assert est.d_reach is None
+    assert 1 / 3 <= est.seconds / report.seconds <= 3, (line, report.seconds)
 
-    # two types, dims 2 and 3: the smallest always, d = 3 while the budget allows
-    assert re.search(r"; estimated time ~\S+ \S+ on one worker \(an estimate: [2-4] "
-                     r"setting\(s\) timed, d up to [23], extrapolated\)$", line), line
+
+def _measured(out, spec, top):
+    """Seconds of the stored tasks with d <= top, from the results' task log."""
+    return sum(line["seconds"] for line in log_lines(out) if spec.task(line["task"])[1] <= top)
+
+
+def test_an_extrapolated_estimate_holds(tmp_path):
+    """A pilot too short for the largest dimensions (d = 2..14, 0.2 s): the extrapolated
+    estimate is within 3x of the tasks' measured time."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 15)), draws=1, batch_size=1)
+    _sweep_estimate.estimate_sweep(spec, budget=0.2)     # warm: the kernels are loaded
+    est = _sweep_estimate.estimate_sweep(spec, budget=0.2)
+    assert est.d_pilot < 14 and not est.kept
+    out = tmp_path / "res"
+    run_sweep(spec, out, scheduler="inprocess", progress=False)
+    top = est.d_reach or 14
+    measured = _measured(out, spec, top)
+    assert 1 / 3 <= (est.seconds - est.pilot_seconds) / measured <= 3, (est, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [
+    pytest.param(lambda: small_spec(attention=["softmax"], dims=list(range(2, 25)), draws=1,
+                                    batch_size=1), id="softmax-d2-24-one-draw"),
+    pytest.param(lambda: SweepSpec.from_toml(ROOT / "examples" / "sweep_small.toml"),
+                 id="sweep_small"),
+    pytest.param(lambda: SweepSpec.from_toml(ROOT / "examples" / "sweep_linear.toml"),
+                 id="sweep_linear")])
+def test_the_start_up_estimate_holds(spec, tmp_path):
+    """The start-up estimate of a whole run against the run's measured time: within 3x."""
+    spec = spec()
+    report = run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
+    est = report.estimate
+    top = est.d_reach or max(spec.dims)
+    measured = report.seconds if est.d_reach is None else (
+        est.pilot_seconds + _measured(tmp_path / "res", spec, top))
+    assert 1 / 3 <= est.seconds / measured <= 3, (est, report.seconds)
