@@ -171,6 +171,18 @@ def _warm_up(spec, attention, d):
                                       batch_size=1), 0)
 
 
+def _pilot_memory(index, call, *args):
+    """``call(*args)``; its :class:`MemoryError` carries the task (``exc.sweep_task``).
+
+    The run names that task and its size.
+    """
+    try:
+        return call(*args)
+    except MemoryError as exc:
+        exc.sweep_task = index
+        raise
+
+
 def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot=None,
                    warm_up=None):
     r"""Estimate the wall time of a sweep's tasks from a short pilot (see the module notes).
@@ -217,7 +229,7 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
         dims = sorted(d for a, d in by_block if a == attention)
         if not dims:
             continue
-        warm_up(spec, attention, dims[0])
+        _pilot_memory(by_block[(attention, dims[0])][0][0], warm_up, spec, attention, dims[0])
         spent, measured = 0.0, []
 
         def allowed(measured=measured, attention=attention, dims=dims):
@@ -239,7 +251,7 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
                 rows = min(rows, int(left / per)) if per > 0 else rows
                 if rows < 1:
                     break
-            seconds, timed = pilot(spec, index, rows)
+            seconds, timed = _pilot_memory(index, pilot, spec, index, rows)
             spent += seconds
             n_pilot += 1
             measured.append((d, seconds / timed))

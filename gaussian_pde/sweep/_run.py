@@ -8,6 +8,7 @@ installed but no access to the results folder. Dask is imported here, lazily.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -103,6 +104,42 @@ def _run_task(spec_dict, index, version):
 _TASK_BYTES = {"inprocess": 64, "dask": 4096}
 #: share of this machine's memory a sweep may plan to use
 _MEMORY_SHARE = 0.5
+#: n x n float64 matrices the solver holds per trajectory it integrates (the implicit
+#: stepper's Jacobian and its LU factors; the compiled batch integrator allocates them for
+#: every trajectory, whatever the method), n = d m the entries of the state [L | alpha]
+_SOLVER_MATRICES = 2
+#: methods that hold no n x n matrix (SciPy's explicit Runge-Kutta pairs, called per setting)
+_NO_MATRICES = ("RK23", "RK45")
+
+
+def _threads():
+    """Trajectories the compiled batch integrator runs at once (Numba's threads)."""
+    value = os.environ.get("NUMBA_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else _default_workers()
+
+
+def solver_bytes(spec, d):
+    r"""Bytes of the solver's scratch for one task of dimension ``d``.
+
+    :math:`16 n^2` bytes (``_SOLVER_MATRICES`` matrices of :math:`n^2` float64) per
+    trajectory integrated at once, :math:`n = d m` (:math:`m = d`, or :math:`d + 1` for a
+    type whose field sees the mean): all of a task's settings up to Numba's thread count
+    with DOP853 (the batch), one with another implicit method (one setting at a time),
+    none with RK23 / RK45.
+    """
+    method = spec.solver.method
+    if method in _NO_MATRICES:
+        return 0.0
+    at_once = min(spec.batch_size, spec.draws, _threads()) if method == "DOP853" else 1
+    return float(at_once) * _SOLVER_MATRICES * 8.0 * float(_state_size(spec, d)) ** 2
+
+
+def _state_size(spec, d):
+    """Entries ``n = d m`` of the integrated state ``[L | alpha]`` in dimension ``d``."""
+    from ..attention import get_attention
+
+    sees_mean = any(getattr(get_attention(a), "field_sees_mean", False) for a in spec.attention)
+    return d * (d + 1 if sees_mean else d)
 
 
 def sweep_resources(spec, scheduler=None):
@@ -112,7 +149,9 @@ def sweep_resources(spec, scheduler=None):
     :math:`b_d` the bytes of one setting's recorded arrays (:func:`result_layout`):
 
     * a task holds :math:`r\,(b_d + 16Gd^2 + 64d^2)` bytes (its results, the solver's
-      covariances on the grid and a copy, the weights and initial state);
+      covariances on the grid and a copy, the weights and initial state) and the
+      solver's scratch (:func:`solver_bytes`: :math:`16 (dm)^2` bytes per trajectory
+      integrated at once);
     * the results, loaded by :func:`load_results` / ``sweep summarize``, are
       :math:`\sum_{\text{blocks}} \text{draws}\,b_d` bytes;
     * the driver's bookkeeping is ``draws`` bytes of ``done`` flags per block and
@@ -121,7 +160,8 @@ def sweep_resources(spec, scheduler=None):
     Returns
     -------
     dict
-        ``task_bytes``, ``results_bytes``, ``driver_bytes``, ``n_tasks``, ``n_settings``.
+        ``task_bytes``, ``solver_bytes`` (its part of ``task_bytes``, at the largest
+        ``d``), ``results_bytes``, ``driver_bytes``, ``n_tasks``, ``n_settings``.
     """
     rows = min(spec.batch_size, spec.draws)
     grid = spec.record.grid if spec.record.eigenvalues else 1
@@ -130,34 +170,79 @@ def sweep_resources(spec, scheduler=None):
         return sum(int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
                    for shape, dtype, _ in result_layout(spec, d).values())
     dims = sorted(set(spec.dims))
-    task = max(rows * (row_bytes(d) + 16.0 * grid * d * d + 64.0 * d * d) for d in dims)
+    task = max(rows * (row_bytes(d) + 16.0 * grid * d * d + 64.0 * d * d)
+               + solver_bytes(spec, d) for d in dims)
     results = sum(float(spec.draws) * row_bytes(d) for _, d in spec.blocks)
     per_task = _TASK_BYTES["inprocess" if scheduler == "inprocess" else "dask"]
     driver = float(spec.draws) * len(spec.blocks) + float(spec.n_tasks) * per_task
-    return {"task_bytes": task, "results_bytes": results, "driver_bytes": driver,
-            "n_tasks": spec.n_tasks, "n_settings": spec.n_settings}
+    return {"task_bytes": task, "solver_bytes": solver_bytes(spec, dims[-1]),
+            "results_bytes": results, "driver_bytes": driver, "n_tasks": spec.n_tasks,
+            "n_settings": spec.n_settings}
 
 
 def _gib(n):
     return f"{n / 2**30:.3g} GiB"
 
 
+def _address_space_left():
+    """Bytes left under this process's address-space limit (``ulimit -v``), and the limit.
+
+    ``(None, None)`` without a limit.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):   # pragma: no cover - not Unix
+        return None, None
+    if soft in (resource.RLIM_INFINITY, -1) or soft <= 0:
+        return None, None
+    try:
+        with open("/proc/self/statm") as fh:
+            used = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        used = 0
+    return max(soft - used, 0), soft
+
+
+def memory_limit():
+    """``(bytes, words)``: what a sweep may plan to use, and how that was decided.
+
+    ``_MEMORY_SHARE`` of the physical memory, or, under an address-space limit
+    (``ulimit -v``), what that limit leaves this process, if less. ``(None, None)`` where
+    neither is known.
+    """
+    total = _memory_bytes()
+    limit, words = None, None
+    if total is not None:
+        limit = _MEMORY_SHARE * total
+        words = f"{_MEMORY_SHARE:.0%} of this machine's {_gib(total)} of memory"
+    left, soft = _address_space_left()
+    if left is not None and (limit is None or left < limit):
+        limit = float(left)
+        words = (f"the {_gib(left)} that this process's address-space limit "
+                 f"(ulimit -v {soft // 1024}) leaves it")
+    return limit, words
+
+
 def check_resources(spec, scheduler=None):
     """Refuse, before any work, a sweep whose memory would not fit this machine.
 
-    One line, with the size needed and the key to change (see :func:`sweep_resources`).
+    One line, with the size needed and the key to change (see :func:`sweep_resources`
+    and :func:`memory_limit`).
     """
     need = sweep_resources(spec, scheduler)
-    total = _memory_bytes()
-    if total is None:
+    limit, have = memory_limit()
+    if limit is None:
         return need
-    limit = _MEMORY_SHARE * total
-    have = f"{_MEMORY_SHARE:.0%} of this machine's {_gib(total)} of memory"
     if need["task_bytes"] > limit:
+        d = max(spec.dims)
+        solver = (f", of which {_gib(need['solver_bytes'])} the solver's n x n matrices, "
+                  f"n = {_state_size(spec, d)} state entries at d = {d}" if need["solver_bytes"] else "")
         raise ValueError(f"sweep: one task would hold {_gib(need['task_bytes'])} "
                          f"({min(spec.batch_size, spec.draws)} settings, d up to "
-                         f"{max(spec.dims)}, record.grid = {spec.record.grid}), more than "
-                         f"{have}; lower sweep.batch_size, record.grid or sweep.dims.")
+                         f"{d}, record.grid = {spec.record.grid}{solver}), more than "
+                         f"{have}; lower sweep.dims, sweep.batch_size or record.grid.")
     if need["driver_bytes"] > limit:
         raise ValueError(f"sweep: {need['n_tasks']} tasks of {spec.draws} draws would need "
                          f"{_gib(need['driver_bytes'])} of bookkeeping, more than {have}; "
@@ -169,6 +254,26 @@ def check_resources(spec, scheduler=None):
     return need
 
 
+def _out_of_memory(spec, index, exc):
+    """The :class:`MemoryError` of task ``index``, naming the task and what it asks for."""
+    attention, d, lo, hi = spec.task(index)
+    need = sweep_resources(dataclasses.replace(spec, attention=(attention,), dims=(d,)))
+    why = " ".join(str(exc).split()) or "an allocation failed"
+    return MemoryError(f"sweep task {index} ({attention}, d = {d}, draws {lo}..{hi - 1}) ran "
+                       f"out of memory ({why}); it asks for about {_gib(need['task_bytes'])}, "
+                       f"{_gib(need['solver_bytes'])} of them the solver's n x n matrices "
+                       f"(n = {_state_size(spec, d)}): lower sweep.dims or sweep.batch_size.")
+
+
+@contextlib.contextmanager
+def _task_memory(spec, index):
+    """Re-raise a task's :class:`MemoryError` with its size (:func:`_out_of_memory`)."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise _out_of_memory(spec, index, exc) from None
+
+
 def _estimate_line(spec, tasks, scheduler, workers, keep):
     """The time estimate of the start-up line (after a pilot, :mod:`._estimate`)."""
     n, where = 1, "one worker"
@@ -177,7 +282,10 @@ def _estimate_line(spec, tasks, scheduler, workers, keep):
         where = f"{n} worker(s)"
     elif scheduler != "inprocess":
         where = "one worker; divide by the cluster's workers"
-    est = estimate_sweep(spec, tasks, workers=n, keep=keep)
+    try:
+        est = estimate_sweep(spec, tasks, workers=n, keep=keep)
+    except MemoryError as exc:     # the pilot ran a task of the sweep: say which
+        raise _out_of_memory(spec, getattr(exc, "sweep_task", tasks[0]), exc) from None
     return est, estimate_words(est, where)
 
 
@@ -357,7 +465,8 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     if scheduler == "inprocess":
         for index in missing:
             t0 = time.perf_counter()
-            arrays = compute_batch(spec, index)
+            with _task_memory(spec, index):
+                arrays = compute_batch(spec, index)
             store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
                                              "seconds": time.perf_counter() - t0})
             n_settings += _settings_in(spec, index)
@@ -393,7 +502,8 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         pending = {f.key: index for f, index in zip(futures, missing)}
         for future in as_completed(futures):
             index = pending.pop(future.key)
-            arrays, info = future.result()
+            with _task_memory(spec, index):
+                arrays, info = future.result()
             future.release()
             store.write_task(index, arrays, dict(info, run=run_id))
             n_settings += _settings_in(spec, index)
