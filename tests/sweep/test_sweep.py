@@ -653,16 +653,17 @@ def _measured(out, spec, top):
     return sum(line["seconds"] for line in log_lines(out) if spec.task(line["task"])[1] <= top)
 
 
+@pytest.mark.slow
 def test_an_extrapolated_estimate_holds(tmp_path):
-    """A pilot too short for the largest dimensions (d = 2..14, 0.2 s): the extrapolated
-    estimate is within 3x of the tasks' measured time."""
-    spec = small_spec(attention=["softmax"], dims=list(range(2, 15)), draws=1, batch_size=1)
-    _sweep_estimate.estimate_sweep(spec, budget=0.2)     # warm: the kernels are loaded
-    est = _sweep_estimate.estimate_sweep(spec, budget=0.2)
-    assert est.d_pilot < 14 and not est.kept
+    """A pilot too short for the largest dimensions (softmax, K = -Q, d = 2..20, 2 s):
+    the extrapolated estimate is within 3x of the tasks' measured time (about 20 s)."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 21)), draws=1, batch_size=1)
+    _sweep_estimate._warm_up(spec, "softmax", 2)      # the kernels loaded, as in a run
+    est = _sweep_estimate.estimate_sweep(spec, budget=2.0)
+    assert est.d_pilot < 20 and np.isfinite(est.exponent) and not est.kept
     out = tmp_path / "res"
     run_sweep(spec, out, scheduler="inprocess", progress=False)
-    top = est.d_reach or 14
+    top = est.d_reach or 20
     measured = _measured(out, spec, top)
     assert 1 / 3 <= (est.seconds - est.pilot_seconds) / measured <= 3, (est, measured)
 
@@ -684,3 +685,50 @@ def test_the_start_up_estimate_holds(spec, tmp_path):
     measured = report.seconds if est.d_reach is None else (
         est.pilot_seconds + _measured(tmp_path / "res", spec, top))
     assert 1 / 3 <= est.seconds / measured <= 3, (est, report.seconds)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_a_task_out_of_memory_names_the_task_and_its_size(tmp_path, monkeypatch, capsys,
+                                                          progress):
+    """An allocation that fails in a task (in the run, or in the estimate's pilot): a
+    MemoryError naming the task and what it asks for; the CLI prints it on one line."""
+    from gaussian_pde.cli._main import main
+
+    def compiled_allocation(*args):
+        raise MemoryError("Allocation failed (probably too large)")
+    monkeypatch.setattr(_sweep_run, "compute_batch", compiled_allocation)
+    monkeypatch.setattr(_sweep_estimate, "compute_batch", compiled_allocation)
+    spec = small_spec(attention=["l2"], dims=[3], draws=2)
+    with pytest.raises(MemoryError, match=r"sweep task 0 \(l2, d = 3, draws 0\.\.1\) ran out "
+                                          r"of memory \(Allocation failed .*\); it asks for "
+                                          r"about \S+ GiB, \S+ GiB of them the solver's n x n "
+                                          r"matrices \(n = 9\)"):
+        run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=progress)
+    (tmp_path / "spec.toml").write_text(spec.to_toml())
+    argv = ["sweep", "run", str(tmp_path / "spec.toml"), "--inprocess", "--out",
+            str(tmp_path / "res2")] + ([] if progress else ["--no-progress"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert exc.value.code == 2 and len(err) == 1 and "out of memory: sweep task 0" in err[0]
+
+
+def test_the_memory_check_counts_the_solver_s_matrices(monkeypatch):
+    """d = 200 with one draw: a few MiB of results, but the solver's two n x n matrices,
+    n = d^2, are 16 n^2 bytes (24 GiB): counted in the task, refused up front."""
+    spec = small_spec(attention=["softmax"], dims=[200], draws=1)
+    need = _sweep_run.sweep_resources(spec, "inprocess")
+    assert need["solver_bytes"] == 16.0 * (200 * 200) ** 2
+    assert need["task_bytes"] > need["solver_bytes"]
+    # the mean's column where the field sees the mean: n = d (d + 1)
+    linear = small_spec(attention=["linear"], dims=[10], draws=1)
+    assert _sweep_run.sweep_resources(linear)["solver_bytes"] == 16.0 * (10 * 11) ** 2
+    # explicit Runge-Kutta pairs hold no n x n matrix
+    data = spec.to_dict()
+    data["solver"]["method"] = "RK45"
+    assert _sweep_run.sweep_resources(SweepSpec.from_dict(data))["solver_bytes"] == 0
+    monkeypatch.setattr(_sweep_run, "_memory_bytes", lambda: 32 * 2**30)   # half: 16 GiB
+    with pytest.raises(ValueError, match=r"one task would hold 23\.\d GiB .*solver's n x n "
+                                         r"matrices, n = 40000 .*lower sweep\.dims"):
+        _sweep_run.check_resources(spec, "inprocess")
