@@ -47,6 +47,7 @@ FILES = {
     "no_sweep.toml": "[solver]\nhorizon = 1.0\n",
     "empty.toml": "",
     "binary.toml": "\x00\x01\x02",
+    "latin1.toml": GOOD_SPEC.replace("[solver]", "# r\xe9sum\xe9\n[solver]"),   # not UTF-8
     "table_as_value.toml": GOOD_SPEC.replace("horizon = 1.0", "horizon = {a = 1}"),
     "dims_empty.toml": GOOD_SPEC.replace("dims = [2]", "dims = []"),
     "weights.json": '{"Q": [[1, 0]], "K": [[1, 0]], "V": [[1, 0], [0, 1]]}',
@@ -142,6 +143,10 @@ CASES = {
                          "sweep": ["sweep", "run", "good.toml", "--inprocess"]}.items()
        for root in ("/proc", "/sys") if os.path.isdir(root)},
     "summarize-plot-proc": ["sweep", "summarize", "a_file", "--plot", "/proc/x.png"],
+    # a folder or a device that is not a results folder: named as such (not as `--plot`)
+    "summarize-proc": ["sweep", "summarize", "/proc/self"],
+    "summarize-device": ["sweep", "summarize", "/dev/null"],
+    "summarize-folder": ["sweep", "summarize", "."],
 }
 
 #: known failures fixed at the root elsewhere (the numerics' validation of sweep specs)
@@ -193,7 +198,7 @@ def run_cli(argv, folder, headroom=None):
 @pytest.fixture
 def folder(tmp_path):
     for name, text in FILES.items():
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text, encoding="latin-1" if "latin1" in name else None)
     return tmp_path
 
 
@@ -229,3 +234,31 @@ def test_a_sweep_too_large_for_the_memory_names_the_size(name, headroom, says, f
                         headroom)
     assert code == "2" and "GiB" in err and says in err, err
     assert not (folder / "res").exists()
+
+
+def _remove(path):
+    import shutil
+
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda zarr: _remove(zarr / "l2" / "d2"), id="group-deleted"),
+    pytest.param(lambda zarr: _remove(zarr / "l2" / "d2" / "status"), id="array-deleted"),
+    pytest.param(lambda zarr: (zarr / ".zattrs").write_text("garbage"), id="metadata-garbage"),
+    pytest.param(lambda zarr: (zarr / "l2" / "d2" / "done" / ".zarray").write_text("{"),
+                 id="array-metadata-truncated"),
+])
+def test_a_results_folder_with_a_damaged_structure(damage, folder):
+    """A Zarr store whose group, array or metadata is gone or garbage (not a chunk, which
+    a resume repairs): `sweep summarize` and `sweep run` say so in one line, exit 2."""
+    code, err = run_cli(["-q", "sweep", "run", "good.toml", "--inprocess", "--out", "res"],
+                        folder)
+    assert code == "0", err
+    damage(folder / "res" / "results.zarr")
+    for argv in (["sweep", "summarize", "res", "--no-plot"],
+                 ["-q", "sweep", "run", "good.toml", "--inprocess", "--out", "res"]):
+        code, err = run_cli(argv, folder)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == "2" and "Traceback" not in err and len(lines) == 1, err
+        assert "the Zarr store results.zarr is damaged" in lines[0], lines[0]
