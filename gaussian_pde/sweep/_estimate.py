@@ -9,7 +9,8 @@ costs hide that growth. So the estimate
 2. times one task per dimension, from the smallest, then at dimensions at least
    ``_PILOT_STEP`` times the last timed one (and the largest), while the predicted time of
    the next one fits the budget (a share of the estimated time, within bounds); a task
-   too long for the budget is timed on fewer of its settings;
+   too long for the budget is timed on fewer of its settings (at the smallest dimension,
+   one setting is timed first to tell);
 3. interpolates log-log between timed dimensions and extrapolates beyond the largest as
    a fixed cost plus a growing part, :math:`t(d) = c + g(d_p)\,(d/d_p)^{p}`, with
    :math:`p` the least-squares log-log slope of the growing part on the last timed
@@ -252,7 +253,12 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
             if measured and d < _PILOT_STEP * measured[-1][0] and d != dims[-1]:
                 continue
             index, rows = by_block[(attention, d)][0]
-            if measured:
+            if not measured and rows > 1:    # one setting first: is the whole task short?
+                seconds, _ = _pilot_memory(index, pilot, spec, index, 1)
+                spent += seconds
+                left = allowed() - spent
+                rows = min(rows, max(1, int(left / seconds))) if seconds > 0 else rows
+            elif measured:
                 per = _per_setting(measured, d, _SLOPE_HIGH)
                 left = allowed() - spent
                 rows = min(rows, int(left / per)) if per > 0 else rows
@@ -265,8 +271,9 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
         models[attention] = measured
         d_pilot = max(d_pilot, measured[-1][0])
 
-    reach = {a: (m[-1][0] if _growth(m)[1] is None else int(_REACH * m[-1][0]))
-             for a, m in models.items()}
+    # the dimensions covered: up to the least reach of the types (one bound for the line)
+    reach = min((m[-1][0] if _growth(m)[1] is None else int(_REACH * m[-1][0])
+                 for m in models.values()), default=0)
     spent = time.perf_counter() - start
     rest = [(i, a, d, rows) for (a, d), items in by_block.items() for i, rows in items
             if i not in kept]
@@ -275,13 +282,13 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
     def wall(extra, covered_only):
         return spent + _wall([rows * _per_setting(models[a], d, extra)
                               for _, a, d, rows in rest
-                              if not covered_only or d <= reach[a]], workers)
-    beyond = any(d > reach[a] for _, a, d, _ in rest)
+                              if not covered_only or d <= reach], workers)
+    beyond = any(d > reach for _, _, d, _ in rest)
     exponents = [p for p in (_growth(m)[1] for m in models.values()) if p is not None]
     return SweepEstimate(
         seconds=wall(0.0, True), low=wall(_SLOPE_LOW, True), high=wall(_SLOPE_HIGH, True),
         all_seconds=wall(0.0, False), workers=workers, n_pilot=n_pilot,
-        d_pilot=d_pilot, d_reach=min(reach.values()) if beyond else None,
+        d_pilot=d_pilot, d_reach=reach if beyond else None,
         exponent=max(exponents) if exponents else float("nan"), pilot_seconds=spent,
         kept=tuple(sorted(kept)))
 

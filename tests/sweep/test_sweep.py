@@ -554,7 +554,7 @@ def _cost(c, b, q):
 
     def pilot(spec, index, rows):
         d = spec.task(index)[1]
-        timed.append(d)
+        timed.append((d, rows))
         return rows * (c + b * d**q), rows
     return pilot, timed
 
@@ -584,7 +584,7 @@ def test_a_huge_sweep_says_where_it_cannot_estimate(tmp_path, monkeypatch, capsy
     assert reach == beyond and int(reach) == 2 * int(d_pilot) < 101
     assert float(p) == pytest.approx(5, abs=0.3)
     # the pilot kept within its budget (at most _PILOT_MAX over both types)
-    assert sum(1e-3 + 1e-6 * d**5 for d in timed) < _sweep_estimate._PILOT_MAX
+    assert sum(r * (1e-3 + 1e-6 * d**5) for d, r in timed) < _sweep_estimate._PILOT_MAX
 
 
 @pytest.mark.parametrize("budget", [0.05, 1.0, 100.0])
@@ -597,8 +597,9 @@ def test_the_estimate_fits_the_growth_of_the_cost(budget):
     pilot, timed = _cost(c, b, q)
     est = _sweep_estimate.estimate_sweep(spec, budget=budget, pilot=pilot,
                                          warm_up=lambda *a: None)
-    assert len(timed) == len(set(timed)) == est.n_pilot >= 2 and timed[0] == 2
-    assert sum(3 * (c + b * d**q) for d in timed[:-1]) <= budget
+    # one setting at d = 2 first (a task of 3), then one task (or part) per dimension
+    assert timed[0] == (2, 1) and len({d for d, _ in timed}) == est.n_pilot >= 2
+    assert sum(r * (c + b * d**q) for d, r in timed[:-1]) <= budget
     top = est.d_reach or 40
     true = sum(3 * (c + b * d**q) for d in range(2, top + 1))
     spent = est.pilot_seconds     # the wall time of the (simulated) pilot: ~0
