@@ -41,7 +41,7 @@ from ._compute import compute_batch
 __all__ = ["SweepEstimate", "estimate_sweep", "estimate_words"]
 
 #: the pilot may take this share of the estimated compute time (one worker), within bounds
-_PILOT_SHARE = 0.05
+_PILOT_SHARE = 0.1
 _PILOT_MIN, _PILOT_MAX = 1.0, 60.0
 #: the next dimension timed is at least this factor above the last
 _PILOT_STEP = 1.5
