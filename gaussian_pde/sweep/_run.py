@@ -259,7 +259,8 @@ def _out_of_memory(spec, index, exc):
     attention, d, lo, hi = spec.task(index)
     need = sweep_resources(dataclasses.replace(spec, attention=(attention,), dims=(d,)))
     why = " ".join(str(exc).split()) or "an allocation failed"
-    return MemoryError(f"sweep task {index} ({attention}, d = {d}, draws {lo}..{hi - 1}) ran "
+    draws = f"draw {lo}" if hi - lo == 1 else f"draws {lo}..{hi - 1}"
+    return MemoryError(f"sweep task {index} ({attention}, d = {d}, {draws}) ran "
                        f"out of memory ({why}); it asks for about {_gib(need['task_bytes'])}, "
                        f"{_gib(need['solver_bytes'])} of them the solver's n x n matrices "
                        f"(n = {_state_size(spec, d)}): lower sweep.dims or sweep.batch_size.")
@@ -454,7 +455,11 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         def keep(index, arrays, seconds):   # a task the pilot computed whole: stored
             store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
                                              "seconds": seconds, "pilot": True})
-        est, words = _estimate_line(spec, missing, scheduler, workers, keep)
+        try:
+            est, words = _estimate_line(spec, missing, scheduler, workers, keep)
+        except BaseException:   # end the start line: the error (or interruption) follows
+            sys.stderr.write("\n")
+            raise
         sys.stderr.write(words + "\n")
         sys.stderr.flush()
         n_settings = sum(_settings_in(spec, index) for index in est.kept)
