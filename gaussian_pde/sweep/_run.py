@@ -445,6 +445,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     run_id = uuid.uuid4().hex[:12]
     start = time.perf_counter()
     n_settings, est = 0, None
+    bar = _Progress(len(missing), spec.batch_size, progress)   # the pilot's tasks included
     if progress:
         sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
                          f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
@@ -462,10 +463,11 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             raise
         sys.stderr.write(words + "\n")
         sys.stderr.flush()
-        n_settings = sum(_settings_in(spec, index) for index in est.kept)
+        for index in est.kept:
+            n_settings += _settings_in(spec, index)
+            bar.update(_settings_in(spec, index))
         missing = [index for index in missing if index not in set(est.kept)]
     n_piloted = spec.n_tasks - skipped - len(missing)
-    bar = _Progress(len(missing), spec.batch_size, progress)
 
     if scheduler == "inprocess":
         for index in missing:
