@@ -86,6 +86,9 @@ class SweepEstimate:
     kept : tuple of int
         Tasks the pilot computed whole and handed to ``keep`` (not in the estimate's
         remaining work).
+    task_seconds : dict
+        Task index -> seconds: measured for those kept, the central estimate (or
+        extrapolation) for the others (the progress bar's time left weighs tasks by it).
     """
 
     seconds: float
@@ -99,6 +102,7 @@ class SweepEstimate:
     exponent: float
     pilot_seconds: float
     kept: tuple = ()
+    task_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
 def _growth(measured):
@@ -218,11 +222,12 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
     """
     start = time.perf_counter()
     tasks = list(range(spec.n_tasks) if tasks is None else tasks)
-    kept = set()
+    kept, measured_tasks = set(), {}
     if pilot is None:
         def kept_too(index, arrays, seconds):
             keep(index, arrays, seconds)
             kept.add(index)
+            measured_tasks[index] = seconds
 
         def pilot(spec, index, rows):
             return _run_pilot(spec, index, rows, None if keep is None else kept_too)
@@ -285,12 +290,14 @@ def estimate_sweep(spec, tasks=None, *, workers=1, budget=None, keep=None, pilot
                               if not covered_only or d <= reach], workers)
     beyond = any(d > reach for _, _, d, _ in rest)
     exponents = [p for p in (_growth(m)[1] for m in models.values()) if p is not None]
+    task_seconds = {i: rows * _per_setting(models[a], d, 0.0) for i, a, d, rows in rest}
+    task_seconds.update(measured_tasks)
     return SweepEstimate(
         seconds=wall(0.0, True), low=wall(_SLOPE_LOW, True), high=wall(_SLOPE_HIGH, True),
         all_seconds=wall(0.0, False), workers=workers, n_pilot=n_pilot,
         d_pilot=d_pilot, d_reach=reach if beyond else None,
         exponent=max(exponents) if exponents else float("nan"), pilot_seconds=spent,
-        kept=tuple(sorted(kept)))
+        kept=tuple(sorted(kept)), task_seconds=task_seconds)
 
 
 def duration(seconds):

@@ -291,17 +291,32 @@ def _estimate_line(spec, tasks, scheduler, workers, keep):
 
 
 class _Progress:
-    """A one-line progress bar on stderr: tasks done, tasks/s and settings/s."""
+    """A one-line progress bar on stderr: tasks done, tasks/s, settings/s and the time left.
+
+    The time left weighs each task by its predicted seconds (``weights``: task index ->
+    seconds, from the time estimate), scaled by the time the finished ones took: tasks
+    whose cost grows with ``d`` are not counted alike. Without weights, tasks count alike.
+    """
 
     def __init__(self, total, per_task, enabled, stream=None):
         self.total, self.per_task, self.enabled = total, per_task, enabled and total > 0
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.done, self.settings, self.start, self.last = 0, 0, time.perf_counter(), 0.0
+        self.weights, self.left, self.finished = None, None, 0.0
 
-    def update(self, settings, force=False):
+    def weigh(self, weights, tasks):
+        """Weigh ``tasks`` (those still to finish) by ``weights`` for the time left."""
+        self.weights = weights
+        self.left = sum(weights.get(i, 0.0) for i in tasks)
+
+    def update(self, settings, force=False, index=None):
         self.done += 1
         self.settings += settings
+        if self.weights is not None and index is not None:
+            w = self.weights.get(index, 0.0)
+            self.finished += w
+            self.left = max(self.left - w, 0.0)
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -313,7 +328,10 @@ class _Progress:
         width = 30
         fill = int(width * self.done / self.total)
         rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        if self.weights is not None and self.finished > 0:
+            eta = elapsed * self.left / self.finished
+        else:
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         line = (f"sweep [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} tasks "
                 f"{rate:.2f} tasks/s {self.settings / elapsed:.1f} settings/s "
                 f"eta {eta:.0f}s")
@@ -463,9 +481,10 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             raise
         sys.stderr.write(words + "\n")
         sys.stderr.flush()
+        bar.weigh(est.task_seconds, missing)
         for index in est.kept:
             n_settings += _settings_in(spec, index)
-            bar.update(_settings_in(spec, index))
+            bar.update(_settings_in(spec, index), index=index)
         missing = [index for index in missing if index not in set(est.kept)]
     n_piloted = spec.n_tasks - skipped - len(missing)
 
@@ -477,7 +496,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
                                              "seconds": time.perf_counter() - t0})
             n_settings += _settings_in(spec, index)
-            bar.update(_settings_in(spec, index))
+            bar.update(_settings_in(spec, index), index=index)
         return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing),
                            n_settings, time.perf_counter() - start, "inprocess", 1,
                            len(damaged), est)
@@ -514,7 +533,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             future.release()
             store.write_task(index, arrays, dict(info, run=run_id))
             n_settings += _settings_in(spec, index)
-            bar.update(_settings_in(spec, index))
+            bar.update(_settings_in(spec, index), index=index)
         seconds = pilot_seconds + time.perf_counter() - start
     finally:
         if futures:

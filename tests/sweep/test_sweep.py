@@ -733,3 +733,22 @@ def test_the_memory_check_counts_the_solver_s_matrices(monkeypatch):
     with pytest.raises(ValueError, match=r"one task would hold 23\.\d GiB .*solver's n x n "
                                          r"matrices, n = 40000 .*lower sweep\.dims"):
         _sweep_run.check_resources(spec, "inprocess")
+
+
+def test_the_progress_bar_weighs_the_time_left_by_the_estimate():
+    """Tasks of growing cost: after the cheap first one, the time left is scaled by the
+    predicted seconds of those left (9 times its own), not by their count (2 times)."""
+    import io
+    import re
+
+    stream = io.StringIO()
+    bar = _sweep_run._Progress(3, 1, True, stream=stream)
+    bar.weigh({0: 1.0, 1: 1.0, 2: 8.0}, [0, 1, 2])
+    bar.start = time.perf_counter() - 2.0             # the first task took 2 s
+    bar.update(1, force=True, index=0)
+    eta = float(re.search(r"eta (\d+)s", stream.getvalue()).group(1))
+    assert 17 <= eta <= 19, stream.getvalue()
+    unweighted = _sweep_run._Progress(3, 1, True, stream=io.StringIO())
+    unweighted.start = bar.start
+    unweighted.update(1, force=True)
+    assert "eta 4s" in unweighted.stream.getvalue()
