@@ -303,21 +303,24 @@ class _Progress:
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.done, self.settings, self.start, self.last = 0, 0, time.perf_counter(), 0.0
-        self.weights, self.left, self.finished = None, None, 0.0
+        self.weights, self.left, self.finished, self.overhead = None, None, 0.0, 0.0
 
-    def weigh(self, weights, tasks):
-        """Weigh ``tasks`` (those still to finish) by ``weights`` for the time left."""
-        self.weights = weights
+    def weigh(self, weights, tasks, overhead=0.0):
+        """Weigh ``tasks`` (those still to finish) by ``weights`` for the time left.
+
+        ``overhead``: seconds spent so far on no task (the pilot's warm-ups).
+        """
+        self.weights, self.overhead = weights, overhead
         self.left = sum(weights.get(i, 0.0) for i in tasks)
 
-    def update(self, settings, force=False, index=None):
+    def update(self, settings, force=False, index=None, quiet=False):
         self.done += 1
         self.settings += settings
         if self.weights is not None and index is not None:
             w = self.weights.get(index, 0.0)
             self.finished += w
             self.left = max(self.left - w, 0.0)
-        if not self.enabled:
+        if not self.enabled or quiet:
             return
         now = time.perf_counter()
         if not (force or self.done == self.total or now - self.last >= (0.2 if self.tty
@@ -329,7 +332,7 @@ class _Progress:
         fill = int(width * self.done / self.total)
         rate = self.done / elapsed
         if self.weights is not None and self.finished > 0:
-            eta = elapsed * self.left / self.finished
+            eta = max(elapsed - self.overhead, 0.0) * self.left / self.finished
         else:
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         line = (f"sweep [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} tasks "
@@ -481,10 +484,12 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             raise
         sys.stderr.write(words + "\n")
         sys.stderr.flush()
-        bar.weigh(est.task_seconds, missing)
-        for index in est.kept:
+        bar.weigh(est.task_seconds, missing, overhead=est.pilot_seconds - sum(
+            est.task_seconds[i] for i in est.kept))
+        for j, index in enumerate(est.kept):   # one line for them all, at the last
             n_settings += _settings_in(spec, index)
-            bar.update(_settings_in(spec, index), index=index)
+            bar.update(_settings_in(spec, index), index=index, force=True,
+                       quiet=j < len(est.kept) - 1)
         missing = [index for index in missing if index not in set(est.kept)]
     n_piloted = spec.n_tasks - skipped - len(missing)
 
