@@ -447,11 +447,36 @@ def classify_solution(solution, attention=None, **kwargs):
     The final state is ``solution.cov_final`` at ``solution.t_final``; the solver's
     status, blow-up time and message are used as evidence. A
     :class:`gaussian_pde.BatchSolution` (anything with ``trajectory(i)`` and a length)
-    gives a list: every trajectory classified, in order.
+    gives a list: every trajectory classified, in order, with ``attention`` one for all
+    or a sequence of one per trajectory. A batch solved without ``t_eval`` kept only its
+    final states: its trajectories that the solver's verdict decides (a blow-up with its
+    time, a failure) are classified, any other is refused (``ValueError``: solve with
+    ``t_eval`` from the initial time), as neither its initial trace nor its last steps
+    are known.
     """
     if callable(getattr(solution, "trajectory", None)) and hasattr(solution, "__len__"):
-        return [classify_solution(solution.trajectory(i), attention, **kwargs)
-                for i in range(len(solution))]
+        n = len(solution)
+        if getattr(solution, "t", None) is None:
+            for i in range(n):
+                one = solution.trajectory(i)
+                if not ((str(one.status) == "blowup" and one.t_blowup is not None)
+                        or str(one.status) == "failed"):
+                    raise ValueError(
+                        "`solution` is a BatchSolution that kept only its final states "
+                        f"(solve_batch without `t_eval`), and trajectory {i} ended "
+                        f"{str(one.status)!r}: classifying it needs its initial state and "
+                        "its last steps. Solve with `t_eval` from the initial time, e.g. "
+                        "gp.solve_batch(..., t_eval=np.linspace(t0, t1, 11)), and classify "
+                        "that.")
+        if isinstance(attention, (list, tuple)):
+            if len(attention) != n:
+                raise ValueError(f"`attention` must be one attention or one per trajectory "
+                                 f"({n}), got {len(attention)}.")
+            attentions = list(attention)
+        else:
+            attentions = [attention] * n
+        return [classify_solution(solution.trajectory(i), attentions[i], **kwargs)
+                for i in range(n)]
     for attr in ("t", "cov", "cov_final", "t_final", "status"):
         if not hasattr(solution, attr):
             raise TypeError("`solution` must be a MomentSolution (from gaussian_pde.solve), "

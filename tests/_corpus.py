@@ -595,7 +595,10 @@ BAD = {
               "attention": (lambda s: _softmax(), ERROR),
               "wrong_d": (lambda s: gp.Stack(gp.Softmax(*_weights(3)), n_layers=2), ERROR)},
     "solution": {"str": (lambda s: "sol", ERROR), "None": (lambda s: None, ERROR),
-                 "dict": (lambda s: {"t": [0.0], "cov": [np.eye(2)]}, ERROR)},
+                 "dict": (lambda s: {"t": [0.0], "cov": [np.eye(2)]}, ERROR),
+                 # final states only (no t_eval), none decided by a blow-up
+                 "batch_final_only": (lambda s: gp.solve_batch(
+                     _softmax(), np.stack([_cov(), np.eye(2)]), (0.0, 0.2)), ERROR)},
     "dict_kind": {},
     # sweep specification keys (the TOML values)
     "spec_int": {"neg": (lambda v: -1, ERROR), "float": (lambda v: 2.5, ERROR),

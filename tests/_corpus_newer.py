@@ -50,7 +50,8 @@ def _spec(**sweep):
     from gaussian_pde.sweep import SweepSpec
 
     data = {"sweep": {"attention": ["softmax"], "dims": [2], "draws": 2, "seed": 1,
-                      "batch_size": 2}, "solver": {"horizon": 0.5}, "record": {"grid": 3}}
+                      "batch_size": 2}, "solver": {"horizon": 0.5}, "record": {"grid": 3},
+            "weights": {}}
     for key, value in sweep.items():
         table, name = key.split("__") if "__" in key else ("sweep", key)
         data[table][name] = value
@@ -108,8 +109,16 @@ def _cases(tmp):
         [1.0, 2.0], cov, status="blowup", t_blowup=0.5), names="`t_blowup`")
     add("classify-t_blowup-complex", lambda: analysis.classify_trajectory(
         [1.0, 2.0], cov, status="blowup", t_blowup=1 + 1j), names="`t_blowup`")
+    # a batch without its trajectories (no t_eval): K = -Q does not blow up, so nothing
+    # decides it; with t_eval, one outcome per trajectory
     add("classify-batch", lambda: analysis.classify_solution(
-        gp.solve_batch(att, cov, (0, 1), path="numpy")), "result")
+        gp.solve_batch(att, cov, (0, 1), path="numpy")), names="`t_eval`")
+    add("classify-batch-t_eval", lambda: analysis.classify_solution(
+        gp.solve_batch(att, cov, (0, 1), t_eval=np.linspace(0, 1, 5), path="numpy")),
+        "result")
+    add("classify-batch-attentions", lambda: analysis.classify_solution(
+        gp.solve_batch(att, cov, (0, 1), t_eval=np.linspace(0, 1, 5)), attention=[att]),
+        names="`attention`")
     # mixtures
     mix = _mix()
     for k in (5, -3, 1.5, "0", None):
@@ -145,6 +154,9 @@ def _cases(tmp):
     for key, val in [("draws", 10**12), ("record__grid", 10**8), ("dims", [10**6])]:
         add(f"sweep-{key}-{val!r}", lambda k=key, v=val: _run_spec(tmp, **{k: v}),
             names="GiB")
+    # the solver's n x n matrices: n = d^2 = 40,000 entries, 24 GiB for one setting
+    add("sweep-d200-independent", lambda: _run_spec(tmp, dims=[200], draws=1,
+                                                    weights__key="independent"), names="GiB")
     add("sweep-draws-1e9-batch-1", lambda: _run_spec(tmp, draws=10**9, batch_size=1),
         names="GiB")
     add("sweep-batch-1e9-draws-4", lambda: _run_spec(tmp, draws=4, batch_size=10**9),

@@ -202,3 +202,25 @@ def test_classify_solution_of_a_batch_classifies_every_trajectory(rng):
         one = an.classify_solution(gp.solve(att, None, covs[i], (0.0, 10.0)), attention=att)
         assert oc.outcome == one.outcome == an.Outcome.BLOWUP
         assert oc.t_blowup == pytest.approx(blowup_time(att, covs[i]), rel=1e-6)
+
+
+def test_classify_solution_of_a_batch_without_its_trajectory_says_what_to_pass(rng):
+    """K = -Q: no blow-up, so classifying needs the trajectory. A batch solved without
+    `t_eval` kept only its final states: a ValueError says to pass `t_eval`; with it,
+    one outcome per trajectory, the same as classifying each trajectory alone."""
+    d = 2
+    Q = rng.standard_normal((1, d))
+    att = gp.Softmax(Q, -Q, np.eye(d))
+    covs = np.stack([random_spd(rng, d) for _ in range(3)])
+    with pytest.raises(ValueError, match=r"`solution`.*without `t_eval`.*t_eval="):
+        an.classify_solution(gp.solve_batch(att, covs, (0.0, 5.0)))
+    t_eval = np.linspace(0.0, 5.0, 21)
+    batch = gp.solve_batch(att, covs, (0.0, 5.0), t_eval=t_eval)
+    for attention in (att, [att] * 3):
+        out = an.classify_solution(batch, attention=attention)
+        assert len(out) == 3
+        for i, oc in enumerate(out):
+            assert oc == an.classify_solution(batch.trajectory(i), attention=att)
+    with pytest.raises(ValueError, match="`attention` must be one attention or one per "
+                                         r"trajectory \(3\), got 2"):
+        an.classify_solution(batch, attention=[att, att])

@@ -68,7 +68,7 @@ def add_arguments(parser):
 def _from_weights(path, name):
     try:
         spec = json.loads(pathlib.Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"`--weights` cannot be read as JSON: {path} ({exc}).") from None
     if not isinstance(spec, dict) or not {"Q", "K", "V"} <= set(spec):
         raise ValueError("`--weights` must be a JSON object with keys Q, K, V.")

@@ -12,7 +12,10 @@ Conventions shared by every subcommand:
 * long steps report progress on stderr (:mod:`gaussian_pde.cli._progress`); ``--quiet``
   (``-q``), accepted before or after the subcommand, turns it off;
 * bad input (an unknown flag, a bad value, an unusable ``--out``) gives one line on
-  stderr, ``gaussian-pde SUBCOMMAND: error: ...``, and exit status 2, no traceback.
+  stderr, ``gaussian-pde SUBCOMMAND: error: ...``, and exit status 2, no traceback; so
+  does a :class:`MemoryError`, naming the size asked for where it is known
+  (:func:`out_of_memory`). A problem whose size is known up front is refused before any
+  work (e.g. the sweep's memory check, :func:`gaussian_pde.sweep._run.check_resources`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,31 @@ def _with_default_command(argv, commands):
     return argv[:i] + ["run"] + argv[i:]
 
 
+#: what Numba's compiled code says when an allocation fails (no size)
+_COMPILED_ALLOCATION = "Allocation failed (probably too large)"
+
+
+def out_of_memory(exc):
+    """One line for a :class:`MemoryError`, with the size asked for where it is known.
+
+    NumPy's message names it ("Unable to allocate 3.2 GiB for an array with shape ...");
+    an allocation in compiled code does not, and the line says so.
+    """
+    message = " ".join(str(exc).split())
+    if not message or message == _COMPILED_ALLOCATION:
+        return ("out of memory: an allocation in compiled code failed (the size asked for "
+                "is not known); lower the problem's size (dimension, settings, particles) "
+                "or raise the memory limit")
+    return f"out of memory: {message}"
+
+
+def _os_error(exc):
+    """One line for an :class:`OSError`: what failed, and on which file."""
+    what = exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+    names = [n for n in (exc.filename, exc.filename2) if n is not None]
+    return what + (f": {' -> '.join(map(str, names))}" if names else "")
+
+
 def main(argv=None):
     """Entry point of the ``gaussian-pde`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -111,6 +139,10 @@ def main(argv=None):
     except (ValueError, TypeError) as exc:
         message = " ".join(str(exc).split())
         parser.exit(2, f"{prog}: error: {message}\n")
+    except MemoryError as exc:
+        parser.exit(2, f"{prog}: error: {out_of_memory(exc)}\n")
+    except OSError as exc:   # a file or folder that cannot be read or written
+        parser.exit(2, f"{prog}: error: {_os_error(exc)}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{prog}: interrupted\n")
 

@@ -81,6 +81,9 @@ def run(args):
               f"({report.n_settings_computed} settings in {report.seconds:.1f} s on "
               f"{report.scheduler}); results in {report.path}")
         return 0
+    if not args.plot and not (pathlib.Path(args.results) / "manifest.json").is_file():
+        # the default figure goes into RESULTS: say what RESULTS is, not that it takes no file
+        raise ValueError(f"{args.results} is not a sweep results folder (no manifest.json).")
     path = None
     if not args.no_plot:
         path = pathlib.Path(args.plot) if args.plot else pathlib.Path(args.results) / "summary.png"

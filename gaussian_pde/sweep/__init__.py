@@ -48,6 +48,7 @@ from ._compute import (
     limit_rank,
     time_grid,
 )
+from ._estimate import SweepEstimate
 from ._run import SchedulerUnreachableError, SweepReport, run_sweep
 from ._spec import InitialSpec, RecordSpec, SolverSpec, SweepSpec, WeightSpec
 from ._store import DamagedResultsError, SweepIntegrityWarning, SweepResults, load_results
@@ -60,6 +61,7 @@ __all__ = [
     "RecordSpec",
     "SchedulerUnreachableError",
     "SolverSpec",
+    "SweepEstimate",
     "SweepIntegrityWarning",
     "SweepReport",
     "SweepResults",

@@ -8,6 +8,7 @@ installed but no access to the results folder. Dask is imported here, lazily.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -19,6 +20,7 @@ import numpy as np
 
 from .._common.validation import _memory_bytes
 from ._compute import compute_batch, result_layout
+from ._estimate import SweepEstimate, estimate_sweep, estimate_words
 from ._spec import SweepSpec
 from ._store import SweepIntegrityWarning, SweepStore, _describe
 
@@ -45,11 +47,13 @@ class SweepReport:
     n_skipped : int
         Tasks already stored, and verified, when the run started (resumed).
     n_computed : int
-        Tasks computed and stored by this run (the damaged ones included).
+        Tasks computed and stored by this run (the damaged ones and those the time
+        estimate's pilot computed whole included).
     n_settings_computed : int
         Settings in those tasks.
     seconds : float
-        Wall time of the computation (after the cluster was up).
+        Wall time of the computation: the pilot of the time estimate (in this process,
+        before any cluster starts) and the tasks once the cluster was up.
     scheduler : str
         ``"inprocess"``, ``"local"`` (a LocalCluster started here) or the address used.
     n_workers : int
@@ -58,6 +62,8 @@ class SweepReport:
         Stored tasks found damaged (a chunk truncated, deleted or overwritten) when the run
         started: their flags were cleared and they were recomputed (counted in
         ``n_computed``, not in ``n_skipped``).
+    estimate : SweepEstimate or None
+        The start-up time estimate (with ``progress``), to compare with ``seconds``.
     """
 
     path: str
@@ -69,6 +75,7 @@ class SweepReport:
     scheduler: str
     n_workers: int
     n_damaged: int = 0
+    estimate: SweepEstimate | None = None
 
     @property
     def settings_per_second(self):
@@ -97,6 +104,42 @@ def _run_task(spec_dict, index, version):
 _TASK_BYTES = {"inprocess": 64, "dask": 4096}
 #: share of this machine's memory a sweep may plan to use
 _MEMORY_SHARE = 0.5
+#: n x n float64 matrices the solver holds per trajectory it integrates (the implicit
+#: stepper's Jacobian and its LU factors; the compiled batch integrator allocates them for
+#: every trajectory, whatever the method), n = d m the entries of the state [L | alpha]
+_SOLVER_MATRICES = 2
+#: methods that hold no n x n matrix (SciPy's explicit Runge-Kutta pairs, called per setting)
+_NO_MATRICES = ("RK23", "RK45")
+
+
+def _threads():
+    """Trajectories the compiled batch integrator runs at once (Numba's threads)."""
+    value = os.environ.get("NUMBA_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else _default_workers()
+
+
+def solver_bytes(spec, d):
+    r"""Bytes of the solver's scratch for one task of dimension ``d``.
+
+    :math:`16 n^2` bytes (``_SOLVER_MATRICES`` matrices of :math:`n^2` float64) per
+    trajectory integrated at once, :math:`n = d m` (:math:`m = d`, or :math:`d + 1` for a
+    type whose field sees the mean): all of a task's settings up to Numba's thread count
+    with DOP853 (the batch), one with another implicit method (one setting at a time),
+    none with RK23 / RK45.
+    """
+    method = spec.solver.method
+    if method in _NO_MATRICES:
+        return 0.0
+    at_once = min(spec.batch_size, spec.draws, _threads()) if method == "DOP853" else 1
+    return float(at_once) * _SOLVER_MATRICES * 8.0 * float(_state_size(spec, d)) ** 2
+
+
+def _state_size(spec, d):
+    """Entries ``n = d m`` of the integrated state ``[L | alpha]`` in dimension ``d``."""
+    from ..attention import get_attention
+
+    sees_mean = any(getattr(get_attention(a), "field_sees_mean", False) for a in spec.attention)
+    return d * (d + 1 if sees_mean else d)
 
 
 def sweep_resources(spec, scheduler=None):
@@ -106,7 +149,9 @@ def sweep_resources(spec, scheduler=None):
     :math:`b_d` the bytes of one setting's recorded arrays (:func:`result_layout`):
 
     * a task holds :math:`r\,(b_d + 16Gd^2 + 64d^2)` bytes (its results, the solver's
-      covariances on the grid and a copy, the weights and initial state);
+      covariances on the grid and a copy, the weights and initial state) and the
+      solver's scratch (:func:`solver_bytes`: :math:`16 (dm)^2` bytes per trajectory
+      integrated at once);
     * the results, loaded by :func:`load_results` / ``sweep summarize``, are
       :math:`\sum_{\text{blocks}} \text{draws}\,b_d` bytes;
     * the driver's bookkeeping is ``draws`` bytes of ``done`` flags per block and
@@ -115,7 +160,8 @@ def sweep_resources(spec, scheduler=None):
     Returns
     -------
     dict
-        ``task_bytes``, ``results_bytes``, ``driver_bytes``, ``n_tasks``, ``n_settings``.
+        ``task_bytes``, ``solver_bytes`` (its part of ``task_bytes``, at the largest
+        ``d``), ``results_bytes``, ``driver_bytes``, ``n_tasks``, ``n_settings``.
     """
     rows = min(spec.batch_size, spec.draws)
     grid = spec.record.grid if spec.record.eigenvalues else 1
@@ -124,34 +170,79 @@ def sweep_resources(spec, scheduler=None):
         return sum(int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
                    for shape, dtype, _ in result_layout(spec, d).values())
     dims = sorted(set(spec.dims))
-    task = max(rows * (row_bytes(d) + 16.0 * grid * d * d + 64.0 * d * d) for d in dims)
+    task = max(rows * (row_bytes(d) + 16.0 * grid * d * d + 64.0 * d * d)
+               + solver_bytes(spec, d) for d in dims)
     results = sum(float(spec.draws) * row_bytes(d) for _, d in spec.blocks)
     per_task = _TASK_BYTES["inprocess" if scheduler == "inprocess" else "dask"]
     driver = float(spec.draws) * len(spec.blocks) + float(spec.n_tasks) * per_task
-    return {"task_bytes": task, "results_bytes": results, "driver_bytes": driver,
-            "n_tasks": spec.n_tasks, "n_settings": spec.n_settings}
+    return {"task_bytes": task, "solver_bytes": solver_bytes(spec, dims[-1]),
+            "results_bytes": results, "driver_bytes": driver, "n_tasks": spec.n_tasks,
+            "n_settings": spec.n_settings}
 
 
 def _gib(n):
     return f"{n / 2**30:.3g} GiB"
 
 
+def _address_space_left():
+    """Bytes left under this process's address-space limit (``ulimit -v``), and the limit.
+
+    ``(None, None)`` without a limit.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):   # pragma: no cover - not Unix
+        return None, None
+    if soft in (resource.RLIM_INFINITY, -1) or soft <= 0:
+        return None, None
+    try:
+        with open("/proc/self/statm") as fh:
+            used = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        used = 0
+    return max(soft - used, 0), soft
+
+
+def memory_limit():
+    """``(bytes, words)``: what a sweep may plan to use, and how that was decided.
+
+    ``_MEMORY_SHARE`` of the physical memory, or, under an address-space limit
+    (``ulimit -v``), what that limit leaves this process, if less. ``(None, None)`` where
+    neither is known.
+    """
+    total = _memory_bytes()
+    limit, words = None, None
+    if total is not None:
+        limit = _MEMORY_SHARE * total
+        words = f"{_MEMORY_SHARE:.0%} of this machine's {_gib(total)} of memory"
+    left, soft = _address_space_left()
+    if left is not None and (limit is None or left < limit):
+        limit = float(left)
+        words = (f"the {_gib(left)} that this process's address-space limit "
+                 f"(ulimit -v {soft // 1024}) leaves it")
+    return limit, words
+
+
 def check_resources(spec, scheduler=None):
     """Refuse, before any work, a sweep whose memory would not fit this machine.
 
-    One line, with the size needed and the key to change (see :func:`sweep_resources`).
+    One line, with the size needed and the key to change (see :func:`sweep_resources`
+    and :func:`memory_limit`).
     """
     need = sweep_resources(spec, scheduler)
-    total = _memory_bytes()
-    if total is None:
+    limit, have = memory_limit()
+    if limit is None:
         return need
-    limit = _MEMORY_SHARE * total
-    have = f"{_MEMORY_SHARE:.0%} of this machine's {_gib(total)} of memory"
     if need["task_bytes"] > limit:
+        d = max(spec.dims)
+        solver = (f", of which {_gib(need['solver_bytes'])} the solver's n x n matrices, "
+                  f"n = {_state_size(spec, d)} state entries at d = {d}" if need["solver_bytes"] else "")
         raise ValueError(f"sweep: one task would hold {_gib(need['task_bytes'])} "
                          f"({min(spec.batch_size, spec.draws)} settings, d up to "
-                         f"{max(spec.dims)}, record.grid = {spec.record.grid}), more than "
-                         f"{have}; lower sweep.batch_size, record.grid or sweep.dims.")
+                         f"{d}, record.grid = {spec.record.grid}{solver}), more than "
+                         f"{have}; lower sweep.dims, sweep.batch_size or record.grid.")
     if need["driver_bytes"] > limit:
         raise ValueError(f"sweep: {need['n_tasks']} tasks of {spec.draws} draws would need "
                          f"{_gib(need['driver_bytes'])} of bookkeeping, more than {have}; "
@@ -163,106 +254,73 @@ def check_resources(spec, scheduler=None):
     return need
 
 
-#: seconds the time estimate may spend piloting (one setting per piloted dimension)
-_PILOT_BUDGET = 0.5
-#: smallest exponent of d used to extrapolate a setting's time beyond the piloted
-#: dimensions (the d x d linear algebra of each step)
-_MIN_EXPONENT = 3.0
+def _out_of_memory(spec, index, exc):
+    """The :class:`MemoryError` of task ``index``, naming the task and what it asks for."""
+    attention, d, lo, hi = spec.task(index)
+    need = sweep_resources(dataclasses.replace(spec, attention=(attention,), dims=(d,)))
+    why = " ".join(str(exc).split()) or "an allocation failed"
+    draws = f"draw {lo}" if hi - lo == 1 else f"draws {lo}..{hi - 1}"
+    return MemoryError(f"sweep task {index} ({attention}, d = {d}, {draws}) ran "
+                       f"out of memory ({why}); it asks for about {_gib(need['task_bytes'])}, "
+                       f"{_gib(need['solver_bytes'])} of them the solver's n x n matrices "
+                       f"(n = {_state_size(spec, d)}): lower sweep.dims or sweep.batch_size.")
 
 
-def _pilot_seconds(spec, attention, d):
-    """Wall time of one setting (draw 0) of block ``(attention, d)``, computed here."""
-    pilot = dataclasses.replace(spec, attention=(attention,), dims=(d,), draws=1,
-                                batch_size=1)
-    start = time.perf_counter()
-    compute_batch(pilot, 0)
-    return time.perf_counter() - start
+@contextlib.contextmanager
+def _task_memory(spec, index):
+    """Re-raise a task's :class:`MemoryError` with its size (:func:`_out_of_memory`)."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise _out_of_memory(spec, index, exc) from None
 
 
-def _per_setting(measured, d):
-    """Seconds per setting at ``d``, log-log from the piloted ``(d, seconds)`` pairs."""
-    ds = np.log([m[0] for m in measured])
-    ts = np.log([max(m[1], 1e-6) for m in measured])
-    if len(measured) == 1 or d > measured[-1][0]:
-        slope = _MIN_EXPONENT if len(measured) == 1 else max(
-            _MIN_EXPONENT, (ts[-1] - ts[-2]) / max(ds[-1] - ds[-2], 1e-12))
-        return float(np.exp(ts[-1] + slope * (np.log(d) - ds[-1])))
-    return float(np.exp(np.interp(np.log(d), ds, ts)))
-
-
-def estimate_seconds(spec, pilot=None, budget=_PILOT_BUDGET):
-    r"""Estimated compute time of a whole sweep, from a short pilot.
-
-    For each attention type, one setting is timed at the smallest dimension, then at
-    dimensions at least twice the last piloted one while the predicted time of the next
-    pilot fits in ``budget`` seconds. Other dimensions are interpolated log-log between
-    piloted ones, and extrapolated beyond the largest as :math:`d^p` with ``p`` the
-    slope of the last two pilots, at least 3. Settings of a batch are counted one by one
-    (a batch is usually faster), so this is an estimate, of one worker's time.
-
-    Returns
-    -------
-    seconds : float
-        Estimated time of all the sweep's settings on one worker.
-    n_pilot : int
-        Settings timed.
-    d_pilot : int
-        Largest dimension piloted.
-    """
-    pilot = pilot or _pilot_seconds
-    dims = sorted(set(spec.dims))
-    spent, total, n_pilot, d_pilot = 0.0, 0.0, 0, 0
-    for attention in spec.attention:
-        measured = []
-        for d in dims:
-            if measured and (d < 2 * measured[-1][0] and d != dims[-1]):
-                continue
-            if measured and spent + _per_setting(measured, d) > budget:
-                break
-            seconds = pilot(spec, attention, d)
-            spent += seconds
-            measured.append((d, seconds))
-        n_pilot += len(measured)
-        d_pilot = max(d_pilot, measured[-1][0])
-        total += sum(spec.draws * _per_setting(measured, d) for d in spec.dims)
-    return total, n_pilot, d_pilot
-
-
-def _duration(seconds):
-    """``seconds`` in words: s, min, h, days or years, two or three digits."""
-    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600),
-                       ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds:.2g} s"
-
-
-def _estimate_words(spec, scheduler, workers):
-    """The time estimate of the start-up line (after a pilot)."""
-    seconds, n_pilot, d_pilot = estimate_seconds(spec)
-    where = "one worker"
+def _estimate_line(spec, tasks, scheduler, workers, keep):
+    """The time estimate of the start-up line (after a pilot, :mod:`._estimate`)."""
+    n, where = 1, "one worker"
     if scheduler in (None, "local"):
         n = workers or _default_workers()
-        seconds, where = seconds / n, f"{n} worker(s)"
+        where = f"{n} worker(s)"
     elif scheduler != "inprocess":
         where = "one worker; divide by the cluster's workers"
-    return (f"; estimated time ~{_duration(seconds)} on {where} (an estimate: {n_pilot} "
-            f"setting(s) timed, d up to {d_pilot}, extrapolated)")
+    try:
+        est = estimate_sweep(spec, tasks, workers=n, keep=keep)
+    except MemoryError as exc:     # the pilot ran a task of the sweep: say which
+        raise _out_of_memory(spec, getattr(exc, "sweep_task", tasks[0]), exc) from None
+    return est, estimate_words(est, where)
 
 
 class _Progress:
-    """A one-line progress bar on stderr: tasks done, tasks/s and settings/s."""
+    """A one-line progress bar on stderr: tasks done, tasks/s, settings/s and the time left.
+
+    The time left weighs each task by its predicted seconds (``weights``: task index ->
+    seconds, from the time estimate), scaled by the time the finished ones took: tasks
+    whose cost grows with ``d`` are not counted alike. Without weights, tasks count alike.
+    """
 
     def __init__(self, total, per_task, enabled, stream=None):
         self.total, self.per_task, self.enabled = total, per_task, enabled and total > 0
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.done, self.settings, self.start, self.last = 0, 0, time.perf_counter(), 0.0
+        self.weights, self.left, self.finished, self.overhead = None, None, 0.0, 0.0
 
-    def update(self, settings, force=False):
+    def weigh(self, weights, tasks, overhead=0.0):
+        """Weigh ``tasks`` (those still to finish) by ``weights`` for the time left.
+
+        ``overhead``: seconds spent so far on no task (the pilot's warm-ups).
+        """
+        self.weights, self.overhead = weights, overhead
+        self.left = sum(weights.get(i, 0.0) for i in tasks)
+
+    def update(self, settings, force=False, index=None, quiet=False):
         self.done += 1
         self.settings += settings
-        if not self.enabled:
+        if self.weights is not None and index is not None:
+            w = self.weights.get(index, 0.0)
+            self.finished += w
+            self.left = max(self.left - w, 0.0)
+        if not self.enabled or quiet:
             return
         now = time.perf_counter()
         if not (force or self.done == self.total or now - self.last >= (0.2 if self.tty
@@ -273,7 +331,10 @@ class _Progress:
         width = 30
         fill = int(width * self.done / self.total)
         rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        if self.weights is not None and self.finished > 0:
+            eta = max(elapsed - self.overhead, 0.0) * self.left / self.finished
+        else:
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         line = (f"sweep [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} tasks "
                 f"{rate:.2f} tasks/s {self.settings / elapsed:.1f} settings/s "
                 f"eta {eta:.0f}s")
@@ -360,8 +421,9 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     progress : bool
         Show a line with the size of the sweep (tasks, settings, memory per task and of
         the results) at once, completed by an estimated time from a short pilot
-        (:func:`estimate_seconds`), then a progress bar (tasks done, tasks/s, settings/s), on
-        stderr.
+        (:func:`gaussian_pde.sweep._estimate.estimate_sweep`: a few tasks timed in this
+        process, stored, not computed again), then a progress bar (tasks done, tasks/s,
+        settings/s), on stderr.
     connect_timeout : float
         Seconds to wait for a scheduler before :class:`SchedulerUnreachableError`.
 
@@ -388,14 +450,6 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         raise ValueError(f"`connect_timeout` must be a positive number, got "
                          f"{connect_timeout!r}.")
     need = check_resources(spec, scheduler)
-    if progress:
-        sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
-                         f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
-                         f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
-                         f"{need['results_bytes'] / 2**20:.3g} MiB")
-        sys.stderr.flush()
-        sys.stderr.write(_estimate_words(spec, scheduler, workers) + "\n")
-        sys.stderr.flush()
     store = SweepStore(out, spec)
     damaged = store.repair()
     if damaged:
@@ -410,28 +464,54 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     missing = store.missing_tasks()
     skipped = spec.n_tasks - len(missing)
     run_id = uuid.uuid4().hex[:12]
-    bar = _Progress(len(missing), spec.batch_size, progress)
-    n_settings = 0
+    start = time.perf_counter()
+    n_settings, est = 0, None
+    bar = _Progress(len(missing), spec.batch_size, progress)   # the pilot's tasks included
+    if progress:
+        sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
+                         f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
+                         f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
+                         f"{need['results_bytes'] / 2**20:.3g} MiB")
+        sys.stderr.flush()
 
-    def settings_in(index):
-        _, _, lo, hi = spec.task(index)
-        return hi - lo
+        def keep(index, arrays, seconds):   # a task the pilot computed whole: stored
+            store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
+                                             "seconds": seconds, "pilot": True})
+        try:
+            est, words = _estimate_line(spec, missing, scheduler, workers, keep)
+        except BaseException:   # end the start line: the error (or interruption) follows
+            sys.stderr.write("\n")
+            raise
+        sys.stderr.write(words + "\n")
+        sys.stderr.flush()
+        bar.weigh(est.task_seconds, missing, overhead=est.pilot_seconds - sum(
+            est.task_seconds[i] for i in est.kept))
+        for j, index in enumerate(est.kept):   # one line for them all, at the last
+            n_settings += _settings_in(spec, index)
+            bar.update(_settings_in(spec, index), index=index, force=True,
+                       quiet=j < len(est.kept) - 1)
+        missing = [index for index in missing if index not in set(est.kept)]
+    n_piloted = spec.n_tasks - skipped - len(missing)
 
     if scheduler == "inprocess":
-        start = time.perf_counter()
         for index in missing:
             t0 = time.perf_counter()
-            arrays = compute_batch(spec, index)
+            with _task_memory(spec, index):
+                arrays = compute_batch(spec, index)
             store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
                                              "seconds": time.perf_counter() - t0})
-            n_settings += settings_in(index)
-            bar.update(settings_in(index))
-        return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings,
-                           time.perf_counter() - start, "inprocess", 1, len(damaged))
+            n_settings += _settings_in(spec, index)
+            bar.update(_settings_in(spec, index), index=index)
+        return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing),
+                           n_settings, time.perf_counter() - start, "inprocess", 1,
+                           len(damaged), est)
 
-    if not missing:  # nothing to do: do not start a cluster
-        return SweepReport(str(out), spec.n_tasks, skipped, 0, 0, 0.0,
-                           "local" if scheduler is None else str(scheduler), 0, len(damaged))
+    if not missing:  # nothing (more) to do: do not start a cluster
+        return SweepReport(str(out), spec.n_tasks, skipped, n_piloted, n_settings,
+                           time.perf_counter() - start,
+                           "local" if scheduler is None else str(scheduler), 0, len(damaged),
+                           est)
+    pilot_seconds = time.perf_counter() - start     # the cluster's start-up is not counted
     client, cluster, label, owned = _connect(scheduler, workers, connect_timeout)
     futures, pending = [], {}
     try:
@@ -453,12 +533,13 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         pending = {f.key: index for f, index in zip(futures, missing)}
         for future in as_completed(futures):
             index = pending.pop(future.key)
-            arrays, info = future.result()
+            with _task_memory(spec, index):
+                arrays, info = future.result()
             future.release()
             store.write_task(index, arrays, dict(info, run=run_id))
-            n_settings += settings_in(index)
-            bar.update(settings_in(index))
-        seconds = time.perf_counter() - start
+            n_settings += _settings_in(spec, index)
+            bar.update(_settings_in(spec, index), index=index)
+        seconds = pilot_seconds + time.perf_counter() - start
     finally:
         if futures:
             client.cancel([f for f in futures if f.key in pending])
@@ -466,5 +547,10 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             client.close()
         if cluster is not None:
             cluster.close()
-    return SweepReport(str(out), spec.n_tasks, skipped, len(missing), n_settings, seconds,
-                       label, n_workers, len(damaged))
+    return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing), n_settings,
+                       seconds, label, n_workers, len(damaged), est)
+
+
+def _settings_in(spec, index):
+    _, _, lo, hi = spec.task(index)
+    return hi - lo

@@ -478,6 +478,10 @@ class SweepSpec:
         except OSError as exc:
             raise ValueError(f"cannot read the sweep specification {path}: "
                              f"{exc.strerror}.") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"cannot read the sweep specification {path}: not UTF-8 text "
+                             f"(TOML is UTF-8; byte {exc.object[exc.start]:#04x} at position "
+                             f"{exc.start}).") from None
         return cls.from_toml_string(text, source=path)
 
     @classmethod

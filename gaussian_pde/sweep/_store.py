@@ -174,8 +174,9 @@ def _check_block(spec, group, b, attention, d, folder=None):
         return _read_rows(arr, fill, on_error)
 
     verified = _RECORD in group
-    opened = {name: group[name] for name in
-              ["done"] + ([_RECORD] if verified else []) + list(layout)}
+    with _structure(folder or "the results folder"):
+        opened = {name: group[name] for name in
+                  ["done"] + ([_RECORD] if verified else []) + list(layout)}
 
     def chunk(name, j):
         return f"{where}/{name}/{_chunk_key(opened[name], j)}"
@@ -281,6 +282,32 @@ def _create_array(zarr, group, name, shape, chunks, dtype, fill, dims):
     return arr
 
 
+class DamagedStoreError(ValueError):
+    """The Zarr store's structure (a group, an array or its metadata) is damaged.
+
+    Missing or not decoding: unlike a damaged chunk, a resume cannot repair it.
+    """
+
+
+@contextlib.contextmanager
+def _structure(folder):
+    """Reading the store's groups and arrays, whose damage is a :class:`DamagedStoreError`.
+
+    A missing group or array, or metadata that does not decode: one error naming the
+    folder.
+    """
+    try:
+        yield
+    except (DamagedResultsError, DamagedStoreError):
+        raise
+    except (KeyError, ValueError, OSError, AttributeError) as exc:
+        what = " ".join(str(exc).split()) or type(exc).__name__
+        raise DamagedStoreError(
+            f"{folder}: the Zarr store {_ZARR} is damaged (a group, an array or its "
+            f"metadata is missing or does not decode: {type(exc).__name__}: {what}); a "
+            "resume cannot repair it: run the sweep into a new folder.") from None
+
+
 def _open_group(zarr, path, mode):
     if _zarr3(zarr):
         return zarr.open_group(store=str(path), mode=mode, zarr_format=2)
@@ -340,10 +367,12 @@ class SweepStore:
             self._create()
         else:
             self._check(manifest)
-        self.root = _open_group(self._zarr, self.path / _ZARR, "r+")
         self._arrays = {}
-        #: blocks with integrity records (all of them, unless written before records existed)
-        self._recorded = {(a, d) for a, d in spec.blocks if _RECORD in self.root[f"{a}/d{d}"]}
+        with _structure(self.path):
+            self.root = _open_group(self._zarr, self.path / _ZARR, "r+")
+            #: blocks with integrity records (all, unless written before records existed)
+            self._recorded = {(a, d) for a, d in spec.blocks
+                              if _RECORD in self.root[f"{a}/d{d}"]}
 
     @property
     def verified(self):
@@ -465,7 +494,9 @@ class SweepStore:
         """
         spec, damaged = self.spec, {}
         for b, (attention, d) in enumerate(spec.blocks):
-            _, problems, _, _ = _check_block(spec, self.root[f"{attention}/d{d}"], b,
+            with _structure(self.path):
+                group = self.root[f"{attention}/d{d}"]
+            _, problems, _, _ = _check_block(spec, group, b,
                                              attention, d, self.path)
             damaged.update(problems)
         for index in sorted(damaged):
@@ -568,11 +599,13 @@ def load_results(path):
         raise ValueError(f"{path} is not a sweep results folder (no manifest.json).")
     spec = SweepSpec.from_dict(manifest["spec"], source=path / "manifest.json")
     zarr = _zarr()
-    root = _open_group(zarr, path / _ZARR, "r")
+    with _structure(path):
+        root = _open_group(zarr, path / _ZARR, "r")
     blocks, problems, orphans, verified = {}, {}, [], True
     for b, (attention, d) in enumerate(spec.blocks):
-        arrays, damaged, lost, recorded = _check_block(spec, root[f"{attention}/d{d}"], b,
-                                                       attention, d, path)
+        with _structure(path):
+            group = root[f"{attention}/d{d}"]
+        arrays, damaged, lost, recorded = _check_block(spec, group, b, attention, d, path)
         names = list(result_layout(spec, d)) + ["done"]
         blocks[(attention, d)] = {name: arrays[name] for name in names}
         problems.update(damaged)

@@ -47,6 +47,7 @@ FILES = {
     "no_sweep.toml": "[solver]\nhorizon = 1.0\n",
     "empty.toml": "",
     "binary.toml": "\x00\x01\x02",
+    "latin1.toml": GOOD_SPEC.replace("[solver]", "# r\xe9sum\xe9\n[solver]"),   # not UTF-8
     "table_as_value.toml": GOOD_SPEC.replace("horizon = 1.0", "horizon = {a = 1}"),
     "dims_empty.toml": GOOD_SPEC.replace("dims = [2]", "dims = []"),
     "weights.json": '{"Q": [[1, 0]], "K": [[1, 0]], "V": [[1, 0], [0, 1]]}',
@@ -60,7 +61,16 @@ FILES = {
     "huge_dims.toml": GOOD_SPEC.replace("dims = [2]", "dims = [1000000]"),
     "huge_tasks.toml": GOOD_SPEC.replace("draws = 2\nbatch_size = 2",
                                          "draws = 1000000000\nbatch_size = 1"),
+    # the solver's n x n matrices (n = d^2 = 40,000: 24 GiB) and, below, d = 60 (0.2 GiB)
+    # under an address-space limit: refused before any work, with the size
+    "huge_solver.toml": GOOD_SPEC.replace("dims = [2]\ndraws = 2", "dims = [200]\ndraws = 1")
+    + '\n[weights]\nkey = "independent"\n',
+    "d60.toml": GOOD_SPEC.replace("dims = [2]\ndraws = 2", "dims = [60]\ndraws = 1")
+    + '\n[weights]\nkey = "independent"\n',
 }
+
+#: case -> the address space it may add to what it maps when it starts (``ulimit -v``)
+ADDRESS_SPACE = {"sweep-address-space-limit": 64 * 2**20}
 
 COMPARE = ["compare", "--attention", "l2", "--n", "20", "--seeds", "1", "--num-times", "2",
            "--t-end", "0.1"]
@@ -109,10 +119,11 @@ CASES = {
     "toml-missing-file": ["sweep", "run", "no_such.toml", "--inprocess", "--out", "res"],
     "toml-folder": ["sweep", "run", ".", "--inprocess", "--out", "res"],
     **{f"toml-{name[:-5]}": ["sweep", "run", name, "--inprocess", "--out", "res"]
-       for name in FILES if name.endswith(".toml") and name != "good.toml"},
+       for name in FILES if name.endswith(".toml") and name not in ("good.toml", "d60.toml")},
     "sweep-workers-zero": ["sweep", "run", "good.toml", "--workers", "0", "--out", "res"],
     "sweep-timeout-negative": ["sweep", "run", "good.toml", "--connect-timeout", "-1",
                                "--out", "res"],
+    "sweep-address-space-limit": ["sweep", "run", "d60.toml", "--inprocess", "--out", "res"],
     "summarize-missing": ["sweep", "summarize", "no_such_results"],
     "summarize-file": ["sweep", "summarize", "a_file"],
     # output folders that cannot be used (root ignores permissions: a path below a file,
@@ -132,14 +143,24 @@ CASES = {
                          "sweep": ["sweep", "run", "good.toml", "--inprocess"]}.items()
        for root in ("/proc", "/sys") if os.path.isdir(root)},
     "summarize-plot-proc": ["sweep", "summarize", "a_file", "--plot", "/proc/x.png"],
+    # a folder or a device that is not a results folder: named as such (not as `--plot`)
+    "summarize-proc": ["sweep", "summarize", "/proc/self"],
+    "summarize-device": ["sweep", "summarize", "/dev/null"],
+    "summarize-folder": ["sweep", "summarize", "."],
 }
 
 #: known failures fixed at the root elsewhere (the numerics' validation of sweep specs)
 KNOWN = {}
 
 
-def _child(argv, folder, err_path, code_path):
+def _child(argv, folder, err_path, code_path, headroom=None):
     os.chdir(folder)
+    if headroom is not None:
+        import resource
+
+        with open("/proc/self/statm") as fh:
+            mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + headroom, mapped + headroom))
     # pytest's capture replaced sys.stderr: write the child's to a file of its own
     fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
@@ -159,11 +180,12 @@ def _child(argv, folder, err_path, code_path):
     os._exit(0)
 
 
-def run_cli(argv, folder):
-    """``(exit code or None on timeout, stderr)`` of ``main(argv)`` run in ``folder``."""
+def run_cli(argv, folder, headroom=None):
+    """``(exit code or None on timeout, stderr)`` of ``main(argv)`` run in ``folder``
+    (``headroom``: bytes of address space it may map beyond what it starts with)."""
     err, code = folder / "stderr.txt", folder / "code.txt"
     ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=_child, args=(argv, folder, err, code))
+    proc = ctx.Process(target=_child, args=(argv, folder, err, code, headroom))
     proc.start()
     proc.join(TIMEOUT)
     if proc.is_alive():
@@ -176,15 +198,16 @@ def run_cli(argv, folder):
 @pytest.fixture
 def folder(tmp_path):
     for name, text in FILES.items():
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text, encoding="latin-1" if "latin1" in name else None)
     return tmp_path
 
 
-@pytest.mark.parametrize("argv", [
-    pytest.param(argv, id=name, marks=[pytest.mark.xfail(strict=False, reason=KNOWN[name])]
+@pytest.mark.parametrize("argv, headroom", [
+    pytest.param(argv, ADDRESS_SPACE.get(name), id=name,
+                 marks=[pytest.mark.xfail(strict=False, reason=KNOWN[name])]
                  if name in KNOWN else []) for name, argv in CASES.items()])
-def test_bad_command_line(argv, folder):
-    code, err = run_cli(argv, folder)
+def test_bad_command_line(argv, headroom, folder):
+    code, err = run_cli(argv, folder, headroom)
     assert code is not None, f"still running after {TIMEOUT} s: {argv}\n{err}"
     assert "Traceback" not in err, err
     assert code == "2", f"exit status {code}, stderr:\n{err}"
@@ -199,3 +222,43 @@ def test_good_spec_runs(folder):
     code, err = run_cli(["-q", "sweep", "run", "good.toml", "--inprocess", "--out", "res"],
                         folder)
     assert code == "0", err
+
+
+@pytest.mark.parametrize("name, headroom, says", [
+    ("huge_solver.toml", None, "the solver's n x n matrices, n = 40000"),
+    ("d60.toml", ADDRESS_SPACE["sweep-address-space-limit"], "address-space limit (ulimit -v")])
+def test_a_sweep_too_large_for_the_memory_names_the_size(name, headroom, says, folder):
+    """Refused before any work (no results folder), one line with the size in GiB and
+    the limit it passes: half the machine's memory, or what `ulimit -v` leaves."""
+    code, err = run_cli(["sweep", "run", name, "--inprocess", "--out", "res"], folder,
+                        headroom)
+    assert code == "2" and "GiB" in err and says in err, err
+    assert not (folder / "res").exists()
+
+
+def _remove(path):
+    import shutil
+
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda zarr: _remove(zarr / "l2" / "d2"), id="group-deleted"),
+    pytest.param(lambda zarr: _remove(zarr / "l2" / "d2" / "status"), id="array-deleted"),
+    pytest.param(lambda zarr: (zarr / ".zattrs").write_text("garbage"), id="metadata-garbage"),
+    pytest.param(lambda zarr: (zarr / "l2" / "d2" / "done" / ".zarray").write_text("{"),
+                 id="array-metadata-truncated"),
+])
+def test_a_results_folder_with_a_damaged_structure(damage, folder):
+    """A Zarr store whose group, array or metadata is gone or garbage (not a chunk, which
+    a resume repairs): `sweep summarize` and `sweep run` say so in one line, exit 2."""
+    code, err = run_cli(["-q", "sweep", "run", "good.toml", "--inprocess", "--out", "res"],
+                        folder)
+    assert code == "0", err
+    damage(folder / "res" / "results.zarr")
+    for argv in (["sweep", "summarize", "res", "--no-plot"],
+                 ["-q", "sweep", "run", "good.toml", "--inprocess", "--out", "res"]):
+        code, err = run_cli(argv, folder)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == "2" and "Traceback" not in err and len(lines) == 1, err
+        assert "the Zarr store results.zarr is damaged" in lines[0], lines[0]

@@ -320,3 +320,27 @@ def test_a_newly_registered_type_is_a_choice(in_tmp, monkeypatch, capsys):
                  "60", "--seeds", "2", "--num-times", "2", "--t-end", "0.1"]) == 0
     assert (OUT / "compare" / "compare_toy.json").exists()
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("error, says", [
+    (MemoryError("Unable to allocate 23.8 GiB for an array with shape (40000, 40000) and "
+                 "data type float64"), "out of memory: Unable to allocate 23.8 GiB"),
+    (MemoryError("Allocation failed (probably too large)"),
+     "an allocation in compiled code failed (the size asked for is not known)"),
+    (MemoryError(), "the size asked for is not known"),
+    (PermissionError(13, "Permission denied", "res/results.zarr"),
+     "Permission denied: res/results.zarr"),
+])
+def test_an_error_deep_in_a_command_is_one_line(monkeypatch, capsys, error, says):
+    """A MemoryError (NumPy's names the size, compiled code's does not) or an OSError
+    anywhere in a command: one line on stderr, exit status 2, no traceback."""
+    from gaussian_pde.cli import _stabilizers
+
+    def fails(args):
+        raise error
+    monkeypatch.setattr(_stabilizers, "run", fails)
+    with pytest.raises(SystemExit) as exc:
+        main(["stabilizers", "--quick"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("gaussian-pde stabilizers: error: ") and says in err, err

@@ -33,6 +33,7 @@ from gaussian_pde.sweep import (
     run_sweep,
     summarize,
 )
+from gaussian_pde.sweep import _estimate as _sweep_estimate
 from gaussian_pde.sweep import _run as _sweep_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -524,6 +525,7 @@ def test_a_long_sweep_says_its_size_before_the_first_task(tmp_path, monkeypatch,
     def first_task(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(_sweep_run, "compute_batch", first_task)
+    monkeypatch.setattr(_sweep_estimate, "compute_batch", first_task)   # the pilot's
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
     err = capsys.readouterr().err
@@ -546,50 +548,207 @@ def test_cli_refuses_a_sweep_too_large_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "res").exists()
 
 
-def test_a_huge_sweep_says_an_estimated_time_on_its_start_line(tmp_path, monkeypatch,
-                                                               capsys):
-    """dims 2..101: the start line gives the size, then an estimate from a (simulated) pilot."""
+def _cost(c, b, q):
+    """A pilot whose settings take ``c + b d^q`` seconds (a fixed cost and a power law)."""
+    timed = []
+
+    def pilot(spec, index, rows):
+        d = spec.task(index)[1]
+        timed.append((d, rows))
+        return rows * (c + b * d**q), rows
+    return pilot, timed
+
+
+def test_a_huge_sweep_says_where_it_cannot_estimate(tmp_path, monkeypatch, capsys):
+    """dims 2..101, one draw: the start line gives the size, then an estimate of the
+    dimensions the pilot reaches and says that it cannot estimate beyond them."""
     import re
 
-    spec = small_spec(dims=list(range(2, 102)), draws=2, batch_size=1)
-    piloted = []
-
-    def pilot(spec, attention, d):
-        piloted.append(d)
-        return 1e-3 * d**3
+    spec = small_spec(dims=list(range(2, 102)), draws=1, batch_size=1)
+    pilot, timed = _cost(1e-3, 1e-6, 5)
 
     def first_task(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(_sweep_run, "_pilot_seconds", pilot)
+    monkeypatch.setattr(_sweep_estimate, "_run_pilot", lambda s, i, r, keep: pilot(s, i, r))
+    monkeypatch.setattr(_sweep_estimate, "_warm_up", lambda *a: None)
     monkeypatch.setattr(_sweep_run, "compute_batch", first_task)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
     line = capsys.readouterr().err.splitlines()[0]
     assert line.startswith("sweep: ") and "d up to 101" in line
-    assert re.search(r"; estimated time ~[0-9.e+]+ (s|min|h|days|years) on one worker "
-                     r"\(an estimate: \d+ setting\(s\) timed, d up to \d+", line), line
-    # the pilot stays in its budget: the small dimensions, not d = 101
-    assert max(piloted) < 101 and sum(1e-3 * d**3 for d in piloted) < 1.0
+    found = re.search(r"; estimated time ~\S+ \S+ \(\S+ \S+ to \S+ \S+\) on one worker for "
+                      r"d <= (\d+) \(\d+ task\(s\) timed, d up to (\d+), time per setting "
+                      r"growing ~ d\^(\S+) there\); cannot estimate beyond d = (\d+): ", line)
+    assert found, line
+    reach, d_pilot, p, beyond = found.groups()
+    assert reach == beyond and int(reach) == 2 * int(d_pilot) < 101
+    assert float(p) == pytest.approx(5, abs=0.3)
+    # the pilot kept within its budget (at most _PILOT_MAX over both types)
+    assert sum(r * (1e-3 + 1e-6 * d**5) for d, r in timed) < _sweep_estimate._PILOT_MAX
 
 
-def test_the_estimate_extrapolates_the_pilot():
-    spec = small_spec(attention=["softmax"], dims=[2, 4, 8], draws=10)
-    seconds, n_pilot, d_pilot = _sweep_run.estimate_seconds(
-        spec, pilot=lambda s, a, d: 1e-3 * d**3, budget=10.0)
-    assert (n_pilot, d_pilot) == (3, 8)
-    assert seconds == pytest.approx(10 * 1e-3 * (8 + 64 + 512))
-    # a budget too small for d = 8: extrapolated as d^3 from the pilots
-    seconds, n_pilot, d_pilot = _sweep_run.estimate_seconds(
-        spec, pilot=lambda s, a, d: 1e-3 * d**3, budget=0.1)
-    assert (n_pilot, d_pilot) == (2, 4)
-    assert seconds == pytest.approx(10 * 1e-3 * (8 + 64 + 512))
+@pytest.mark.parametrize("budget", [0.05, 1.0, 100.0])
+def test_the_estimate_fits_the_growth_of_the_cost(budget):
+    """Settings costing c + b d^q: the pilot times dimensions spread over the range, the
+    fitted slope is q, and the estimate (and its range) holds the true time of the
+    dimensions it covers, within the pilot's budget."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 41)), draws=3, batch_size=3)
+    c, b, q = 2e-3, 1e-6, 5
+    pilot, timed = _cost(c, b, q)
+    est = _sweep_estimate.estimate_sweep(spec, budget=budget, pilot=pilot,
+                                         warm_up=lambda *a: None)
+    # one setting at d = 2 first (a task of 3), then one task (or part) per dimension
+    assert timed[0] == (2, 1) and len({d for d, _ in timed}) == est.n_pilot >= 2
+    assert sum(r * (c + b * d**q) for d, r in timed[:-1]) <= budget
+    top = est.d_reach or 40
+    true = sum(3 * (c + b * d**q) for d in range(2, top + 1))
+    spent = est.pilot_seconds     # the wall time of the (simulated) pilot: ~0
+    # (the range's ends, widened by 10% for the log-log interpolation between pilots)
+    assert est.low - spent <= 1.1 * true and true <= 1.1 * (est.high - spent)
+    assert est.seconds - spent == pytest.approx(true, rel=0.5)
+    if np.isfinite(est.exponent):    # the growth was measured: the estimate reaches 2 d_pilot
+        assert est.exponent == pytest.approx(q, abs=0.3)
+        assert est.d_reach is None or est.d_reach == 2 * est.d_pilot
+    else:                            # only fixed costs timed: no extrapolation at all
+        assert est.d_reach == est.d_pilot
+    if est.d_reach is not None:
+        assert est.all_seconds > est.seconds
 
 
-def test_a_small_sweep_prints_an_estimate_after_a_real_pilot(tmp_path, capsys):
-    run_sweep(small_spec(draws=2), tmp_path / "res", scheduler="inprocess", progress=True)
+def test_the_estimate_schedules_the_tasks_on_the_workers():
+    """One long last task: two workers do not halve it (list scheduling, in order)."""
+    assert _sweep_estimate._wall([1.0, 1.0, 1.0, 10.0], 2) == 11.0
+    assert _sweep_estimate._wall([1.0] * 4, 2) == 2.0
+    assert _sweep_estimate._wall([1.0] * 4, 1) == 4.0
+
+
+def test_a_setting_s_growth_not_measured_is_not_extrapolated():
+    """Costs flat over the timed dimensions (fixed costs only): no growth to fit, so the
+    estimate covers the timed dimensions only and says so."""
+    spec = small_spec(attention=["softmax"], dims=[2, 4, 50], draws=1, batch_size=1)
+    est = _sweep_estimate.estimate_sweep(
+        spec, budget=1.0, pilot=lambda s, i, r: (0.01 * r if s.task(i)[1] < 50 else 1.0, r),
+        warm_up=lambda *a: None)
+    assert est.d_reach == 4 and est.d_pilot == 4 and np.isnan(est.exponent)
+    words = _sweep_estimate.estimate_words(est, "one worker")
+    assert "cannot estimate beyond d = 4" in words
+
+
+def test_a_small_sweep_s_estimate_holds(tmp_path, capsys):
+    """A real sweep of a few seconds (softmax, K = -Q, d = 2..12, one draw): the start-up
+    estimate is within 3x of the time measured by the same run (both include the pilot,
+    whose whole tasks are stored, not computed twice)."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 13)), draws=1, batch_size=1)
+    report = run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
     line = capsys.readouterr().err.splitlines()[0]
+    est = report.estimate
+    assert "; estimated time ~" in line and est.n_pilot >= 2, line
+    assert report.n_computed == spec.n_tasks and len(est.kept) >= 2
+    assert len(log_lines(tmp_path / "res")) == spec.n_tasks    # no task computed twice
+    assert est.d_reach is None
+    assert 1 / 3 <= est.seconds / report.seconds <= 3, (line, report.seconds)
+
+
+def _measured(out, spec, top):
+    """Seconds of the stored tasks with d <= top, from the results' task log."""
+    return sum(line["seconds"] for line in log_lines(out) if spec.task(line["task"])[1] <= top)
+
+
+@pytest.mark.slow
+def test_an_extrapolated_estimate_holds(tmp_path):
+    """A pilot too short for the largest dimensions (softmax, K = -Q, d = 2..20, 2 s):
+    the extrapolated estimate is within 3x of the tasks' measured time (about 20 s)."""
+    spec = small_spec(attention=["softmax"], dims=list(range(2, 21)), draws=1, batch_size=1)
+    _sweep_estimate._warm_up(spec, "softmax", 2)      # the kernels loaded, as in a run
+    est = _sweep_estimate.estimate_sweep(spec, budget=2.0)
+    assert est.d_pilot < 20 and np.isfinite(est.exponent) and not est.kept
+    out = tmp_path / "res"
+    run_sweep(spec, out, scheduler="inprocess", progress=False)
+    top = est.d_reach or 20
+    measured = _measured(out, spec, top)
+    assert 1 / 3 <= (est.seconds - est.pilot_seconds) / measured <= 3, (est, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [
+    pytest.param(lambda: small_spec(attention=["softmax"], dims=list(range(2, 25)), draws=1,
+                                    batch_size=1), id="softmax-d2-24-one-draw"),
+    pytest.param(lambda: SweepSpec.from_toml(ROOT / "examples" / "sweep_small.toml"),
+                 id="sweep_small"),
+    pytest.param(lambda: SweepSpec.from_toml(ROOT / "examples" / "sweep_linear.toml"),
+                 id="sweep_linear")])
+def test_the_start_up_estimate_holds(spec, tmp_path):
+    """The start-up estimate of a whole run against the run's measured time: within 3x."""
+    spec = spec()
+    report = run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=True)
+    est = report.estimate
+    top = est.d_reach or max(spec.dims)
+    measured = report.seconds if est.d_reach is None else (
+        est.pilot_seconds + _measured(tmp_path / "res", spec, top))
+    assert 1 / 3 <= est.seconds / measured <= 3, (est, report.seconds)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_a_task_out_of_memory_names_the_task_and_its_size(tmp_path, monkeypatch, capsys,
+                                                          progress):
+    """An allocation that fails in a task (in the run, or in the estimate's pilot): a
+    MemoryError naming the task and what it asks for; the CLI prints it on one line."""
+    from gaussian_pde.cli._main import main
+
+    def compiled_allocation(*args):
+        raise MemoryError("Allocation failed (probably too large)")
+    monkeypatch.setattr(_sweep_run, "compute_batch", compiled_allocation)
+    monkeypatch.setattr(_sweep_estimate, "compute_batch", compiled_allocation)
+    spec = small_spec(attention=["l2"], dims=[3], draws=2)
+    with pytest.raises(MemoryError, match=r"sweep task 0 \(l2, d = 3, draws 0\.\.1\) ran out "
+                                          r"of memory \(Allocation failed .*\); it asks for "
+                                          r"about \S+ GiB, \S+ GiB of them the solver's n x n "
+                                          r"matrices \(n = 9\)"):
+        run_sweep(spec, tmp_path / "res", scheduler="inprocess", progress=progress)
+    (tmp_path / "spec.toml").write_text(spec.to_toml())
+    argv = ["sweep", "run", str(tmp_path / "spec.toml"), "--inprocess", "--out",
+            str(tmp_path / "res2")] + ([] if progress else ["--no-progress"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert exc.value.code == 2 and len(err) == 1 and "out of memory: sweep task 0" in err[0]
+
+
+def test_the_memory_check_counts_the_solver_s_matrices(monkeypatch):
+    """d = 200 with one draw: a few MiB of results, but the solver's two n x n matrices,
+    n = d^2, are 16 n^2 bytes (24 GiB): counted in the task, refused up front."""
+    spec = small_spec(attention=["softmax"], dims=[200], draws=1)
+    need = _sweep_run.sweep_resources(spec, "inprocess")
+    assert need["solver_bytes"] == 16.0 * (200 * 200) ** 2
+    assert need["task_bytes"] > need["solver_bytes"]
+    # the mean's column where the field sees the mean: n = d (d + 1)
+    linear = small_spec(attention=["linear"], dims=[10], draws=1)
+    assert _sweep_run.sweep_resources(linear)["solver_bytes"] == 16.0 * (10 * 11) ** 2
+    # explicit Runge-Kutta pairs hold no n x n matrix
+    data = spec.to_dict()
+    data["solver"]["method"] = "RK45"
+    assert _sweep_run.sweep_resources(SweepSpec.from_dict(data))["solver_bytes"] == 0
+    monkeypatch.setattr(_sweep_run, "_memory_bytes", lambda: 32 * 2**30)   # half: 16 GiB
+    with pytest.raises(ValueError, match=r"one task would hold 23\.\d GiB .*solver's n x n "
+                                         r"matrices, n = 40000 .*lower sweep\.dims"):
+        _sweep_run.check_resources(spec, "inprocess")
+
+
+def test_the_progress_bar_weighs_the_time_left_by_the_estimate():
+    """Tasks of growing cost: after the cheap first one, the time left is scaled by the
+    predicted seconds of those left (9 times its own), not by their count (2 times)."""
+    import io
     import re
 
-    # two types, dims 2 and 3: the smallest always, d = 3 while the budget allows
-    assert re.search(r"; estimated time ~\S+ \S+ on one worker \(an estimate: [2-4] "
-                     r"setting\(s\) timed, d up to [23], extrapolated\)$", line), line
+    stream = io.StringIO()
+    bar = _sweep_run._Progress(3, 1, True, stream=stream)
+    bar.weigh({0: 1.0, 1: 1.0, 2: 8.0}, [0, 1, 2])
+    bar.start = time.perf_counter() - 2.0             # the first task took 2 s
+    bar.update(1, force=True, index=0)
+    eta = float(re.search(r"eta (\d+)s", stream.getvalue()).group(1))
+    assert 17 <= eta <= 19, stream.getvalue()
+    unweighted = _sweep_run._Progress(3, 1, True, stream=io.StringIO())
+    unweighted.start = bar.start
+    unweighted.update(1, force=True)
+    assert "eta 4s" in unweighted.stream.getvalue()
