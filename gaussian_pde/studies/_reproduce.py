@@ -62,6 +62,8 @@ from ._regimes import (
     N_FIGURES,
     _run_regimes,
     draw_all,
+    draw_figure,
+    fixed_margins,
     regime_figures,
     regime_grids,
     report_lines,
@@ -250,16 +252,21 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
 
 def _figures(out, regimes, hists, ds, progress=None, published=None):
     """Write the figures; ``progress``: called after each."""
-    import matplotlib
+    paths = regime_figures(out, regimes, save_figure, progress=progress)
+    paths["rank_histograms"] = draw_figure(
+        lambda fig: _draw_histograms(fig, hists, ds, published), out / "rank_histograms.png",
+        save_figure)
+    if progress is not None:
+        progress("figure: rank_histograms.png")
+    return paths
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw_histograms(fig, hists, ds, published):
+    """The rank histograms, one row per ``d`` and one column per panel, into ``fig``."""
     from .. import plotting
 
-    paths = regime_figures(out, regimes, save_figure, progress=progress)
-
-    fig, axes = plt.subplots(len(ds), 4, figsize=(13, 3.1 * len(ds)), squeeze=False)
+    fig.set_size_inches(13, 3.1 * len(ds))
+    axes = fig.subplots(len(ds), 4, squeeze=False)
     for i, d in enumerate(ds):
         for j, (kind, vname) in enumerate(_PANELS):
             h = hists[(kind, vname, d)]
@@ -273,12 +280,8 @@ def _figures(out, regimes, hists, ds, progress=None, published=None):
                 title=f"{kind}, V = {'I' if vname == 'I' else 'R^T R'}, d = {d}")
     shown = "the published script replayed vs the true limit" if published else "the true limit"
     fig.suptitle(f"Rank of the limit covariance: {shown} (? = undecided)", fontsize=13)
-    fig.tight_layout()
-    paths["rank_histograms"] = save_figure(fig, out / "rank_histograms.png", dpi=110)
-    plt.close(fig)
-    if progress is not None:
-        progress("figure: rank_histograms.png")
-    return paths
+    fixed_margins(fig, left=0.716, right=0.15, bottom=0.585, top=0.677, wspace=0.287,
+                  hspace=0.36)
 
 
 _PUB_KEY = {(kind, vname): (kind, {"I": "identity", "RtR": "random"}[vname])
