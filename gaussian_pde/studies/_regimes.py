@@ -520,9 +520,19 @@ def draw_figure(draw, path, save_figure):
 
     with matplotlib.rc_context(FIGURE_RC):
         fig = Figure(dpi=DPI)
-        FigureCanvasAgg(fig)
+        canvas = FigureCanvasAgg(fig)
         draw(fig)
+        # matplotlib caches parsed mathtext per parser, and the renderer of each figure
+        # has its own: the figures share one, so a title or label is parsed once
+        renderer = canvas.get_renderer()   # the one savefig uses (same size and dpi)
+        parser = getattr(renderer, "mathtext_parser", None)
+        if parser is not None:
+            renderer.mathtext_parser = _MATHTEXT.setdefault("parser", parser)
         return save_figure(fig, path, dpi=DPI)
+
+
+#: the mathtext parser that the figures share (see :func:`draw_figure`)
+_MATHTEXT = {}
 
 
 def figure_tasks(results):
