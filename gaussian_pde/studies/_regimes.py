@@ -61,7 +61,7 @@ from ..integrate import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
 
-#: figures of :func:`regime_figures`: one per attention type and the eigenvalue flows
+#: figures of :func:`figure_tasks`: one per attention type and the eigenvalue flows
 N_FIGURES = 5
 
 #: the families, in the order of the figures
@@ -475,33 +475,6 @@ def fixed_margins(fig, *, left, right, bottom, top, wspace, hspace):
                         wspace=wspace, hspace=hspace)
 
 
-def regime_figures(out, results, save_figure, progress=None):
-    """``regimes_<type>.png`` (one panel per family of the type) and ``eigenvalue_flows.png``.
-
-    Parameters
-    ----------
-    out : pathlib.Path
-        Output folder.
-    results : dict
-        :func:`_run_regimes`'s results.
-    save_figure : callable
-        ``save_figure(fig, path, dpi=...)`` -> path (atomic writes).
-    progress : callable, optional
-        Called after each figure.
-
-    Returns
-    -------
-    dict
-        ``"regimes_<type>"`` and ``"eigenvalue_flows"`` -> path.
-    """
-    paths = {}
-    for key, draw in figure_tasks(results):
-        paths[key] = draw_figure(draw, out / f"{key}.png", save_figure)
-        if progress is not None:
-            progress(f"figure: {key}.png")
-    return paths
-
-
 #: matplotlib settings of the figures: each title sits at the top of its axes. (With the
 #: default, matplotlib measures the tick labels of every axes at each draw to see whether
 #: a title must move up past top tick labels or an offset text, which these axes lack.)
@@ -536,7 +509,19 @@ _MATHTEXT = {}
 
 
 def figure_tasks(results):
-    """``[(name, draw)]``: the figures of :func:`regime_figures`; ``draw(fig)`` fills ``fig``."""
+    """The figures of the regimes: ``regimes_<type>`` and ``eigenvalue_flows``.
+
+    Parameters
+    ----------
+    results : dict
+        :func:`_run_regimes`'s results.
+
+    Returns
+    -------
+    list of (str, callable)
+        ``(name, draw)``: ``draw(fig)`` fills a :class:`matplotlib.figure.Figure`
+        (:func:`draw_figure` makes and saves it as ``<name>.png``).
+    """
     types = [n for n in REGIME_TYPES if any((f, n) in results for f in FAMILIES)]
     tasks = [(f"regimes_{name}", _bind(_draw_regimes, results, name)) for name in types]
     return tasks + [("eigenvalue_flows", _bind(_draw_flows, results))]
@@ -618,7 +603,7 @@ def report_lines(results, paths):
     results : dict
         :func:`_run_regimes`'s results.
     paths : dict
-        :func:`regime_figures`'s paths.
+        Figure name (``regimes_<type>``, ``eigenvalue_flows``) -> path.
 
     Returns
     -------
