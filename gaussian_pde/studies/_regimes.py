@@ -568,7 +568,7 @@ def _draw_regimes(fig, results, name):
                  r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=13)
     w, h = fig.get_size_inches()
     fixed_margins(fig, left=0.07 * w, right=0.05 * w, bottom=0.06 * h, top=1.25,
-                  wspace=0.3, hspace=0.3)
+                  wspace=0.45, hspace=0.3)   # room for a 3-D z label beside a disk's y label
 
 
 def _draw_flows(fig, results):
