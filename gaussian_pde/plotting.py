@@ -92,28 +92,34 @@ def plot_cone_trajectories(covs, ax=None, *, limit_direction=None, color="tab:bl
         Colour of the trajectories.
     title : str, optional
         Axes title.
+
+    Notes
+    -----
+    The artists are drawn in a fixed order (``ax.computed_zorder`` is set to ``False``):
+    the trajectories, the limit line, the starts and ends, then the cone's wireframe.
     """
+    from mpl_toolkits.mplot3d.art3d import Line3DCollection
+
     covs = _trajectories(covs)
     if ax is None:
         ax = _new_ax("3d")
+    ax.computed_zorder = False
     pts = cone_coordinates(np.nan_to_num(covs, nan=0.0))
     ok = np.isfinite(covs).all(axis=(-2, -1))
     top = max(float(np.nanmax(np.where(ok, pts[..., 2], np.nan))), 1e-12)
-    starts, ends = [], []
-    for p, k in zip(pts, ok):
-        p = p[k]
-        if p.size == 0:
-            continue
-        ax.plot(p[:, 0], p[:, 1], p[:, 2], color=color, lw=1.0, alpha=0.8)
-        starts.append(p[0])
-        ends.append(p[-1])
-    # one collection for all the starts and one for all the ends (drawing is per artist)
-    if starts:
-        ax.scatter(*np.array(starts).T, color=START_COLOR, s=12, depthshade=False)
-        ax.scatter(*np.array(ends).T, color=END_COLOR, s=8, depthshade=False)
+    paths = [p[k] for p, k in zip(pts, ok) if k.any()]
+    # one artist each for the trajectories, the starts and the ends: the cost of drawing
+    # is per artist, and a collection strokes its paths one by one, as separate lines would
+    if paths:
+        ax.add_collection3d(Line3DCollection(paths, colors=color, linewidths=1.0, alpha=0.8,
+                                             zorder=2))
+        ax.scatter(*np.array([p[0] for p in paths]).T, color=START_COLOR, s=12,
+                   depthshade=False, zorder=3)
+        ax.scatter(*np.array([p[-1] for p in paths]).T, color=END_COLOR, s=8,
+                   depthshade=False, zorder=3)
     if surface:
         th, h = np.meshgrid(np.linspace(0, 2 * np.pi, 40), np.linspace(0, 1.05 * top, 8))
-        ax.plot_wireframe(h * np.cos(th), h * np.sin(th), h, color="0.75", lw=0.4)
+        ax.plot_wireframe(h * np.cos(th), h * np.sin(th), h, color="0.75", lw=0.4, zorder=4)
     if limit_direction is not None:
         r = _line_direction(limit_direction) * 1.05 * top
         ax.plot([0, r[0]], [0, r[1]], [0, r[2]], color=LIMIT_COLOR, lw=2.5, label="limit line")
@@ -126,6 +132,7 @@ def plot_cone_trajectories(covs, ax=None, *, limit_direction=None, color="tab:bl
     ax.legend(fontsize=8, loc="upper left")
     if title:
         ax.set_title(title, fontsize=10)
+        ax.title.set_y(1.0)    # at the top of the axes, as in 2-D (a 3-D title sits lower)
     return ax
 
 
@@ -151,7 +158,8 @@ def plot_disk_trajectories(covs, ax=None, *, outcomes=None, limit_direction=None
     limit_direction : array_like, shape (2,), optional
         Mark the limiting normalised covariance :math:`uu^T` on the circle.
     """
-    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Circle
 
     covs = _trajectories(covs)
     if outcomes is not None:
@@ -161,25 +169,25 @@ def plot_disk_trajectories(covs, ax=None, *, outcomes=None, limit_direction=None
                              f"got {len(outcomes)}.")
     if ax is None:
         ax = _new_ax()
-    ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="0.4", lw=1))
-    seen, starts, ends = set(), [], []
+    ax.add_patch(Circle((0, 0), 1, fill=False, color="0.4", lw=1))
+    paths, colors, seen = [], [], {}
     for i, cv in enumerate(covs):
         cv = cv[np.isfinite(cv).all(axis=(-2, -1))]
         cv = cv[np.trace(cv, axis1=-2, axis2=-1) > 0]
         if cv.shape[0] == 0:
             continue
-        p = disk_coordinates(cv)
-        col, lab = color, None
+        paths.append(disk_coordinates(cv))
+        colors.append(color if outcomes is None else OUTCOME_COLORS.get(outcomes[i], "0.3"))
         if outcomes is not None:
-            col = OUTCOME_COLORS.get(outcomes[i], "0.3")
-            lab = outcomes[i] if outcomes[i] not in seen else None
-            seen.add(outcomes[i])
-        ax.plot(p[:, 0], p[:, 1], color=col, lw=1.0, alpha=0.85, label=lab)
-        starts.append(p[0])
-        ends.append(p[-1])
-    if starts:   # one artist for all the starts and one for all the ends
-        ax.plot(*np.array(ends).T, "o", color=END_COLOR, ms=2, ls="none")
-        ax.plot(*np.array(starts).T, "o", color=START_COLOR, ms=3, ls="none")
+            seen.setdefault(outcomes[i], colors[-1])
+    # one artist for all the trajectories (in their order, each in its colour), one for
+    # the starts and one for the ends: the cost of drawing is per artist
+    if paths:
+        ax.add_collection(LineCollection(paths, colors=colors, linewidths=1.0, alpha=0.85))
+        ax.plot(*np.array([p[-1] for p in paths]).T, "o", color=END_COLOR, ms=2, ls="none")
+        ax.plot(*np.array([p[0] for p in paths]).T, "o", color=START_COLOR, ms=3, ls="none")
+    for lab, col in seen.items():   # legend entries, in the order the outcomes first occur
+        ax.plot([], [], color=col, lw=1.0, alpha=0.85, label=lab)
     if limit_direction is not None:
         x = _line_direction(limit_direction)
         ax.plot(x[0], x[1], "*", color=LIMIT_COLOR, ms=14, mec="k", label="limit direction")

@@ -133,12 +133,21 @@ def run_examples(args, append=False, progress=None):
 
 
 def _figure(results, path):
-    import matplotlib
+    """``covariance_trajectories.png``: a column per example (drawn as reproduce's figures)."""
+    from ..studies._regimes import draw_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return pathlib.Path(draw_figure(lambda fig: _draw_examples(fig, results), path,
+                                    save_figure))
 
-    fig, axes = plt.subplots(2, len(results), figsize=(3.6 * len(results), 7), squeeze=False)
+
+def _draw_examples(fig, results):
+    """Top: eigenvalues of Sigma over time; bottom: Sigma / tr Sigma in the unit disk."""
+    from matplotlib.patches import Circle
+
+    from ..studies._regimes import fixed_margins
+
+    fig.set_size_inches(3.6 * len(results), 7)
+    axes = fig.subplots(2, len(results), squeeze=False)
     for j, (name, sol) in enumerate(results.items()):
         eig = np.linalg.eigvalsh(sol.cov)
         ax = axes[0, j]
@@ -150,7 +159,7 @@ def _figure(results, path):
         ax = axes[1, j]
         tr = np.trace(sol.cov, axis1=1, axis2=2)
         a, b, c = sol.cov[:, 0, 0] / tr, sol.cov[:, 1, 1] / tr, sol.cov[:, 0, 1] / tr
-        ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="0.6"))
+        ax.add_patch(Circle((0, 0), 1, fill=False, color="0.6"))
         sc = ax.scatter(a - b, 2 * c, c=sol.t, s=6, cmap="viridis")
         ax.plot(a[0] - b[0], 2 * c[0], "o", color="tab:red", label="start")
         ax.set_aspect("equal")
@@ -162,10 +171,8 @@ def _figure(results, path):
         fig.colorbar(sc, ax=ax, label="t", shrink=0.7)
     fig.suptitle(r"Covariance $\Sigma(t) = [[a, c], [c, b]]$ of the Gaussian solution; "
                  r"bottom: $\Sigma/\mathrm{tr}\,\Sigma$ in the unit disk")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return pathlib.Path(path)
+    fixed_margins(fig, left=0.786, right=0.389, bottom=0.317, top=0.683, wspace=0.402,
+                  hspace=0.111)
 
 
 def _report(results, fig_name, heading):

@@ -61,7 +61,7 @@ from ..integrate import solve_batch
 
 __all__ = ["FAMILIES", "PANELS", "published_grid", "unit_trace_grid", "regime_grids"]
 
-#: figures of :func:`regime_figures`: one per attention type and the eigenvalue flows
+#: figures of :func:`figure_tasks`: one per attention type and the eigenvalue flows
 N_FIGURES = 5
 
 #: the families, in the order of the figures
@@ -94,6 +94,9 @@ _HORIZON_PANEL = REGIME_HORIZONS
 _GROWTH = 1e3
 #: eigenvalues below this fraction of the largest count as vanished (see _classify)
 _VANISHED = 1e-12
+#: resolution of the figures. They are made at the resolution they are saved at: a
+#: figure saved at another one lays out every text (and parses its mathtext) twice
+DPI = 110
 
 _TITLES = {
     "zero": r"$\Sigma\to 0$: $K=-Q$, $Q_{ij}\sim U[0,1]$, $V=GG^T$",
@@ -458,85 +461,127 @@ def _draw_plane(ax, r):
     x, z = np.meshgrid(np.linspace(-top, top, 30), np.linspace(0, top, 30))
     y = -(x + z) * q[0] / q[1]
     y = np.where(x ** 2 + y ** 2 <= z ** 2, y, np.nan)
-    ax.plot_surface(x, y, z, color="tab:orange", alpha=0.3, linewidth=0)
+    ax.plot_surface(x, y, z, color="tab:orange", alpha=0.3, linewidth=0, zorder=5)  # on top
 
 
-def regime_figures(out, results, save_figure, progress=None):
-    """``regimes_<type>.png`` (one panel per family of the type) and ``eigenvalue_flows.png``.
+def fixed_margins(fig, *, left, right, bottom, top, wspace, hspace):
+    """Place the subplots with margins given in inches (``wspace``, ``hspace``: fractions).
+
+    What ``tight_layout`` would choose for these figures, without its cost: it measures
+    every tick label and title, and a 3-D panel by drawing it.
+    """
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h,
+                        wspace=wspace, hspace=hspace)
+
+
+#: matplotlib settings of the figures: each title sits at the top of its axes. (With the
+#: default, matplotlib measures the tick labels of every axes at each draw to see whether
+#: a title must move up past top tick labels or an offset text, which these axes lack.)
+FIGURE_RC = {"axes.titley": 1.0}
+
+
+def draw_figure(draw, path, save_figure):
+    """Make a figure with ``draw(fig)`` and save it to ``path`` at :data:`DPI`.
+
+    The figure is a plain :class:`matplotlib.figure.Figure` (no pyplot state, nothing to
+    close), made at the resolution it is saved at, under :data:`FIGURE_RC`.
+    """
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(FIGURE_RC):
+        fig = Figure(dpi=DPI)
+        canvas = FigureCanvasAgg(fig)
+        draw(fig)
+        # matplotlib caches parsed mathtext per parser, and the renderer of each figure
+        # has its own: the figures share one, so a title or label is parsed once
+        renderer = canvas.get_renderer()   # the one savefig uses (same size and dpi)
+        parser = getattr(renderer, "mathtext_parser", None)
+        if parser is not None:
+            renderer.mathtext_parser = _MATHTEXT.setdefault("parser", parser)
+        return save_figure(fig, path, dpi=DPI)
+
+
+#: the mathtext parser that the figures share (see :func:`draw_figure`)
+_MATHTEXT = {}
+
+
+def figure_tasks(results):
+    """The figures of the regimes: ``regimes_<type>`` and ``eigenvalue_flows``.
 
     Parameters
     ----------
-    out : pathlib.Path
-        Output folder.
     results : dict
         :func:`_run_regimes`'s results.
-    save_figure : callable
-        ``save_figure(fig, path, dpi=...)`` -> path (atomic writes).
-    progress : callable, optional
-        Called after each figure.
 
     Returns
     -------
-    dict
-        ``"regimes_<type>"`` and ``"eigenvalue_flows"`` -> path.
+    list of (str, callable)
+        ``(name, draw)``: ``draw(fig)`` fills a :class:`matplotlib.figure.Figure`
+        (:func:`draw_figure` makes and saves it as ``<name>.png``).
     """
-    import matplotlib
+    types = [n for n in REGIME_TYPES if any((f, n) in results for f in FAMILIES)]
+    tasks = [(f"regimes_{name}", _bind(_draw_regimes, results, name)) for name in types]
+    return tasks + [("eigenvalue_flows", _bind(_draw_flows, results))]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _bind(fun, *args):
+    return lambda fig: fun(fig, *args)
+
+
+def _draw_regimes(fig, results, name):
+    """The panels of attention type ``name``, one per family, into ``fig``."""
     from .. import plotting
 
-    paths = {}
-    types = [n for n in REGIME_TYPES if any((f, n) in results for f in FAMILIES)]
-    for name in types:
-        fams = [f for f in FAMILIES if (f, name) in results]
-        ncol = min(3, len(fams))
-        nrow = -(-len(fams) // ncol)
-        fig = plt.figure(figsize=(4.3 * ncol, 4.0 * nrow + 1.1))
-        for j, family in enumerate(fams):
-            r = results[(family, name)]
-            title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
-            if family in CONE:
-                ax = fig.add_subplot(nrow, ncol, j + 1, projection="3d")
-                lines = [_direction(a) for a in limit_lines(r["outcomes"])]
-                first = r["line"] if r["line"] is not None else (lines[0] if lines else None)
-                if family in ("zero", "plane"):
-                    first = None
-                plotting.plot_cone_trajectories(r["covs"], ax, limit_direction=first,
-                                                title=title)
-                if family == "two_lines":
-                    top = np.nanmax(np.trace(r["covs"], axis1=-2, axis2=-1))
-                    for u in lines[1:]:
-                        p = plotting._line_direction(u) * 1.05 * top
-                        ax.plot([0, p[0]], [0, p[1]], [0, p[2]], color=plotting.LIMIT_COLOR,
-                                lw=2.5)
-                if family == "plane":
-                    _draw_plane(ax, r)
-                ax.view_init(elev=20, azim=-60)
-            else:
-                ax = fig.add_subplot(nrow, ncol, j + 1)
-                labels = [str(o.outcome) for o in r["outcomes"]]
-                if family == "depends":      # converging, but past the script's stop
-                    labels = [f"rank, tr > {SCRIPT_STOP:g}" if lab == "rank" and big else lab
-                              for lab, big in zip(labels, passes_script_stop(r["covs"]))]
-                plotting.plot_disk_trajectories(r["covs"], ax, outcomes=labels, title=title)
-        fig.suptitle(f"{name}: the paper's 2-D families (published draws)\n"
-                     r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=13)
-        # fixed margins: tight_layout would draw the (slow) 3-D panels once more
-        fig.subplots_adjust(left=0.07, right=0.95, bottom=0.06, top=1 - 1.25 / fig.get_figheight(),
-                            wspace=0.3, hspace=0.3)
-        paths[f"regimes_{name}"] = save_figure(fig, out / f"regimes_{name}.png", dpi=110)
-        plt.close(fig)
-        if progress is not None:
-            progress(f"figure: regimes_{name}.png")
+    fams = [f for f in FAMILIES if (f, name) in results]
+    ncol = min(3, len(fams))
+    nrow = -(-len(fams) // ncol)
+    fig.set_size_inches(4.3 * ncol, 4.0 * nrow + 1.1)
+    for j, family in enumerate(fams):
+        r = results[(family, name)]
+        title = f"{_TITLES[family]}\n{outcome_counts(r['outcomes'])}"
+        if family in CONE:
+            ax = fig.add_subplot(nrow, ncol, j + 1, projection="3d")
+            lines = [_direction(a) for a in limit_lines(r["outcomes"])]
+            first = r["line"] if r["line"] is not None else (lines[0] if lines else None)
+            if family in ("zero", "plane"):
+                first = None
+            plotting.plot_cone_trajectories(r["covs"], ax, limit_direction=first, title=title)
+            if family == "two_lines":
+                top = np.nanmax(np.trace(r["covs"], axis1=-2, axis2=-1))
+                for u in lines[1:]:
+                    p = plotting._line_direction(u) * 1.05 * top
+                    ax.plot([0, p[0]], [0, p[1]], [0, p[2]], color=plotting.LIMIT_COLOR, lw=2.5)
+            if family == "plane":
+                _draw_plane(ax, r)
+            ax.view_init(elev=20, azim=-60)
+        else:
+            ax = fig.add_subplot(nrow, ncol, j + 1)
+            labels = [str(o.outcome) for o in r["outcomes"]]
+            if family == "depends":      # converging, but past the script's stop
+                labels = [f"rank, tr > {SCRIPT_STOP:g}" if lab == "rank" and big else lab
+                          for lab, big in zip(labels, passes_script_stop(r["covs"]))]
+            plotting.plot_disk_trajectories(r["covs"], ax, outcomes=labels, title=title)
+    fig.suptitle(f"{name}: the paper's 2-D families (published draws)\n"
+                 r"cone: $(a-b, 2c, a+b)$, disk: $\Sigma/\mathrm{tr}\,\Sigma$", fontsize=13)
+    w, h = fig.get_size_inches()
+    fixed_margins(fig, left=0.07 * w, right=0.05 * w, bottom=0.06 * h, top=1.25,
+                  wspace=0.45, hspace=0.3)   # room for a 3-D z label beside a disk's y label
+
+
+def _draw_flows(fig, results):
+    """Eigenvalues of Sigma / tr Sigma over time, one panel per family, into ``fig``."""
+    from .. import plotting
 
     flow = REGIME_FLOW_TYPE
     fams = [f for f in FAMILIES if (f, flow) in results]
     n = max(len(fams), 1)
     ncol = min(3, n)
     nrow = -(-n // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.3 * ncol, 3.6 * nrow + 0.7), squeeze=False)
+    fig.set_size_inches(4.3 * ncol, 3.6 * nrow + 0.7)
+    axes = fig.subplots(nrow, ncol, squeeze=False)
     for ax, family in zip(axes.ravel(), fams):
         r = results[(family, flow)]
         plotting.plot_eigenvalue_flow(r["t_eval"], r["covs"][:, :-1], ax, summary=True,
@@ -546,12 +591,8 @@ def regime_figures(out, results, save_figure, progress=None):
         ax.set_visible(False)
     fig.suptitle(r"Eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$ (" + flow + "): median over the "
                  r"starting covariances, 10-90 % band; cut at $10^{-12}$", fontsize=13)
-    fig.tight_layout()
-    paths["eigenvalue_flows"] = save_figure(fig, out / "eigenvalue_flows.png", dpi=110)
-    plt.close(fig)
-    if progress is not None:
-        progress("figure: eigenvalue_flows.png")
-    return paths
+    fixed_margins(fig, left=0.836, right=0.275, bottom=0.61, top=0.727, wspace=0.292,
+                  hspace=0.287)
 
 
 def report_lines(results, paths):
@@ -562,7 +603,7 @@ def report_lines(results, paths):
     results : dict
         :func:`_run_regimes`'s results.
     paths : dict
-        :func:`regime_figures`'s paths.
+        Figure name (``regimes_<type>``, ``eigenvalue_flows``) -> path.
 
     Returns
     -------

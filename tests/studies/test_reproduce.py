@@ -140,3 +140,129 @@ def test_parallel_equals_serial():
             [str(o.outcome) for o in reg_p[k]["outcomes"]]
         np.testing.assert_array_equal(reg_s[k]["covs"], reg_p[k]["covs"])
 
+
+
+# ----------------------------------------------------------------------------------------
+# the figure stage
+# ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def figure_stage(tmp_path_factory):
+    """The six figures of a quick run, drawn serially: their files and Figure objects.
+
+    Regimes of the quick grids (every family and type); rank histograms of 10 random
+    ranks per panel, and published counts summing to 10.
+    """
+    from gaussian_pde.studies import _regimes as G
+    from gaussian_pde.studies import _reproduce as R
+
+    regimes = G._run_regimes(G.regime_grids("quick"), 10)
+    rng = np.random.default_rng(1)
+    hists = {(k, v, d): {"true": rng.integers(-1, d + 1, 10)}
+             for k, v in R._PANELS for d in R._HIST_DS}
+    published = {R._PUB_KEY[(k, v)] + (str(d),): rng.multinomial(10, np.full(d + 1, 1 / (d + 1)))
+                  for k, v in R._PANELS for d in R._HIST_DS}
+    out = tmp_path_factory.mktemp("figures")
+    figs, save = {}, R.save_figure
+
+    def keep(fig, path, **kwargs):
+        figs[path.stem] = fig
+        return save(fig, path, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(R, "save_figure", keep)
+    try:
+        paths = R._figures(out, regimes, hists, R._HIST_DS, published=published)
+    finally:
+        mp.undo()
+    return dict(regimes=regimes, hists=hists, published=published, out=out, paths=paths,
+                figs=figs)
+
+
+def _legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_figure_stage_writes_six_pngs(figure_stage):
+    from gaussian_pde.studies._regimes import N_FIGURES
+
+    paths = figure_stage["paths"]
+    assert len(paths) == N_FIGURES + 1 == 6
+    assert set(paths) == set(figure_stage["figs"])
+    for name, path in paths.items():
+        assert path == figure_stage["out"] / f"{name}.png"
+        head = path.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        w, h = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+        fig = figure_stage["figs"][name]
+        # saved at the resolution the figure was made at (DPI), at its size
+        assert (w, h) == tuple(round(x * fig.dpi) for x in fig.get_size_inches())
+
+
+def test_regime_figures_content(figure_stage):
+    """One panel per family of each type; each panel: every trajectory of its grid (one
+    collection), its starts, a title with the family and the outcome counts, a legend."""
+    from gaussian_pde.studies import _regimes as G
+
+    regimes, figs = figure_stage["regimes"], figure_stage["figs"]
+    grids = G.regime_grids("quick")
+    for name in G.REGIME_TYPES:
+        fams = [f for f in G.FAMILIES if (f, name) in regimes]
+        axes = figs[f"regimes_{name}"].axes
+        assert len(axes) == len(fams)
+        for ax, family in zip(axes, fams):
+            n = len(grids[family])
+            title = ax.get_title().splitlines()
+            assert title == [G._TITLES[family],
+                             G.outcome_counts(regimes[(family, name)]["outcomes"])]
+            if family in G.CONE:
+                assert ax.name == "3d"
+                trajs = [c for c in ax.collections if type(c).__name__ == "Line3DCollection"
+                         and c.get_linewidth()[0] == 1.0]
+                assert len(trajs) == 1 and len(trajs[0].get_segments()) == n
+                assert [ax.get_xlabel(), ax.get_ylabel(), ax.get_zlabel()] == \
+                    ["$a-b$", "$2c$", "$a+b$"]
+                assert set(_legend(ax)) >= {"trajectory", r"$\Sigma_0$", "end"}
+                assert ("limit line" in _legend(ax)) == (family in ("line", "two_lines"))
+            else:
+                assert ax.name == "rectilinear"
+                (trajs,) = [c for c in ax.collections if type(c).__name__ == "LineCollection"]
+                assert len(trajs.get_segments()) == n
+                starts = [ln for ln in ax.get_lines() if ln.get_marker() == "o"
+                          and len(ln.get_xdata()) == n]
+                assert len(starts) == 2                      # the starts and the ends
+                outcomes = {str(o.outcome) for o in regimes[(family, name)]["outcomes"]}
+                labels = set(_legend(ax)) - {r"$\Sigma_0$"}
+                assert {lab.split(",")[0] for lab in labels} == outcomes
+                assert "tr" in ax.get_xlabel() and "tr" in ax.get_ylabel()
+
+
+def test_flow_and_histogram_figures_content(figure_stage):
+    from gaussian_pde.attention import REGIME_FLOW_TYPE
+    from gaussian_pde.studies import _regimes as G
+    from gaussian_pde.studies import _reproduce as R
+
+    fams = [f for f in G.FAMILIES if (f, REGIME_FLOW_TYPE) in figure_stage["regimes"]]
+    axes = [ax for ax in figure_stage["figs"]["eigenvalue_flows"].axes if ax.get_visible()]
+    assert len(axes) == len(fams)
+    for ax, family in zip(axes, fams):
+        assert [ln.get_label() for ln in ax.get_lines()] == ["largest (median)",
+                                                             "smallest (median)"]
+        assert G._TITLES[family].splitlines()[0] in ax.get_title()
+        assert ax.get_yscale() == "log" and ax.get_ylim() == (G._VANISHED, 1.5)
+    axes = figure_stage["figs"]["rank_histograms"].axes
+    assert len(axes) == len(R._HIST_DS) * len(R._PANELS)
+    for i, d in enumerate(R._HIST_DS):
+        for j, panel in enumerate(R._PANELS):
+            ax = axes[4 * i + j]
+            assert f"d = {d}" in ax.get_title()
+            assert ax.get_xlabel() == "rank of the limit covariance"
+            assert _legend(ax) == ["published", "true"]
+            pub, true = ax.containers
+            assert len(pub) == len(true) == d + 2          # ranks 0..d and "?"
+            assert [b.get_height() for b in pub][:d + 1] == \
+                list(figure_stage["published"][R._PUB_KEY[panel] + (str(d),)])
+            counts = np.bincount(np.where(figure_stage["hists"][panel + (d,)]["true"] < 0,
+                                          d + 1, figure_stage["hists"][panel + (d,)]["true"]),
+                                 minlength=d + 2)
+            assert [b.get_height() for b in true] == list(counts)
