@@ -33,7 +33,7 @@ from ._exact import blowup_time, exact_covariance, scalar_solution
 from ._options import METHODS, run_options
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
-from ._steppers import RODAS4
+from ._tableaux import RODAS4
 
 __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",

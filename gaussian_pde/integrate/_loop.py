@@ -27,9 +27,9 @@ import warnings
 
 import numpy as np
 from scipy.integrate import BDF, LSODA, Radau, ode
-from scipy.integrate._ivp.ivp import METHODS
 from scipy.optimize import brentq
 
+from ._options import METHODS
 from ._results import overflow_message
 
 __all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compiled",
