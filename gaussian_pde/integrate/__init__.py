@@ -8,8 +8,10 @@ Below the drivers, one module per concept, with no import back up:
   and rank collapse, used by every solver of the package;
 * ``_options``: the one validation of solver options;
 * ``_field``: the stacked factor-form field and its exact Jacobian;
-* ``_loop`` and ``_steppers``: the step loops (SciPy's solver classes, Hairer's Fortran
-  codes, vectorised DOP853 and RODAS4 for batches);
+* ``_scipy_loop`` and ``_steppers``: the step loops (SciPy's solver classes, Hairer's
+  Fortran codes; vectorised DOP853 and RODAS4 for batches), ``_stiffness``: DOP853 with
+  Hairer's stiffness test and the stiff solver it hands over to;
+* ``_tableaux``: the DOP853 and RODAS4 coefficients, written once for every loop;
 * ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
   the closure solvers run too) and :func:`solve_batch`;
 * ``_compiled_batch``: :func:`solve_batch`'s compiled integrator (Numba, parallel over
@@ -33,7 +35,7 @@ from ._exact import blowup_time, exact_covariance, scalar_solution
 from ._options import METHODS, run_options
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
-from ._steppers import RODAS4
+from ._tableaux import RODAS4
 
 __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",

@@ -41,11 +41,11 @@ import threading
 import warnings
 
 import numpy as np
-from scipy.integrate._ivp import dop853_coefficients as _dop
 
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
 from ._steppers import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
+from ._tableaux import DOP853 as _dop
 
 __all__ = ["integrate_compiled"]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import types
 
 import numpy as np
-from scipy.integrate import OdeSolver
-from scipy.integrate._ivp.ivp import METHODS
+from scipy.integrate import BDF, DOP853, LSODA, RK23, RK45, OdeSolver, Radau
 
 from .._common.validation import (
     validate_int,
@@ -25,6 +25,11 @@ from ._events import EventOptions, event_options
 
 __all__ = ["SolverOptions", "solver_options", "run_options", "validate_method",
            "validate_user_events", "METHODS"]
+
+#: the solver classes of :func:`scipy.integrate.solve_ivp` by the names it accepts for
+#: ``method`` (its documented list; read only)
+METHODS = types.MappingProxyType({"RK23": RK23, "RK45": RK45, "DOP853": DOP853,
+                                  "Radau": Radau, "BDF": BDF, "LSODA": LSODA})
 
 
 @dataclasses.dataclass(frozen=True)

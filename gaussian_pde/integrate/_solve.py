@@ -19,10 +19,10 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
 * **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
   above ``rank_tol`` falls below it.
 
-The steps are taken by :mod:`gaussian_pde.integrate._loop`: SciPy's solver classes in a
+The steps are taken by :mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a
 lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; the default
 ``"auto"`` takes DOP853 steps and hands a run that turns stiff over to LSODA with the
-exact Jacobian (:mod:`gaussian_pde.integrate._auto`); event semantics are those of
+exact Jacobian (:mod:`gaussian_pde.integrate._stiffness`); event semantics are those of
 :func:`scipy.integrate.solve_ivp`. Where the attention has a compiled field, ``"auto"``
 first runs :func:`~gaussian_pde.solve_batch`'s compiled core for the one trajectory
 (:func:`_solve_compiled`), which records every step and hands the run to the event loop
@@ -46,7 +46,6 @@ import numpy as np
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
 from ..attention import require_mean, validate_attention
-from ._auto import STIFF_SOLVER
 from ._batch import solve_batch
 from ._events import (
     blowup_extrapolate,
@@ -59,21 +58,22 @@ from ._events import (
 )
 from ._exact import linear_mean
 from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
-from ._loop import (
+from ._options import METHODS, solver_options, validate_method, validate_user_events
+from ._record import max_abs, mean_scale
+from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
+from ._results import MomentSolution, Status
+from ._scipy_loop import (
     REJECT_STIFF,
     REJECT_WINDOW,
     STABILIZED_PROBE,
     STIFF_H_RHO,
     accepts_jac,
-    integrate,
-    integrate_compiled,
+    integrate_fortran,
+    integrate_scipy,
     step_radius_at_least,
-    use_compiled,
+    use_fortran,
 )
-from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._record import max_abs, mean_scale
-from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
-from ._results import MomentSolution, Status
+from ._stiffness import STIFF_SOLVER
 
 __all__ = ["solve", "integrate_system", "Run"]
 
@@ -112,7 +112,7 @@ class _System:
     def fun_fortran(self):
         """The right-hand side for Hairer's Fortran codes, which copy what it returns.
 
-        A buffer (see :func:`gaussian_pde.integrate._loop.integrate_compiled`), built at
+        A buffer (see :func:`gaussian_pde.integrate._scipy_loop.integrate_fortran`), built at
         the first use: a run that the compiled core finishes never evaluates it.
         """
         return fortran_rhs(self.att, self.with_mean, self)
@@ -299,8 +299,8 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resu
         Validated; ``"DOP853"`` and ``"RK45"`` with at most two output times are stepped
         by Hairer's Fortran codes. ``"auto"``: DOP853 steps (the Fortran code where it
         applies) until Hairer's stiffness test fires, then
-        :data:`gaussian_pde.integrate._auto.STIFF_SOLVER` (LSODA) given ``jac``
-        (:mod:`gaussian_pde.integrate._auto`); ``Run.stiff_from`` records where.
+        :data:`gaussian_pde.integrate._stiffness.STIFF_SOLVER` (LSODA) given ``jac``
+        (:mod:`gaussian_pde.integrate._stiffness`); ``Run.stiff_from`` records where.
     user_events : tuple of callables
         ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
     jac : callable, optional
@@ -402,7 +402,7 @@ class _EventLoop:
         self.system, self.opts, self.method = system, opts, method
         self.solver_cls, self.stiff, self.jac = solver_cls, stiff, jac
         self.user_events = user_events
-        self.compiled = use_compiled(method, opts.t_eval, opts.t0)
+        self.fortran = use_fortran(method, opts.t_eval, opts.t0)
         # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._refactor):
         # looked at every REFACTOR_EVERY-th step end (the cancellation builds up over many
         # steps; an SVD at every step would cost as much as the step), the run then goes
@@ -476,7 +476,7 @@ class _EventLoop:
         return evs
 
     def segment(self, evs, t_start, y_start, base, seg_eval):
-        """Integrate from ``t_start`` until ``t1`` or an event (the result of ``_loop``)."""
+        """Integrate from ``t_start`` until ``t1`` or an event (a ``Segment`` of ``_scipy_loop``)."""
         opts, system = self.opts, self.system
         (first_step, stiff_now), self.start = self.start, (None, False)
         tau1 = opts.t1 - base
@@ -490,13 +490,13 @@ class _EventLoop:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                if self.compiled:
-                    return integrate_compiled(system.fun, self.method, t_start - base, tau1,
+                if self.fortran:
+                    return integrate_fortran(system.fun, self.method, t_start - base, tau1,
                                               y_start, stiff=self.stiff, jac=self.jac,
                                               fortran_fun=getattr(system, "fun_fortran",
                                                                   None),
                                               nfev=lambda: system.nfev, **kw)
-                return integrate(system.fun, self.solver_cls, t_start - base, tau1, y_start,
+                return integrate_scipy(system.fun, self.solver_cls, t_start - base, tau1, y_start,
                                  jac=self.jac, stiff=self.stiff, **kw)
         except _UserEventError as err:
             raise ValueError(f"`events[{err.i}]` raised {type(err.exc).__name__}: "
@@ -615,7 +615,7 @@ def _strictly_increasing(t, y):
     """Drop a stored row whose time repeats the one before it (an event at a step end).
 
     The loop stores each step end once and an event time strictly inside its step
-    (:func:`gaussian_pde.integrate._loop._root`), so this keeps the invariant of the
+    (:func:`gaussian_pde.integrate._scipy_loop._root`), so this keeps the invariant of the
     result (``t`` strictly increasing) against rounding only.
     """
     if t.size < 2:
@@ -668,7 +668,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
         ``"auto"`` (default): the method is picked per problem
-        (:mod:`gaussian_pde.integrate._auto`). DOP853 steps with Hairer's stiffness
+        (:mod:`gaussian_pde.integrate._stiffness`). DOP853 steps with Hairer's stiffness
         test after every step: those of :func:`~gaussian_pde.solve_batch`'s compiled
         core for one trajectory where the attention has a compiled field (without user
         ``events`` or ``first_step``), up to the first step at which an event changes
@@ -683,13 +683,13 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         over at the second on trial: it stays if within 200 steps its cost per unit time
         falls below DOP853's, otherwise DOP853 resumes (and a long stabilised run held at
         its stability bound is looked at again every 200 steps)
-        (:func:`gaussian_pde.integrate._loop.stiff_trial`). Events behave as with any
+        (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`). Events behave as with any
         other method; the ``message`` ends with ``"; stiff from t = ... on: LSODA ..."``
         when LSODA finished the run. Non-stiff runs without events take exactly the
         steps of ``solve_batch`` (on the compiled path) or of ``"DOP853"``.
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
-        :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._loop``), several times
+        :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._scipy_loop``), several times
         faster on these small systems, when ``t_eval`` is None or holds at most two
         times after ``t_span[0]`` (the Fortran codes land on each output time, where
         SciPy's Python solver interpolates for free); pass the class

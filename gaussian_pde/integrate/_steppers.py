@@ -18,17 +18,16 @@ step-size rule, the events and the output are shared by both methods.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
-from scipy.integrate._ivp import dop853_coefficients as _dop
 
 from ._differences import column_steps
 from ._field import analytic_jacobian
+from ._tableaux import DOP853 as _dop
+from ._tableaux import RODAS4
 
 __all__ = ["DOP853Stepper", "RosenbrockStepper", "MixedStep", "rms", "SAFETY", "MIN_FACTOR"]
 
-# DOP853 tableau (Hairer, Norsett and Wanner; the coefficients SciPy uses)
+# DOP853 tableau (gaussian_pde.integrate._tableaux: Hairer, Norsett and Wanner; SciPy's values)
 _NS = _dop.N_STAGES
 _A = _dop.A[:_NS, :_NS]
 _B = _dop.B
@@ -181,61 +180,12 @@ class _DOP853Step:
         return interp
 
 
-# RODAS4 (Hairer and Wanner, Solving ODEs II, section IV.7, and their code rodas.f,
-# METH = 1): 6 stages, order 4 with an embedded order-3 estimate, L-stable and stiffly
-# accurate, with an order-3 continuous extension. Hairer-Wanner form: with
+# RODAS4 (gaussian_pde.integrate._tableaux) in the Hairer-Wanner form: with
 # W = I/(gamma h) - J,  W U_i = f(y + sum_j a_ij U_j) + sum_j (c_ij/h) U_j,
 # y_new = y + sum_j a_6j U_j + U_6 and error estimate U_6.
-_RGAMMA = 0.25
-_RA = np.zeros((6, 6))
-_RA[1, 0] = 1.544
-_RA[2, :2] = [0.9466785280815826, 0.2557011698983284]
-_RA[3, :3] = [3.314825187068521, 2.896124015972201, 0.9986419139977817]
-_RA[4, :4] = [1.221224509226641, 6.019134481288629, 12.53708332932087, -0.6878860361058950]
-_RA[5, :5] = [*_RA[4, :4], 1.0]           # stage 6 is evaluated at stage 5 + U_5
-_RB = np.array([*_RA[5, :5], 1.0])       # y_new = stage 6 + U_6 (stiffly accurate)
-_RC = np.zeros((6, 6))
-_RC[1, 0] = -5.6688
-_RC[2, :2] = [-2.430093356833875, -0.2063599157091915]
-_RC[3, :3] = [-0.1073529058151375, -9.594562251023355, -20.47028614809616]
-_RC[4, :4] = [7.496443313967647, -10.24680431464352, -33.99990352819905, 11.70890893206160]
-_RC[5, :5] = [8.083246795921522, -7.981132988064893, -31.52159432874371, 16.31930543123136,
-              -6.058818238834054]
-# continuous extension: y(s) = (1-s) y0 + s (y1 + (1-s) (H_1 U + s H_2 U))
-_RH = np.array([[10.12623508344586, -7.487995877610167, -34.80091861555747,
-                 -7.992771707568823, 1.025137723295662, 0.0],
-                [-0.6762803392801253, 6.087714651680015, 16.43084320892478,
-                 24.76722511418386, -6.594389125716872, 0.0]])
+_RA, _RB, _RC, _RGAMMA, _RH = RODAS4.a, RODAS4.b, RODAS4.c, RODAS4.gamma, RODAS4.h
 #: a stage state this many times larger than the step's start is rejected outright
 _WILD = 1e6
-
-@dataclasses.dataclass(frozen=True)
-class RosenbrockTableau:
-    r"""Coefficients of a Rosenbrock method in the Hairer-Wanner form.
-
-    Stage :math:`i` solves :math:`(I/(\gamma h) - J)\,U_i = f(y_0 + \sum_j a_{ij}U_j)
-    + \sum_j c_{ij}U_j/h`, and the step is :math:`y_1 = y_0 + \sum_i b_i U_i`.
-
-    Attributes
-    ----------
-    a, c : ndarray, shape (s, s)
-        Stage couplings (strictly lower triangular).
-    b : ndarray, shape (s,)
-        Weights of the solution.
-    gamma : float
-        Diagonal of the method.
-    """
-
-    a: np.ndarray
-    b: np.ndarray
-    c: np.ndarray
-    gamma: float
-
-
-#: the RODAS4 coefficients (Hairer-Wanner form above), for every Rosenbrock loop of the
-#: package
-RODAS4 = RosenbrockTableau(a=_RA, b=_RB, c=_RC, gamma=_RGAMMA)
-
 
 
 def _batched_inv(W):

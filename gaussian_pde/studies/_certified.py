@@ -64,7 +64,7 @@ from .._common.validation import (
 )
 from ..attention import Attention, quadratic_heads, single_heads
 from ..integrate import RODAS4
-from ._certified_compiled import available, integrate_compiled
+from ._certified_compiled import available, integrate_log_time_compiled
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
            "theorem_rank"]
@@ -407,7 +407,7 @@ def _safe_inv(W):
         return out
 
 
-def _integrate(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_MAX_STEPS):
+def integrate_log_time(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_MAX_STEPS):
     r"""RODAS4 on :math:`dy/d\tau`; the state at every checkpoint (NaN where not reached).
 
     The non-autonomous field is made autonomous by the extra component :math:`\tau`
@@ -646,10 +646,10 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
         taus = np.tile(np.log1p(base), (len(rows), 1))
         tr0 = np.trace(S0, axis1=1, axis2=2)
         if compiled:
-            rec, steps, stop, t_last = integrate_compiled(kinds, V, A, H, t_s, k, y0, taus,
+            rec, steps, stop, t_last = integrate_log_time_compiled(kinds, V, A, H, t_s, k, y0, taus,
                                                           rtol, GROWTH * tr0, max_steps)
         else:
-            rec, steps, stop, t_last = _integrate(field, y0, taus, rtol, field_tr=_trace,
+            rec, steps, stop, t_last = integrate_log_time(field, y0, taus, rtol, field_tr=_trace,
                                                   tr_max=GROWTH * tr0, max_steps=max_steps)
         C0 = P0[:, k:, k:]
         for j, i in enumerate(rows):

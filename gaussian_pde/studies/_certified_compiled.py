@@ -1,6 +1,6 @@
 r"""The certified limit's log-time RODAS4 loop, compiled per trajectory.
 
-The same integration as :func:`gaussian_pde.studies._certified._integrate` (the
+The same integration as :func:`gaussian_pde.studies._certified.integrate_log_time` (the
 NumPy reference), with the same field, stepper, error control, step-size rule,
 checkpoint landing and stops, written per trajectory for Numba (``nopython``,
 ``cache=True``, parallel over trajectories with ``prange``):
@@ -343,8 +343,8 @@ def available():
     return True
 
 
-def integrate_compiled(kinds, V, A, H, ts, k, y0, taus, rtol, tr_max, max_steps):
-    r"""The compiled counterpart of :func:`._certified._integrate`, same returns.
+def integrate_log_time_compiled(kinds, V, A, H, ts, k, y0, taus, rtol, tr_max, max_steps):
+    r"""The compiled counterpart of :func:`._certified.integrate_log_time`, same returns.
 
     Parameters
     ----------

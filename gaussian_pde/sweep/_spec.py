@@ -48,9 +48,8 @@ import math
 import numbers
 import pathlib
 
-from scipy.integrate._ivp.ivp import METHODS as _SCIPY_METHODS
-
 from ..attention import DEFAULT_ATTENTION
+from ..integrate import METHODS as _SCIPY_METHODS
 
 __all__ = ["SweepSpec", "WeightSpec", "InitialSpec", "SolverSpec", "RecordSpec"]
 

@@ -1,6 +1,6 @@
 r"""A lean step loop over SciPy's ODE solvers, with events and dense output on demand.
 
-:func:`integrate` does what :func:`scipy.integrate.solve_ivp` does (same solver classes,
+:func:`integrate_scipy` does what :func:`scipy.integrate.solve_ivp` does (same solver classes,
 hence the same steps; same event semantics: a sign change between step ends, located by
 Brent's method on the step's dense output to :math:`4\varepsilon`), with less work per
 step, which matters when one step of a small system costs a few microseconds:
@@ -11,10 +11,10 @@ step, which matters when one step of a small system costs a few microseconds:
   event function;
 * no per-step bookkeeping beyond what the caller asked for.
 
-:func:`integrate_compiled` lets Hairer's Fortran DOP853 or DOPRI5 take the steps
+:func:`integrate_fortran` lets Hairer's Fortran DOP853 or DOPRI5 take the steps
 (``scipy.integrate.ode``): the stages never return to Python, a callback checks events at
-step ends, and a step with an event sign change is replayed by :func:`integrate`. It
-lands on every output time, so :func:`use_compiled` reserves it for runs with at most
+step ends, and a step with an event sign change is replayed by :func:`integrate_scipy`. It
+lands on every output time, so :func:`use_fortran` reserves it for runs with at most
 ``MAX_LANDINGS`` output times.
 """
 
@@ -27,13 +27,13 @@ import warnings
 
 import numpy as np
 from scipy.integrate import BDF, LSODA, Radau, ode
-from scipy.integrate._ivp.ivp import METHODS
 from scipy.optimize import brentq
 
+from ._options import METHODS
 from ._results import overflow_message
 
-__all__ = ["COMPILED", "Segment", "accepts_jac", "integrate", "integrate_compiled",
-           "use_compiled"]
+__all__ = ["FORTRAN_CODES", "Segment", "accepts_jac", "integrate_fortran", "integrate_scipy",
+           "use_fortran"]
 
 _EPS = np.finfo(float).eps
 _TINY = np.finfo(float).tiny
@@ -41,7 +41,7 @@ _TINY = np.finfo(float).tiny
 
 @dataclasses.dataclass
 class Segment:
-    """Outcome of :func:`integrate` (the fields of ``solve_ivp``'s result that we use).
+    """Outcome of :func:`integrate_scipy` (the fields of ``solve_ivp``'s result that we use).
 
     ``status``: ``0`` end of the interval, ``1`` a terminal event, ``2`` the evaluation
     budget is spent (stopped at the end of the step that spent it), ``3`` given up
@@ -61,7 +61,7 @@ class Segment:
     stiff_from: float | None = None  # where the run handed over to the stiff solver
 
 
-def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
+def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
               jac=None, t_eval=None, events=(), budget=None, stiff=None, give_up=None,
               t_offset=0.0, stiff_now=False):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
@@ -90,7 +90,7 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
         with status 2 at the end of that step.
     stiff : OdeSolver subclass, optional
         ``method="auto"`` (``solver_cls`` is then ``DOP853``): step with
-        :class:`~gaussian_pde.integrate._auto.StiffnessDOP853` and, once Hairer's
+        :class:`~gaussian_pde.integrate._stiffness.StiffnessDOP853` and, once Hairer's
         stiffness test fires, continue from the end of that step with ``stiff`` (given
         ``jac``); ``Segment.stiff_from`` records where.
     give_up : callable, optional
@@ -111,7 +111,7 @@ def integrate(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first
     """
     kwargs = dict(rtol=rtol, atol=atol, max_step=max_step)
     if stiff is not None:
-        from ._auto import StiffnessDOP853
+        from ._stiffness import StiffnessDOP853
 
         solver_cls, stiff_cls = StiffnessDOP853, stiff
         stiff_kwargs = dict(kwargs)
@@ -265,16 +265,16 @@ def accepts_jac(solver_cls):
 
 
 #: string methods stepped by Hairer's Fortran codes (``scipy.integrate.ode``)
-COMPILED = {"DOP853": "dop853", "RK45": "dopri5"}
+FORTRAN_CODES = {"DOP853": "dop853", "RK45": "dopri5"}
 #: the Fortran codes land on every output time (a restart and a shortened step each: ~30
 #: evaluations); with more output times than this after t0, the Python solver's dense
 #: output is cheaper
 MAX_LANDINGS = 2
 
 
-def use_compiled(method, t_eval, t0):
-    """Whether :func:`integrate_compiled` should take the steps (see ``MAX_LANDINGS``)."""
-    if not (isinstance(method, str) and method in COMPILED):
+def use_fortran(method, t_eval, t0):
+    """Whether :func:`integrate_fortran` should take the steps (see ``MAX_LANDINGS``)."""
+    if not (isinstance(method, str) and method in FORTRAN_CODES):
         return False
     if t_eval is None:
         return True
@@ -323,7 +323,7 @@ STABILIZED_PROBE = 200
 
 
 class _Watch:
-    """Step-end checks of :func:`integrate_compiled`, called by the Fortran code.
+    """Step-end checks of :func:`integrate_fortran`, called by the Fortran code.
 
     With ``nfev`` (the evaluation count) and ``jac`` (``method="auto"``), the rejected
     steps between two accepted ones are counted from ``nfev``; ``REJECT_STIFF`` of them
@@ -447,7 +447,7 @@ class _Watch:
 
 
 def stiff_trial(explicit_cost, nfev, njev, stiffness=None, y0=None):
-    r"""``give_up(t, y)`` for :func:`integrate`: whether the stiff solver costs more than DOP853.
+    r"""``give_up(t, y)`` for :func:`integrate_scipy`: whether the stiff solver costs more than DOP853.
 
     ``method="auto"`` hands a run over to the stiff solver on a guess (Hairer's test, or
     frequent rejections): a run whose explicit steps are only mildly stability-limited is
@@ -582,7 +582,7 @@ def _fortran_solver(fun, method, watch, t, y, *, rtol, atol, max_step, first_ste
     after every step.
     """
     solver = ode(fun).set_integrator(
-        COMPILED[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
+        FORTRAN_CODES[method], rtol=rtol, atol=atol, nsteps=2**31 - 1,
         beta=STABILIZED_BETA if stabilized else 0.0,
         max_step=0.0 if not np.isfinite(max_step) else float(max_step),
         first_step=0.0 if first_step is None else float(first_step))
@@ -612,25 +612,25 @@ def _fortran_stop(watch, solver, method, t1):
         # test and keeps going (within max_nfev), so "DOP853" means the same on both
         # paths: the Python solver finishes the run
         return t1, None
-    return None, f"{COMPILED[method]}: " + {
+    return None, f"{FORTRAN_CODES[method]}: " + {
         -1: "input is not consistent", -2: "larger nsteps is needed",
         -3: "step size becomes too small"}.get(code, f"failed (code {code})")
 
 
-def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
+def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None, stiff=None,
                        jac=None, nfev=None, t_offset=0.0, fortran_fun=None, stiff_now=False):
-    """:func:`integrate` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
+    """:func:`integrate_scipy` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
 
     The Fortran code (``scipy.integrate.ode``) runs the Runge-Kutta stages without
     returning to Python; a callback checks the events and the budget at the end of every
     step. The solver lands exactly on each output time, so no interpolation is needed.
     A step in which an event changes sign is replayed from its start by the Python
-    solver of the same method (:func:`integrate`), whose dense output locates the root
+    solver of the same method (:func:`integrate_scipy`), whose dense output locates the root
     exactly as ``solve_ivp`` would; then the Fortran code resumes.
 
     ``method`` is ``"DOP853"`` or ``"RK45"``; other arguments (``t_offset`` too) as in
-    :func:`integrate`. ``fortran_fun``, if given, is the same right-hand side for the
+    :func:`integrate_scipy`. ``fortran_fun``, if given, is the same right-hand side for the
     Fortran code alone: it may return a buffer that it overwrites at every call (the
     code copies the result at once), which spares an allocation per evaluation; the
     Python solvers, which keep the arrays ``fun`` returns, get ``fun``.
@@ -725,7 +725,7 @@ def integrate_compiled(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                 if auto and jac is not None and rate is not None:
                     give_up = stiff_trial(rate, nfev, lambda: njev[0],
                                           stiffness_of(jac_uncounted), y_cur)
-            seg = integrate(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
+            seg = integrate_scipy(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
                             atol=atol, max_step=max_step, events=events, budget=budget,
                             first_step=seg_first, give_up=give_up, t_offset=t_offset,
                             t_eval=None if t_eval is None else np.array(

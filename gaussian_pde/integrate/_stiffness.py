@@ -1,6 +1,6 @@
 r"""``method="auto"`` of :func:`gaussian_pde.solve`: explicit steps until the run turns stiff.
 
-A run starts with DOP853 (Hairer's Fortran code where ``gaussian_pde.integrate._loop``
+A run starts with DOP853 (Hairer's Fortran code where ``gaussian_pde.integrate._scipy_loop``
 can use it, SciPy's Python DOP853 otherwise) and applies Hairer's stiffness test after
 every accepted step: :math:`h|\lambda| > 6.1` on 15 accepted steps, the count reset by
 6 non-stiff steps in a row, with :math:`|\lambda|` estimated from the last two stages
@@ -16,10 +16,10 @@ mean) when every head is softmax or L2, and LSODA's own finite differences other
 and user events behave exactly as with any other method.
 
 On the Fortran path with an exact Jacobian the hand-over has two stages
-(:func:`gaussian_pde.integrate._loop.integrate_compiled`). The first sign of stiffness
+(:func:`gaussian_pde.integrate._scipy_loop.integrate_fortran`). The first sign of stiffness
 turns on Hairer's stabilised step-size control (``BETA = 0.08``), which removes most
 rejections of a mildly stability-limited run; the second hands over to LSODA on trial
-(:func:`gaussian_pde.integrate._loop.stiff_trial`): LSODA stays once its cost per unit
+(:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`): LSODA stays once its cost per unit
 time (evaluations, plus about 6 evaluations of overhead a step and 12 a Jacobian) falls
 below DOP853's before the switch, scaled by the stiffness :math:`-\min\operatorname{Re}
 \lambda(J)`, within 200 steps; otherwise DOP853 resumes, its tests held back for 50
@@ -54,9 +54,9 @@ import math
 
 import numpy as np
 from scipy.integrate import DOP853, LSODA
-from scipy.integrate._ivp import dop853_coefficients as _dop
 
 from ._batch import _NONSTIFF_RESET, _STIFF_HLAMB, _STIFF_STEPS
+from ._tableaux import DOP853 as _dop
 
 __all__ = ["STIFF_SOLVER", "StiffnessDOP853"]
 

@@ -1,7 +1,7 @@
 """The step loops of gp.solve against scipy.integrate.solve_ivp and against each other.
 
 ``_stepper.integrate`` drives SciPy's own solver classes, so it must take the same steps
-as ``solve_ivp`` and find the same events; ``integrate_compiled`` (Hairer's Fortran codes)
+as ``solve_ivp`` and find the same events; ``integrate_fortran`` (Hairer's Fortran codes)
 must agree to the tolerance, including events it hands to a Python replay.
 """
 
@@ -12,7 +12,7 @@ import pytest
 from scipy.integrate import DOP853, LSODA, RK45, solve_ivp
 
 import gaussian_pde as gp
-from gaussian_pde.integrate._loop import integrate, integrate_compiled
+from gaussian_pde.integrate._scipy_loop import integrate_fortran, integrate_scipy
 
 #: the registered types with exact moment equations whose covariance equation is mean-free
 MEAN_FREE = [name for name, cls in gp.ATTENTIONS.items()
@@ -56,7 +56,7 @@ Y0 = np.array([1.0, 0.0])
 @pytest.mark.parametrize("cls", [DOP853, RK45, LSODA])
 def test_loop_takes_solve_ivps_steps(cls):
     ref = solve_ivp(oscillator, (0, 20), Y0, method=cls, rtol=1e-8, atol=1e-10)
-    seg = integrate(oscillator, cls, 0.0, 20.0, Y0, rtol=1e-8, atol=1e-10)
+    seg = integrate_scipy(oscillator, cls, 0.0, 20.0, Y0, rtol=1e-8, atol=1e-10)
     assert seg.status == 0
     np.testing.assert_array_equal(seg.t, ref.t)
     np.testing.assert_array_equal(seg.y, ref.y.T)
@@ -70,7 +70,7 @@ def test_loop_events_and_t_eval_match_solve_ivp(cls):
     evs = [crossing, late]
     ref = solve_ivp(oscillator, (0, 20), Y0, method=cls, rtol=1e-9, atol=1e-11,
                     t_eval=t_eval, events=evs)
-    seg = integrate(oscillator, cls, 0.0, 20.0, Y0, rtol=1e-9, atol=1e-11, t_eval=t_eval,
+    seg = integrate_scipy(oscillator, cls, 0.0, 20.0, Y0, rtol=1e-9, atol=1e-11, t_eval=t_eval,
                     events=evs)
     assert ref.status == seg.status == 1 and seg.fired == 1
     np.testing.assert_array_equal(seg.t, ref.t)
@@ -86,8 +86,8 @@ def test_loop_events_and_t_eval_match_solve_ivp(cls):
 def test_compiled_agrees_with_python_stepping(method, use_t_eval):
     t_eval = np.linspace(0, 20, 41) if use_t_eval else None
     kw = dict(rtol=1e-10, atol=1e-12, t_eval=t_eval, events=[crossing, peak])
-    py = integrate(oscillator, {"DOP853": DOP853, "RK45": RK45}[method], 0.0, 20.0, Y0, **kw)
-    fo = integrate_compiled(oscillator, method, 0.0, 20.0, Y0, **kw)
+    py = integrate_scipy(oscillator, {"DOP853": DOP853, "RK45": RK45}[method], 0.0, 20.0, Y0, **kw)
+    fo = integrate_fortran(oscillator, method, 0.0, 20.0, Y0, **kw)
     assert fo.status == py.status == 1 and fo.fired == py.fired == 1
     # peak (terminal, y[1] increasing through 0) first fires at the trough, t ~ pi
     assert fo.t_final == pytest.approx(py.t_final, rel=1e-9)
@@ -103,7 +103,7 @@ def test_compiled_agrees_with_python_stepping(method, use_t_eval):
 
 def test_compiled_integrates_past_the_last_output_time():
     """Output stops at t_eval[-1] but the run (and its events) goes on to t1."""
-    fo = integrate_compiled(oscillator, "DOP853", 0.0, 20.0, Y0, rtol=1e-10, atol=1e-12,
+    fo = integrate_fortran(oscillator, "DOP853", 0.0, 20.0, Y0, rtol=1e-10, atol=1e-12,
                             t_eval=np.array([0.0, 0.5]), events=[peak])
     assert fo.status == 1 and fo.t_final == pytest.approx(np.pi, rel=0.01)
     np.testing.assert_array_equal(fo.t, [0.0, 0.5])
@@ -116,14 +116,14 @@ def test_compiled_budget_and_failure():
         calls.append(t)
         return oscillator(t, y)
 
-    fo = integrate_compiled(counted, "DOP853", 0.0, 1e4, Y0, rtol=1e-10, atol=1e-12,
+    fo = integrate_fortran(counted, "DOP853", 0.0, 1e4, Y0, rtol=1e-10, atol=1e-12,
                             budget=lambda t, y: len(calls) <= 200)
     assert fo.status == 2 and 0 < fo.t_final < 1e4 and fo.t[-1] == fo.t_final
     assert len(calls) < 200 + 2 * 13      # stopped at the end of the step that spent it
 
     def explode(t, y):
         return y * y
-    fo = integrate_compiled(explode, "DOP853", 0.0, 2.0, np.array([1.0]), rtol=1e-10,
+    fo = integrate_fortran(explode, "DOP853", 0.0, 2.0, np.array([1.0]), rtol=1e-10,
                             atol=1e-12)
     # y = 1/(1 - t): the last accepted step ends at the singularity, up to rounding
     assert fo.status == -1 and "dop853" in fo.message and fo.t_final < 1.0 + 1e-9
@@ -250,14 +250,14 @@ def test_auto_hands_a_stiff_run_to_the_stiff_solver(compiled):
     y0, T = np.array([1.0, 1.0]), 50.0
     kw = dict(rtol=1e-10, atol=1e-12, stiff=LSODA, jac=jac)
     if compiled:
-        seg = integrate_compiled(fun, "DOP853", 0.0, T, y0, nfev=lambda: len(calls), **kw)
+        seg = integrate_fortran(fun, "DOP853", 0.0, T, y0, nfev=lambda: len(calls), **kw)
     else:
-        seg = integrate(fun, DOP853, 0.0, T, y0, **kw)
+        seg = integrate_scipy(fun, DOP853, 0.0, T, y0, **kw)
     assert seg.status == 0 and seg.stiff_from is not None and 0 < seg.stiff_from < 1.0
     np.testing.assert_allclose(seg.y_final, expm(T * STIFF_A) @ y0, rtol=1e-7, atol=1e-12)
     n_auto = len(calls)
     calls.clear()
-    plain = integrate(fun, DOP853, 0.0, T, y0, rtol=1e-10, atol=1e-12)
+    plain = integrate_scipy(fun, DOP853, 0.0, T, y0, rtol=1e-10, atol=1e-12)
     assert plain.stiff_from is None and n_auto < len(calls) / 10
 
 
@@ -266,11 +266,11 @@ def test_stiff_trial_keeps_a_cheaper_and_drops_a_dearer_stiff_solver():
     cheaper than the explicit rate stays (no later check gives it up), one dearer at every
     check is given up at TRIAL_MAX_STEPS, not before; the explicit rate is scaled by the
     stiffness of the state."""
-    from gaussian_pde.integrate import _loop
+    from gaussian_pde.integrate import _scipy_loop
 
     def run(evals_per_step, h, stiffness=None, y0=None, steps=400):
         n = [0]
-        trial = _loop.stiff_trial(10.0, lambda: n[0], lambda: 0, stiffness, y0)
+        trial = _scipy_loop.stiff_trial(10.0, lambda: n[0], lambda: 0, stiffness, y0)
         for i in range(1, steps + 1):
             n[0] += evals_per_step
             if trial(i * h, np.array([float(i)])):
@@ -278,17 +278,17 @@ def test_stiff_trial_keeps_a_cheaper_and_drops_a_dearer_stiff_solver():
         return None
 
     # cost (2 + STEP_COST) / h against an explicit 10 evaluations per unit time
-    cheap_h = 2 * (2 + _loop.STEP_COST) / 10.0
+    cheap_h = 2 * (2 + _scipy_loop.STEP_COST) / 10.0
     assert run(2, cheap_h) is None
-    assert run(2, cheap_h / 4) == _loop.TRIAL_MAX_STEPS
+    assert run(2, cheap_h / 4) == _scipy_loop.TRIAL_MAX_STEPS
     # the same stiff solver against explicit steps that the stiffness makes 8 times dearer
     # as the run goes on (sigma grows with y = step number): it pays after all
-    grows = lambda y: 1.0 + 7.0 * (y[0] >= _loop.TRIAL_STEPS)  # noqa: E731
+    grows = lambda y: 1.0 + 7.0 * (y[0] >= _scipy_loop.TRIAL_STEPS)  # noqa: E731
     assert run(2, cheap_h / 4, grows, np.array([0.0])) is None
 
 
 def test_handover_step():
-    from gaussian_pde.integrate._loop import handover_step
+    from gaussian_pde.integrate._scipy_loop import handover_step
 
     assert handover_step(0.5, 1.0, 3.0) == 0.5
     assert handover_step(5.0, 1.0, 3.0) == 2.0
@@ -323,7 +323,7 @@ def test_solve_uses_the_fortran_codes_only_for_few_output_times():
     """With method="DOP853", dense t_eval goes to SciPy's Python DOP853 (same steps as
     passing the class); t_eval=None or a final time goes to the Fortran code (different
     step sequence)."""
-    from gaussian_pde.integrate._loop import MAX_LANDINGS, use_compiled
+    from gaussian_pde.integrate._scipy_loop import MAX_LANDINGS, use_fortran
 
     att = gp.L2(np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]), np.eye(2))
     cov0 = np.array([[1.0, 0.3], [0.3, 0.6]])
@@ -332,14 +332,14 @@ def test_solve_uses_the_fortran_codes_only_for_few_output_times():
     b = gp.solve(att, None, np.eye(2) + cov0, (0, 5), t_eval=dense, method=DOP853)
     assert a.nfev == b.nfev
     np.testing.assert_array_equal(a.cov, b.cov)
-    assert use_compiled("DOP853", None, 0.0) and use_compiled("RK45", [0.0, 5.0], 0.0)
-    assert use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 1), 0.0)
-    assert not use_compiled("DOP853", np.linspace(0, 5, MAX_LANDINGS + 2), 0.0)
-    assert not use_compiled(DOP853, None, 0.0) and not use_compiled("LSODA", None, 0.0)
+    assert use_fortran("DOP853", None, 0.0) and use_fortran("RK45", [0.0, 5.0], 0.0)
+    assert use_fortran("DOP853", np.linspace(0, 5, MAX_LANDINGS + 1), 0.0)
+    assert not use_fortran("DOP853", np.linspace(0, 5, MAX_LANDINGS + 2), 0.0)
+    assert not use_fortran(DOP853, None, 0.0) and not use_fortran("LSODA", None, 0.0)
 
 
 def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
-    from gaussian_pde.integrate import _loop
+    from gaussian_pde.integrate import _scipy_loop
     from gaussian_pde.integrate._fused import moment_jacobian
 
     eigvals = np.linalg.eigvals
@@ -349,7 +349,7 @@ def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
         calls.append(1)
         return eigvals(J)
 
-    monkeypatch.setattr(_loop.np.linalg, "eigvals", counting)
+    monkeypatch.setattr(_scipy_loop.np.linalg, "eigvals", counting)
     for k in range(600):
         n = int(rng.integers(2, 30))
         J = rng.standard_normal((n, n))
@@ -357,7 +357,7 @@ def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
             J *= 10.0 ** rng.uniform(-3, 3, size=(n, n))
         rho = np.max(np.abs(eigvals(J)))
         for h in (0.5, 0.999, 1.001, 2.0, 6.0):
-            assert _loop.step_radius_at_least(J, h / rho, 1.0) == (h / rho * rho >= 1.0)
+            assert _scipy_loop.step_radius_at_least(J, h / rho, 1.0) == (h / rho * rho >= 1.0)
     # the Jacobians of the paper workload where the stiffness check runs (h rho ~ 4 to 8)
     calls.clear()
     for seed in range(10):
@@ -368,7 +368,7 @@ def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
         J = moment_jacobian(att, False)(0.0, np.linalg.cholesky(G @ G.T).ravel())
         rho = np.max(np.abs(eigvals(J)))
         for h_rho in (1.0, 4.0, 8.0):
-            assert _loop.step_radius_at_least(J, h_rho / rho, 2.0) == (h_rho >= 2.0)
+            assert _scipy_loop.step_radius_at_least(J, h_rho / rho, 2.0) == (h_rho >= 2.0)
     assert len(calls) < 10                   # the bounds decide nearly all of them
 
 
