@@ -58,7 +58,7 @@ def _step_time(variant, task, lanes, steps, batch, depth, optimize):
     ys = np.stack([y] * lanes)
     lr = np.full(lanes, 1e-3, np.float32)
     t0 = time.perf_counter()
-    lowered = jax.jit(_make_lane(spec, task, 10.0)).lower(params, lr, xs, ys)
+    lowered = jax.jit(_make_lane(spec, task, 10.0, 0, None)).lower(params, lr, xs, ys)
     f = _build(lowered, optimize)
     t_build = time.perf_counter() - t0
     best = np.inf
