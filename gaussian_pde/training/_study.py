@@ -162,6 +162,7 @@ def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, o
 
 
 def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture",
+                       sweep_variants=None, task_variants=None,
                        depths=(2, 4, 8, 16, 32, 64), depth=4, seeds=(0, 1, 2),
                        large_depth=16, large_depth_seeds=1,
                        learning_rates=DEFAULT_LEARNING_RATES, n_steps=200, task_steps=None,
@@ -178,6 +179,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         Variant names (default: all of :data:`~gaussian_pde.training.VARIANTS`).
     sweep_task : str or None
         The task trained at every depth of ``depths``; the others train at ``depth``.
+    sweep_variants : sequence of str, optional
+        The variants of the depth sweep (default: all); the others train at ``depth``.
+    task_variants : dict, optional
+        ``task_variants[name]``: the variants trained on that task (default: all).
     depths, depth : sequence of int, int
         The depth sweep, and the depth of the other tasks and of the bridge.
     seeds : sequence of int
@@ -218,7 +223,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
     tasks = tuple(get_task(t).name for t in tasks)
     if not tasks:
         raise ValueError("`tasks` must name at least one task.")
-    for v in variants:
+    sweep_variants = variants if sweep_variants is None else tuple(sweep_variants)
+    task_variants = {t: tuple(vs) for t, vs in dict(task_variants or {}).items()}
+    for v in set(variants) | set(sweep_variants) | {v for vs in task_variants.values()
+                                                    for v in vs}:
         model_spec(v)
     seeds, rates = _check_seeds(seeds), _check_rates(learning_rates)
     task_steps = dict(task_steps or {})
@@ -228,6 +236,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         raise ValueError(f"`optims` must name 'plain' and/or 'warmup_clip', got {optims!r}.")
     lr_b = min(rates, key=lambda r: abs(math.log(r / bridge_learning_rate)))
     cfg = dict(tasks=list(tasks), variants=list(variants), sweep_task=sweep_task,
+               sweep_variants=list(sweep_variants),
+               task_variants={t: list(vs) for t, vs in task_variants.items()},
                depths=list(depths), depth=depth, seeds=list(seeds), large_depth=large_depth,
                large_depth_seeds=large_depth_seeds, learning_rates=list(rates),
                n_steps=n_steps, task_steps=task_steps, batch=batch, width=width,
@@ -253,10 +263,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         split = "test" if task.name == "text" else "train"
         evals = {s: task.sample(np.random.default_rng(10_000 + s), eval_batch, split)
                  for s in seeds}
-        task_depths = tuple(depths) if tname == sweep_task else (depth,)
-        for v in variants:
+        for v in task_variants.get(tname, variants):
             out["runs"][tname][v] = []
-            for L in task_depths:
+            sweep = tname == sweep_task and v in sweep_variants
+            for L in (tuple(depths) if sweep else (depth,)):
                 spec = model_spec(v, depth=L, width=w)
                 ss = seeds[:large_depth_seeds] if L >= large_depth else seeds
                 for o in optims:
