@@ -115,7 +115,10 @@ def test_gradient_matches_finite_differences(probe, variant):
     r = probe(variant)
     assert np.isfinite(r["loss"]) and np.all(np.abs(r["dir_grad"]) > 1e-6)
     # central differences in float64: error O(eps^2 |f'''|) plus rounding 1e-16 / eps
-    np.testing.assert_allclose(r["dir_grad"], r["fd"], rtol=1e-7, atol=1e-9)
+    # the normalised branch outputs (peri-LN, nGPT's sphere) of width-4 tokens curve more:
+    # a third derivative ~1e3 makes the eps^2 term about 1e-7 of the derivative
+    rtol = 1e-6 if variant in ("peri_ln", "ngpt") else 1e-7
+    np.testing.assert_allclose(r["dir_grad"], r["fd"], rtol=rtol, atol=1e-9)
 
 
 @pytest.mark.parametrize("kwargs,word", [
