@@ -23,17 +23,18 @@ DEFAULT_OUT = default_out("train")
 #: what to install when JAX or optax is missing
 INSTALL = 'pip install -e ".[train]"'
 
-#: variants of the depth sweep and of the text task in the full study (the others train
-#: at the base depth on the synthetic tasks only)
+#: variants of the depth sweep and of the regression and text tasks in the full study (the
+#: others train at the base depth on the mixture task only)
 CORE = ("pre_ln", "post_ln", "no_ln", "no_ln_sqrt", "no_ln_depth", "rezero", "no_residual",
         "neither", "pde_euler", "pde_euler_tL")
 
 #: study sizes: the full study and --quick
 FULL = dict(seeds=3, tasks=("mixture", "regression", "text"), sweep_task="mixture",
-            sweep_variants=CORE, task_variants={"text": CORE},
+            sweep_variants=CORE, task_variants={"regression": CORE, "text": CORE},
             depths=(2, 4, 8, 16, 32, 64), depth=4, large_depth=16, large_depth_seeds=1,
-            n_steps=150, task_steps={"regression": 400, "text": 800}, batch=16, width=8,
-            task_width={"text": 16}, optims=("plain", "warmup_clip"), eval_batch=128,
+            n_steps=100, task_steps={"regression": 400, "text": 800}, batch=16, width=8,
+            task_width={"text": 16}, optims=("plain", "warmup_clip"),
+            task_optims={"regression": ("plain",), "text": ("plain",)}, eval_batch=128,
             bridge_tokens=(64, 256, 1024), bridge_sequences=4)
 QUICK = dict(seeds=1, tasks=("mixture",), sweep_task="mixture",
              variants=("pre_ln", "no_ln", "no_ln_depth", "no_residual", "neither", "pde_euler"),

@@ -103,10 +103,10 @@ def plot_drift(results, task, path):
     plt = _plt()
     curves = drift_curves(results, task)
     lr = results["config"]["bridge_learning_rate"]
-    fig, axes = plt.subplots(1, len(DRIFT_KEYS), figsize=(4.2 * len(DRIFT_KEYS), 3.8),
-                             squeeze=False)
+    ncol = (len(DRIFT_KEYS) + 1) // 2
+    fig, axes = plt.subplots(2, ncol, figsize=(4.4 * ncol, 7.2), squeeze=False)
     for pi, (key, lab) in enumerate(DRIFT_KEYS):
-        ax = axes[0, pi]
+        ax = axes[pi // ncol, pi % ncol]
         for v, byw in curves.items():
             for when, ls in (("init", ":"), ("final", "-")):
                 y = byw[when][key]

@@ -167,6 +167,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                        large_depth=16, large_depth_seeds=1,
                        learning_rates=DEFAULT_LEARNING_RATES, n_steps=200, task_steps=None,
                        batch=32, width=8, task_width=None, optims=("plain", "warmup_clip"),
+                       task_optims=None,
                        eval_batch=128, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
                        bridge_learning_rate=1e-3, theory=True, optimize=True, progress=None):
     r"""Train and measure every variant; predict from the Gaussian theory; bridge.
@@ -199,6 +200,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         Sequences per batch; model width (``task_width[name]`` overrides per task).
     optims : sequence of {"plain", "warmup_clip"}
         Optimiser settings (:func:`OPTIMS`).
+    task_optims : dict, optional
+        ``task_optims[name]``: the settings of that task (default ``optims``).
     eval_batch : int
         Held-out sequences (seed ``10_000 + seed``; the test split for text).
     bridge_tokens, bridge_sequences, bridge_learning_rate
@@ -231,9 +234,11 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
     seeds, rates = _check_seeds(seeds), _check_rates(learning_rates)
     task_steps = dict(task_steps or {})
     task_width = dict(task_width or {})
-    unknown = [o for o in optims if o not in ("plain", "warmup_clip")]
-    if unknown or not optims:
-        raise ValueError(f"`optims` must name 'plain' and/or 'warmup_clip', got {optims!r}.")
+    task_optims = {t: tuple(o) for t, o in dict(task_optims or {}).items()}
+    for name, opts in [("optims", optims)] + [(f"task_optims[{t!r}]", o)
+                                              for t, o in task_optims.items()]:
+        if not opts or any(o not in ("plain", "warmup_clip") for o in opts):
+            raise ValueError(f"`{name}` must name 'plain' and/or 'warmup_clip', got {opts!r}.")
     lr_b = min(rates, key=lambda r: abs(math.log(r / bridge_learning_rate)))
     cfg = dict(tasks=list(tasks), variants=list(variants), sweep_task=sweep_task,
                sweep_variants=list(sweep_variants),
@@ -243,6 +248,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                n_steps=n_steps, task_steps=task_steps, batch=batch, width=width,
                task_width=task_width, heads=model_spec(variants[0]).heads,
                optims={o: OPTIMS(n_steps)[o] for o in optims},
+               task_optims={t: list(o) for t, o in task_optims.items()},
                eval_batch=eval_batch, bridge_tokens=list(bridge_tokens),
                bridge_sequences=bridge_sequences, bridge_learning_rate=lr_b,
                divergence_factor=10.0)
@@ -269,7 +275,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
             for L in (tuple(depths) if sweep else (depth,)):
                 spec = model_spec(v, depth=L, width=w)
                 ss = seeds[:large_depth_seeds] if L >= large_depth else seeds
-                for o in optims:
+                for o in task_optims.get(tname, optims):
                     res, recs = _train_and_measure(
                         spec, task, ss, rates, steps, batch, OPTIMS(steps)[o], evals,
                         optimize, theory and not spec.has_layernorm)
@@ -278,7 +284,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                     out["runs"][tname][v] += recs
                     if progress is not None:
                         progress(f"train: {tname}/{v} L={L} {o}")
-                    if v in _BRIDGED and L == depth and o == optims[0]:
+                    if v in _BRIDGED and L == depth and o == task_optims.get(tname,
+                                                                             optims)[0]:
                         _bridge(out, tname, v, res, recs, seeds[0], lr_b, cfg)
                         if progress is not None:
                             progress(f"bridge: {tname}/{v}")

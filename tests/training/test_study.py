@@ -86,7 +86,8 @@ def test_cli_full_study(tmp_path, capsys):
             for L in (cfg["depths"] if sweep else [cfg["depth"]]):
                 seeds = cfg["seeds"][:cfg["large_depth_seeds"]] if L >= cfg["large_depth"] \
                     else cfg["seeds"]
-                want |= {(L, sd, lr, o) for sd in seeds for lr in rates for o in cfg["optims"]}
+                optims = cfg["task_optims"].get(task, cfg["optims"])
+                want |= {(L, sd, lr, o) for sd in seeds for lr in rates for o in optims}
             got = {(r["depth"], r["seed"], r["learning_rate"], r["optim"]) for r in runs}
             assert got == want, (task, variant)
     assert len(cfg["seeds"]) == FULL["seeds"]
