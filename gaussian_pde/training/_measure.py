@@ -28,7 +28,8 @@ import numpy as np
 
 import gaussian_pde as gp
 
-__all__ = ["gaussian_fit", "drift_metrics", "linear_cka", "ridge_probe", "information_metrics"]
+__all__ = ["gaussian_fit", "drift_metrics", "linear_cka", "ridge_probe", "information_metrics",
+           "attention_spread"]
 
 
 def gaussian_fit(x):
@@ -147,3 +148,53 @@ def information_metrics(tokens, target, *, readout="mean", classes=False, max_to
     pt = np.array([ridge_probe(feats[i], target, classes=classes) for i in range(L1)])
     pin = np.array([ridge_probe(flat[i], flat[0]) for i in range(L1)])
     return {"cka_input": cka, "probe_target": pt, "probe_input": pin}
+
+
+def attention_spread(Q, K, tokens, scale):
+    r"""Predicted and measured effective sample size of one attention layer's weights.
+
+    For head :math:`h` and query :math:`x_i` the weights are
+    :math:`w_{ij}\propto e^{a_i^Ty_j}` with :math:`a_i = c\,K_h^TQ_hx_i`. Against keys
+    :math:`y\sim\mathcal N(\alpha, \Sigma)` the fraction of effective tokens,
+    :math:`(\mathbb E w)^2/\mathbb E w^2`, is
+    :math:`\big(e^{a^T\alpha + a^T\Sigma a/2}\big)^2/e^{2a^T\alpha + 2a^T\Sigma a}
+    = e^{-a^T\Sigma a}`, so one effective token needs about :math:`e^{a^T\Sigma a}` tokens.
+    Measured: :math:`(\sum_j w_{ij})^2/(n\sum_j w_{ij}^2)` on the sequences' own tokens.
+
+    Parameters
+    ----------
+    Q, K : array_like, shape (H, k, d)
+        The layer's query and key maps.
+    tokens : array_like, shape (B, n, d)
+        The tokens the layer attends over (each sequence its own keys).
+    scale : float
+        The score scale :math:`c`.
+
+    Returns
+    -------
+    dict
+        ``predicted`` and ``measured``: the median over queries, heads and sequences of the
+        effective fraction; ``spread``: the median :math:`a^T\Sigma a` (:math:`\Sigma` each
+        sequence's token covariance); ``tokens_needed``: :math:`e^{\text{spread}}`. ``NaN``
+        for non-finite tokens.
+    """
+    Q, K = np.asarray(Q, float), np.asarray(K, float)
+    x = np.asarray(tokens, float)
+    if not np.all(np.isfinite(x)):
+        return {"predicted": np.nan, "measured": np.nan, "spread": np.nan,
+                "tokens_needed": np.nan}
+    A = scale * np.einsum("hkd,hke->hde", K, Q)                 # a_i = A_h x_i
+    a = np.einsum("hde,bne->bhnd", A, x)
+    xc = x - x.mean(axis=1, keepdims=True)
+    S = np.einsum("bnd,bne->bde", xc, xc) / x.shape[1]
+    spread = np.einsum("bhnd,bde,bhne->bhn", a, S, a)
+    s = np.einsum("bhnd,bmd->bhnm", a, x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = np.exp(s - s.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+        meas = 1.0 / (x.shape[1] * np.sum(w * w, axis=-1))
+    med = float(np.median(spread))
+    with np.errstate(over="ignore"):
+        needed = float(np.exp(med))
+    return {"predicted": float(np.median(np.exp(-spread))), "measured": float(np.median(meas)),
+            "spread": med, "tokens_needed": needed}

@@ -13,7 +13,7 @@ import math
 
 from .._common.io import ensure_output_dir, write_json, write_text
 from ._figures import plot_bridge, plot_drift, plot_layer_grads, plot_stability, plot_theory, plot_training
-from ._summary import bridge_rows, run_rows
+from ._summary import bridge_rows, run_rows, spread_rows
 from ._verdicts import GROWTH_LIMIT, verdicts
 
 __all__ = ["write_training_study", "verdict_table"]
@@ -157,7 +157,20 @@ def write_training_study(results, out):
     lines = _intro(cfg) + ["## Tasks: chance, Bayes risk and the best model", ""]
     lines += _task_lines(results) + ["", "## Verdicts", ""] + table
     lines += ["", f"Theory: growth counts as explosive above {GROWTH_LIMIT:g}x at "
-              "initialisation.", "", "## Runs", ""]
+              "initialisation.", "", "### The first attention's spread", "",
+              "Predicted effective fraction exp(-a^T S a) of the tokens against the measured "
+              "(sum w)^2 / (n sum w^2) on the embedded held-out tokens, medians over queries, "
+              "heads, sequences and runs; tokens needed for one effective token "
+              "exp(a^T S a), against the sequence length.", "",
+              "| task | variant | L | predicted (init) | measured (init) | predicted "
+              "(trained) | measured (trained) | tokens needed (trained) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in spread_rows(results):
+        lines.append(f"| {r['task']} | {r['variant']} | {r['depth']} | "
+                     f"{_f(r['predicted_init'])} | {_f(r['measured_init'])} | "
+                     f"{_f(r['predicted_final'])} | {_f(r['measured_final'])} | "
+                     f"{_f(r['tokens_needed_final'])} |")
+    lines += ["", "## Runs", ""]
     lines += _run_lines(results)
     lines += ["## The bridge: trained model against the Gaussian prediction", "",
               f"Seed {cfg['seeds'][0]}, lr {cfg['bridge_learning_rate']:g}; Gaussian tokens "

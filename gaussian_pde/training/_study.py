@@ -24,7 +24,7 @@ from gaussian_pde.attention import dot_product_head, sum_of_heads
 
 from ._bridge import bridge, without_ffn
 from ._compile import compiled
-from ._measure import drift_metrics, gaussian_fit, information_metrics
+from ._measure import attention_spread, drift_metrics, gaussian_fit, information_metrics
 from ._model import block_weights, layer_tokens, loss_fn, x64
 from ._spec import VARIANTS, model_spec
 from ._tasks import get_task
@@ -124,6 +124,11 @@ def _measure(params, spec, task, x, y, optimize):
     return toks, loss, {**drift, **info}
 
 
+def _spread(params, spec, x0):
+    b = block_weights(params, spec, 0)
+    return attention_spread(b["Q"], b["K"], x0, spec.score_scale)
+
+
 def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, optimize,
                        theory):
     res = train(spec, task, seeds=seeds, learning_rates=rates, n_steps=n_steps, batch=batch,
@@ -137,6 +142,7 @@ def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, o
         if theory:
             init[s]["L_star"] = predicted_blowup_depth(res.run(s, rates[0]).init_params, spec,
                                                        c0)
+            init[s]["spread"] = _spread(res.run(s, rates[0]).init_params, spec, toks[0])
     records = []
     for run in res.runs:
         toks, loss, meas = _measure(run.params, spec, task, *evals[run.seed], optimize)
@@ -155,6 +161,8 @@ def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, o
             rec["L_star_final"] = (predicted_blowup_depth(run.params, spec,
                                                           gaussian_fit(toks[0])[1])
                                    if fin else math.nan)
+            rec["spread_init"] = init[run.seed]["spread"]
+            rec["spread_final"] = _spread(run.params, spec, toks[0])
         if run.seed == seeds[0]:
             rec["input_fit"] = init[run.seed]["fit"]
         records.append(rec)

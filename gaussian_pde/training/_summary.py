@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 __all__ = ["training_curves", "drift_curves", "run_rows", "bridge_rows", "stability_curves",
-           "layer_grad_curves", "theory_points", "DRIFT_KEYS"]
+           "layer_grad_curves", "theory_points", "spread_rows", "DRIFT_KEYS"]
 
 #: per-layer measures drawn against depth, with their axis labels
 DRIFT_KEYS = (("cka_input", "linear CKA(X_l, X_0)"),
@@ -181,4 +181,24 @@ def bridge_rows(results):
                                  trace_model=float(r["model_trace"][-1][-1]),
                                  trace_gauss=float(r["pred_trace"][-1]),
                                  diverged=b.get("diverged", False)))
+    return rows
+
+
+def spread_rows(results):
+    """The first attention's spread per (task, variant, depth) without normalisation.
+
+    Medians over runs of the predicted and measured effective fraction, at initialisation
+    and trained, and of the tokens one effective token needs.
+    """
+    rows = []
+    for t, byv in results["runs"].items():
+        for v, runs in byv.items():
+            for L in sorted({r["depth"] for r in runs if "spread_init" in r}):
+                sel = [r for r in runs if r["depth"] == L and "spread_init" in r]
+                row = dict(task=t, variant=v, depth=L)
+                for when in ("init", "final"):
+                    for k in ("predicted", "measured", "tokens_needed"):
+                        row[f"{k}_{when}"] = float(_nanmedian(
+                            [r[f"spread_{when}"][k] for r in sel]))
+                rows.append(row)
     return rows

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from gaussian_pde.training._measure import (
+    attention_spread,
     drift_metrics,
     information_metrics,
     linear_cka,
@@ -46,3 +47,18 @@ def test_centred_change_ignores_a_common_shift(rng):
     info = information_metrics(toks, x0[:, -1, 0], readout="last")
     np.testing.assert_allclose(info["cka_input"], 1.0, atol=1e-12)
     np.testing.assert_allclose(info["probe_input"], 1.0, atol=1e-3)
+
+
+def test_attention_spread_matches_gaussian_keys(rng):
+    """Gaussian keys: the measured effective fraction tends to exp(-a^T S a) for large n."""
+    d, n = 3, 4000
+    Q = 0.4 * rng.standard_normal((1, d, d))
+    K = 0.4 * rng.standard_normal((1, d, d))
+    L = rng.standard_normal((d, d)) * 0.5
+    x = rng.standard_normal((2, n, d)) @ L.T + 0.3
+    r = attention_spread(Q, K, x, 1.0)
+    assert 0.05 < r["predicted"] < 0.95
+    # the ratio estimator's error is O(n^-1/2 e^{a^T S a}) per query: a few per cent here
+    assert r["measured"] == pytest.approx(r["predicted"], rel=0.1)
+    assert r["tokens_needed"] == pytest.approx(np.exp(r["spread"]))
+    assert np.isnan(attention_spread(Q, K, np.full((1, 4, d), np.nan), 1.0)["measured"])
