@@ -51,7 +51,7 @@ def test_centred_change_ignores_a_common_shift(rng):
 
 def test_attention_spread_matches_gaussian_keys(rng):
     """Gaussian keys: the measured effective fraction tends to exp(-a^T S a) for large n."""
-    d, n = 3, 4000
+    d, n = 3, 2000
     Q = 0.4 * rng.standard_normal((1, d, d))
     K = 0.4 * rng.standard_normal((1, d, d))
     L = rng.standard_normal((d, d)) * 0.5
