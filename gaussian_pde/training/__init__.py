@@ -1,9 +1,10 @@
 r"""Training the models of the second source paper, and the bridge to the Gaussian solvers.
 
-A family of small Transformer encoders (pre-LN, post-LN, without LayerNorm, without
-residuals, without either) and the PDE simulator (the attention + feed-forward field
-integrated through depth with explicit Euler or RK4, per-layer or tied weights), all with
-the same width, depth, heads, initialisation, data and optimiser (docs/math.md section 11).
+A family of small Transformer encoders (pre-, post- and peri-LN, DyT, nGPT, ReZero,
+without LayerNorm with branch scales 1, 1/sqrt(L) and 1/L, without residuals, without
+either) and the PDE simulator (the attention + feed-forward field integrated through depth
+with explicit Euler or RK4, per-layer or tied weights, horizon 1 or L), all with the same
+width, depth, heads, initialisation, data and optimiser (docs/math.md section 11).
 
 This subpackage needs the optional extra ``train`` (``pip install -e ".[train]"``: JAX and
 optax; ``safetensors`` for the checkpoint loader's ``.safetensors`` files). Importing
@@ -16,11 +17,14 @@ Models and tasks
     :data:`TASKS` and :func:`get_task`.
 Training (JAX)
     :func:`train` returns a :class:`TrainResult` of :class:`Run` histories (loss, global
-    and largest per-layer gradient norm, divergence step); :func:`layer_tokens` and
-    :func:`loss_fn` are the model itself.
+    and per-layer gradient norms, the non-finite and relative-criterion steps; Adam with
+    optional warmup and clipping); :func:`run_failed` is the failure criterion;
+    :func:`layer_tokens` and :func:`loss_fn` are the model itself.
 Measurements
-    :func:`drift_metrics` (drift from the input and between layers, :math:`W_2` of the
-    Gaussian fits, activation growth).
+    :func:`drift_metrics` (drift from the input and between layers, centred change,
+    :math:`W_2` of the Gaussian fits, activation growth), :func:`information_metrics`
+    (linear CKA with the input, held-out linear probes of the target and of the input),
+    :func:`predicted_blowup_depth` (the Gaussian theory's blow-up depth).
 The bridge
     :func:`layer_attention` (a trained layer as :class:`gaussian_pde.MultiHead`),
     :func:`layer_ffn`, :func:`gaussian_stack`, :func:`gaussian_prediction`,
@@ -50,8 +54,10 @@ _LAZY = {
     "layer_attention": "_bridge", "layer_ffn": "_bridge", "gaussian_stack": "_bridge",
     "gaussian_prediction": "_bridge", "model_on_gaussian_tokens": "_bridge",
     "bridge": "_bridge", "without_ffn": "_bridge",
-    "run_training_study": "_study", "verdicts": "_study", "write_training_study": "_report",
-    "STUDY_TASKS": "_study",
+    "run_training_study": "_study", "verdicts": "_verdicts", "write_training_study": "_report",
+    "STUDY_TASKS": "_study", "predicted_blowup_depth": "_study",
+    "information_metrics": "_measure", "linear_cka": "_measure", "ridge_probe": "_measure",
+    "run_failed": "_train", "DEFAULT_LEARNING_RATES": "_train", "learning_rate_grid": "_train",
 }
 
 __all__ = ["GPT2Checkpoint", "gpt2_forward", "random_gpt2_state_dict",
@@ -60,7 +66,8 @@ __all__ = ["GPT2Checkpoint", "gpt2_forward", "random_gpt2_state_dict",
            "apply", "stack_tokens", "drift_metrics", "gaussian_fit", "layer_attention",
            "layer_ffn", "gaussian_stack", "gaussian_prediction", "model_on_gaussian_tokens",
            "bridge", "without_ffn", "run_training_study", "verdicts", "write_training_study",
-           "STUDY_TASKS"]
+           "STUDY_TASKS", "predicted_blowup_depth", "information_metrics", "linear_cka",
+           "ridge_probe", "run_failed", "DEFAULT_LEARNING_RATES", "learning_rate_grid"]
 
 
 def __getattr__(name):

@@ -1,14 +1,24 @@
 r"""Figures of the training study (drawing only; the numbers come from ``_summary``).
 
 ``training_<task>.png``
-    Per task: loss (top row) and global gradient norm (bottom row) against the step, one
-    column per learning rate, one colour per variant (thin: each seed; thick: median;
-    ``x``: a divergence).
+    Per task at the study's base depth: loss (top row) and global gradient norm (bottom
+    row) against the step, one column per shown learning rate, one colour per variant
+    (thin: each seed; thick: median; ``x``: a non-finite run).
 ``drift_<task>.png``
-    Per task: step drift, drift from the input, :math:`W_2` between consecutive layers'
-    Gaussian fits and the growth :math:`\operatorname{tr}\hat\Sigma_\ell /
-    \operatorname{tr}\hat\Sigma_0` against the layer (median over seeds; solid: trained,
-    dotted: at initialisation).
+    Per task: linear CKA with the input, the target and input probes, the centred and
+    uncentred change between layers and the growth :math:`\operatorname{tr}\hat\Sigma_\ell
+    / \operatorname{tr}\hat\Sigma_0` against the layer (median over seeds; solid:
+    trained, dotted: at initialisation).
+``stability_<task>.png``
+    The largest stable learning rate against depth, per variant (median over seeds),
+    plain Adam and with warmup and clipping.
+``layer_grads_<task>.png``
+    Each layer's gradient norm at the first step and its largest over training, at the
+    largest depth of the task.
+``theory.png``
+    The Gaussian theory's blow-up depth :math:`L^*` against the depth :math:`L` of every
+    run without normalisation, coloured by outcome; below the diagonal the theory
+    predicts failure.
 ``bridge.png``
     The model's relative covariance error against the Gaussian prediction by layer, one
     panel per bridged (task, variant), colour: the number of tokens :math:`n`; where the
@@ -27,15 +37,21 @@ from __future__ import annotations
 import numpy as np
 
 from .._common.io import save_figure
-from ._summary import DRIFT_KEYS, drift_curves, training_curves
+from ._summary import DRIFT_KEYS, drift_curves, layer_grad_curves, stability_curves, theory_points, training_curves
 
 __all__ = ["plot_training", "plot_drift", "plot_bridge", "plot_bridge_slope",
-           "plot_bridge_weights", "COLORS"]
+           "plot_bridge_weights", "plot_stability", "plot_layer_grads", "plot_theory", "COLORS",
+           "STYLES"]
 
 #: one colour per variant
 COLORS = {"pre_ln": "C0", "post_ln": "C1", "no_ln": "C3", "no_residual": "C2",
           "neither": "C5", "pde_euler": "C4", "pde_rk4": "C6", "pde_euler_tied": "C7",
-          "pde_rk4_tied": "C8"}
+          "pde_rk4_tied": "C8", "peri_ln": "C9", "dyt": "tab:olive", "ngpt": "navy",
+          "rezero": "tab:brown", "no_ln_sqrt": "salmon", "no_ln_depth": "darkred",
+          "pde_euler_tL": "C4", "pde_rk4_tL": "C6", "pde_euler_tied_tL": "C7",
+          "pde_rk4_tied_tL": "C8"}
+#: line style per variant (the T = L simulators dashed)
+STYLES = {v: "--" for v in COLORS if v.endswith("_tL")}
 
 
 def _plt():
@@ -64,6 +80,7 @@ def plot_training(results, task, path):
     """Loss and gradient-norm curves of every variant on ``task``, by learning rate."""
     plt = _plt()
     curves = training_curves(results, task)
+    depth = results["config"]["depth"]
     rates = list(curves)
     fig, axes = plt.subplots(2, len(rates), figsize=(4.6 * len(rates), 6.4), squeeze=False,
                              sharex=True)
@@ -74,17 +91,17 @@ def plot_training(results, task, path):
                 c = COLORS.get(v, "k")
                 for y in rec[key]:
                     ax.plot(y, color=c, lw=0.5, alpha=0.35)
-                ax.plot(rec["median_" + key], color=c, lw=1.6, label=v)
+                ax.plot(rec["median_" + key], STYLES.get(v, "-"), color=c, lw=1.6, label=v)
                 for y in rec[key]:
                     s = np.flatnonzero(np.isfinite(y))
                     if s.size and s[-1] < y.size - 1:
                         ax.plot([s[-1]], [y[s[-1]]], "x", color=c, ms=6)
             ax.set_yscale("log")
-            ax.set_title(f"{task}, lr = {lr:g}: {lab}", fontsize=9)
+            ax.set_title(f"{task}, L = {depth}, lr = {lr:.3g}: {lab}", fontsize=9)
             if row == 1:
                 ax.set_xlabel("step")
-    axes[0, 0].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"{task}: thin lines seeds, thick the median; x: diverged", fontsize=9)
+    axes[0, 0].legend(fontsize=6, ncol=3)
+    fig.suptitle(f"{task}: thin lines seeds, thick the median; x: non-finite", fontsize=9)
     return _save(plt, fig, path, 80)
 
 
@@ -93,26 +110,103 @@ def plot_drift(results, task, path):
     plt = _plt()
     curves = drift_curves(results, task)
     lr = results["config"]["bridge_learning_rate"]
-    fig, axes = plt.subplots(1, len(DRIFT_KEYS), figsize=(4.2 * len(DRIFT_KEYS), 3.8),
-                             squeeze=False)
+    ncol = (len(DRIFT_KEYS) + 1) // 2
+    fig, axes = plt.subplots(2, ncol, figsize=(4.4 * ncol, 7.2), squeeze=False)
     for pi, (key, lab) in enumerate(DRIFT_KEYS):
-        ax = axes[0, pi]
+        ax = axes[pi // ncol, pi % ncol]
         for v, byw in curves.items():
             for when, ls in (("init", ":"), ("final", "-")):
                 y = byw[when][key]
-                # steps are layers 1..L; the input's drift from itself (layer 0) is zero
-                x = np.arange(y.size) if key == "trace" else np.arange(1, y.size + 1)
-                if key == "rel_from_input":
-                    x, y = x[:-1], y[1:]
-                ax.plot(x, y, ls, color=COLORS.get(v, "k"), lw=1.3,
+                # step measures are layers 1..L; the others start at the input (layer 0)
+                x = np.arange(1, y.size + 1) if key.endswith("step") else np.arange(y.size)
+                ax.plot(x, y, ls, color=COLORS.get(v, "k"), lw=1.1,
                         label=v if when == "final" else None)
-        ax.set_yscale("log")
+        if key in ("trace", "rel_step", "centred_step"):
+            ax.set_yscale("log")
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(_integer_ticks())
         ax.set_title(lab, fontsize=8)
+    axes[0, 0].legend(fontsize=5, ncol=2)
+    fig.suptitle(f"{task}: median over seeds at L = {results['config']['depth']}, "
+                 f"lr = {lr:.3g}; solid: trained, dotted: at initialisation", fontsize=9)
+    return _save(plt, fig, path, 80)
+
+
+def plot_stability(results, task, path):
+    """Largest stable learning rate against depth, plain and with warmup and clipping."""
+    plt = _plt()
+    optims = list(results["config"]["optims"])
+    fig, axes = plt.subplots(1, len(optims), figsize=(6.0 * len(optims), 4.4), squeeze=False,
+                             sharey=True)
+    floor = min(results["config"]["learning_rates"]) / 2
+    for ax, o in zip(axes[0], optims):
+        for v, (L, r) in stability_curves(results, task, o).items():
+            ax.plot(L, np.where(r > 0, r, floor), STYLES.get(v, "-") + "o",
+                    color=COLORS.get(v, "k"), ms=3, lw=1.2, label=v)
+        ax.axhline(floor, color="k", lw=0.5, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("depth L")
+        ax.set_title(f"{task}, {o}: largest stable learning rate (dotted: none stable)",
+                     fontsize=8)
+    axes[0, 0].set_ylabel("median over seeds")
     axes[0, 0].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"{task}: median over seeds at lr = {lr:g}; solid: trained, dotted: at "
-                 "initialisation", fontsize=9)
+    return _save(plt, fig, path, 80)
+
+
+def plot_layer_grads(results, task, path):
+    """Per-layer gradient norms at the first step and their largest, at the largest depth."""
+    plt = _plt()
+    depth = max(r["depth"] for runs in results["runs"][task].values() for r in runs)
+    curves = layer_grad_curves(results, task, depth)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
+    for v, (start, mx) in curves.items():
+        for ax, y in zip(axes[0], (start, mx)):
+            ax.plot(np.arange(1, y.size + 1), y, STYLES.get(v, "-"), color=COLORS.get(v, "k"),
+                    lw=1.1, label=v)
+    lr = results["config"]["bridge_learning_rate"]
+    for ax, lab in zip(axes[0], ("at the first step", "largest over training")):
+        ax.set_yscale("log")
+        ax.set_xlabel("layer (weight set)")
+        ax.set_title(f"{task}, L = {depth}, lr = {lr:.3g}: gradient norm {lab}", fontsize=8)
+    axes[0, 0].legend(fontsize=5, ncol=2)
+    return _save(plt, fig, path, 80)
+
+
+def plot_theory(results, path):
+    """The theory's blow-up depth against the depth, every run without normalisation."""
+    pts = theory_points(results)
+    if not pts:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), squeeze=False)
+    L = np.array([p[2] for p in pts], float)
+    ls = np.array([p[3] for p in pts], float)
+    failed = np.array([p[4] for p in pts])
+    growth = np.array([p[5] for p in pts], float)
+    cap = 4 * L.max()
+    y = np.where(np.isfinite(ls), ls, cap)
+    rng = np.random.default_rng(0)
+    jit = L * 2 ** rng.uniform(-0.15, 0.15, L.size)
+    for ax, flag, labs in ((axes[0, 0], failed, ("trained", "failed")),
+                           (axes[0, 1], ~np.isfinite(growth) | (growth > 10),
+                            ("growth <= 10 at init", "growth > 10 at init"))):
+        for val, c, lab in ((False, "C0", labs[0]), (True, "C3", labs[1])):
+            m = flag == val
+            ax.scatter(jit[m], y[m], s=6, color=c, alpha=0.5, label=lab)
+        x = np.array([L.min() / 1.5, L.max() * 1.5])
+        ax.plot(x, x, "k-", lw=0.8, label="L* = L")
+        ax.axhline(cap, color="k", ls=":", lw=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("depth L (jittered)")
+        ax.set_ylabel("L* = t*/h (dotted: no blow-up found)")
+        ax.legend(fontsize=7)
+    pred = y < L
+    axes[0, 0].set_title(f"failure: agreement {np.mean(pred == failed):.2f} "
+                         f"({L.size} runs)", fontsize=9)
+    grew = ~np.isfinite(growth) | (growth > 10)
+    axes[0, 1].set_title(f"growth at init: agreement {np.mean(pred == grew):.2f}", fontsize=9)
     return _save(plt, fig, path, 80)
 
 

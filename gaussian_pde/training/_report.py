@@ -9,6 +9,8 @@ only formats and writes. ``verdicts.md`` is the verdict table alone, the file th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._common.io import ensure_output_dir, write_json, write_text
@@ -17,10 +19,13 @@ from ._figures import (
     plot_bridge_slope,
     plot_bridge_weights,
     plot_drift,
+    plot_layer_grads,
+    plot_stability,
+    plot_theory,
     plot_training,
 )
-from ._study import DRIFT_RATIO, GROWTH_RATIO, verdicts
-from ._summary import bridge_rows, run_rows
+from ._summary import bridge_rows, run_rows, spread_rows
+from ._verdicts import GROWTH_LIMIT, verdicts
 
 __all__ = ["write_training_study", "verdict_table"]
 
@@ -37,28 +42,68 @@ def _fmt(a):
     return ", ".join(_f(float(x)) for x in a)
 
 
+def _ratio_cell(r):
+    lo, hi = r["ci95"]
+    return (f"{_f(r['median'])} [{_f(r['p10'])}, {_f(r['p90'])}] | "
+            f"[{_f(lo)}, {_f(hi)}]")
+
+
 def verdict_table(v):
-    """The verdicts as a Markdown table (one row per claim: criterion, count)."""
-    lines = ["| claim | criterion | holds in |", "|---|---|---|"]
-    for claim, c in v.items():
-        extra = (f" ({c['both_diverged']} left out: both diverged)"
-                 if c.get("both_diverged") else "")
-        lines.append(f"| {claim} | {c['criterion']} | {c['holds']} of {c['total']}{extra} |")
+    """The verdicts as Markdown tables: one row per claim and pair, criterion first."""
+    lines = ["| claim | pair | criterion | holds in | ratio median [10 %, 90 %] | "
+             "bootstrap 95 % of the median |", "|---|---|---|---|---|---|"]
+    for key in ("drift", "explosion"):
+        for r in v[key]:
+            und = f" ({r['undefined']} undefined)" if r["undefined"] else ""
+            lines.append(f"| {r['claim']} | {r['pair']} | {r['criterion']} | "
+                         f"{r['holds']} of {r['total']}{und} | {_ratio_cell(r)} |")
+    lines += ["", "| claim | pair | task | criterion | holds in | both ok | only simulator "
+              "fails | only the other fails | both fail |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in v["simulator"]:
+        o = r["outcomes"]
+        lines.append(f"| simulator | {r['pair']} | {r['task']} | {r['criterion']} | "
+                     f"{r['holds']} of {r['total']} | {o['both_ok']} | "
+                     f"{o['only_simulator_fails']} | {o['only_other_fails']} | "
+                     f"{o['both_fail']} |")
+    t = v["theory"]
+    lines += ["", "| claim | criterion | runs | predicted to fail (L* < L) | failed | "
+              "agrees with failure | agrees with growth |", "|---|---|---|---|---|---|---|",
+              f"| theory | {t['criterion']} | {t['total']} | {t['predicted']} | {t['failed']} | "
+              f"{t['agree_failure']} | {t['agree_growth']} |"]
+    return lines
+
+
+def _task_lines(results):
+    lines = ["| task | chance | Bayes risk (MC ± s.e.) | least squares | bigram | best final "
+             "loss (any variant) | best variant |", "|---|---|---|---|---|---|---|"]
+    for t, ref in results["tasks"].items():
+        best, who = math.inf, "-"
+        for v, runs in results["runs"][t].items():
+            for r in runs:
+                if r["eval_loss_final"] < best:
+                    best, who = r["eval_loss_final"], f"{v} (L = {r['depth']})"
+        br = ref.get("bayes_risk")
+        bcell = f"{br[0]:.4g} ± {br[1]:.1g}" if br else "-"
+        lines.append(f"| {t} | {_f(ref['chance'])} | {bcell} | "
+                     f"{_f(ref.get('least_squares_risk'))} | {_f(ref.get('bigram'))} | "
+                     f"{_f(best)} | {who} |")
     return lines
 
 
 def _run_lines(results):
     cfg = results["config"]
+    optims = list(cfg["optims"])
     lines = []
     for t in results["runs"]:
         lines += [f"### Task `{t}`", "",
-                  "| variant | " + " | ".join(f"lr {lr:g}: diverged / held-out loss"
-                                              for lr in cfg["learning_rates"])
-                  + f" | max grad norm / start (lr {cfg['bridge_learning_rate']:g}) |",
-                  "|---|" + "---|" * (len(cfg["learning_rates"]) + 1)]
-        for v, cells, g in run_rows(results, t):
-            text = [f"{nd}/{n} / {_f(loss)}" for nd, n, loss in cells]
-            lines.append(f"| {v} | " + " | ".join(text) + f" | {_f(g)} |")
+                  "| variant | L | " + " | ".join(f"largest stable lr ({o})" for o in optims)
+                  + " | best final loss | failed / runs | non-finite | relative 10x |",
+                  "|---|---|" + "---|" * (len(optims) + 4)]
+        for r in run_rows(results, t):
+            lines.append(f"| {r['variant']} | {r['depth']} | "
+                         + " | ".join(_f(r["stable"][o]) for o in optims)
+                         + f" | {_f(r['best'])} | {r['failed']} / {r['n']} | "
+                         f"{r['nonfinite']} | {r['relative']} |")
         lines.append("")
     return lines
 
@@ -92,14 +137,21 @@ def _bridge_lines(results):
 
 
 def _intro(cfg):
-    return ["# Training study: residuals, LayerNorm and the PDE simulator", "",
-            f"Variants {', '.join(cfg['variants'])}; width {cfg['width']}, depth "
-            f"{cfg['depth']}, {cfg['heads']} heads; tasks {', '.join(cfg['tasks'])}; Adam, "
-            f"{cfg['n_steps']} steps of {cfg['batch']} sequences, learning rates "
-            f"{cfg['learning_rates']}, seeds {cfg['seeds']}. Divergence: a non-finite loss "
-            f"or gradient, or a loss above {cfg['divergence_factor']:g} x its step-0 value. "
-            f"Measurements on {cfg['eval_batch']} held-out sequences per seed "
-            "(docs/math.md section 11).", ""]
+    return ["# Training study: residuals, normalisation and the PDE simulator", "",
+            f"Variants {', '.join(cfg['variants'])}; width {cfg['width']} (per task: "
+            f"{cfg['task_width'] or 'the same'}), {cfg['heads']} heads; tasks "
+            f"{', '.join(cfg['tasks'])}; depths {cfg['depths']} on `{cfg['sweep_task']}`, "
+            f"{cfg['depth']} on the others; Adam, {cfg['n_steps']} steps (per task: "
+            f"{cfg['task_steps'] or 'the same'}) of {cfg['batch']} sequences; learning rates "
+            f"{', '.join(f'{r:.3g}' for r in cfg['learning_rates'])}; seeds {cfg['seeds']} "
+            f"(at depth >= {cfg['large_depth']}: the first {cfg['large_depth_seeds']}); "
+            f"optimiser settings {cfg['optims']}. Held-out measurements on "
+            f"{cfg['eval_batch']} sequences per seed (docs/math.md section 11).", "",
+            "**Failure** (stated before the numbers): a run fails when its loss becomes "
+            "non-finite or its final held-out loss is at the task's chance level or worse. "
+            "The largest stable learning rate is the largest rate of the grid whose run did "
+            "not fail. The older relative criterion (the training loss exceeds "
+            f"{cfg['divergence_factor']:g}x its first value) is counted beside it.", ""]
 
 
 def _figures(results, out):
@@ -107,6 +159,9 @@ def _figures(results, out):
     for t in results["config"]["tasks"]:
         paths.append(plot_training(results, t, out / f"training_{t}.png"))
         paths.append(plot_drift(results, t, out / f"drift_{t}.png"))
+        paths.append(plot_stability(results, t, out / f"stability_{t}.png"))
+        paths.append(plot_layer_grads(results, t, out / f"layer_grads_{t}.png"))
+    paths.append(plot_theory(results, out / "theory.png"))
     paths.append(plot_bridge(results, out / "bridge.png"))
     paths.append(plot_bridge_slope(results, out / "bridge_slope.png"))
     paths.append(plot_bridge_weights(results, out / "bridge_weights.png"))
@@ -116,24 +171,36 @@ def _figures(results, out):
 def write_training_study(results, out):
     """Write ``summary.json``, ``verdicts.md``, ``report.md`` and the figures into ``out``.
 
-    Figures: ``training_<task>.png`` and ``drift_<task>.png`` per task, ``bridge.png``,
-    ``bridge_slope.png`` and ``bridge_weights.png`` (:mod:`gaussian_pde.training._figures`).
-    Returns the verdicts (:func:`verdicts`).
+    Figures: ``training_<task>.png``, ``drift_<task>.png``, ``stability_<task>.png``,
+    ``layer_grads_<task>.png`` per task, ``theory.png``, ``bridge.png``, ``bridge_slope.png``
+    and ``bridge_weights.png`` (:mod:`gaussian_pde.training._figures`). Returns the verdicts
+    (:func:`verdicts`).
     """
     out = ensure_output_dir(out)
     v = verdicts(results)
     cfg = results["config"]
-    write_json(out / "summary.json", {"config": cfg, "verdicts": v, "runs": results["runs"],
-                                      "bridge": results["bridge"]})
+    write_json(out / "summary.json", {"config": cfg, "tasks": results["tasks"], "verdicts": v,
+                                      "runs": results["runs"], "bridge": results["bridge"]})
     table = verdict_table(v)
     write_text(out / "verdicts.md", "\n".join(table) + "\n")
     figs = _figures(results, out)
-    lines = _intro(cfg) + ["## Verdicts", ""] + table
-    lines += ["", f"Drift ratio threshold {DRIFT_RATIO:g}; explosive runs (diverged, or "
-              f"gradient norm >= {GROWTH_RATIO:g} x its start), per task and variant: "
-              + "; ".join(f"{t}: " + ", ".join(f"{k} {n}" for k, n in e.items())
-                          for t, e in v["explosion"]["explosive_runs"].items()), "",
-              "## Runs (diverged runs / median held-out loss of the others)", ""]
+    lines = _intro(cfg) + ["## Tasks: chance, Bayes risk and the best model", ""]
+    lines += _task_lines(results) + ["", "## Verdicts", ""] + table
+    lines += ["", f"Theory: growth counts as explosive above {GROWTH_LIMIT:g}x at "
+              "initialisation.", "", "### The first attention's spread", "",
+              "Predicted effective fraction exp(-a^T S a) of the tokens against the measured "
+              "(sum w)^2 / (n sum w^2) on the embedded held-out tokens, medians over queries, "
+              "heads, sequences and runs; tokens needed for one effective token "
+              "exp(a^T S a), against the sequence length.", "",
+              "| task | variant | L | predicted (init) | measured (init) | predicted "
+              "(trained) | measured (trained) | tokens needed (trained) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in spread_rows(results):
+        lines.append(f"| {r['task']} | {r['variant']} | {r['depth']} | "
+                     f"{_f(r['predicted_init'])} | {_f(r['measured_init'])} | "
+                     f"{_f(r['predicted_final'])} | {_f(r['measured_final'])} | "
+                     f"{_f(r['tokens_needed_final'])} |")
+    lines += ["", "## Runs", ""]
     lines += _run_lines(results)
     lines += ["## The bridge: trained model against the Gaussian prediction", "",
               f"Seed {cfg['seeds'][0]}, lr {cfg['bridge_learning_rate']:g}; Gaussian tokens "

@@ -1,10 +1,14 @@
-r"""The training study: every variant on every task, seeds and learning rates; the verdicts.
+r"""The training study: variants x depths x learning rates x seeds x optimiser settings.
 
-:func:`run_training_study` trains each variant of :data:`VARIANTS` (or those asked for)
-on each task with the same seeds, learning rates, steps and batches, measures drift and
-activation growth by layer on held-out sequences at initialisation and after training
-(:func:`drift_metrics`), and runs the bridge (:func:`bridge`) on the models without
-LayerNorm. :func:`verdicts` applies the stated criteria of docs/math.md 11.3;
+:func:`run_training_study` trains each variant of :data:`VARIANTS` (or those asked for) on
+each task with the same seeds, learning rates, steps and batches: on the *sweep task* at
+every depth of ``depths``, on the other tasks at ``depth``; each with the optimiser
+settings of ``optims`` (plain Adam, and Adam with warmup and gradient clipping). Every run
+is measured on held-out sequences at initialisation and after training (drift, growth,
+CKA and linear probes by layer: :mod:`._measure`), and every model without normalisation
+gets the Gaussian theory's prediction (:func:`predicted_blowup_depth`). The bridge
+(:func:`bridge`) runs on the models without LayerNorm at ``depth``.
+:func:`~gaussian_pde.training._verdicts.verdicts` applies the stated criteria;
 :func:`write_training_study` writes ``summary.json``, the figures and ``report.md``.
 """
 
@@ -15,24 +19,31 @@ import math
 import jax
 import numpy as np
 
+import gaussian_pde as gp
+from gaussian_pde.attention import dot_product_head, sum_of_heads
+
 from ._bridge import bridge, without_ffn
 from ._compile import compiled
-from ._measure import drift_metrics, gaussian_fit
-from ._model import layer_tokens, loss_fn, x64
+from ._measure import attention_spread, drift_metrics, gaussian_fit, information_metrics
+from ._model import block_weights, layer_tokens, loss_fn, x64
 from ._spec import VARIANTS, model_spec
 from ._tasks import get_task
-from ._train import _check_rates, _check_seeds, train
+from ._train import DEFAULT_LEARNING_RATES, _check_rates, _check_seeds, run_failed, train
+from ._verdicts import verdicts
 
-__all__ = ["STUDY_TASKS", "run_training_study", "verdicts", "DRIFT_RATIO", "GROWTH_RATIO"]
+__all__ = ["STUDY_TASKS", "OPTIMS", "run_training_study", "verdicts", "predicted_blowup_depth",
+           "largest_stable_rate"]
 
 #: the tasks of the study
-STUDY_TASKS = ("mixture", "regression")
-#: drift criterion: no-residual step drift at least this multiple of the residual model's
-DRIFT_RATIO = 2.0
-#: explosion criterion: largest gradient norm at least this multiple of its step-0 value
-GROWTH_RATIO = 100.0
-#: variants bridged to the Gaussian solvers (no LayerNorm)
+STUDY_TASKS = ("mixture", "regression", "text")
+#: variants bridged to the Gaussian solvers (no normalisation, unscaled branches)
 _BRIDGED = ("no_ln", "neither", "pde_euler", "pde_rk4", "pde_euler_tied", "pde_rk4_tied")
+
+
+def OPTIMS(n_steps):
+    """The optimiser settings: plain Adam; warmup over a tenth of the steps with clipping at 1."""
+    return {"plain": dict(warmup=0, clip=None),
+            "warmup_clip": dict(warmup=max(1, n_steps // 10), clip=1.0)}
 
 
 def _eval(params, spec, task, x, y, optimize=True):
@@ -49,25 +60,125 @@ def _eval(params, spec, task, x, y, optimize=True):
         return np.asarray(toks), float(loss)
 
 
-def _run_record(run, spec, task, x, y, optimize=True):
-    rec = {"seed": run.seed, "learning_rate": run.learning_rate,
-           "divergence_step": run.divergence_step, "loss": run.loss,
-           "grad_norm": run.grad_norm, "max_layer_grad_norm": run.max_layer_grad_norm}
-    for when, params in (("init", run.init_params), ("final", run.params)):
+def predicted_blowup_depth(params, spec, cov0, *, horizon_layers=2.0):
+    r"""The Gaussian theory's blow-up depth :math:`L^* = t^*/h` of a model's first attention.
+
+    The attention of layer 1 (the only one when tied), its values scaled by the branch
+    factor :math:`\beta` (:attr:`ModelSpec.branch_factor`), drives the Gaussian moment
+    ODE :math:`\dot\Sigma = M(\Sigma)\Sigma + \Sigma M(\Sigma)^T` from the covariance
+    ``cov0`` of the embedded tokens (:func:`gaussian_pde.solve`, its blow-up event); the
+    residual stack is that ODE's Euler scheme with step :math:`h` (1 for a block stack,
+    :math:`T/L` for the simulator), so :math:`L^* = t^*/h` layers. Integrated up to
+    ``horizon_layers`` times the model's depth; ``inf`` when no blow-up is found there.
+    Every later layer is taken to be the first one: the prediction is for the input
+    scale, and trained layers differ.
+    """
+    b = block_weights(params, spec, 0)
+    beta = spec.branch_factor * (1.0 if spec.residual else 0.0) if spec.simulator is None \
+        else 1.0
+    if beta == 0.0 or (spec.rezero and float(np.max(np.abs(b["gate1"]))) == 0.0):
+        return math.inf
+    if spec.rezero:
+        beta = float(b["gate1"])
+    heads = [dot_product_head(np.asarray(b["Q"][h], float), np.asarray(b["K"][h], float),
+                              beta * np.asarray(b["Wo"][h] @ b["Wv"][h], float),
+                              scale=spec.score_scale) for h in range(spec.heads)]
+    att = sum_of_heads(heads)
+    h = spec.step
+    cov0 = np.asarray(cov0, float)
+    cov0 = 0.5 * (cov0 + cov0.T)
+    t_max = horizon_layers * spec.depth * h
+    try:
         with np.errstate(all="ignore"):
-            toks, loss = _eval(params, spec, task, x, y, optimize)
-        rec[f"eval_loss_{when}"] = loss
-        rec[f"drift_{when}"] = drift_metrics(toks)
-        if when == "final":
-            rec["input_fit"] = gaussian_fit(toks[0])
-    return rec
+            res = gp.solve(att, None, cov0, (0.0, t_max), blowup_threshold=1e8, rtol=1e-6,
+                           atol=1e-9)
+    except (ValueError, FloatingPointError, np.linalg.LinAlgError):
+        return math.nan
+    if res.t_blowup is None:
+        return math.inf
+    return float(res.t_blowup) / h
 
 
-def run_training_study(*, tasks=STUDY_TASKS, variants=None, seeds=(0, 1, 2, 3, 4),
-                       learning_rates=(1e-3, 1e-2, 3e-2), n_steps=200, batch=32, depth=4,
-                       eval_batch=64, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
-                       bridge_learning_rate=None, optimize=True, progress=None):
-    r"""Train and measure every variant on every task; bridge the models without LayerNorm.
+def largest_stable_rate(records, chance):
+    """The largest learning rate of the grid whose run did not fail (0 if every one failed)."""
+    ok = [r["learning_rate"] for r in records if not run_failed(r["eval_loss_final"], chance)]
+    return max(ok) if ok else 0.0
+
+
+def _layer_grad_summary(run):
+    g = run.layer_grad_norm
+    with np.errstate(all="ignore"):
+        mx = np.nanmax(np.where(np.isfinite(g), g, np.nan), axis=0) if np.any(
+            np.isfinite(g)) else np.full(g.shape[1], np.nan)
+    return {"layer_grad_norm_start": g[0], "layer_grad_norm_max": mx,
+            "layer_grad_norm_end": g[np.isfinite(g).all(axis=1)][-1]
+            if np.isfinite(g).all(axis=1).any() else np.full(g.shape[1], np.nan)}
+
+
+def _measure(params, spec, task, x, y, optimize):
+    with np.errstate(all="ignore"):
+        toks, loss = _eval(params, spec, task, x, y, optimize)
+        info = information_metrics(toks, y, readout=task.readout,
+                                   classes=task.loss == "cross_entropy")
+        drift = drift_metrics(toks)
+    return toks, loss, {**drift, **info}
+
+
+def _spread(params, spec, x0):
+    b = block_weights(params, spec, 0)
+    return attention_spread(b["Q"], b["K"], x0, spec.score_scale)
+
+
+def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, optimize,
+                       theory):
+    res = train(spec, task, seeds=seeds, learning_rates=rates, n_steps=n_steps, batch=batch,
+                optimize=optimize, **optim)
+    init = {}
+    for s in seeds:
+        toks, loss, meas = _measure(res.run(s, rates[0]).init_params, spec, task, *evals[s],
+                                    optimize)
+        m0, c0 = gaussian_fit(toks[0])
+        init[s] = dict(loss=loss, meas=meas, fit=(m0, c0))
+        if theory:
+            init[s]["L_star"] = predicted_blowup_depth(res.run(s, rates[0]).init_params, spec,
+                                                       c0)
+            init[s]["spread"] = _spread(res.run(s, rates[0]).init_params, spec, toks[0])
+    records = []
+    for run in res.runs:
+        toks, loss, meas = _measure(run.params, spec, task, *evals[run.seed], optimize)
+        rec = {"seed": run.seed, "learning_rate": run.learning_rate, "depth": spec.depth,
+               "divergence_step": run.divergence_step, "relative_step": run.relative_step,
+               "loss": run.loss, "grad_norm": run.grad_norm,
+               "final_train_loss": run.final_train_loss,
+               "eval_loss_init": init[run.seed]["loss"], "eval_loss_final": loss,
+               "measures_init": init[run.seed]["meas"], "measures_final": meas,
+               **_layer_grad_summary(run)}
+        rec["failed"] = bool(run_failed(loss, task.chance))
+        if theory:
+            rec["L_star_init"] = init[run.seed]["L_star"]
+            with np.errstate(all="ignore"):
+                fin = np.all(np.isfinite(toks[0]))
+            rec["L_star_final"] = (predicted_blowup_depth(run.params, spec,
+                                                          gaussian_fit(toks[0])[1])
+                                   if fin else math.nan)
+            rec["spread_init"] = init[run.seed]["spread"]
+            rec["spread_final"] = _spread(run.params, spec, toks[0])
+        if run.seed == seeds[0]:
+            rec["input_fit"] = init[run.seed]["fit"]
+        records.append(rec)
+    return res, records
+
+
+def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture",
+                       sweep_variants=None, task_variants=None,
+                       depths=(2, 4, 8, 16, 32, 64), depth=4, seeds=(0, 1, 2),
+                       large_depth=16, large_depth_seeds=1,
+                       learning_rates=DEFAULT_LEARNING_RATES, n_steps=200, task_steps=None,
+                       batch=32, width=8, task_width=None, optims=("plain", "warmup_clip"),
+                       task_optims=None,
+                       eval_batch=128, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
+                       bridge_learning_rate=1e-3, theory=True, optimize=True, progress=None):
+    r"""Train and measure every variant; predict from the Gaussian theory; bridge.
 
     Parameters
     ----------
@@ -75,170 +186,131 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, seeds=(0, 1, 2, 3, 4
         Task names (:data:`~gaussian_pde.training.TASKS`).
     variants : sequence of str, optional
         Variant names (default: all of :data:`~gaussian_pde.training.VARIANTS`).
-    seeds, learning_rates : sequences
-        Every variant trains with every seed at every rate.
-    n_steps, batch, depth : int
-        Adam steps, sequences per batch, layers.
+    sweep_task : str or None
+        The task trained at every depth of ``depths``; the others train at ``depth``.
+    sweep_variants : sequence of str, optional
+        The variants of the depth sweep (default: all); the others train at ``depth``.
+    task_variants : dict, optional
+        ``task_variants[name]``: the variants trained on that task (default: all).
+    depths, depth : sequence of int, int
+        The depth sweep, and the depth of the other tasks and of the bridge.
+    seeds : sequence of int
+        Seeds (initialisation and data).
+    large_depth, large_depth_seeds : int
+        At depths of ``large_depth`` and more only the first ``large_depth_seeds`` seeds
+        train (the study's trade for its time budget).
+    learning_rates : sequence of float
+        Every run trains at every rate (default the x2 grid
+        :data:`~gaussian_pde.training._train.DEFAULT_LEARNING_RATES`).
+    n_steps, task_steps : int, dict
+        Adam steps (``task_steps[name]`` overrides per task).
+    batch, width, task_width : int, int, dict
+        Sequences per batch; model width (``task_width[name]`` overrides per task).
+    optims : sequence of {"plain", "warmup_clip"}
+        Optimiser settings (:func:`OPTIMS`).
+    task_optims : dict, optional
+        ``task_optims[name]``: the settings of that task (default ``optims``).
     eval_batch : int
-        Held-out sequences (seed ``10_000 + seed``) for the measurements.
-    bridge_tokens, bridge_sequences : sequence of int, int
-        Sequence lengths :math:`n` and sequences per length of the bridge.
-    bridge_learning_rate : float, optional
-        The rate whose trained models are bridged (default: the smallest rate); the first
-        seed's model of each bridged variant is used.
+        Held-out sequences (seed ``10_000 + seed``; the test split for text).
+    bridge_tokens, bridge_sequences, bridge_learning_rate
+        The bridge's sequence lengths, sequences per length, and the grid rate nearest to
+        ``bridge_learning_rate`` whose first-seed plain model is bridged.
+    theory : bool
+        Compute the Gaussian theory's blow-up depth of every model without normalisation.
     optimize : bool
-        Passed to :func:`train`, and used for the measurements' float64 program
-        (``False`` builds faster: for short runs).
+        Passed to :func:`train` and to the measurements' float64 program.
     progress : callable, optional
-        Called with a short message after each (task, variant) and each bridge.
+        Called with a short message after each trained group and each bridge.
 
     Returns
     -------
     dict
-        ``config``; ``runs[task][variant]``: a list of per-run records (curves, divergence
-        step, eval losses and drift at init and after training); ``bridge[task][variant]``:
-        ``{"full": ..., "attention": ...}`` (:func:`bridge` with and without the FFN).
+        ``config``; ``runs[task][variant]``: per-run records (``depth``, ``optim``,
+        ``seed``, ``learning_rate``, curves, failure, held-out losses, measures at init and
+        after training, per-layer gradient norms, the predicted blow-up depths);
+        ``tasks``: each task's chance level and reference losses; ``bridge[task][variant]``.
     """
     variants = tuple(VARIANTS) if variants is None else tuple(variants)
-    specs = {v: model_spec(v, depth=depth) for v in variants}
     tasks = tuple(get_task(t).name for t in tasks)
     if not tasks:
         raise ValueError("`tasks` must name at least one task.")
+    sweep_variants = variants if sweep_variants is None else tuple(sweep_variants)
+    task_variants = {t: tuple(vs) for t, vs in dict(task_variants or {}).items()}
+    for v in set(variants) | set(sweep_variants) | {v for vs in task_variants.values()
+                                                    for v in vs}:
+        model_spec(v)
     seeds, rates = _check_seeds(seeds), _check_rates(learning_rates)
-    lr_b = min(rates) if bridge_learning_rate is None else float(bridge_learning_rate)
-    cfg = dict(tasks=list(tasks), variants=list(variants), seeds=list(seeds),
-               learning_rates=list(rates), n_steps=n_steps, batch=batch, depth=depth,
-               width=specs[variants[0]].width, heads=specs[variants[0]].heads,
+    task_steps = dict(task_steps or {})
+    task_width = dict(task_width or {})
+    task_optims = {t: tuple(o) for t, o in dict(task_optims or {}).items()}
+    for name, opts in [("optims", optims)] + [(f"task_optims[{t!r}]", o)
+                                              for t, o in task_optims.items()]:
+        if not opts or any(o not in ("plain", "warmup_clip") for o in opts):
+            raise ValueError(f"`{name}` must name 'plain' and/or 'warmup_clip', got {opts!r}.")
+    lr_b = min(rates, key=lambda r: abs(math.log(r / bridge_learning_rate)))
+    cfg = dict(tasks=list(tasks), variants=list(variants), sweep_task=sweep_task,
+               sweep_variants=list(sweep_variants),
+               task_variants={t: list(vs) for t, vs in task_variants.items()},
+               depths=list(depths), depth=depth, seeds=list(seeds), large_depth=large_depth,
+               large_depth_seeds=large_depth_seeds, learning_rates=list(rates),
+               n_steps=n_steps, task_steps=task_steps, batch=batch, width=width,
+               task_width=task_width, heads=model_spec(variants[0]).heads,
+               optims={o: OPTIMS(n_steps)[o] for o in optims},
+               task_optims={t: list(o) for t, o in task_optims.items()},
                eval_batch=eval_batch, bridge_tokens=list(bridge_tokens),
                bridge_sequences=bridge_sequences, bridge_learning_rate=lr_b,
                divergence_factor=10.0)
-    out = {"config": cfg, "runs": {}, "bridge": {}}
+    out = {"config": cfg, "runs": {}, "bridge": {}, "tasks": {}}
     for tname in tasks:
         task = get_task(tname)
+        steps = task_steps.get(tname, n_steps)
+        w = task_width.get(tname, width)
+        ref = {"chance": task.chance, "n_steps": steps, "width": w}
+        if task.name == "text":
+            ref["bigram"] = task.bigram_loss()
+        else:
+            ref["bayes_risk"] = task.bayes_risk()
+        if task.name == "regression":
+            ref["least_squares_risk"] = task.least_squares_risk()
+        out["tasks"][tname] = ref
         out["runs"][tname], out["bridge"][tname] = {}, {}
-        evals = {s: task.sample(np.random.default_rng(10_000 + s), eval_batch) for s in seeds}
-        for v in variants:
-            res = train(specs[v], task, seeds=seeds, learning_rates=rates, n_steps=n_steps,
-                        batch=batch, optimize=optimize)
-            out["runs"][tname][v] = [_run_record(r, res.spec, task, *evals[r.seed], optimize)
-                                     for r in res.runs]
-            if progress is not None:
-                progress(f"train: {tname}/{v}")
-            if v in _BRIDGED:
-                run = res.run(seeds[0], lr_b)
-                rec = next(r for r in out["runs"][tname][v] if r["seed"] == seeds[0]
-                           and math.isclose(r["learning_rate"], lr_b))
-                m0, c0 = rec["input_fit"]
-                b = {}
-                with np.errstate(all="ignore"):
-                    b["full"] = bridge(run.params, res.spec, m0, c0, n_tokens=bridge_tokens,
-                                       n_sequences=bridge_sequences)
-                    b["attention"] = bridge(*without_ffn(run.params, res.spec), m0, c0,
-                                            n_tokens=bridge_tokens,
-                                            n_sequences=bridge_sequences)
-                b["diverged"] = run.diverged
-                out["bridge"][tname][v] = b
-                if progress is not None:
-                    progress(f"bridge: {tname}/{v}")
+        split = "test" if task.name == "text" else "train"
+        evals = {s: task.sample(np.random.default_rng(10_000 + s), eval_batch, split)
+                 for s in seeds}
+        for v in task_variants.get(tname, variants):
+            out["runs"][tname][v] = []
+            sweep = tname == sweep_task and v in sweep_variants
+            for L in (tuple(depths) if sweep else (depth,)):
+                spec = model_spec(v, depth=L, width=w)
+                ss = seeds[:large_depth_seeds] if L >= large_depth else seeds
+                for o in task_optims.get(tname, optims):
+                    res, recs = _train_and_measure(
+                        spec, task, ss, rates, steps, batch, OPTIMS(steps)[o], evals,
+                        optimize, theory and not spec.has_layernorm)
+                    for r in recs:
+                        r["optim"] = o
+                    out["runs"][tname][v] += recs
+                    if progress is not None:
+                        progress(f"train: {tname}/{v} L={L} {o}")
+                    if v in _BRIDGED and L == depth and o == task_optims.get(tname,
+                                                                             optims)[0]:
+                        _bridge(out, tname, v, res, recs, seeds[0], lr_b, cfg)
+                        if progress is not None:
+                            progress(f"bridge: {tname}/{v}")
     return out
 
 
-def _median_step_drift(rec, when="final"):
-    r = rec[f"drift_{when}"]["rel_step"]
-    return float(np.nanmedian(r)) if np.any(np.isfinite(r)) else math.nan
-
-
-def _first_diverging_rate(runs, seed):
-    rates = sorted(r["learning_rate"] for r in runs if r["seed"] == seed
-                   and r["divergence_step"] is not None)
-    return rates[0] if rates else math.inf
-
-
-def _explosive(rec):
-    g = rec["grad_norm"]
-    return rec["divergence_step"] is not None or bool(
-        np.nanmax(g) >= GROWTH_RATIO * g[0])
-
-
-def verdicts(results):
-    r"""The paper's claims under the stated criteria, counted over tasks, seeds and rates.
-
-    * ``drift``: for each pair (``no_residual`` vs ``pre_ln``; ``neither`` vs ``no_ln``),
-      task, seed and rate at which neither run diverged, the claim holds if the median
-      over layers of the step drift :math:`\|X_\ell - X_{\ell-1}\|/\|X_{\ell-1}\|` of the
-      trained model without residuals is at least :data:`DRIFT_RATIO` times that of its
-      residual counterpart.
-    * ``explosion``: for each pair (``no_ln`` vs ``pre_ln``; ``no_ln`` vs ``post_ln``;
-      ``neither`` vs ``no_residual``), task and seed, the claim holds if the model without
-      LayerNorm diverges at a smaller learning rate of the grid than the one with it
-      (never diverging counts as an infinite rate); ``explosive_runs`` counts, per variant,
-      the runs that diverged or whose gradient norm reached :data:`GROWTH_RATIO` times
-      its step-0 value.
-    * ``simulator``: for each PDE simulator variant, task, seed and rate at which
-      ``no_ln`` did not diverge, the claim (the simulator without normalisation trains
-      stably) holds if it does not diverge either, and its trained activation growth
-      :math:`\operatorname{tr}\hat\Sigma_L/\operatorname{tr}\hat\Sigma_0` is at most that
-      of ``no_ln``; ``both_diverged`` counts the cases left out because both diverged.
-
-    Returns a dict ``{claim: {"criterion", "holds", "total", "detail"}}``.
-    """
-    runs = results["runs"]
-    out = {}
-    pairs = [("no_residual", "pre_ln"), ("neither", "no_ln")]
-    det, holds, total = [], 0, 0
-    for t, byv in runs.items():
-        for a, b in pairs:
-            if a not in byv or b not in byv:
-                continue
-            for ra, rb in zip(byv[a], byv[b]):
-                if ra["divergence_step"] is not None or rb["divergence_step"] is not None:
-                    continue
-                da, db = _median_step_drift(ra), _median_step_drift(rb)
-                ok = bool(da >= DRIFT_RATIO * db)
-                holds, total = holds + ok, total + 1
-                det.append(dict(task=t, pair=f"{a}/{b}", seed=ra["seed"],
-                                learning_rate=ra["learning_rate"], ratio=da / db, holds=ok))
-    out["drift"] = {"criterion": f"median step drift without residuals >= {DRIFT_RATIO:g} x "
-                                 "with (trained, non-diverged pairs)",
-                    "holds": holds, "total": total, "detail": det}
-    pairs = [("no_ln", "pre_ln"), ("no_ln", "post_ln"), ("neither", "no_residual")]
-    det, holds, total = [], 0, 0
-    for t, byv in runs.items():
-        for a, b in pairs:
-            if a not in byv or b not in byv:
-                continue
-            for s in sorted({r["seed"] for r in byv[a]}):
-                fa, fb = _first_diverging_rate(byv[a], s), _first_diverging_rate(byv[b], s)
-                ok = bool(fa < fb)
-                holds, total = holds + ok, total + 1
-                det.append(dict(task=t, pair=f"{a}/{b}", seed=s, first_diverging_rate=fa,
-                                first_diverging_rate_other=fb, holds=ok))
-    explosive = {t: {v: int(sum(_explosive(r) for r in rs)) for v, rs in byv.items()}
-                 for t, byv in runs.items()}
-    out["explosion"] = {"criterion": "without LayerNorm the first diverging learning rate "
-                                     "is smaller than with it (per task and seed)",
-                        "holds": holds, "total": total, "detail": det,
-                        "explosive_runs": explosive}
-    det, holds, total, both_diverged = [], 0, 0, 0
-    for t, byv in runs.items():
-        if "no_ln" not in byv:
-            continue
-        for v in [v for v in byv if v.startswith("pde_")]:
-            for ra, rb in zip(byv[v], byv["no_ln"]):
-                if rb["divergence_step"] is not None:
-                    both_diverged += ra["divergence_step"] is not None
-                    continue    # tested only where no_ln trains
-                ga, gb = ra["drift_final"]["trace"], rb["drift_final"]["trace"]
-                growth_a, growth_b = ga[-1] / ga[0], gb[-1] / gb[0]
-                ok = bool(ra["divergence_step"] is None
-                          and (not np.isfinite(growth_b) or growth_a <= growth_b))
-                holds, total = holds + ok, total + 1
-                det.append(dict(task=t, variant=v, seed=ra["seed"],
-                                learning_rate=ra["learning_rate"], growth=growth_a,
-                                growth_no_ln=growth_b, holds=ok))
-    out["simulator"] = {"criterion": "where no_ln trains without diverging, the PDE "
-                                     "simulator does too and its trained growth "
-                                     "tr S_L / tr S_0 is at most no_ln's",
-                        "holds": holds, "total": total, "detail": det,
-                        "both_diverged": both_diverged}
-    return out
+def _bridge(out, tname, v, res, recs, seed, lr_b, cfg):
+    run = res.run(seed, lr_b)
+    rec = next(r for r in recs if r["seed"] == seed
+               and math.isclose(r["learning_rate"], lr_b))
+    m0, c0 = rec["input_fit"]
+    b = {}
+    with np.errstate(all="ignore"):
+        b["full"] = bridge(run.params, res.spec, m0, c0, n_tokens=cfg["bridge_tokens"],
+                           n_sequences=cfg["bridge_sequences"])
+        b["attention"] = bridge(*without_ffn(run.params, res.spec), m0, c0,
+                                n_tokens=cfg["bridge_tokens"],
+                                n_sequences=cfg["bridge_sequences"])
+    b["diverged"] = run.diverged
+    out["bridge"][tname][v] = b

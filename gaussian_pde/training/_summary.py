@@ -2,8 +2,9 @@ r"""Numbers of the training study's report, computed from :func:`run_training_st
 
 Plain NumPy on the results dict (no plotting, no writing): the curves the figures draw
 (median over seeds of each variant's loss and gradient norm, per learning rate; the
-per-layer drift and growth; the bridge's errors) and the rows of the report's tables.
-:mod:`gaussian_pde.training._figures` draws them and
+per-layer measures; the largest stable rate against depth; the per-layer gradient norms;
+the theory's prediction against the outcome; the bridge's errors) and the rows of the
+report's tables. :mod:`gaussian_pde.training._figures` draws them and
 :mod:`gaussian_pde.training._report` writes them.
 """
 
@@ -13,17 +14,22 @@ import warnings
 
 import numpy as np
 
-__all__ = ["training_curves", "drift_curves", "run_rows", "bridge_rows", "DRIFT_KEYS"]
+__all__ = ["training_curves", "drift_curves", "run_rows", "bridge_rows", "stability_curves",
+           "layer_grad_curves", "theory_points", "spread_rows", "DRIFT_KEYS"]
 
 #: per-layer measures drawn against depth, with their axis labels
-DRIFT_KEYS = (("rel_step", "step drift |X_l - X_l-1| / |X_l-1|"),
-              ("rel_from_input", "drift from input |X_l - X_0| / |X_0|"),
-              ("w2_step_rel", "W2(fit_l-1, fit_l) / sqrt tr S_l-1"),
+DRIFT_KEYS = (("cka_input", "linear CKA(X_l, X_0)"),
+              ("probe_target", "target probe (held-out acc. / R^2)"),
+              ("probe_input", "input probe R^2"),
+              ("centred_step", "centred change |X_l - X_l-1| / |X_l-1|"),
+              ("rel_step", "uncentred step drift (old metric)"),
               ("trace", "growth tr S_l / tr S_0"))
 
 
-def _at_rate(runs, lr):
-    return [r for r in runs if np.isclose(r["learning_rate"], lr)]
+def _select(runs, lr=None, depth=None, optim=None):
+    return [r for r in runs if (lr is None or np.isclose(r["learning_rate"], lr))
+            and (depth is None or r["depth"] == depth)
+            and (optim is None or r.get("optim", "plain") == optim)]
 
 
 def _nanmedian(a):
@@ -34,16 +40,23 @@ def _nanmedian(a):
         return np.nanmedian(np.where(np.isfinite(a), a, np.nan), axis=0)
 
 
-def training_curves(results, task):
-    """``{lr: {variant: {"loss", "grad_norm": (runs, steps), "median_*", "diverged"}}}``.
+def shown_rates(results, k=4):
+    """``k`` learning rates of the grid, evenly spaced in log (the figures' columns)."""
+    rates = results["config"]["learning_rates"]
+    idx = np.unique(np.round(np.linspace(0, len(rates) - 1, min(k, len(rates)))).astype(int))
+    return [rates[i] for i in idx]
 
-    ``diverged``: the divergence steps of the runs that diverged.
-    """
+
+def training_curves(results, task, depth=None, optim="plain", rates=None):
+    """``{lr: {variant: {"loss", "grad_norm": (runs, steps), "median_*", "diverged"}}}``."""
+    depth = results["config"]["depth"] if depth is None else depth
     out = {}
-    for lr in results["config"]["learning_rates"]:
+    for lr in (shown_rates(results) if rates is None else rates):
         out[lr] = {}
         for v, runs in results["runs"][task].items():
-            sel = _at_rate(runs, lr)
+            sel = _select(runs, lr, depth, optim)
+            if not sel:
+                continue
             rec = {"diverged": [r["divergence_step"] for r in sel
                                 if r["divergence_step"] is not None]}
             for key in ("loss", "grad_norm"):
@@ -54,21 +67,24 @@ def training_curves(results, task):
     return out
 
 
-def drift_curves(results, task, lr=None):
-    """``{variant: {when: {key: median over seeds, per layer}}}`` at rate ``lr``.
+def drift_curves(results, task, lr=None, depth=None, optim="plain"):
+    """``{variant: {when: {key: median over seeds, per layer}}}`` at rate ``lr``, ``depth``.
 
     ``when`` is ``"init"`` or ``"final"``; ``key`` one of :data:`DRIFT_KEYS` (``trace``
     divided by its input value: the growth). Default rate: the bridged one.
     """
     lr = results["config"]["bridge_learning_rate"] if lr is None else lr
+    depth = results["config"]["depth"] if depth is None else depth
     out = {}
     for v, runs in results["runs"][task].items():
-        sel = _at_rate(runs, lr)
+        sel = _select(runs, lr, depth, optim)
+        if not sel:
+            continue
         out[v] = {}
         for when in ("init", "final"):
             curves = {}
             for key, _ in DRIFT_KEYS:
-                ys = np.array([np.asarray(r[f"drift_{when}"][key], float) for r in sel])
+                ys = np.array([np.asarray(r[f"measures_{when}"][key], float) for r in sel])
                 if key == "trace":
                     with np.errstate(all="ignore"):
                         ys = ys / ys[:, :1]
@@ -77,24 +93,77 @@ def drift_curves(results, task, lr=None):
     return out
 
 
-def run_rows(results, task):
-    """Per variant: ``(variant, [(n diverged, n runs, median held-out loss) per rate], g)``.
+def _stable(sel):
+    ok = [r["learning_rate"] for r in sel if not r["failed"]]
+    return max(ok) if ok else 0.0
 
-    ``g``: median over seeds of the largest gradient norm over its step-0 value, at the
-    bridged rate.
+
+def stability_curves(results, task, optim="plain"):
+    """``{variant: (depths, median over seeds of the largest stable rate)}``."""
+    out = {}
+    for v, runs in results["runs"][task].items():
+        depths = sorted({r["depth"] for r in runs})
+        med = []
+        for L in depths:
+            sel = _select(runs, depth=L, optim=optim)
+            seeds = sorted({r["seed"] for r in sel})
+            med.append(float(np.median([_stable([r for r in sel if r["seed"] == s])
+                                        for s in seeds])) if seeds else np.nan)
+        out[v] = (np.array(depths), np.array(med))
+    return out
+
+
+def layer_grad_curves(results, task, depth, lr=None, optim="plain"):
+    """``{variant: (start, max)}``: median over seeds of each layer's gradient norm."""
+    lr = results["config"]["bridge_learning_rate"] if lr is None else lr
+    out = {}
+    for v, runs in results["runs"][task].items():
+        sel = _select(runs, lr, depth, optim)
+        if sel:
+            out[v] = tuple(_nanmedian([np.asarray(r[k], float) for r in sel])
+                           for k in ("layer_grad_norm_start", "layer_grad_norm_max"))
+    return out
+
+
+def theory_points(results):
+    """Per run of a model without normalisation: ``(variant, L, L*, failed, growth)``."""
+    pts = []
+    for t, byv in results["runs"].items():
+        for v, runs in byv.items():
+            for r in runs:
+                if "L_star_init" not in r:
+                    continue
+                tr = np.asarray(r["measures_init"]["trace"], float)
+                with np.errstate(all="ignore"):
+                    g = tr[-1] / tr[0]
+                pts.append((t, v, r["depth"], r["L_star_init"], bool(r["failed"]), float(g)))
+    return pts
+
+
+def run_rows(results, task):
+    """Per (variant, depth): largest stable rate per optimiser, best loss, failure counts.
+
+    The stable rate is the median over seeds; the best loss the lowest final held-out
+    loss over rates and optimisers; the counts are of failed runs, of runs that became
+    non-finite and of runs that tripped the older relative criterion.
     """
-    cfg = results["config"]
     rows = []
     for v, runs in results["runs"][task].items():
-        cells = []
-        for lr in cfg["learning_rates"]:
-            sel = _at_rate(runs, lr)
-            fl = [r["eval_loss_final"] for r in sel if r["divergence_step"] is None]
-            cells.append((sum(r["divergence_step"] is not None for r in sel), len(sel),
-                          float(np.median(fl)) if fl else None))
-        sel = _at_rate(runs, cfg["bridge_learning_rate"])
-        g = float(np.median([np.nanmax(r["grad_norm"]) / r["grad_norm"][0] for r in sel]))
-        rows.append((v, cells, g))
+        for L in sorted({r["depth"] for r in runs}):
+            sel = _select(runs, depth=L)
+            stable = {}
+            for o in results["config"]["optims"]:
+                so = _select(sel, optim=o)
+                seeds = sorted({r["seed"] for r in so})
+                stable[o] = (float(np.median([_stable([r for r in so if r["seed"] == s])
+                                              for s in seeds])) if seeds else None)
+            fl = [r["eval_loss_final"] for r in sel if np.isfinite(r["eval_loss_final"])]
+            rows.append(dict(variant=v, depth=L, stable=stable,
+                             best=float(min(fl)) if fl else None,
+                             failed=sum(r["failed"] for r in sel),
+                             nonfinite=sum(r["divergence_step"] is not None for r in sel),
+                             relative=sum(r["relative_step"] is not None for r in sel),
+                             n=len(sel)))
     return rows
 
 
@@ -119,4 +188,24 @@ def bridge_rows(results):
                                  trace_model=float(r["model_trace"][-1][-1]),
                                  trace_gauss=float(pred[reached]),
                                  diverged=b.get("diverged", False)))
+    return rows
+
+
+def spread_rows(results):
+    """The first attention's spread per (task, variant, depth) without normalisation.
+
+    Medians over runs of the predicted and measured effective fraction, at initialisation
+    and trained, and of the tokens one effective token needs.
+    """
+    rows = []
+    for t, byv in results["runs"].items():
+        for v, runs in byv.items():
+            for L in sorted({r["depth"] for r in runs if "spread_init" in r}):
+                sel = [r for r in runs if r["depth"] == L and "spread_init" in r]
+                row = dict(task=t, variant=v, depth=L)
+                for when in ("init", "final"):
+                    for k in ("predicted", "measured", "tokens_needed"):
+                        row[f"{k}_{when}"] = float(_nanmedian(
+                            [r[f"spread_{when}"][k] for r in sel]))
+                rows.append(row)
     return rows

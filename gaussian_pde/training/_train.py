@@ -6,11 +6,18 @@ same shapes. Seed ``s`` fixes the initialisation
 (``jax.random.PRNGKey(s)``) and the data (NumPy ``default_rng(s)``), so every variant sees
 the same batches and starts from the same draws of the shared weights.
 
-Divergence (docs/math.md 11.3): a run diverges at the first step whose loss is not finite,
-whose gradient norm is not finite, or whose loss exceeds ``divergence_factor`` times the
-loss of step 0. From that step on its parameters are frozen (no update is applied), so the
-run is recorded, not crashed, and the other lanes are untouched; the curves after it are
-``NaN``.
+The optimiser is Adam (:math:`\beta = (0.9, 0.999)`, no weight decay) with two stated
+options, both off by default: a linear warmup of the step size over ``warmup`` steps,
+:math:`\eta_t = \eta\min(1, (t+1)/t_w)`, and clipping of the global gradient norm at
+``clip`` (:math:`g \leftarrow g\min(1, c/\|g\|)`) before Adam sees it.
+
+Failure (docs/math.md 11.3): a run is **non-finite** from the first step whose loss or
+gradient norm is not finite (``divergence_step``); from that step on its parameters are
+frozen (no update is applied), so the run is recorded, not crashed, and the other lanes
+are untouched; the curves after it are ``NaN``. Whether a finite run *failed* is judged on
+its final loss against the task's chance level (:func:`run_failed`). The older relative
+criterion, the first step whose loss exceeds ``divergence_factor`` times the loss of step
+0, is recorded beside it (``relative_step``) and stops nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +36,22 @@ from ._model import initial_params, loss_fn
 from ._spec import _check_int, model_spec
 from ._tasks import get_task
 
-__all__ = ["Run", "TrainResult", "train"]
+__all__ = ["Run", "TrainResult", "train", "run_failed", "learning_rate_grid",
+           "DEFAULT_LEARNING_RATES"]
+
+
+def learning_rate_grid(lo=1e-4, n=12):
+    r"""Learning rates :math:`\eta_k = \mathrm{lo}\cdot2^k`, :math:`k = 0..n-1` (a x2 grid)."""
+    return tuple(float(lo * 2.0 ** k) for k in range(n))
+
+
+#: the default learning rates of the API and the CLI: 1e-4 * 2^k up to 0.2048 (3.3 decades)
+DEFAULT_LEARNING_RATES = learning_rate_grid(1e-4, 12)
+
+
+def run_failed(final_loss, chance):
+    """A run fails when its final loss is not finite or is at ``chance`` or worse."""
+    return (final_loss is None or not math.isfinite(final_loss)) or final_loss >= chance
 
 
 @dataclasses.dataclass
@@ -43,11 +65,16 @@ class Run:
     loss : ndarray, shape (n_steps,)
         Training loss at each step (before its update); ``NaN`` after divergence.
     grad_norm : ndarray, shape (n_steps,)
-        Global gradient norm :math:`\|\nabla_\theta\mathcal L\|_2`.
+        Global gradient norm :math:`\|\nabla_\theta\mathcal L\|_2` (before clipping).
     max_layer_grad_norm : ndarray, shape (n_steps,)
         Largest gradient norm of one layer's block weights.
+    layer_grad_norm : ndarray, shape (n_steps, S)
+        Gradient norm of each weight set's block weights (``S`` = depth, or 1 when tied).
     divergence_step : int or None
-        First diverged step, ``None`` if the run never diverged.
+        First step with a non-finite loss or gradient, ``None`` if there is none.
+    relative_step : int or None
+        First step whose loss exceeds ``divergence_factor`` times the loss of step 0 (the
+        older relative criterion; it does not stop the run).
     params, init_params : dict
         Final (frozen at divergence) and initial parameters, NumPy arrays.
     """
@@ -60,11 +87,20 @@ class Run:
     divergence_step: int | None
     params: dict
     init_params: dict
+    layer_grad_norm: np.ndarray = None
+    relative_step: int | None = None
 
     @property
     def diverged(self) -> bool:
-        """Whether the run diverged."""
+        """Whether the run became non-finite."""
         return self.divergence_step is not None
+
+    @property
+    def final_train_loss(self) -> float:
+        """Mean training loss over the last tenth of the steps (at least one); NaN if non-finite."""
+        k = max(1, self.loss.size // 10)
+        tail = self.loss[-k:]
+        return float(np.mean(tail)) if np.all(np.isfinite(tail)) else math.nan
 
 
 @dataclasses.dataclass
@@ -77,6 +113,8 @@ class TrainResult:
     n_steps: int
     batch: int
     divergence_factor: float
+    warmup: int = 0
+    clip: float | None = None
 
     def run(self, seed, learning_rate):
         """The run of ``seed`` at ``learning_rate``."""
@@ -118,7 +156,7 @@ def _layer_norms(grads):
     return jnp.sqrt(sum(sq))
 
 
-def _make_lane(spec, task, factor):
+def _make_lane(spec, task, factor, warmup, clip):
     adam = optax.scale_by_adam()
 
     def lane(params, lr, xs, ys):
@@ -127,13 +165,18 @@ def _make_lane(spec, task, factor):
             loss, g = jax.value_and_grad(loss_fn)(p, spec, task, *data)
             gnorm = jnp.sqrt(sum(jnp.sum(a ** 2) for a in jax.tree_util.tree_leaves(g)))
             loss0 = jnp.where(i == 0, loss, loss0)
-            bad = ~jnp.isfinite(loss) | ~jnp.isfinite(gnorm) | (loss > factor * loss0)
-            div = div | bad
+            rel = loss > factor * loss0
+            div = div | ~jnp.isfinite(loss) | ~jnp.isfinite(gnorm)
+            layers = _layer_norms(g)
+            if clip is not None:
+                shrink = jnp.minimum(1.0, clip / jnp.maximum(gnorm, 1e-30))
+                g = jax.tree_util.tree_map(lambda a: a * shrink, g)
+            rate = lr * jnp.minimum(1.0, (i + 1.0) / warmup) if warmup else lr
             upd, new_opt = adam.update(g, opt, p)
             keep = lambda old, new: jnp.where(div, old, new)  # noqa: E731
-            p = jax.tree_util.tree_map(lambda a, u: keep(a, a - lr * u), p, upd)
+            p = jax.tree_util.tree_map(lambda a, u: keep(a, a - rate * u), p, upd)
             opt = jax.tree_util.tree_map(keep, opt, new_opt)
-            return (p, opt, div, loss0, i + 1), (loss, gnorm, jnp.max(_layer_norms(g)), div)
+            return (p, opt, div, loss0, i + 1), (loss, gnorm, layers, div, rel)
 
         init = (params, adam.init(params), jnp.array(False), jnp.array(0.0, xs.dtype),
                 jnp.array(0))
@@ -143,8 +186,9 @@ def _make_lane(spec, task, factor):
     return jax.vmap(lane)
 
 
-def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch=32,
-          divergence_factor=10.0, n_tokens=None, optimize=True, **spec_changes):
+def train(model, task, *, seeds=(0,), learning_rates=DEFAULT_LEARNING_RATES, n_steps=200,
+          batch=32, divergence_factor=10.0, warmup=0, clip=None, n_tokens=None, optimize=True,
+          **spec_changes):
     r"""Train ``model`` on ``task`` with Adam for every seed and learning rate.
 
     Parameters
@@ -152,15 +196,22 @@ def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch
     model : str or ModelSpec
         A variant name of :data:`~gaussian_pde.training.VARIANTS` or a spec.
     task : str or Task
-        ``"mixture"`` or ``"regression"`` (:data:`~gaussian_pde.training.TASKS`), or a Task.
+        ``"mixture"``, ``"regression"`` or ``"text"`` (:data:`~gaussian_pde.training.TASKS`),
+        or a Task.
     seeds : sequence of int
         Non-negative seeds (initialisation and data).
     learning_rates : sequence of float
-        Adam step sizes, finite and positive.
+        Adam step sizes, finite and positive (default :data:`DEFAULT_LEARNING_RATES`, the
+        CLI's grid: :math:`10^{-4}\cdot 2^k`, :math:`k = 0..11`).
     n_steps, batch : int
         Optimiser steps and sequences per batch (at least 1).
     divergence_factor : float
-        A loss above this multiple of the step-0 loss is divergence (finite, > 1).
+        The older relative criterion: the first step whose loss exceeds this multiple of
+        the step-0 loss is recorded as ``relative_step`` (finite, > 1; it stops nothing).
+    warmup : int
+        Linear warmup of the step size over this many steps (0: none).
+    clip : float, optional
+        Clip the global gradient norm at this value (``None``: no clipping).
     n_tokens : int, optional
         Sequence length (default: the task's).
     optimize : bool
@@ -193,6 +244,12 @@ def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch
             or not math.isfinite(divergence_factor) or divergence_factor <= 1):
         raise ValueError(f"`divergence_factor` must be a finite number above 1, "
                          f"got {divergence_factor!r}.")
+    warmup = _check_int(warmup, "warmup", 0)
+    if clip is not None:
+        if (isinstance(clip, bool) or not isinstance(clip, numbers.Real)
+                or not math.isfinite(clip) or clip <= 0):
+            raise ValueError(f"`clip` must be None or a finite positive number, got {clip!r}.")
+        clip = float(clip)
     lanes = [(s, lr) for s in seeds for lr in rates]
     inits = {s: initial_params(spec, task, s) for s in seeds}
     data = {s: task.batches(s, n_steps, batch) for s in seeds}
@@ -204,21 +261,25 @@ def train(model, task, *, seeds=(0,), learning_rates=(1e-3,), n_steps=200, batch
     ys = ys.astype(np.int32 if task.loss == "cross_entropy" else dtype)
     lr = np.asarray([lr for _, lr in lanes], dtype)
     factor = float(divergence_factor)
-    lane = compiled(("train", spec, task, factor), _make_lane(spec, task, factor),
+    lane = compiled(("train", spec, task, factor, warmup, clip),
+                    _make_lane(spec, task, factor, warmup, clip),
                     params, lr, xs, ys, optimize=optimize)
-    final, (loss, gnorm, lgn, div) = lane(params, lr, xs, ys)
+    final, (loss, gnorm, lgn, div, rel) = lane(params, lr, xs, ys)
     final = jax.tree_util.tree_map(np.asarray, final)
-    loss, gnorm, lgn, div = (np.asarray(a, float) for a in (loss, gnorm, lgn, div))
+    loss, gnorm, lgn, div, rel = (np.asarray(a, float) for a in (loss, gnorm, lgn, div, rel))
     runs = []
     for i, (s, r) in enumerate(lanes):
         first = int(np.argmax(div[i] > 0)) if div[i].any() else None
+        relative = int(np.argmax(rel[i] > 0)) if rel[i].any() else None
         curves = [a[i].copy() for a in (loss, gnorm, lgn)]
         if first is not None:
             for c in curves:
                 c[first + 1:] = np.nan
         runs.append(Run(seed=s, learning_rate=r, loss=curves[0], grad_norm=curves[1],
-                        max_layer_grad_norm=curves[2], divergence_step=first,
+                        max_layer_grad_norm=np.max(curves[2], axis=1),
+                        layer_grad_norm=curves[2], divergence_step=first,
+                        relative_step=relative,
                         params=jax.tree_util.tree_map(lambda a, i=i: a[i], final),
                         init_params=inits[s]))
     return TrainResult(spec=spec, task=task, runs=runs, n_steps=n_steps, batch=batch,
-                       divergence_factor=float(divergence_factor))
+                       divergence_factor=float(divergence_factor), warmup=warmup, clip=clip)
