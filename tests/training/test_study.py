@@ -69,6 +69,7 @@ def test_cli_quick(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.full_study
 def test_cli_full_study(tmp_path, capsys):
     """The full study, as `gaussian-pde train` runs it: every (task, variant, depth, seed,
     rate, optimiser setting) trained and measured, every verdict counting every case."""
