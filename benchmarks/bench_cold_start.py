@@ -10,9 +10,9 @@ loads them). Reported per job, the minimum over ``--repeat`` runs of
 * ``cold_cpu_s``, ``warm_cpu_s``: its CPU seconds (``RUSAGE_CHILDREN``: on a shared
   machine the load slows the wall clock far more than the CPU time);
 * ``compile_s``, ``compile_cpu_s``: cold minus warm, what a fresh machine pays;
-* ``compiled``: the functions Numba compiled in the cold run (its ``numba:compile``
-  events), and the five that cost most, with their seconds (inclusive of the functions
-  they compile, exclusive of those already counted).
+* ``functions compiled``: the compilations of the cold run (Numba's ``numba:compile``
+  events, in the job's main process), and the five that cost most, with their seconds
+  (without the functions they compiled in turn).
 
 ``new_shape``: seconds to compile a single-head kernel for a shape not yet asked for
 (:meth:`~gaussian_pde.attention._compiled_fields.CompiledField.specialised`: what a batch
@@ -99,8 +99,9 @@ def job_times(job, repeat, tmp):
         cache = Path(tmp) / f"{job}-{r}"
         cache.mkdir()
         events = Path(tmp) / f"{job}-{r}.json"
-        cmd = ["-c", _JOB, str(events), *JOBS[job], "--quiet", "--out", str(Path(tmp) / "out")]
-        runs = {"cold": _child(cmd, cache), "warm": _child(cmd, cache)}
+        cmd = [*JOBS[job], "--quiet", "--out", str(Path(tmp) / "out")]
+        runs = {"cold": _child(["-c", _JOB, str(events), *cmd], cache),
+                "warm": _child(["-c", _JOB, str(Path(tmp) / "warm.json"), *cmd], cache)}
         for kind, (wall, cpu, _) in runs.items():
             best[f"{kind}_s"] = min(best.get(f"{kind}_s", wall), wall)
             best[f"{kind}_cpu_s"] = min(best.get(f"{kind}_cpu_s", cpu), cpu)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sys
 import time
 
@@ -83,11 +84,13 @@ def compile_notice(enabled=True, stream=None):
         return
     from numba.core import event
 
+    pid = os.getpid()
+
     class _Notice(event.Listener):
         said = False
 
         def on_start(self, ev):
-            if self.said:
+            if self.said or os.getpid() != pid:     # (a forked worker inherits it)
                 return
             self.said = True
             out = stream if stream is not None else sys.stderr

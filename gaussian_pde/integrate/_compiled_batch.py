@@ -1065,6 +1065,21 @@ def _core():
         return numba.njit(sig, cache=True, nogil=True, error_model="numpy")(_drive)
 
 
+def compile_kernels():
+    """Compile the driver and the fields' generic kernels now (or load them from the cache).
+
+    For a caller about to fork workers: compiled once here, the forked processes inherit
+    them, where each would otherwise compile them again on a machine with an empty cache.
+    False without Numba.
+    """
+    from ..attention._compiled_fields import kernels
+
+    if kernels() is None:
+        return False
+    _core()
+    return True
+
+
 class _Resolved:
     """A compiled kernel passed to the drivers by its address, looked up once.
 
