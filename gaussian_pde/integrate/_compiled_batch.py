@@ -626,17 +626,13 @@ def _col_sq(L, j, rows):
 
 
 def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
-           mean_out, rec_t, rec_y, nrec):
-    """:func:`_drive`'s work for one trajectory (inlined there: one compiled function).
+           mean_out, rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
+           counts):
+    """:func:`_drive`'s work for one trajectory, in the scratch it allocated.
 
-    The scratch is allocated once per trajectory; ``vec`` holds seven vectors.
+    ``vec`` holds seven vectors. Compiled without reference counting, as the helpers (see
+    :func:`_core`): inlined into the driver, which allocates, it would count every view.
     """
-    n = d * m
-    ws, vec = np.empty(iopt[3]), np.empty((7, n))
-    K, Kx, F, U = np.empty((_NS + 1, n)), np.empty((16, n)), np.empty((7, n)), np.empty((6, n))
-    J, W, piv = np.empty((n, n)), np.empty((n, n)), np.empty(n, dtype=np.int64)
-    have, ev = np.zeros(1, dtype=np.int64), np.zeros(2)
-    rej, counts = np.zeros(max(iopt[6], 1), dtype=np.int64), np.zeros(3, dtype=np.int64)
     atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
     max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
     hand = iopt[4] != 0
@@ -1009,15 +1005,20 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, f
     at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
     at ``t_eval``; ``nrec[0]`` counts them.
     """
+    n = d * m
     for b in range(lo, hi):
         row = b if params.shape[0] > 1 else 0
         _steps(rhs, jac, params[row], d, m, Y[b], t_eval, np.full(1, p0), tr0[b], first[b],
                opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
-               nrec[b:b + 1])
+               nrec[b:b + 1], np.empty(iopt[3]), np.empty((7, n)), np.empty((_NS + 1, n)),
+               np.empty((16, n)), np.empty((7, n)), np.empty((6, n)), np.empty((n, n)),
+               np.empty((n, n)), np.empty(n, dtype=np.int64), np.zeros(1, dtype=np.int64),
+               np.zeros(2), np.zeros(max(iopt[6], 1), dtype=np.int64),
+               np.zeros(3, dtype=np.int64))
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
-_INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_steps")
+_INLINED = ("_copy", "_guard", "_combine", "_dop_errors")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 _HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
