@@ -1073,9 +1073,9 @@ def compile_kernels():
     them, where each would otherwise compile them again on a machine with an empty cache.
     False without Numba.
     """
-    from ..attention._compiled_fields import kernels
+    from ..attention import compiled_field_kernels
 
-    if kernels() is None:
+    if compiled_field_kernels() is None:
         return False
     _core()
     return True

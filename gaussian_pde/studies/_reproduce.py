@@ -448,7 +448,7 @@ def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None, certif
         except ValueError:   # no fork on this platform: serial
             ctx = None
         if ctx is not None:
-            from ..integrate._compiled_batch import compile_kernels
+            from ..integrate import compile_kernels
 
             compile_kernels()       # once, before the fork: the child inherits them
             pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
