@@ -8,6 +8,7 @@ the contract (see :class:`Attention`).
 
 from ._base import CLOSURES, Attention, SingleHeadAttention, has_hook
 from ._compiled import kernel as compiled_kernel
+from ._compiled_fields import kernels as compiled_field_kernels
 from ._compiled_fields import signatures as compiled_signatures
 from ._examples import example_data
 from ._kernels import (
@@ -60,7 +61,8 @@ __all__ = [
     "L2", "Masked", "MultiHead", "Sigmoid", "Sinkhorn", "Softmax",
     "ATTENTIONS", "Attention", "CLOSURES", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
-    "capabilities", "compiled_kernel", "compiled_signatures", "default_positions", "example_data", "get_attention",
+    "capabilities", "compiled_field_kernels", "compiled_kernel", "compiled_signatures",
+    "default_positions", "example_data", "get_attention",
     "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
     "register_attention", "require_mean", "resolve_dtype", "single_heads", "validate_attention",
     "DEFAULT_ATTENTION", "dot_product_head", "sum_of_heads",

@@ -107,10 +107,13 @@ class CompiledField:
         operations in the same order (the same bits). The kernels are compiled at the
         first request of a type and shape (about a second, cached on disk), so the
         integrator asks for them only where a batch is large enough to repay that. A
-        sum of heads keeps the generic kernels (returned as it is).
+        sum of heads, and a type whose body allocates (:data:`_COUNTED`: called, not
+        inlined, so compiled in for nothing), keep the generic kernels (returned as they are).
         """
         if int(self.params[0]) != 1 or kernels() is None:
             return self
+        if _BODIES[int(self.params[1])] in _COUNTED:
+            return self         # a body that is called, not inlined: nothing to gain
         rhs = _specialised_rhs(int(self.params[1]), self.d, int(self.params[2]))
         return dataclasses.replace(self, rhs=rhs)
 
@@ -687,7 +690,7 @@ _HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
 
 
 #: helpers inlined at the Numba IR level into their callers
-_INLINED = ("_softmax_core",)
+_INLINED = ("_softmax_core", "_gain")
 #: the helpers that allocate, or return arrays: compiled with Numba's reference counting;
 #: the rest, and the kernels, without it (see :func:`kernels`)
 _COUNTED = ("_finite", "_gain_qr", "_inverse_gram_qr", "_gain", "_l2_blocks", "_l2_rhs", "_sinkhorn_rhs",

@@ -9,8 +9,9 @@ Conventions shared by every subcommand:
 
 * output goes to a default folder below ``./gaussian_pde_output`` (see
   :mod:`gaussian_pde.cli._options`); ``--out`` chooses another;
-* long steps report progress on stderr (:mod:`gaussian_pde.cli._progress`); ``--quiet``
-  (``-q``), accepted before or after the subcommand, turns it off;
+* long steps report progress on stderr (:mod:`gaussian_pde.cli._progress`), and a run
+  that compiles Numba kernels (the first on a machine) says so in one line there;
+  ``--quiet`` (``-q``), accepted before or after the subcommand, turns both off;
 * bad input (an unknown flag, a bad value, an unusable ``--out``) gives one line on
   stderr, ``gaussian-pde SUBCOMMAND: error: ...``, and exit status 2, no traceback; so
   does a :class:`MemoryError`, naming the size asked for where it is known
@@ -23,6 +24,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from ._progress import compile_notice
 
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -135,7 +138,8 @@ def main(argv=None):
     module = importlib.import_module(commands[args.command][0])
     prog = f"gaussian-pde {args.command}"
     try:
-        return int(module.run(args) or 0)
+        with compile_notice(not getattr(args, "quiet", False)):
+            return int(module.run(args) or 0)
     except (ValueError, TypeError) as exc:
         message = " ".join(str(exc).split())
         parser.exit(2, f"{prog}: error: {message}\n")

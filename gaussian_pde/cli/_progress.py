@@ -8,14 +8,25 @@ called once per finished step; ``None`` means silent). The command line passes a
 
 Each line is flushed at once, so progress shows up in a log or behind a pipe too.
 ``--quiet`` passes ``None`` instead (:func:`progress_for`): nothing is printed.
+
+The first run on a machine compiles the Numba kernels before its first result (Numba
+keeps them in its disk cache for the next runs, ``NUMBA_CACHE_DIR`` where set):
+:func:`compile_notice` says so in one line when that happens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import os
 import sys
 import time
 
-__all__ = ["Progress", "progress_for"]
+__all__ = ["COMPILING", "Progress", "compile_notice", "progress_for"]
+
+#: the line :func:`compile_notice` writes
+COMPILING = ("gaussian-pde: compiling the solver kernels with Numba (first run on this "
+             "machine only: later runs load them from the cache)...")
 
 
 class Progress:
@@ -58,3 +69,43 @@ def progress_for(args, total=None):
     if getattr(args, "quiet", False):
         return None
     return Progress(total)
+
+
+@contextlib.contextmanager
+def compile_notice(enabled=True, stream=None):
+    """Write :data:`COMPILING` to ``stream`` (stderr) once, where Numba compiles in the block.
+
+    A listener on Numba's ``numba:compile`` event, which Numba raises only where a
+    function is not in its disk cache: a run that loads every kernel says nothing. Off
+    where ``enabled`` is false or Numba is missing.
+    """
+    if not enabled or importlib.util.find_spec("numba") is None:
+        yield
+        return
+    from numba.core import event
+
+    pid = os.getpid()
+
+    class _Notice(event.Listener):
+        said = False
+
+        def on_start(self, ev):
+            if self.said or os.getpid() != pid:     # (a forked worker inherits it)
+                return
+            self.said = True
+            out = stream if stream is not None else sys.stderr
+            try:
+                out.write(COMPILING + "\n")
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+        def on_end(self, ev):
+            pass
+
+    notice = _Notice()
+    event.register("numba:compile", notice)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", notice)

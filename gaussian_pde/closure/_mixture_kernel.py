@@ -21,11 +21,19 @@ the components, and one exponential where the term counts.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 try:
+    import numba
     from numba import njit, prange
+
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        # GNU OpenMP (Numba's default where TBB is absent) kills a process that forks
+        # after using it: multiprocessing, Dask's process workers and the test corpus
+        # fork. "forksafe" takes TBB or the workqueue.
+        numba.config.THREADING_LAYER = "forksafe"
 except ImportError:             # pragma: no cover - numba is a dependency
     prange = range
 

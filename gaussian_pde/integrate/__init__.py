@@ -21,6 +21,7 @@ Below the drivers, one module per concept, with no import back up:
 """
 
 from ._batch import solve_batch
+from ._compiled_batch import compile_kernels
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -42,4 +43,6 @@ __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "bl
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
            "blowup_verdict", "event_options",
-           "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap"]
+           "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap",
+           # the compiled kernels, compiled now (before a fork)
+           "compile_kernels"]

@@ -1,8 +1,8 @@
 r"""The compiled batch integrator: every trajectory's steps, events and output in Numba.
 
-The loop over trajectories runs in compiled code, in parallel over trajectories
-(``prange``); each trajectory takes the steps of :func:`gaussian_pde.solve_batch`'s
-vectorised loop (:mod:`gaussian_pde.integrate._batch`) for one row:
+The loop over trajectories runs in compiled code, in parallel over trajectories (threads,
+each on a slice of the rows); each trajectory takes the steps of
+:func:`gaussian_pde.solve_batch`'s vectorised loop (:mod:`gaussian_pde.integrate._batch`) for one row:
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
   :mod:`gaussian_pde.integrate._steppers`), Hairer's stiffness test
@@ -33,10 +33,10 @@ statuses and messages exactly as the NumPy loop does (through
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import math
-import os
 import threading
 import warnings
 
@@ -577,7 +577,13 @@ def _refactor_svd(Z, dZ, d, atol, rtol):
         for i in range(d):
             acc += L[i, j] * L[i, j]
         c[j] = math.sqrt(acc)
-    c = np.sort(c)[::-1]
+    for j in range(1, d):          # in decreasing order (insertion: d is small, and
+        v = c[j]                   # np.sort would compile a quicksort)
+        i = j
+        while i > 0 and c[i - 1] < v:
+            c[i] = c[i - 1]
+            i -= 1
+        c[i] = v
     ex = 0.0
     for j in range(d):
         if c[j] > _CANCELS * s[j]:
@@ -619,44 +625,14 @@ def _col_sq(L, j, rows):
     return acc
 
 
-def _trajectory(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres,
-                cov_out, mean_out, rec_t, rec_y, nrec):
-    r"""Integrate one trajectory from the flat state ``y`` (overwritten with the final one).
-
-    ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
-    (negative: off), t0, t1, and the rejection test's least :math:`h|\lambda|`;
-    ``iopt``: max_nfev (negative: none), method (0 auto, 1 DOP853, 2 RODAS4), steady on,
-    scratch size, hand back (0 or 1), and for the rejection test the rejected steps that
-    hand back (0: off) among how many accepted ones, and its probe's period. Writes
-    ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final, t_blowup, and the
-    numbers the message needs).
-
-    Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
-    explicit steps run here until the end, the budget, or the first step at which the
-    event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: a
-    steady-state or rank-collapse sign change, a state out of range, a step below
-    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[0]`` its
-    time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
-    rejection test is on, frequent rejections or the periodic probe with Hairer's
-    :math:`h|\lambda|` in the stiff range (``HAND_REJECTS``; both at the end of the last
-    accepted step, ``fres[3]`` its size). The blow-up threshold is handled here as the
-    event loop handles it (:func:`_restart_at_crossing`). The states go into ``rec_y``
-    at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
-    at ``t_eval``; ``nrec[0]`` counts them.
-    """
-    n = d * m
-    _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
-           mean_out, rec_t, rec_y, nrec, np.empty(iopt[3]), np.empty((7, n)),
-           np.empty((_NS + 1, n)), np.empty((16, n)), np.empty((7, n)), np.empty((6, n)),
-           np.empty((n, n)), np.empty((n, n)), np.empty(n, dtype=np.int64),
-           np.zeros(1, dtype=np.int64), np.zeros(2),
-           np.zeros(max(iopt[6], 1), dtype=np.int64), np.zeros(3, dtype=np.int64))
-
-
 def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
            mean_out, rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
            counts):
-    """:func:`_trajectory`'s work in the scratch it allocated (``vec``: seven vectors)."""
+    """:func:`_drive`'s work for one trajectory, in the scratch it allocated.
+
+    ``vec`` holds seven vectors. Compiled without reference counting, as the helpers (see
+    :func:`_core`): inlined into the driver, which allocates, it would count every view.
+    """
     atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
     max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
     hand = iopt[4] != 0
@@ -680,9 +656,11 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
                           -0.25 if imp else -0.125, tmp, tmp2, ws)
     nfev += 1
     t, base, tau = t0, 0.0, t0
-    limit, susp, s0, s1 = opt[3], False, np.nan, np.nan
-    rejected, fresh = False, False
-    iasti, nonsti, nsteps = 0, 0, 0
+    # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
+    # it is passed to compiled once more for that literal
+    limit, susp, s0, s1 = opt[3], np.bool_(False), np.nan, np.nan
+    rejected, fresh = False, np.bool_(False)
+    iasti, nonsti, nsteps = 0, 0, np.int64(0)
     code = -1
     while code < 0:
         min_step = 10 * abs(np.nextafter(tau, np.inf) - tau)
@@ -775,7 +753,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     """An accepted step: its rate, events, output, blow-up look, advance and re-factoring.
 
     Returns the outcome code (negative: go on) and the updated scalars. Handing back
-    (see :func:`_trajectory`), a step with an event's sign change, a state out of range
+    (see :func:`_drive`), a step with an event's sign change, a state out of range
     or no room left to record it is not taken: ``HAND`` from its start.
     """
     t1 = opt[8]
@@ -1000,72 +978,76 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     return (RESTART,) + out + (limit_, susp_, s0_, s1_, nfev, nsteps, False)
 
 
-def _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
-               cov_out, mean_out, rec_t, rec_y, nrec):
-    """Trajectory ``b`` of ``Y`` (``(B, n)``, its row overwritten)."""
-    p_out = np.full(1, p0)
-    row = np.int64(b) if params.shape[0] > 1 else np.int64(0)
-    _trajectory(rhs, jac, params[row], d, m, Y[b], t_eval, p_out,
-                tr0[b], first[b], opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b],
-                rec_t[b], rec_y[b], nrec[b:b + 1])
-
-
 def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
-           cov_out, mean_out, rec_t, rec_y, nrec):
-    """Every trajectory of ``Y``, in parallel."""
-    for b in prange(Y.shape[0]):
-        _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires,
-                   fres, cov_out, mean_out, rec_t, rec_y, nrec)
+           cov_out, mean_out, rec_t, rec_y, nrec, lo, hi):
+    r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
 
+    ``Y`` is ``(B, n)``; each row is overwritten with its trajectory's final state.
 
-def _drive_serial(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
-                  cov_out, mean_out, rec_t, rec_y, nrec):
-    """Every trajectory of ``Y`` on the calling thread: no pool of threads to wake."""
-    for b in range(Y.shape[0]):
-        _drive_one(b, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires,
-                   fres, cov_out, mean_out, rec_t, rec_y, nrec)
+    ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
+    (negative: off), t0, t1, and the rejection test's least :math:`h|\lambda|`;
+    ``iopt``: max_nfev (negative: none), method (0 auto, 1 DOP853, 2 RODAS4), steady on,
+    scratch size, hand back (0 or 1), and for the rejection test the rejected steps that
+    hand back (0: off) among how many accepted ones, and its probe's period. Writes
+    ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final, t_blowup, and the
+    numbers the message needs).
 
-
-def prange(n):     # replaced by numba.prange when compiled
-    return range(n)
+    Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
+    explicit steps run here until the end, the budget, or the first step at which the
+    event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: a
+    steady-state or rank-collapse sign change, a state out of range, a step below
+    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[0]`` its
+    time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
+    rejection test is on, frequent rejections or the periodic probe with Hairer's
+    :math:`h|\lambda|` in the stiff range (``HAND_REJECTS``; both at the end of the last
+    accepted step, ``fres[3]`` its size). The blow-up threshold is handled here as the
+    event loop handles it (:func:`_restart_at_crossing`). The states go into ``rec_y``
+    at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
+    at ``t_eval``; ``nrec[0]`` counts them.
+    """
+    n = d * m
+    for b in range(lo, hi):
+        row = b if params.shape[0] > 1 else 0
+        _steps(rhs, jac, params[row], d, m, Y[b], t_eval, np.full(1, p0), tr0[b], first[b],
+               opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
+               nrec[b:b + 1], np.empty(iopt[3]), np.empty((7, n)), np.empty((_NS + 1, n)),
+               np.empty((16, n)), np.empty((7, n)), np.empty((6, n)), np.empty((n, n)),
+               np.empty((n, n)), np.empty(n, dtype=np.int64), np.zeros(1, dtype=np.int64),
+               np.zeros(2), np.zeros(max(iopt[6], 1), dtype=np.int64),
+               np.zeros(3, dtype=np.int64))
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
-_ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd", "_trajectory", "_drive_one")
+_ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 _HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
             "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
             "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
             "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_refactor_svd",
             "_col_sq", "_look_verdict", "_record", "_rejections", "_log_trace", "_crossing",
-            "_restart_at_crossing", "_accepted", "_steps", "_trajectory", "_drive_one")
+            "_restart_at_crossing", "_accepted", "_steps")
 
 
 @functools.cache
 def _core():
-    """The compiled drivers ``(parallel, serial)`` (Numba, cached on disk).
+    """The compiled driver :func:`_drive` (Numba, cached on disk; it releases the GIL).
 
-    The parallel one runs the trajectories over the cores; the serial one, for a few
-    trajectories, runs them on the calling thread (each trajectory the same code, the
-    same bits).
+    :func:`_run` spreads a batch's trajectories over threads that each call it on a
+    slice of the rows (each trajectory the same code, the same bits, whichever thread
+    runs it). Threads rather than Numba's ``prange``: a parallel loop is compiled a second
+    time, with the whole integrator inside, which doubled the first compilation.
 
-    Only the helpers in :data:`_ALLOCATING` (those that allocate) are compiled with
-    Numba's reference counting (``_nrt``). Every array the others see belongs to a
-    caller that holds it for the whole call, and the counting would cost an atomic
-    increment and decrement per array, view and call: measured, about 40 % of a step at
-    d = 3. A helper without it that allocated would fail to compile, not leak.
+    Only the helpers in :data:`_ALLOCATING` (those that allocate) and the driver are
+    compiled with Numba's reference counting (``_nrt``). Every array the others see
+    belongs to a caller that holds it for the whole call, and the counting would cost an
+    atomic increment and decrement per array, view and call: measured, about 40 % of a
+    step at d = 3. A helper without it that allocated would fail to compile, not leak.
     """
     import numba
     from numba import types as T
 
     from ..attention import compiled_signatures as signatures
-
-    if "NUMBA_THREADING_LAYER" not in os.environ:
-        # GNU OpenMP (Numba's default where TBB is absent) kills a process that forks
-        # after using it: multiprocessing, Dask's process workers and the test corpus
-        # fork. "forksafe" takes TBB or the workqueue (whose launches _LAUNCH serialises).
-        numba.config.THREADING_LAYER = "forksafe"
 
     g = globals()
     for name in _HELPERS:
@@ -1073,17 +1055,30 @@ def _core():
             inline = "always" if name in _INLINED else "never"
             g[name] = numba.njit(cache=True, error_model="numpy", inline=inline,
                                  _nrt=name in _ALLOCATING)(g[name])
-    g["prange"] = numba.prange
     rhs_sig, jac_sig = signatures()
     vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
     sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
                  mat, vec, T.int64, vec, ivec, vec, ivec, T.int64[:, ::1], mat,
                  T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
-                 ivec)
+                 ivec, T.int64, T.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
-        return (numba.njit(sig, cache=True, parallel=True, error_model="numpy")(_drive),
-                numba.njit(sig, cache=True, error_model="numpy")(_drive_serial))
+        return numba.njit(sig, cache=True, nogil=True, error_model="numpy")(_drive)
+
+
+def compile_kernels():
+    """Compile the driver and the fields' generic kernels now (or load them from the cache).
+
+    For a caller about to fork workers: compiled once here, the forked processes inherit
+    them, where each would otherwise compile them again on a machine with an empty cache.
+    False without Numba.
+    """
+    from ..attention import compiled_field_kernels
+
+    if compiled_field_kernels() is None:
+        return False
+    _core()
+    return True
 
 
 class _Resolved:
@@ -1273,7 +1268,7 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     rejected among the last ``window`` accepted ones, or at every ``probe``-th accepted
     step, where Hairer's estimate of :math:`h|\lambda|` at the last one is at least
     ``level`` (or None: no such test). The explicit steps run here until the core
-    finishes, spends the budget, or hands the run back (see :func:`_trajectory`).
+    finishes, spends the budget, or hands the run back (see :func:`_drive`).
     Returns :class:`Handed`.
     """
     rhs, jac, params, ws_size = fields
@@ -1383,23 +1378,47 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     return dataclasses.replace(sol, **extra)
 
 
-#: fewer trajectories than this run on the calling thread: waking the pool's threads costs more
-#: than a short trajectory (seen: 20 ms for one trajectory of 1 ms on a loaded machine)
+#: fewer trajectories than this run on the calling thread: starting threads costs more
+#: than a short trajectory
 SERIAL_BELOW = 4
+#: each thread takes this many slices of the rows in turn, so that threads whose
+#: trajectories end early take over the rest (trajectories differ in length by far more)
+_SLICES_PER_THREAD = 8
 
 
-#: one launch of the parallel driver at a time: Numba's "workqueue" threading layer (the
-#: fallback where neither TBB nor OpenMP is present) aborts the process on concurrent
-#: launches from several Python threads; each launch uses every core anyway
-_LAUNCH = threading.Lock()
+def _threads():
+    """Threads a batch runs on: Numba's thread count (``NUMBA_NUM_THREADS``, the cores)."""
+    import numba
+
+    return max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
 def _run(nb, rhs, jac, *args):
-    """The compiled driver: serial for fewer than :data:`SERIAL_BELOW` trajectories."""
-    parallel, serial = _core()
+    """The compiled driver over the ``nb`` rows of a batch.
+
+    On the calling thread for fewer than :data:`SERIAL_BELOW` trajectories, else over
+    :func:`_threads` threads, each taking the next slice of rows until none is left.
+    """
+    drive = _core()
     rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
-    if nb < SERIAL_BELOW:
-        serial(rhs, jac, *args)
+    workers = 1 if nb < SERIAL_BELOW else min(_threads(), nb)
+    if workers == 1:
+        drive(rhs, jac, *args, 0, nb)
         return
-    with _LAUNCH:
-        parallel(rhs, jac, *args)
+    size = max(1, -(-nb // (workers * _SLICES_PER_THREAD)))
+    starts = iter(range(0, nb, size))
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                lo = next(starts, None)
+            if lo is None:
+                return
+            drive(rhs, jac, *args, lo, min(lo + size, nb))
+
+    with concurrent.futures.ThreadPoolExecutor(workers - 1) as pool:
+        others = [pool.submit(work) for _ in range(workers - 1)]
+        work()
+        for f in others:
+            f.result()

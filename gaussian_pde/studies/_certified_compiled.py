@@ -325,7 +325,7 @@ def _core():
     import numba
 
     if "NUMBA_THREADING_LAYER" not in os.environ:
-        numba.config.THREADING_LAYER = "forksafe"    # the package's other kernels' choice
+        numba.config.THREADING_LAYER = "forksafe"    # as closure._mixture_kernel (why there)
     g = globals()
     for name in _HELPERS:
         if not hasattr(g[name], "py_func"):

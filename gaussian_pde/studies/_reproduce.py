@@ -460,6 +460,9 @@ def _compute(rng, grid, n_eval, drawn, settings, parallel, progress=None, certif
         except ValueError:   # no fork on this platform: serial
             ctx = None
         if ctx is not None:
+            from ..integrate import compile_kernels
+
+            compile_kernels()       # once, before the fork: the child inherits them
             pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
     if pool is None:
         child_ds = []

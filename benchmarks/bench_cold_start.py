@@ -1,0 +1,176 @@
+"""Benchmark: the main job on a fresh machine against a warm one, and a new shape's kernel.
+
+Run ``python benchmarks/bench_cold_start.py`` (the main job ``gaussian-pde --quick``; add
+``--jobs quick full`` for the full one too). A fresh machine is an empty Numba cache: each
+repeat runs the job in a new process with ``NUMBA_CACHE_DIR`` pointing at a new empty
+folder (*cold*: Numba compiles every kernel), then once more on that folder (*warm*: it
+loads them). Reported per job, the minimum over ``--repeat`` runs of
+
+* ``cold_s``, ``warm_s``: wall seconds of the command (its process, start to end);
+* ``cold_cpu_s``, ``warm_cpu_s``: its CPU seconds (``RUSAGE_CHILDREN``: on a shared
+  machine the load slows the wall clock far more than the CPU time);
+* ``compile_s``, ``compile_cpu_s``: cold minus warm, what a fresh machine pays;
+* ``functions compiled``: the compilations of the cold run (Numba's ``numba:compile``
+  events, in the job's main process), and the five that cost most, with their seconds
+  (without the functions they compiled in turn).
+
+``new_shape``: seconds to compile a single-head kernel for a shape not yet asked for
+(:meth:`~gaussian_pde.attention._compiled_fields.CompiledField.specialised`: what a batch
+of a new type, ``d`` and ``k`` pays once per machine), each in a new process whose cache
+already holds the generic kernels; the minimum over ``--repeat`` runs.
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _record import write_record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: the command line of each job
+JOBS = {"quick": ["--quick"], "full": []}
+
+#: run in the child: the job, with Numba's compile events recorded into argv[1]
+_JOB = """
+import json, sys, time
+from numba.core import event
+from gaussian_pde.cli._main import main
+
+stack, done = [], []
+
+class L(event.Listener):
+    def on_start(self, ev):
+        stack.append([time.perf_counter(), 0.0])
+
+    def on_end(self, ev):
+        t0, inner = stack.pop()
+        dt = time.perf_counter() - t0
+        if stack:
+            stack[-1][1] += dt
+        disp = ev.data["dispatcher"]
+        done.append([disp.py_func.__module__ + "." + disp.py_func.__qualname__, dt - inner])
+
+event.register("numba:compile", L())
+code = main(sys.argv[2:])
+json.dump(done, open(sys.argv[1], "w"))
+raise SystemExit(code)
+"""
+
+#: run in the child: the generic kernels (loaded), then one shape's kernel, timed
+_SHAPE = """
+import sys, time
+from gaussian_pde.attention import _compiled_fields as cf
+cf.kernels()
+cf._inlined_bodies()
+code, d, k = (int(x) for x in sys.argv[1:4])
+t = time.perf_counter()
+cf._specialised_rhs(code, d, k)
+print(time.perf_counter() - t)
+"""
+
+
+def _child(args, cache):
+    """Run ``python args`` with ``NUMBA_CACHE_DIR=cache``: (wall s, CPU s, stdout)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise RuntimeError(f"{args[:3]} failed:\n{proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.stdout
+
+
+def job_times(job, repeat, tmp):
+    """Cold and warm runs of ``job`` (minima over ``repeat``), and the cold run's compiles."""
+    best = {}
+    compiled = None
+    for r in range(repeat):
+        cache = Path(tmp) / f"{job}-{r}"
+        cache.mkdir()
+        events = Path(tmp) / f"{job}-{r}.json"
+        cmd = [*JOBS[job], "--quiet", "--out", str(Path(tmp) / "out")]
+        runs = {"cold": _child(["-c", _JOB, str(events), *cmd], cache),
+                "warm": _child(["-c", _JOB, str(Path(tmp) / "warm.json"), *cmd], cache)}
+        for kind, (wall, cpu, _) in runs.items():
+            best[f"{kind}_s"] = min(best.get(f"{kind}_s", wall), wall)
+            best[f"{kind}_cpu_s"] = min(best.get(f"{kind}_cpu_s", cpu), cpu)
+        if compiled is None:
+            compiled = json.loads(events.read_text())
+    best["compile_s"] = best["cold_s"] - best["warm_s"]
+    best["compile_cpu_s"] = best["cold_cpu_s"] - best["warm_cpu_s"]
+    top = sorted(compiled, key=lambda e: -e[1])[:5]
+    return best, len(compiled), top
+
+
+def new_shape_times(repeat, tmp):
+    """Seconds to compile one shape's kernel per type, in a cache with the generic kernels."""
+    from gaussian_pde.attention import _compiled_fields as cf
+
+    rows = []
+    shapes = [(cf.SOFTMAX, 3, 2), (cf.SOFTMAX_OFFSET, 4, 3), (cf.LINEAR, 5, 2)]
+    for code, d, k in shapes:
+        best = float("inf")
+        for r in range(repeat):
+            cache = Path(tmp) / f"shape-{code}-{r}"
+            cache.mkdir()
+            _child(["-c", "from gaussian_pde.attention import _compiled_fields as cf; "
+                    "cf.kernels(); cf._inlined_bodies()"], cache)
+            best = min(best, float(_child(["-c", _SHAPE, str(code), str(d), str(k)],
+                                          cache)[2]))
+        rows.append([cf._BODIES[code].strip("_").replace("_rhs", ""), d, k, round(best, 3)])
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=["quick"])
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--json", default=None, help="write the record here instead")
+    parser.add_argument("--root", default=None,
+                        help="time the gaussian_pde of this checkout instead (a comparison)")
+    args = parser.parse_args()
+    global ROOT
+    ROOT = Path(args.root).resolve() if args.root else ROOT
+    rows, notes = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for job in args.jobs:
+            best, n, top = job_times(job, args.repeat, tmp)
+            rows.append([f"gaussian-pde {' '.join(JOBS[job])}".strip()]
+                        + [round(best[k], 2) for k in ("cold_s", "warm_s", "compile_s",
+                                                       "cold_cpu_s", "warm_cpu_s",
+                                                       "compile_cpu_s")] + [n])
+            notes.append(f"gaussian-pde {' '.join(JOBS[job])}: the costliest compiles of "
+                         "the cold run (s, without the functions they compiled): "
+                         + ", ".join(f"{name.rsplit('.', 1)[-1]} {t:.1f}" for name, t in top)
+                         + ".")
+            print(rows[-1], file=sys.stderr)
+        shapes = new_shape_times(args.repeat, tmp)
+    payload = {
+        "tables": [
+            {"title": "The main job on a fresh machine (empty NUMBA_CACHE_DIR) and on a warm "
+                      "one: seconds, minimum over the repeats",
+             "columns": ["job", "cold wall", "warm wall", "compile wall", "cold CPU",
+                         "warm CPU", "compile CPU", "functions compiled"],
+             "rows": rows},
+            {"title": "Compiling a single-head kernel for a new type and shape (seconds)",
+             "columns": ["type", "d", "k", "compile s"], "rows": shapes},
+        ],
+        "notes": notes,
+        "repeat": args.repeat,
+    }
+    print(write_record("bench_cold_start", payload, args.json))
+
+
+if __name__ == "__main__":
+    main()
