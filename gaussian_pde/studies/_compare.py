@@ -391,7 +391,7 @@ def stored_compare(path, attention, mean0, cov0, n, seeds=range(5), *, write=Fal
     ----------
     path : str, pathlib.Path or None
         The NPZ file (:meth:`CompareReport.save`); ``None``: every run is made here (this
-        is :func:`compare`).
+        is :func:`compare`), and so with a warning when ``path`` does not exist.
     attention, mean0, cov0, n, seeds, kwargs
         As for :func:`compare`.
     write : bool
@@ -407,6 +407,10 @@ def stored_compare(path, attention, mean0, cov0, n, seeds=range(5), *, write=Fal
     ValueError
         If the stored report is for other arguments or its runs are not reproduced.
     """
+    if path is not None and not write and not pathlib.Path(path).is_file():
+        warnings.warn(f"no stored report at {str(path)!r}: every run is made here (write=True "
+                      f"stores them)", UserWarning, stacklevel=2)
+        path = None
     if path is None or write:
         report = compare(attention, mean0, cov0, n=n, seeds=seeds, **kwargs)
         if path is not None:

@@ -146,6 +146,9 @@ def test_stored_compare_reads_the_long_runs_and_checks_the_short_ones(tmp_path, 
     kw = dict(n=[20, 40, 80], seeds=range(2), t_eval=np.linspace(0, 0.2, 3), method="rk4",
               dt=0.05)
     path = tmp_path / "r.npz"
+    with pytest.warns(UserWarning, match="no stored report"):
+        _fields_equal(stored_compare(path, *args, **kw), compare(*args, **kw))
+    assert not path.exists()
     written = stored_compare(path, *args, write=True, **kw)
     _fields_equal(written, compare(*args, **kw))
     made = []
