@@ -14,10 +14,16 @@
 # $(\sum w)^2/\sum w^2$ falls to a few tokens, and the particles leave the ODE. The time
 # where they leave moves towards $t^*$ as $n$ grows. Set `GAUSSIAN_PDE_NOTEBOOK_QUICK=1`
 # for a small, fast run.
+#
+# In the docs build the run at the largest $n$ is read from
+# `docs/_static/results/notebooks/blowup.npz` (written by
+# `python docs/make_results.py --notebooks`); the runs at the other $n$ are made when the
+# page is built and must reproduce the stored ones.
 
 # %%
 import os
 import pathlib
+import types
 import warnings
 
 import matplotlib.pyplot as plt
@@ -36,6 +42,11 @@ QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
 OUT.mkdir(parents=True, exist_ok=True)
 N = [100, 400, 1600] if QUICK else [500, 2000, 8000, 32000]
+#: the docs build reads the run at the largest n from here (see above); unset, or in quick
+#: mode, every run is made here
+RESULTS = None if QUICK else os.environ.get("GAUSSIAN_PDE_NOTEBOOK_RESULTS")
+STORE = RESULTS and pathlib.Path(RESULTS) / "blowup.npz"
+WRITE = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_WRITE") == "1"
 
 att = gp.Softmax(np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]), np.eye(2))
 mean0 = np.array([0.5, -0.3])
@@ -45,15 +56,38 @@ t_eval = np.linspace(0.0, 1.2 * t_star, 13 if QUICK else 49)
 print(f"exact blow-up time t* = {t_star:.6f}")
 
 # %%
-runs, warned = {}, {}
-for n in N:
+FIELDS = ("t", "cov", "ess_median", "ess_min", "warned")
+
+
+def run(n):
+    """The particles from n tokens, and whether the degeneracy warning fired."""
     x0 = sample_gaussian(mean0, cov0, n, seed=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runs[n] = simulate_particles(att, x0, (0, t_eval[-1]), t_eval=t_eval, method="RK45",
-                                     rtol=1e-5, keep_positions=False)
-    warned[n] = any(issubclass(w.category, ParticleDegeneracyWarning) for w in caught)
-    print(n, runs[n].status, "ESS warning:", warned[n])
+        ps = simulate_particles(att, x0, (0, t_eval[-1]), t_eval=t_eval, method="RK45",
+                                rtol=1e-5, keep_positions=False)
+    warned = any(issubclass(w.category, ParticleDegeneracyWarning) for w in caught)
+    return types.SimpleNamespace(t=ps.t, cov=ps.cov, ess_median=ps.ess_median,
+                                 ess_min=ps.ess_min, warned=np.array(warned))
+
+
+if STORE is None or WRITE or not STORE.is_file():  # (no stored runs yet: all made here)
+    runs = {n: run(n) for n in N}
+    if WRITE:
+        np.savez_compressed(STORE, **{f"{k}_{n}": getattr(runs[n], k) for n in N for k in FIELDS})
+else:
+    with np.load(STORE) as stored:
+        runs = {n: types.SimpleNamespace(**{k: stored[f"{k}_{n}"] for k in FIELDS}) for n in N}
+    for n in N[:-1]:  # made again here: the stored runs must be what this code computes
+        again = run(n)
+        for k in FIELDS:
+            a, b = getattr(again, k), getattr(runs[n], k)
+            assert a.shape == b.shape and np.allclose(a, b, rtol=1e-6, atol=1e-9), (n, k)
+    print(f"run at n = {N[-1]} read from {STORE.name}; the runs at n = {N[:-1]}, made here, "
+          "agree with the stored ones")
+warned = {n: bool(runs[n].warned) for n in N}
+for n in N:
+    print(n, "steps to", runs[n].t[-1].round(4), "ESS warning:", warned[n])
 
 # %% [markdown]
 # Relative error of $\mathrm{tr}\,\Sigma$ against the exact solution, and the median ESS.

@@ -10,6 +10,11 @@
 # follows the covariance of the particles (eigenvalues and $\Sigma/\mathrm{tr}\,\Sigma$),
 # with error bars over seeds, and measures how far the cloud drifts from Gaussian.
 # Set `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run.
+#
+# In the docs build the runs at the largest $n$ are read from
+# `docs/_static/results/notebooks/` (written by `python docs/make_results.py --notebooks`);
+# the moment ODE and the runs at the other $n$ are made when the page is built and must
+# reproduce the stored ones (`gaussian_pde.studies.stored_compare`).
 
 # %%
 import os
@@ -19,13 +24,18 @@ import numpy as np
 
 import gaussian_pde as gp
 from gaussian_pde import Sigmoid
-from gaussian_pde.studies import compare, plot_diagnostics, plot_moments
+from gaussian_pde.studies import plot_diagnostics, plot_moments, stored_compare
 
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
 OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
 OUT.mkdir(parents=True, exist_ok=True)
 N = [100, 400, 1600] if QUICK else [500, 2000, 8000]
 SEEDS = range(3 if QUICK else 5)
+#: the docs build reads the runs at the largest n from here (see above); unset, or in quick
+#: mode, every run is made here
+RESULTS = None if QUICK else os.environ.get("GAUSSIAN_PDE_NOTEBOOK_RESULTS")
+STORE = RESULTS and pathlib.Path(RESULTS) / "sigmoid.npz"
+WRITE = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_WRITE") == "1"
 
 # %%
 Q = np.array([[1.0, 0.5]])
@@ -40,8 +50,8 @@ except TypeError as exc:
     print("solve rejects sigmoid attention:", exc)
 
 # %%
-report = compare(att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval, method="rk4",
-                 dt=T_END / (4 if QUICK else 40))
+report = stored_compare(STORE, att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval,
+                        method="rk4", dt=T_END / (4 if QUICK else 40), write=WRITE)
 for name, fig in [("moments", plot_moments(report)), ("diagnostics", plot_diagnostics(report))]:
     fig.savefig(OUT / f"sigmoid_{name}.png", dpi=90)
 

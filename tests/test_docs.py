@@ -107,3 +107,39 @@ def test_no_study_output_in_the_docs_source():
     stray = [p.name for p in (ROOT / "docs").iterdir()
              if p.suffix in (".json", ".png", ".npz") or p.name == "clusters"]
     assert not stray
+
+
+def _docs_module(name):
+    import importlib.util
+
+    path = ROOT / "docs" / ("_ext" if name.startswith("gp_") else "") / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stored_notebook_runs_are_small_and_all_read():
+    """``docs/make_results.py --notebooks`` writes only what the notebooks read, and little."""
+    names = _docs_module("make_results").NOTEBOOKS
+    folder = ROOT / "docs" / "_static" / "results" / "notebooks"
+    files = sorted(folder.glob("*"))
+    for p in files:
+        assert p.suffix == ".npz" and any(p.stem == n or p.stem.startswith(n + "_")
+                                          for n in names), p.name
+    for name in names:
+        text = (ROOT / "notebooks" / f"{name}.py").read_text()
+        assert "GAUSSIAN_PDE_NOTEBOOK_RESULTS" in text and "GAUSSIAN_PDE_NOTEBOOK_WRITE" in text
+    assert sum(p.stat().st_size for p in files) < 400_000   # kept as data in the repository
+
+
+def test_gallery_source_says_its_mode(monkeypatch):
+    """A quick build's pages say so, and their sources differ from the full build's (so
+    sphinx-gallery runs a notebook again when the mode changes)."""
+    pytest.importorskip("sphinx")
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "_ext"))
+    gp_docs = _docs_module("gp_docs")
+    text = (ROOT / "notebooks" / "softmax.py").read_text()
+    full, quick = gp_docs.notebook_to_gallery(text), gp_docs.notebook_to_gallery(text, True)
+    assert gp_docs.QUICK_NOTE in quick and gp_docs.QUICK_NOTE not in full
+    assert quick.replace("\n\n" + gp_docs.QUICK_NOTE, "") == full

@@ -163,12 +163,20 @@ def _uncomment(lines):
     return [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in lines]
 
 
-def notebook_to_gallery(text: str) -> str:
+#: the note on a page executed in quick mode (it also changes the example's source, so
+#: sphinx-gallery runs it again when a build changes mode)
+QUICK_NOTE = (".. note::\n   This page was executed in the quick mode "
+              "(``GAUSSIAN_PDE_NOTEBOOK_QUICK=1``): small sizes, not the full run.")
+
+
+def notebook_to_gallery(text: str, quick: bool = False) -> str:
     """A percent script as a sphinx-gallery example (reST header docstring, text blocks)."""
     cells = _cells(text)
     if not cells or cells[0][0] != "markdown":
         raise ValueError("a notebook must start with a markdown cell holding its title")
     header = "\n".join(markdown_to_rst(_uncomment(cells[0][1]))).strip("\n")
+    if quick:
+        header += "\n\n" + QUICK_NOTE
     parts = ['r"""', header.replace('"""', "'''"), '"""', ""]
     for kind, lines in cells[1:]:
         while lines and not lines[-1].strip():
@@ -183,21 +191,31 @@ def notebook_to_gallery(text: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_gallery_sources(src: Path, dst: Path) -> None:
-    """``src/*.py`` (percent scripts) -> ``dst`` in sphinx-gallery form, with its header."""
+def write_gallery_sources(src: Path, dst: Path, quick: bool = False) -> None:
+    """``src/*.py`` (percent scripts) -> ``dst`` in sphinx-gallery form, with its header.
+
+    The header says which mode the build runs (``quick``) and links the page of the
+    notebooks' computation times that sphinx-gallery writes (``sg_execution_times``).
+    """
     dst.mkdir(parents=True, exist_ok=True)
     wanted = {"GALLERY_HEADER.rst"}
+    mode = ("in their quick mode (``GAUSSIAN_PDE_NOTEBOOK_QUICK=1``, the CI build)" if quick
+            else "in their full mode")
     header = ("Validation notebooks\n====================\n\n"
               "Each notebook states what it validates, runs the comparison (the moment "
               "equations against particles, an exact solution against the numerical one, "
               "an error against the number of tokens) and ends with the assertions that "
               "make it a test: ``python -m pytest tests/test_notebooks.py`` runs them in "
-              "quick mode. The pages here were executed when the site was built; a build "
-              "with ``GAUSSIAN_PDE_NOTEBOOK_QUICK=1`` (the CI build) runs the quick mode.\n")
+              "quick mode. The pages here were executed when the site was built, "
+              f"{mode}; :doc:`sg_execution_times` lists how long each one took. In the "
+              "full mode the longest runs (the largest numbers of tokens) are read from "
+              "``docs/_static/results/notebooks/``, written by ``python docs/make_results.py "
+              "--notebooks``; the shorter runs are made again and must reproduce them.\n\n"
+              ".. toctree::\n   :hidden:\n\n   sg_execution_times\n")
     _write_if_changed(dst / "GALLERY_HEADER.rst", header)
     for path in sorted(src.glob("*.py")):
         wanted.add(path.name)
-        _write_if_changed(dst / path.name, notebook_to_gallery(path.read_text()))
+        _write_if_changed(dst / path.name, notebook_to_gallery(path.read_text(), quick))
     for stale in dst.iterdir():
         if stale.name not in wanted and stale.is_file():
             stale.unlink()

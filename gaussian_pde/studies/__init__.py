@@ -8,7 +8,10 @@ in ``notebooks/`` run them through these names.
 Moment ODEs against particle Monte Carlo (docs/math.md section 8)
     :func:`compare` (also ``gaussian_pde.compare``) returns a :class:`CompareReport`;
     :func:`fit_slope` is the least-squares slope of ``log(error)`` against ``log(n)``;
-    :func:`mean_field_check_failures` lists the checks a report fails.
+    :func:`mean_field_check_failures` lists the checks a report fails;
+    :meth:`CompareReport.save` and :meth:`CompareReport.load` store a report, and
+    :func:`stored_compare` reads the long runs of a stored one and runs the short ones
+    again (the validation notebooks in the docs build).
 
 Figures of a :class:`CompareReport`
     :func:`plot_errors`, :func:`plot_scaling`, :func:`plot_moments`,
@@ -51,7 +54,13 @@ Examples
 from ._certified import CertifiedLimit, certified_limit, certified_limits
 from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
 from ._clusters import ClusterRun, cluster_cases, error_scaling, run_clusters, write_clusters
-from ._compare import CompareReport, compare, fit_slope, mean_field_check_failures
+from ._compare import (
+    CompareReport,
+    compare,
+    fit_slope,
+    mean_field_check_failures,
+    stored_compare,
+)
 from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
 from ._published import published_histograms, write_published_histograms
 from ._published_certified import write_published_certified
@@ -127,5 +136,6 @@ __all__ = [
     "write_published_histograms",
     "write_published_certified",
     "write_study",
+    "stored_compare",
     "write_trust",
 ]

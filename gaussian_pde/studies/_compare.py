@@ -23,6 +23,8 @@ effective sample size of the attention weights.
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import warnings
 
 import numpy as np
@@ -48,7 +50,7 @@ from ..particles import (
     sliced_wasserstein_to_gaussian,
 )
 
-__all__ = ["CompareReport", "compare", "fit_slope", "mean_field_check_failures"]
+__all__ = ["CompareReport", "compare", "fit_slope", "mean_field_check_failures", "stored_compare"]
 
 #: error metrics with an ODE reference, in the order of the table
 ERROR_METRICS = ("mean_error", "cov_error", "bw", "bw_relative")
@@ -167,6 +169,28 @@ class CompareReport:
     def to_dict(self):
         """Everything as plain lists and numbers, JSON-ready (NaN becomes ``None``)."""
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def save(self, path):
+        """Write the report to ``path`` (compressed NPZ, no pickle); :meth:`load` reads it."""
+        arrays, meta = {}, {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.ndarray):
+                arrays[f.name] = v
+            else:
+                meta[f.name] = v
+        np.savez_compressed(pathlib.Path(path), _meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path):
+        """The report that :meth:`save` wrote to ``path``."""
+        with np.load(pathlib.Path(path), allow_pickle=False) as data:
+            values = json.loads(str(data["_meta"])) if "_meta" in data.files else {}
+            values.update({k: data[k] for k in data.files if k != "_meta"})
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in values]
+        if missing:
+            raise ValueError(f"`path` {str(path)!r} holds no CompareReport: {missing} missing.")
+        return cls(**values)
 
 
 def _plain(v):
@@ -344,6 +368,74 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
         ode_cov=ode_cov, ode_status=ode_status, mean=mean, cov=cov, **errs, sliced_w2=sw,
         kurtosis=kurt, ess_min=ess_min, ess_median=ess_med, sinkhorn_error=sk_err,
         status=status.astype(str), slopes=slopes, slope_sem=slope_sem)
+
+
+#: relative agreement asked of a stored run that is run again (the runs are seeded; only the
+#: order of floating-point sums and a Sinkhorn iteration count may differ between machines)
+RERUN_RTOL = 1e-6
+
+
+def stored_compare(path, attention, mean0, cov0, n, seeds=range(5), *, write=False, **kwargs):
+    r""":func:`compare` whose runs at the largest ``n`` are read from a file.
+
+    The runs at the largest ``n`` cost most (a particle step costs :math:`O(n^2)`). With
+    ``write=True`` this is :func:`compare`, and the report is saved to ``path``. Otherwise
+    the report saved there is read, and the moment ODE and the runs at every ``n`` but the
+    largest are computed again: the stored report must be for the same attention type,
+    ``n``, seeds and times, and the recomputed moments must agree with the stored ones to
+    the relative :data:`RERUN_RTOL` (run ``(n, seed)`` draws its tokens with
+    ``seed=(seed, n)``, so a stored run is reproducible). A stored file that the code no
+    longer reproduces (another sampler, another kernel) is refused.
+
+    Parameters
+    ----------
+    path : str, pathlib.Path or None
+        The NPZ file (:meth:`CompareReport.save`); ``None``: every run is made here (this
+        is :func:`compare`), and so with a warning when ``path`` does not exist.
+    attention, mean0, cov0, n, seeds, kwargs
+        As for :func:`compare`.
+    write : bool
+        Run everything and write ``path`` (default: read it).
+
+    Returns
+    -------
+    CompareReport
+        The stored report (``write=False``) or the new one.
+
+    Raises
+    ------
+    ValueError
+        If the stored report is for other arguments or its runs are not reproduced.
+    """
+    if path is not None and not write and not pathlib.Path(path).is_file():
+        warnings.warn(f"no stored report at {str(path)!r}: every run is made here (write=True "
+                      f"stores them)", UserWarning, stacklevel=2)
+        path = None
+    if path is None or write:
+        report = compare(attention, mean0, cov0, n=n, seeds=seeds, **kwargs)
+        if path is not None:
+            report.save(path)
+        return report
+    stored = CompareReport.load(path)
+    again = compare(attention, mean0, cov0, n=np.atleast_1d(n)[:-1], seeds=seeds, **kwargs)
+    k = again.n.size
+    same = (stored.attention == again.attention and stored.n.size == k + 1
+            and np.array_equal(stored.n[:k], again.n) and np.array_equal(stored.seeds, again.seeds)
+            and np.array_equal(stored.t, again.t))
+    if not same:
+        raise ValueError(f"`path` {str(path)!r} holds a report for other arguments "
+                         f"({stored.attention}, n = {stored.n.tolist()}); write it again "
+                         f"(write=True).")
+    pairs = [(again.mean, stored.mean[:k]), (again.cov, stored.cov[:k])]
+    if again.ode_cov is not None:
+        pairs += [(again.ode_mean, stored.ode_mean), (again.ode_cov, stored.ode_cov)]
+    for a, b in pairs:
+        scale = np.nanmax(np.abs(b)) if np.isfinite(b).any() else 1.0
+        if not np.allclose(a, b, rtol=RERUN_RTOL, atol=RERUN_RTOL * scale, equal_nan=True):
+            raise ValueError(f"`path` {str(path)!r}: the runs at n = {again.n.tolist()} do not "
+                             f"reproduce the stored ones (largest difference "
+                             f"{np.nanmax(np.abs(a - b)):.3g}); write it again (write=True).")
+    return stored
 
 
 def _slope(ns, err):

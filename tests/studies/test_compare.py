@@ -10,7 +10,7 @@ import gaussian_pde as gp
 from gaussian_pde._common.gaussian import bures_wasserstein
 from gaussian_pde.attention import names_with
 from gaussian_pde.cli._main import main
-from gaussian_pde.studies import compare, fit_slope
+from gaussian_pde.studies import CompareReport, compare, fit_slope, stored_compare
 
 
 # ---------------------------------------------------------------- Bures-Wasserstein
@@ -111,6 +111,64 @@ def test_compare_non_gaussian_types(name):
                       seeds=[0], t_eval=[0.0, 0.5], method="rk4", dt=0.25)
         assert rep.ode_cov is None and rep.cov_error is None
         assert rep.mean.shape == (1, 1, 2, 2) and rep.ess_min[0, 0, 0] == pytest.approx(1.0)
+
+
+def _fields_equal(a, b):
+    import dataclasses
+
+    for f in dataclasses.fields(CompareReport):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype.kind == y.dtype.kind and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), f.name
+        elif isinstance(x, dict):
+            assert x.keys() == y.keys() and np.allclose(list(x.values()), list(y.values()),
+                                                        equal_nan=True), f.name
+        else:
+            assert x == y, f.name
+
+
+@pytest.mark.parametrize("name", ["softmax", "sigmoid"])
+def test_report_saves_and_loads_exactly(tmp_path, name):
+    """Every field round-trips through the NPZ file (None fields, NaN, strings, slopes)."""
+    att = gp.ATTENTIONS[name].example(2, np.random.default_rng(0))
+    rep = compare(att, np.zeros(2), np.eye(2), n=[20, 40], seeds=range(2),
+                  t_eval=np.linspace(0, 0.2, 3), method="rk4", dt=0.05)
+    rep.save(tmp_path / "r.npz")
+    _fields_equal(rep, CompareReport.load(tmp_path / "r.npz"))
+    np.savez(tmp_path / "other.npz", x=np.zeros(2))
+    with pytest.raises(ValueError, match="path"):
+        CompareReport.load(tmp_path / "other.npz")
+
+
+def test_stored_compare_reads_the_long_runs_and_checks_the_short_ones(tmp_path, monkeypatch):
+    att = gp.Softmax(np.array([[1.0, 0.5]]), -np.array([[0.8, -0.2]]), np.eye(2))
+    args = (att, np.array([0.5, -0.3]), np.array([[1.0, 0.3], [0.3, 0.6]]))
+    kw = dict(n=[20, 40, 80], seeds=range(2), t_eval=np.linspace(0, 0.2, 3), method="rk4",
+              dt=0.05)
+    path = tmp_path / "r.npz"
+    with pytest.warns(UserWarning, match="no stored report"):
+        _fields_equal(stored_compare(path, *args, **kw), compare(*args, **kw))
+    assert not path.exists()
+    written = stored_compare(path, *args, write=True, **kw)
+    _fields_equal(written, compare(*args, **kw))
+    made = []
+    real = compare.__globals__["compare"]
+
+    def counting(*a, **k):
+        made.append(list(k["n"]))
+        return real(*a, **k)
+
+    monkeypatch.setitem(stored_compare.__globals__, "compare", counting)
+    _fields_equal(stored_compare(path, *args, **kw), written)
+    assert made == [[20, 40]]                 # the largest n is read, not run
+    with pytest.raises(ValueError, match="other arguments"):
+        stored_compare(path, *args, **{**kw, "seeds": range(3)})
+    # a stored run that this code does not reproduce (here: moved by 1e-3) is refused
+    moved = CompareReport.load(path)
+    moved.cov[0] *= 1 + 1e-3
+    moved.save(path)
+    with pytest.raises(ValueError, match="do not reproduce"):
+        stored_compare(path, *args, **kw)
 
 
 def test_compare_bad_input():
