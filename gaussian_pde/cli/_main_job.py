@@ -134,7 +134,7 @@ def run_examples(args, append=False, progress=None):
 
 def _figure(results, path):
     """``covariance_trajectories.png``: a column per example (drawn as reproduce's figures)."""
-    from ..studies._regimes import draw_figure
+    from ..studies import draw_figure
 
     return pathlib.Path(draw_figure(lambda fig: _draw_examples(fig, results), path,
                                     save_figure))
@@ -144,7 +144,7 @@ def _draw_examples(fig, results):
     """Top: eigenvalues of Sigma over time; bottom: Sigma / tr Sigma in the unit disk."""
     from matplotlib.patches import Circle
 
-    from ..studies._regimes import fixed_margins
+    from ..studies import fixed_margins
 
     fig.set_size_inches(3.6 * len(results), 7)
     axes = fig.subplots(2, len(results), squeeze=False)

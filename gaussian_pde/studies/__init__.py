@@ -64,6 +64,7 @@ from ._compare import (
 from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
 from ._published import published_histograms, write_published_histograms
 from ._published_certified import write_published_certified
+from ._regimes import draw_figure, fixed_margins
 from ._reproduce import (
     EXAMPLES_MARKER,
     PAPER_THRESHOLD,
@@ -111,9 +112,11 @@ __all__ = [
     "cluster_cases",
     "compare",
     "depth_metrics",
+    "draw_figure",
     "draw_layers",
     "error_scaling",
     "fit_slope",
+    "fixed_margins",
     "growth_study",
     "mean_field_check_failures",
     "merge_gap_sources",
