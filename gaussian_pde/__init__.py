@@ -122,3 +122,10 @@ __all__ = [
 ]
 __all__ += _types.__all__
 del _types
+
+# the attention types of installed packages (entry-point group ``gaussian_pde.attentions``),
+# registered once the package's public face is complete, which they import
+from .attention import load_entry_points as _load_entry_points  # noqa: E402
+
+_load_entry_points()
+del _load_entry_points

@@ -6,8 +6,9 @@ moments' entry points. No code outside this subpackage names a concrete type: it
 the contract (see :class:`Attention`).
 """
 
-from ._base import CLOSURES, Attention, SingleHeadAttention, has_hook
+from ._base import CLOSURES, Attention, SingleHeadAttention, has_hook, normalized_definition_field
 from ._compiled import kernel as compiled_kernel
+from ._compiled_fields import CompiledField
 from ._compiled_fields import kernels as compiled_field_kernels
 from ._compiled_fields import signatures as compiled_signatures
 from ._examples import example_data
@@ -17,6 +18,7 @@ from ._kernels import (
     ParticleOptions,
     SinkhornConvergenceWarning,
     make_options,
+    normalized_average,
     resolve_dtype,
 )
 from ._l2 import L2
@@ -59,11 +61,13 @@ from ._transformer import dot_product_head, sum_of_heads
 
 __all__ = [
     "L2", "Masked", "MultiHead", "Sigmoid", "Sinkhorn", "Softmax",
-    "ATTENTIONS", "Attention", "CLOSURES", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE", "ParticleDiagnostics",
+    "ATTENTIONS", "Attention", "CLOSURES", "CompiledField", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE",
+    "ParticleDiagnostics",
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
     "capabilities", "compiled_field_kernels", "compiled_kernel", "compiled_signatures",
     "default_positions", "example_data", "get_attention",
-    "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with", "quadratic_heads",
+    "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with",
+    "normalized_average", "normalized_definition_field", "quadratic_heads",
     "register_attention", "require_mean", "resolve_dtype", "single_heads", "validate_attention",
     "DEFAULT_ATTENTION", "dot_product_head", "sum_of_heads",
     "CLUSTER_TYPES", "PUBLISHED_TYPES", "REGIME_HORIZONS", "REGIME_PANELS", "REGIME_TYPES",

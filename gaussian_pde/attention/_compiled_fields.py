@@ -110,8 +110,8 @@ class CompiledField:
         sum of heads, and a type whose body allocates (:data:`_COUNTED`: called, not
         inlined, so compiled in for nothing), keep the generic kernels (returned as they are).
         """
-        if int(self.params[0]) != 1 or kernels() is None:
-            return self
+        if kernels() is None or self.rhs is not kernels()[0] or int(self.params[0]) != 1:
+            return self         # a sum of heads, or a type's own kernels (another package's)
         if _BODIES[int(self.params[1])] in _COUNTED:
             return self         # a body that is called, not inlined: nothing to gain
         rhs = _specialised_rhs(int(self.params[1]), self.d, int(self.params[2]))

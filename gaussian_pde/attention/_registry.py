@@ -142,7 +142,6 @@ def _discover():
     for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
         if info.name.startswith("_") and info.name not in _INFRASTRUCTURE:
             importlib.import_module(f"{package}.{info.name}")
-    load_entry_points()
 
 
 #: the entry-point group through which other packages register attention types
@@ -158,7 +157,12 @@ def load_entry_points():
     registered (:func:`register_attention`) unless a type of that name already is. An
     entry point that cannot be loaded, or that is not an attention class, is reported
     with a ``RuntimeWarning`` and skipped: a broken plugin does not break the package.
-    Called at import; call it again after installing a package in a running process.
+    A plugin module that is being imported (it was imported before this package, and
+    imports it) is skipped: such a module calls :func:`register_attention` on its class
+    itself, as the example ``examples/keynorm_plugin`` does.
+    Called at the end of ``import gaussian_pde``, so that a plugin may import anything of
+    the package's public face; call it again after installing a package in a running
+    process.
 
     Returns
     -------
@@ -170,7 +174,9 @@ def load_entry_points():
 
     added = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
+        if _importing(ep.module):
+            continue        # the plugin imported first imports this package: it registers
+        try:                # its class itself once defined (register_attention)
             cls = ep.load()
             if not (isinstance(cls, type) and issubclass(cls, Attention)):
                 raise TypeError(f"it is {cls!r}, not a subclass of gaussian_pde.Attention")
@@ -186,6 +192,14 @@ def load_entry_points():
             continue
         added.append(cls.name)
     return added
+
+
+def _importing(module):
+    """Whether ``module`` is being imported now (it imported this package first)."""
+    import sys
+
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 def get_attention(name):
