@@ -188,13 +188,16 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
 
         fields = _compiled_batch.compiled_fields(atts, nb)
         if fields is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                # a mean equation that is not homogeneous keeps the mean in its own units
-                units = mean0s is None or all(
-                    a.mean_is_linear() for a in ([atts] if isinstance(atts, Attention) else atts))
-                return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method,
-                                                          mean_units=units)
+            return _run_compiled(fields, atts, cov0s, mean0s, opts, method)
+        groups = _kernel_groups(atts)
+        if groups is not None:              # fields of several kernels: a run for each
+            parts = []
+            for rows in groups:
+                sub = [atts[i] for i in rows]
+                parts.append((rows, _run_compiled(
+                    _compiled_batch.compiled_fields(sub, len(rows)), sub, cov0s[rows],
+                    None if mean0s is None else mean0s[rows], opts, method)))
+            return _gather(parts, nb)
         field, _ = build_field(attentions_or_weights, nb)
     if path == "compiled":
         raise ValueError("`path='compiled'` needs a compiled field for every attention "
@@ -205,6 +208,63 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return _integrate(field, cov0s, opts, method)
+
+
+def _kernel_groups(atts):
+    """Trajectories whose compiled fields have different kernels, grouped by kernel.
+
+    A list of index arrays where every attention of the list ``atts`` has a compiled
+    field (the types of other packages bring kernels of their own); None where one has
+    none, or for a single attention.
+    """
+    if not isinstance(atts, list):
+        return None
+    keys = {}
+    for i, att in enumerate(atts):
+        cf = att.compiled_field()
+        if cf is None:
+            return None
+        keys.setdefault((id(cf.rhs), id(cf.jac)), []).append(i)
+    return [np.array(rows) for rows in keys.values()]
+
+
+def _run_compiled(fields, atts, cov0s, mean0s, opts, method):
+    """:func:`solve_batch` on the compiled path, for ``fields`` of one pair of kernels."""
+    from . import _compiled_batch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # a mean equation that is not homogeneous keeps the mean in its own units
+        units = mean0s is None or all(
+            a.mean_is_linear() for a in ([atts] if isinstance(atts, Attention) else atts))
+        return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method,
+                                                  mean_units=units)
+
+
+def _gather(parts, nb):
+    """One :class:`BatchSolution` of ``B = nb`` trajectories from ``(rows, part)`` pairs."""
+    first = parts[0][1]
+    out = {}
+    for f in dataclasses.fields(first):
+        value = getattr(first, f.name)
+        if f.name in ("t", "path"):
+            out[f.name] = value
+        elif f.name == "ncalls":
+            out[f.name] = sum(p.ncalls for _, p in parts)
+        elif f.name == "message":
+            msgs = [None] * nb
+            for rows, p in parts:
+                for i, m in zip(rows, p.message):
+                    msgs[i] = m
+            out[f.name] = msgs
+        elif value is None:
+            out[f.name] = None
+        else:
+            full = np.empty((nb, *np.shape(value)[1:]), dtype=np.asarray(value).dtype)
+            for rows, p in parts:
+                full[rows] = getattr(p, f.name)
+            out[f.name] = full
+    return type(first)(**out)
 
 
 def _checked(cov0s, mean0s, path):
