@@ -139,6 +139,10 @@ def _attention_entries():
         params = inspect.signature(cls).parameters
         kinds = {arg: kind for arg, kind in _HEAD_KINDS.items() if arg in params}
         extra = {arg: v for arg, v in _HEAD_EXTRA.items() if arg in params}
+        for arg, p in params.items():      # a further real weight (a type of another
+            if arg not in kinds and p.default is inspect.Parameter.empty:   # package)
+                kinds[arg] = "real"
+                extra[arg] = float(getattr(cls.example(2, 0), arg))
 
         def base(extra=extra):
             Q, K, V = _weights(2)

@@ -90,3 +90,30 @@ def assert_all_finite(sol):
             assert np.all(np.isfinite(v)), f"`{f.name}` holds inf or NaN"
     t = np.asarray(sol.t)
     assert t.ndim != 1 or np.all(np.diff(t) > 0), "`t` is not strictly increasing"
+
+
+def head_of(cls, Q, K, V):
+    """``cls(Q, K, V)``; a type's further required weights (a type from another package,
+    such as key-norm softmax's ``gamma``) are taken from its ``example``."""
+    import inspect
+
+    params = list(inspect.signature(cls).parameters.values())[3:]
+    extra = {p.name: getattr(cls.example(Q.shape[1], 0), p.name) for p in params
+             if p.default is inspect.Parameter.empty
+             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return cls(Q, K, V, **extra)
+
+
+def summable(classes):
+    """Those of ``classes`` whose compiled fields add up in a sum of heads on the compiled
+    path: the types of the package's packed kernel (the built-in single heads; a type
+    with a kernel of its own runs alone)."""
+    from gaussian_pde.attention import compiled_field_kernels
+
+    rhs = compiled_field_kernels()[0]
+    out = []
+    for cls in classes:
+        cf = cls.example(2, 0).compiled_field()
+        if cf is not None and cf.rhs is rhs:
+            out.append(cls)
+    return out

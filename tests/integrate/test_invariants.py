@@ -27,10 +27,13 @@ from hypothesis import strategies as st
 
 import gaussian_pde as gp
 from gaussian_pde.attention._registry import names_with
+from tests._helpers import head_of, summable
 
 #: the types under test: every registered type with exact moment equations
 TYPES = names_with(gaussian_preserving=True)
 SINGLE = [n for n in TYPES if issubclass(gp.ATTENTIONS[n], gp.SingleHeadAttention)]
+#: the single heads a sum draws from: those whose compiled fields add up (all built-in ones)
+SUMMED = [cls.name for cls in summable([gp.ATTENTIONS[n] for n in SINGLE])]
 
 T_END = 20.0
 #: the solvers' tolerances: rtol = 1e-10 per step on the entries of L; over a trajectory
@@ -54,10 +57,10 @@ def make_setting(rng, kind, d, k, rank, w_exp, c_exp, singular):
             K[:, -1] = 0.0              # A = K^T Q then has a zero row: det A = 0
         V = rng.standard_normal((d, d)) / np.sqrt(d)
         w = 10.0 ** (w_exp / 2)         # A scales like w^2
-        return gp.ATTENTIONS[name](w * Q, w * K, V)
+        return head_of(gp.ATTENTIONS[name], w * Q, w * K, V)
 
     if kind not in SINGLE:      # a sum of heads: two drawn single-head types
-        names = [SINGLE[i] for i in rng.integers(0, len(SINGLE), size=2)]
+        names = [SUMMED[i] for i in rng.integers(0, len(SUMMED), size=2)]
         att = gp.ATTENTIONS[kind]([head(n) for n in names])
     else:
         att = head(kind)

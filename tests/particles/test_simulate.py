@@ -27,6 +27,7 @@ from gaussian_pde.particles._simulate import (
     simulate_particles,
     sliced_wasserstein_to_gaussian,
 )
+from tests._helpers import head_of
 
 RTOL = 1e-9  # rounding only (float64)
 
@@ -224,8 +225,8 @@ def gaussian_cases():
                if cls.gaussian_preserving and issubclass(cls, gp.SingleHeadAttention)]
     cases = {}
     for cls in singles:
-        cases[cls.name] = cls(Q, -K, V)
-        cases[f"{cls.name}_singular_A"] = cls(q1, -q1, np.eye(d))
+        cases[cls.name] = head_of(cls, Q, -K, V)
+        cases[f"{cls.name}_singular_A"] = head_of(cls, q1, -q1, np.eye(d))
     for name, cls in gp.ATTENTIONS.items():
         if has_hook(cls, "from_heads"):
             cases[name] = cls.from_heads([singles[0](Q, -Q, np.eye(d)), singles[1](q1, q1, V)])
