@@ -4,7 +4,8 @@ Build: ``python -m sphinx -W -b html docs docs/_build/html`` (warnings are error
 ``GAUSSIAN_PDE_NOTEBOOK_QUICK=1`` runs the validation notebooks in their quick mode (CI);
 without it they run in full. Generated at build time, never edited by hand (all ignored
 by git): ``docs/api/`` (the API reference, from ``__all__``), ``docs/_gallery_src/`` (the
-notebooks with their text cells in reST) and ``docs/notebooks/`` (the executed gallery).
+notebooks with their text cells in reST), ``docs/notebooks/`` (the executed gallery) and
+``docs/_figures/`` (the picture of the architecture page).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE / "_ext"))
 
+import gp_architecture  # noqa: E402
 import gp_docs  # noqa: E402
 from sphinx.ext.autodoc.mock import mock  # noqa: E402
 
@@ -71,6 +73,9 @@ autodoc_mock_imports = ["jax", "optax", "diffrax", "safetensors", "dask", "distr
 # The API pages, written from ``__all__`` before autosummary reads them.
 with mock(autodoc_mock_imports):
     gp_docs.write_api_pages(HERE / "api")
+
+# The architecture page's picture, drawn from the boxes and arrows of gp_architecture.
+gp_architecture.draw(HERE / "_figures" / "architecture.png")
 
 # The validation notebooks: their text cells turned into reST for sphinx-gallery.
 QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"

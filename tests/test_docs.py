@@ -8,6 +8,7 @@ A ```python block is executed in a fresh namespace; when the next fenced block i
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
 import pathlib
@@ -143,3 +144,69 @@ def test_gallery_source_says_its_mode(monkeypatch):
     full, quick = gp_docs.notebook_to_gallery(text), gp_docs.notebook_to_gallery(text, True)
     assert gp_docs.QUICK_NOTE in quick and gp_docs.QUICK_NOTE not in full
     assert quick.replace("\n\n" + gp_docs.QUICK_NOTE, "") == full
+
+
+def _names_in_code(path):
+    """Identifiers a module's code uses or defines (docstrings aside), and its identifier strings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            names.add(n.attr)
+        elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.alias):
+            names |= {n.name.split(".")[-1], n.asname or ""}
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) \
+                and id(n) not in docstrings and n.value.isidentifier():
+            names.add(n.value)   # getattr(att, "compiled_field")
+    return names
+
+
+def test_architecture_picture_holds_against_the_code(tmp_path):
+    """Every file a box of the picture names exists, every box is on an arrow, and the code
+    at the using end of every arrow names what the arrow stands for (a hook, a loop)."""
+    arch = _docs_module("gp_architecture")
+    boxes = arch.boxes()
+    for box in boxes.values():
+        assert box.files, box.key
+        for f in box.files:
+            assert (ROOT / f).exists(), (box.key, f)
+    ends = {k for a in arch.ARROWS for k in (a.tail, a.head)}
+    assert ends <= set(boxes), sorted(ends - set(boxes))
+    assert set(boxes) - ends == {"shared"}
+    for a in arch.ARROWS:
+        files = [ROOT / f for f in arch.user_files(a) if f.endswith(".py")]
+        used = set().union(*(_names_in_code(p) for p in files))
+        missing = [v for v in a.via if v not in used]
+        assert not missing, (f"{a.tail} -> {a.head}: {missing} not in the code of "
+                             f"{[str(p.relative_to(ROOT)) for p in files]}")
+
+
+def test_architecture_picture_is_drawn(tmp_path):
+    """The build's script writes a PNG sharp enough to open whole (the page scales it to its
+    column), about as tall as wide so that the column keeps its text legible."""
+    pytest.importorskip("matplotlib")
+    out = _docs_module("gp_architecture").draw(tmp_path / "fig" / "architecture.png")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 1400 and 0.7 < height / width < 1.0
+
+
+def test_architecture_page_names_only_files_that_exist():
+    """Every ``.py`` path in the architecture page (``<type>`` read as ``softmax``) exists,
+    under the repository or under ``gaussian_pde/``; a bare file name somewhere in them."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paths = set(re.findall(r"`([\w./<>-]+\.py)`", text))
+    assert len(paths) >= 20
+    files = {p.name for p in ROOT.rglob("*.py") if ".venv" not in p.parts}
+    for p in sorted(paths):
+        p = p.replace("<type>", "softmax")
+        found = (ROOT / p).exists() or (ROOT / "gaussian_pde" / p).exists() \
+            or ("/" not in p and p in files)
+        assert found, p
