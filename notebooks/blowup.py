@@ -21,8 +21,6 @@
 # page is built and must reproduce the stored ones.
 
 # %%
-import os
-import pathlib
 import types
 import warnings
 
@@ -37,16 +35,13 @@ from gaussian_pde import (
     sample_gaussian,
     simulate_particles,
 )
+from gaussian_pde.studies import notebook_settings
 
-QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
-OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
-OUT.mkdir(parents=True, exist_ok=True)
-N = [100, 400, 1600] if QUICK else [500, 2000, 8000, 32000]
-#: the docs build reads the run at the largest n from here (see above); unset, or in quick
-#: mode, every run is made here
-RESULTS = None if QUICK else os.environ.get("GAUSSIAN_PDE_NOTEBOOK_RESULTS")
-STORE = RESULTS and pathlib.Path(RESULTS) / "blowup.npz"
-WRITE = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_WRITE") == "1"
+#: numbers of tokens in the quick and the full mode; in the full mode the run at the largest
+#: n is read from the stored one (see above) unless it is written (WRITE) or not there yet
+settings = notebook_settings("blowup", quick_sizes=[100, 400, 1600],
+                             full_sizes=[500, 2000, 8000, 32000])
+QUICK, N, STORE, WRITE = settings.quick, list(settings.sizes), settings.store(), settings.write
 
 att = gp.Softmax(np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]]), np.eye(2))
 mean0 = np.array([0.5, -0.3])
@@ -120,7 +115,7 @@ for ax, title in zip(axes, [r"$\mathrm{tr}\,\Sigma(t)$", r"relative error of $\m
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(OUT / "blowup.png", dpi=90)
+fig.savefig(settings.figure_path(), dpi=90)
 print("time where particles leave the ODE (20 % error in tr):", leave)
 
 # %% [markdown]

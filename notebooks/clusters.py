@@ -13,18 +13,15 @@
 # `GAUSSIAN_PDE_NOTEBOOK_QUICK=1` for a small, fast run.
 
 # %%
-import os
-import pathlib
-
 import matplotlib.pyplot as plt
 import numpy as np
 
 import gaussian_pde as gp
 from gaussian_pde.studies import _clusters as C
+from gaussian_pde.studies import notebook_settings
 
-QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
-OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
-OUT.mkdir(parents=True, exist_ok=True)
+settings = notebook_settings("clusters")
+QUICK = settings.quick
 N = 200 if QUICK else 800
 
 # %% one component: the exact moment ODE
@@ -53,7 +50,7 @@ for ax, i in zip(axes, (0, len(run.t) // 2, len(run.t) - 1)):
         C._ellipse(ax, run.closure.means[i, k], run.closure.covs[i, k], color="k")
     ax.set_title(f"t = {run.t[i]:.2f}")
 fig.tight_layout()
-fig.savefig(OUT / "clusters_ellipses.png", dpi=100)
+fig.savefig(settings.figure_path("ellipses"), dpi=100)
 
 # %% checks
 assert err_one < 1e-9

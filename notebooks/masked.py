@@ -17,25 +17,17 @@
 # reproduce the stored ones (`gaussian_pde.studies.stored_compare`).
 
 # %%
-import os
-import pathlib
-
 import numpy as np
 
 import gaussian_pde as gp
 from gaussian_pde import Masked
-from gaussian_pde.studies import plot_diagnostics, plot_moments, stored_compare
+from gaussian_pde.studies import notebook_compare, notebook_settings
 
-QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
-OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
-OUT.mkdir(parents=True, exist_ok=True)
-N = [100, 400, 1600] if QUICK else [500, 2000, 8000]
-SEEDS = range(3 if QUICK else 5)
-#: the docs build reads the runs at the largest n from here (see above); unset, or in quick
-#: mode, every run is made here
-RESULTS = None if QUICK else os.environ.get("GAUSSIAN_PDE_NOTEBOOK_RESULTS")
-STORE = {k: RESULTS and pathlib.Path(RESULTS) / f"masked_{k}.npz" for k in ("flat", "ramp")}
-WRITE = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_WRITE") == "1"
+#: numbers of tokens and seeds in the quick and the full mode; in the full mode the runs at
+#: the largest n are read from the stored ones (see above: masked_flat.npz, masked_ramp.npz)
+settings = notebook_settings("masked", quick_sizes=[100, 400, 1600], full_sizes=[500, 2000, 8000],
+                             quick_seeds=3, full_seeds=5)
+QUICK, N, SEEDS = settings.quick, settings.sizes, settings.seeds
 
 Q = np.array([[1.0, 0.5]])
 att = Masked(Q, -Q, np.eye(2))
@@ -49,15 +41,13 @@ dt = T_END / (4 if QUICK else 40)
 # ## Position-independent data: the softmax ODE
 
 # %%
-flat = stored_compare(STORE["flat"], att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval,
-                      method="rk4", dt=dt, write=WRITE)
+flat = notebook_compare(settings, att, mean0, cov0, "flat", t_eval=t_eval, method="rk4", dt=dt,
+                        figures=("moments",))
 sol = gp.solve(gp.Softmax(Q, -Q, np.eye(2)), mean0, cov0, (0, T_END), t_eval=t_eval)
 cov_m = flat.cov[-1].mean(axis=0)  # seed average at the largest n, (T, d, d)
 cov_se = flat.cov[-1].std(axis=0, ddof=1) / np.sqrt(len(SEEDS))
 z = np.abs(cov_m - sol.cov) / np.maximum(cov_se, 1e-12)
 print("largest |masked - softmax ODE| in seed standard errors:", round(float(z.max()), 2))
-fig = plot_moments(flat)
-fig.savefig(OUT / "masked_flat_moments.png", dpi=90)
 
 # %% [markdown]
 # ## Position-dependent mean $\alpha(\tau) = \alpha_0 + (\tau - 1/2)(2, -1)$
@@ -67,11 +57,8 @@ def mean_of_tau(tau):
     return mean0 + np.outer(tau - 0.5, [2.0, -1.0])
 
 
-ramp = stored_compare(STORE["ramp"], att, mean_of_tau, cov0, n=N, seeds=SEEDS, t_eval=t_eval,
-                      method="rk4", dt=dt, write=WRITE)
-for name, fig in [("ramp_moments", plot_moments(ramp)),
-                  ("ramp_diagnostics", plot_diagnostics(ramp))]:
-    fig.savefig(OUT / f"masked_{name}.png", dpi=90)
+ramp = notebook_compare(settings, att, mean_of_tau, cov0, "ramp", t_eval=t_eval, method="rk4",
+                        dt=dt, figures=("moments", "diagnostics"))
 
 # %% [markdown]
 # ## Checks

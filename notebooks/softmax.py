@@ -20,24 +20,16 @@
 # reproduce the stored ones (`gaussian_pde.studies.stored_compare`).
 
 # %%
-import os
-import pathlib
-
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde.studies import all_figures, mean_field_check_failures, stored_compare
+from gaussian_pde.studies import mean_field_check_failures, notebook_compare, notebook_settings
 
-QUICK = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_QUICK") == "1"
-OUT = pathlib.Path(os.environ.get("GAUSSIAN_PDE_NOTEBOOK_OUT", "notebook_figures"))
-OUT.mkdir(parents=True, exist_ok=True)
-N = [100, 400, 1600] if QUICK else [500, 2000, 8000]
-SEEDS = range(3 if QUICK else 5)
-#: the docs build reads the runs at the largest n from here (see above); unset, or in quick
-#: mode, every run is made here
-RESULTS = None if QUICK else os.environ.get("GAUSSIAN_PDE_NOTEBOOK_RESULTS")
-STORE = RESULTS and pathlib.Path(RESULTS) / "softmax.npz"
-WRITE = os.environ.get("GAUSSIAN_PDE_NOTEBOOK_WRITE") == "1"
+#: numbers of tokens and seeds in the quick and the full mode; in the full mode the runs at
+#: the largest n are read from the stored ones (see above)
+settings = notebook_settings("softmax", quick_sizes=[100, 400, 1600], full_sizes=[500, 2000, 8000],
+                             quick_seeds=3, full_seeds=5)
+QUICK = settings.quick
 
 # %% [markdown]
 # ## The example
@@ -56,12 +48,10 @@ print(att, sol.status)
 # ## Particles against the ODE (error bars: standard error over seeds)
 
 # %%
-report = stored_compare(STORE, att, mean0, cov0, n=N, seeds=SEEDS, t_eval=t_eval,
-                        method="rk4", dt=T_END / (4 if QUICK else 40), write=WRITE)
+report = notebook_compare(settings, att, mean0, cov0, t_eval=t_eval, method="rk4",
+                          dt=T_END / (4 if QUICK else 40))
 print("slopes of error against n:", {k: round(v, 3) for k, v in report.slopes.items()})
 print("seed-to-seed standard errors:", {k: round(v, 3) for k, v in report.slope_sem.items()})
-for fig_name, fig in all_figures(report).items():
-    fig.savefig(OUT / f"softmax_{fig_name}.png", dpi=90)
 
 # %% [markdown]
 # ## Checks

@@ -130,7 +130,9 @@ def test_stored_notebook_runs_are_small_and_all_read():
                                           for n in names), p.name
     for name in names:
         text = (ROOT / "notebooks" / f"{name}.py").read_text()
-        assert "GAUSSIAN_PDE_NOTEBOOK_RESULTS" in text and "GAUSSIAN_PDE_NOTEBOOK_WRITE" in text
+        # the settings read GAUSSIAN_PDE_NOTEBOOK_RESULTS and _WRITE (tests/studies/test_notebook.py)
+        assert "notebook_settings(" in text, name
+        assert "notebook_compare(" in text or "settings.store(" in text, name
     assert sum(p.stat().st_size for p in files) < 400_000   # kept as data in the repository
 
 

@@ -13,6 +13,12 @@ Moment ODEs against particle Monte Carlo (docs/math.md section 8)
     :func:`stored_compare` reads the long runs of a stored one and runs the short ones
     again (the validation notebooks in the docs build).
 
+The validation notebooks' shared parts
+    :func:`notebook_settings` reads a notebook's mode, sizes, seeds and files from the
+    ``GAUSSIAN_PDE_NOTEBOOK_*`` environment variables into a :class:`NotebookSettings`;
+    :func:`notebook_compare` is their particles-against-ODE block (:func:`stored_compare`
+    at those sizes and seeds, its figures saved).
+
 Figures of a :class:`CompareReport`
     :func:`plot_errors`, :func:`plot_scaling`, :func:`plot_moments`,
     :func:`plot_diagnostics` and :func:`all_figures` return matplotlib figures. They
@@ -62,6 +68,7 @@ from ._compare import (
     stored_compare,
 )
 from ._compare_plots import all_figures, plot_diagnostics, plot_errors, plot_moments, plot_scaling
+from ._notebook import NotebookSettings, notebook_compare, notebook_settings
 from ._published import published_histograms, write_published_histograms
 from ._published_certified import write_published_certified
 from ._regimes import draw_figure, fixed_margins
@@ -105,6 +112,7 @@ __all__ = [
     "TYPES",
     "CertifiedLimit",
     "CompareReport",
+    "NotebookSettings",
     "all_figures",
     "certified_limit",
     "certified_limits",
@@ -119,6 +127,8 @@ __all__ = [
     "fixed_margins",
     "growth_study",
     "mean_field_check_failures",
+    "notebook_compare",
+    "notebook_settings",
     "merge_gap_sources",
     "measure_closure_error",
     "plot_diagnostics",
