@@ -56,7 +56,9 @@ from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
 from ._clusters import ClusterRun, cluster_cases, error_scaling, run_clusters, write_clusters
 from ._compare import (
     CompareReport,
+    check_compare_memory,
     compare,
+    compare_memory,
     fit_slope,
     mean_field_check_failures,
     stored_compare,
@@ -108,9 +110,11 @@ __all__ = [
     "all_figures",
     "certified_limit",
     "certified_limits",
+    "check_compare_memory",
     "closure_case",
     "cluster_cases",
     "compare",
+    "compare_memory",
     "depth_metrics",
     "draw_figure",
     "draw_layers",

@@ -106,6 +106,19 @@ CASES = {
     "compare-dt-zero": COMPARE + ["--dt", "0"],
     "compare-dt-nan": COMPARE + ["--dt", "nan"],
     "compare-chunk-size-zero": COMPARE + ["--chunk-size", "0"],
+    # counts that are not whole numbers, or whose arrays would not fit in memory
+    **{f"compare-{opt[2:]}-{label}": COMPARE + [opt, value]
+       for opt in ("--n", "--seeds", "--num-times", "--chunk-size")
+       for label, value in {"float": "2.5", "nan": "nan", "inf": "inf", "negative": "-1",
+                            "zero": "0", "text": "x"}.items()},
+    "compare-num-times-1e8": COMPARE[:8] + ["1e8"] + COMPARE[9:],
+    "compare-num-times-huge": COMPARE[:8] + ["100000000"] + COMPARE[9:],
+    "compare-seeds-1e8": COMPARE[:6] + ["1e8"] + COMPARE[7:],
+    "compare-n-1e8": COMPARE[:4] + ["1e8"] + COMPARE[5:],
+    "compare-n-1e308": COMPARE[:4] + ["1e308"] + COMPARE[5:],
+    "compare-dt-inf": COMPARE + ["--dt", "inf"],
+    "compare-dt-negative": COMPARE + ["--dt", "-1"],
+    "compare-t-end-text": COMPARE[:10] + ["x"],
     "compare-weights-missing": COMPARE + ["--weights", "no_such.json"],
     "compare-weights-bad": COMPARE + ["--weights", "weights_bad.json"],
     "compare-weights-nan": COMPARE + ["--weights", "weights_nan.json"],
