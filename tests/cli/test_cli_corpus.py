@@ -125,6 +125,21 @@ CASES = {
     "compare-weights-syntax": COMPARE + ["--weights", "weights_syntax.json"],
     "compare-weights-folder": COMPARE + ["--weights", "."],
     "clusters-n-zero": ["clusters", "--quick", "--n", "0"],
+    # the same kinds of values in the siblings' counts; too large: the size they would need
+    **{f"clusters-n-{label}": ["clusters", "--quick", "--n", value]
+       for label, value in {"float": "2.5", "nan": "nan", "inf": "inf", "negative": "-1",
+                            "1e8": "1e8", "1e308": "1e308", "huge": "100000"}.items()},
+    **{f"train-seeds-{label}": ["train", "--quick", "--seeds", value, "--out", "res"]
+       for label, value in {"float": "2.5", "nan": "nan", "zero": "0", "negative": "-1",
+                            "1e8": "1e8"}.items()},
+    **{f"sweep-workers-{label}": ["sweep", "run", "good.toml", "--workers", value,
+                                  "--out", "res"]
+       for label, value in {"float": "2.5", "nan": "nan", "negative": "-1",
+                            "1e8": "1e8"}.items()},
+    **{f"sweep-timeout-{label}": ["sweep", "run", "good.toml", "--connect-timeout", value,
+                                  "--out", "res"]
+       for label, value in {"inf": "inf", "nan": "nan", "zero": "0"}.items()},
+    "stabilizers-seed-float": ["stabilizers", "--quick", "--seed", "1.5"],
     "stabilizers-seed-negative": ["stabilizers", "--quick", "--seed", "-1"],
     "reproduce-paper-tol-negative": ["reproduce", "--quick", "--paper-tol", "-1"],
     "reproduce-paper-tol-nan": ["reproduce", "--quick", "--paper-tol", "nan"],
