@@ -41,11 +41,11 @@ def run(args) -> int:
     """Run the study and write the report."""
     from ..studies import check_case_memory, cluster_cases, run_clusters, write_clusters
 
-    out = output_dir(args.out)
     if args.n is not None:
         validate_int(args.n, "--n", minimum=20)
         if not args.trust:             # the grid's exact W2 distances (n x n)
             check_case_memory(args.n, "--n")
+    out = output_dir(args.out)
     if args.trust:
         return _run_trust(args, out)
     progress = progress_for(args, len(cluster_cases(args.quick)) + 2)

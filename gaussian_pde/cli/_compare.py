@@ -111,7 +111,6 @@ def _csv(rows):
 def run(args):
     from ..studies import check_compare_memory, compare
 
-    out = output_dir(args.out)
     for value in args.n:
         validate_int(value, "--n", minimum=2)
     validate_int(args.seeds, "--seeds", minimum=1)
@@ -132,6 +131,7 @@ def run(args):
         t_end = validate_positive(args.t_end, "--t-end")
     check_compare_memory(att.d, max(args.n), len(args.n), args.seeds, args.num_times,
                          names=("`--n`", "`--seeds`", "`--num-times`"))
+    out = output_dir(args.out)
     t_eval = np.linspace(0.0, t_end, args.num_times)
     dt = args.dt if args.dt is not None else t_end / 50
     with_ode = att.gaussian_preserving and not callable(mean0)

@@ -276,3 +276,10 @@ def test_cli_compare_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["compare", "--attention", "softmax", "--seeds", "0", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "--seeds" in capsys.readouterr().err
+    # too large for the memory: refused with the size, before the output folder is made
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--attention", "softmax", "--num-times", "1e8",
+              "--out", str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "`--num-times` 100000000 output times would need" in err
+    assert "GiB" in err and not (tmp_path / "res").exists()
