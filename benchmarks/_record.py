@@ -28,11 +28,12 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["RESULTS_DIR", "machine_info", "versions", "write_record"]
+__all__ = ["RESULTS_DIR", "best_of", "machine_info", "versions", "write_record"]
 
 #: where the docs read benchmark results from
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "docs" / "_static" / "results" / "benchmarks"
@@ -79,6 +80,23 @@ def versions() -> dict:
         if mod is not None:
             out[name] = getattr(mod, "__version__", None)
     return out
+
+
+def best_of(fn, rounds, clock=time.perf_counter):
+    """``(result, least seconds)`` of ``rounds`` calls of ``fn()``, timed with ``clock``.
+
+    The least of repeated times is the one least disturbed by other work on the machine.
+    ``clock``: ``time.perf_counter`` (wall, the default) or ``time.process_time`` (CPU
+    of this process, all its threads). The result is that of the last call.
+    """
+    if rounds < 1:
+        raise ValueError(f"`rounds` must be at least 1, got {rounds}.")
+    out, best = None, float("inf")
+    for _ in range(rounds):
+        start = clock()
+        out = fn()
+        best = min(best, clock() - start)
+    return out, best
 
 
 def _plain(obj):

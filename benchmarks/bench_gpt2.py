@@ -38,7 +38,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _record import write_record  # noqa: E402
+from _record import best_of, write_record  # noqa: E402
 
 import gaussian_pde as gp  # noqa: E402
 from gaussian_pde.training import gpt2_forward, load_gpt2, random_gpt2_state_dict  # noqa: E402
@@ -46,15 +46,6 @@ from gaussian_pde.training import gpt2_forward, load_gpt2, random_gpt2_state_dic
 D, N_LAYER, N_HEAD, FFN = 768, 12, 12, 3072
 #: the budget for load + stack + propagate on two shared cores, seconds
 BUDGET_S = 60.0
-
-
-def _timed(f, repeat):
-    best, out = np.inf, None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = f()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def _against_spread(samples, want):
@@ -92,10 +83,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "gpt2_small_shape.npz"
         np.savez(path, **sd)
-        t_load, ck = _timed(lambda: load_gpt2(path, N_HEAD), args.repeat)
-    t_stack, stack = _timed(lambda: ck.stack(layernorm=True, ffn=True, offsets=True),
-                            args.repeat)
-    t_prop, sol = _timed(lambda: gp.propagate_gaussian(stack, mean0, cov0), args.repeat)
+        ck, t_load = best_of(lambda: load_gpt2(path, N_HEAD), args.repeat)
+    stack, t_stack = best_of(lambda: ck.stack(layernorm=True, ffn=True, offsets=True),
+                             args.repeat)
+    sol, t_prop = best_of(lambda: gp.propagate_gaussian(stack, mean0, cov0), args.repeat)
     total = t_load + t_stack + t_prop
     print(f"load {t_load:.2f} s, stack {t_stack:.2f} s, propagate {t_prop:.2f} s "
           f"(total {total:.1f} s, budget {BUDGET_S:g} s); status {sol.status}", flush=True)

@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import argparse
 import functools
+import pathlib
+import sys
 import time
 
-import numpy as np
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import gaussian_pde as gp
-from gaussian_pde.attention import names_with
+import numpy as np  # noqa: E402
+from _record import best_of, write_record  # noqa: E402
+
+import gaussian_pde as gp  # noqa: E402
+from gaussian_pde.attention import names_with  # noqa: E402
 
 T_NATURAL = 20.0
 
@@ -76,16 +81,6 @@ def setting(rng, name, d, with_mean):
     return att, ref, cov0, mean0, T_NATURAL / rate
 
 
-def cpu_best(fn, rounds):
-    """``(result, least CPU seconds)`` of ``rounds`` calls (CPU: both cores of the batch count)."""
-    out, best = None, np.inf
-    for _ in range(rounds):
-        t = time.process_time()
-        out = fn()
-        best = min(best, time.process_time() - t)
-    return out, best
-
-
 def rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
@@ -105,7 +100,9 @@ def measure(name, dims, seeds, rounds, with_mean):
             }
             for fn in runs.values():     # untimed: kernels loaded
                 fn()
-            res = {k: cpu_best(fn, rounds) for k, fn in runs.items()}
+            # CPU: both cores of the batch count
+            res = {k: best_of(fn, rounds, clock=time.process_time)
+                   for k, fn in runs.items()}
             (a, ta), (b, tb), (o, to) = res["compiled"], res["numpy"], res["batch"]
             both_blow = a.t_blowup is not None and b.t_blowup is not None
             rows.append(dict(
@@ -182,7 +179,6 @@ def main():
                      "setting)"),
             columns=[lab for _, lab, _ in COLUMNS],
             rows=[[_cell(s[key], spec) for key, _, spec in COLUMNS] for s in table]))
-    from _record import write_record
     payload = dict(dims=args.dims, seeds=args.seeds, rounds=args.rounds, tables=tables,
                    summary=summaries, settings=raw)
     print("wrote", write_record("bench_solve_fields", payload, args.json))

@@ -107,10 +107,12 @@ def validate_allocation(count, name, *, itemsize=8, share=0.5):
     fail deep inside NumPy with ``MemoryError``, or swap.
     """
     total = _memory_bytes()
-    need = int(count) * itemsize
-    if total is not None and need > share * total:
+    # a float ``count`` past the float range (an estimate of sizes that overflowed) is inf
+    need = float(count) * itemsize if isinstance(count, float) else int(count) * itemsize
+    if not need < float("inf") or (total is not None and need > share * total):
+        have = "" if total is None else f"{total / 2**30:.3g} GiB of "
         raise ValueError(f"`{name}` asks for {need / 2**30:.3g} GiB of arrays, more than "
-                         f"{share:.0%} of this machine's {total / 2**30:.3g} GiB of memory.")
+                         f"{share:.0%} of this machine's {have}memory.")
     return int(count)
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from ._options import add_out_argument, default_out, output_dir
+from .._common.validation import validate_int
+from ._options import add_out_argument, default_out, output_dir, whole_number
 from ._progress import progress_for
 
 DEFAULT_OUT = default_out("clusters")
@@ -26,8 +27,8 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true",
                         help="three cases, 150 particles, depth 2, a small n^-1/2 check "
                              "(instead of the full grid of 72 cases)")
-    parser.add_argument("--n", type=int, default=None,
-                        help="particles per case (default 400, 150 with --quick)")
+    parser.add_argument("--n", type=whole_number, default=None,
+                        help="particles per case, at least 20 (default 400, 150 with --quick)")
     parser.add_argument("--trust", action="store_true",
                         help="instead of the grid: the trust map of the closure's bias "
                              "(softmax / L2 / multi-head x attention scale x separation x d, "
@@ -38,11 +39,13 @@ def add_arguments(parser):
 
 def run(args) -> int:
     """Run the study and write the report."""
-    from ..studies import cluster_cases, run_clusters, write_clusters
+    from ..studies import check_case_memory, cluster_cases, run_clusters, write_clusters
 
+    if args.n is not None:
+        validate_int(args.n, "--n", minimum=20)
+        if not args.trust:             # the grid's exact W2 distances (n x n)
+            check_case_memory(args.n, "--n")
     out = output_dir(args.out)
-    if args.n is not None and args.n < 20:
-        raise ValueError(f"`--n` must be at least 20, got {args.n}.")
     if args.trust:
         return _run_trust(args, out)
     progress = progress_for(args, len(cluster_cases(args.quick)) + 2)

@@ -14,10 +14,20 @@ type (or on weights from a JSON file) and writes into the output folder (default
 The ``--attention`` choices are the registered types (:data:`gaussian_pde.ATTENTIONS`);
 a type without a built-in example needs ``--weights``. Progress: one line on stderr per
 particle run (and for the moment ODE and the figures), unless ``--quiet``.
+
+Bad values are refused before any work, with one line naming the option: counts that are
+not whole numbers of at least 1 (2 for ``--n`` and ``--num-times``), a ``--t-end`` or
+``--dt`` that is not a finite positive number, and sizes whose arrays would not fit in
+memory (``--n``, ``--seeds`` and ``--num-times`` together, with the size they would need:
+:func:`gaussian_pde.studies.check_compare_memory`). The last line says over which output
+times the slopes were fitted: only ``t = 0`` (the initial draw) when every particle run or
+the moment ODE stopped before the next output time (a ``--t-end`` far beyond the
+dynamics' range, say), and no slopes with a single ``--n``.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import inspect
 import io
@@ -27,8 +37,9 @@ import pathlib
 import numpy as np
 
 from .._common.io import save_figure, write_json, write_text
+from .._common.validation import validate_int, validate_positive
 from ..attention import ATTENTIONS, SingleHeadAttention, get_attention
-from ._options import add_out_argument, default_out, output_dir
+from ._options import add_out_argument, default_out, output_dir, whole_number
 from ._progress import progress_for
 
 DEFAULT_OUT = default_out("compare")
@@ -50,15 +61,18 @@ def compare_examples():
 def add_arguments(parser):
     parser.add_argument("--attention", default=next(iter(ATTENTIONS)), choices=list(ATTENTIONS),
                         help="registered attention type (default: %(default)s)")
-    parser.add_argument("--n", type=int, nargs="+", default=[500, 2000, 8000],
-                        help="numbers of tokens (default: %(default)s)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..SEEDS-1 (default: 5)")
+    parser.add_argument("--n", type=whole_number, nargs="+", default=[500, 2000, 8000],
+                        help="numbers of tokens, each at least 2 (default: %(default)s)")
+    parser.add_argument("--seeds", type=whole_number, default=5,
+                        help="seeds 0..SEEDS-1 (default: 5)")
     parser.add_argument("--t-end", type=float, default=None,
                         help="final time (default: per example)")
-    parser.add_argument("--num-times", type=int, default=11, help="output times (default: 11)")
+    parser.add_argument("--num-times", type=whole_number, default=11,
+                        help="output times, at least 2 (default: 11)")
     parser.add_argument("--method", default="rk4", choices=["rk4", "RK45", "RK23", "DOP853"])
     parser.add_argument("--dt", type=float, default=None, help="RK4 step (default: t_end/50)")
-    parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--chunk-size", type=whole_number, default=None,
+                        help="queries per attention tile (default: all)")
     parser.add_argument("--float32", action="store_true", help="attention tiles in float32")
     parser.add_argument("--weights", default=None,
                         help="JSON file with Q, K, V (lists), optional scale, bias, mean0, cov0")
@@ -95,13 +109,16 @@ def _csv(rows):
 
 
 def run(args):
-    from ..studies import compare
+    from ..studies import check_compare_memory, compare
 
-    out = output_dir(args.out)
-    if args.seeds < 1:
-        raise ValueError(f"`--seeds` must be at least 1, got {args.seeds}.")
-    if args.num_times < 2:
-        raise ValueError(f"`--num-times` must be at least 2, got {args.num_times}.")
+    for value in args.n:
+        validate_int(value, "--n", minimum=2)
+    validate_int(args.seeds, "--seeds", minimum=1)
+    validate_int(args.num_times, "--num-times", minimum=2)
+    if args.chunk_size is not None:
+        validate_int(args.chunk_size, "--chunk-size", minimum=1)
+    if args.dt is not None:
+        validate_positive(args.dt, "--dt")
     if args.weights is not None:
         att, mean0, cov0, t_end = _from_weights(args.weights, args.attention)
     else:
@@ -111,9 +128,10 @@ def run(args):
                              "its weights with `--weights`.")
         att, mean0, cov0, t_end = examples[args.attention]
     if args.t_end is not None:
-        t_end = args.t_end
-    if not t_end > 0:
-        raise ValueError(f"`--t-end` must be positive, got {t_end}.")
+        t_end = validate_positive(args.t_end, "--t-end")
+    check_compare_memory(att.d, max(args.n), len(args.n), args.seeds, args.num_times,
+                         names=("`--n`", "`--seeds`", "`--num-times`"))
+    out = output_dir(args.out)
     t_eval = np.linspace(0.0, t_end, args.num_times)
     dt = args.dt if args.dt is not None else t_end / 50
     with_ode = att.gaussian_preserving and not callable(mean0)
@@ -124,6 +142,7 @@ def run(args):
     stem = f"compare_{att.name}"
     write_text(out / f"{stem}.csv", _csv(report.table()))
     data = report.to_dict()
+    data["slope_times"] = report.slope_times.tolist()
     data["settings"] = {"n": args.n, "seeds": args.seeds, "t_end": t_end,
                         "num_times": args.num_times, "method": args.method, "dt": dt,
                         "float32": bool(args.float32), "attention": repr(att)}
@@ -142,7 +161,25 @@ def run(args):
         plt.close(fig)
     if progress is not None:
         progress(f"figures: {', '.join(figures)}")
-    slopes = ", ".join(f"{k} {v:.3f}" for k, v in report.slopes.items())
     print(f"gaussian-pde compare ({att.name}): wrote {', '.join(str(p) for p in paths)}"
-          + (f"; slopes of error against n: {slopes}" if slopes else ""))
+          + _slopes_words(report))
     return 0
+
+
+def _slopes_words(report):
+    """The end of the last line: the slopes and the output times they are fitted over."""
+    if not report.slopes:
+        return ""                      # no moment ODE to compare with
+    if report.n.size < 2:
+        return "; no slopes of error against n (they need two or more values of `--n`)"
+    times = report.slope_times
+    slopes = ", ".join(f"{k} {v:.3f}" for k, v in report.slopes.items() if np.isfinite(v))
+    if not slopes or times.size == 0:
+        return "; no slopes of error against n (no output time at which every run has a value)"
+    if times.size > 1:
+        return f"; slopes of error against n over t in [{times[0]:.6g}, {times[-1]:.6g}]: {slopes}"
+    runs = collections.Counter(report.status.ravel().tolist())
+    stops = ", ".join(f"{count} {status}" for status, count in runs.items())
+    return (f"; slopes of error against n at t = {times[0]:.6g} only, the initial draw: the "
+            f"particle runs ({stops}) or the moment ODE ({report.ode_status}) stopped before "
+            f"t = {report.t[1]:.6g} (a smaller `--t-end` or `--dt` reaches further): {slopes}")

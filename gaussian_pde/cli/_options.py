@@ -11,17 +11,22 @@ write permission, a folder that does not take files such as ``/proc`` or a read-
 is refused before any work starts, with one line naming ``--out``
 (:class:`OutputFolderError`, exit status 2). The check writes and deletes a probe file:
 ``os.access`` says yes to root whatever the file system would do.
+
+Counts (numbers of tokens, seeds, output times, workers) are parsed by :func:`whole_number`:
+``1e8`` is the count it writes, ``2.5``, ``nan`` and ``inf`` are refused by the parser.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import pathlib
 
 from .._common.io import write_probe
 
 __all__ = ["OUTPUT_ROOT", "OutputFolderError", "add_out_argument", "default_out",
-           "output_dir", "check_output_dir"]
+           "output_dir", "check_output_dir", "whole_number"]
 
 #: the folder (relative to the current directory) that holds every default output
 OUTPUT_ROOT = "gaussian_pde_output"
@@ -42,6 +47,29 @@ def add_out_argument(parser, default, what="output folder"):
     """Add ``--out`` with ``default`` (shown in ``--help``)."""
     parser.add_argument("--out", default=default, metavar="FOLDER",
                         help=f"{what}, created if needed (default: %(default)s)")
+
+
+def whole_number(text):
+    """An ``argparse`` type for counts: an integer, also written as ``1e8`` or ``2000.0``.
+
+    Refuses (one line, through the parser) a value that is not a whole number: ``2.5``,
+    ``nan``, ``inf``, text, or one past the 64-bit integers (``1e308``). The range (at
+    least 1, not too large for the memory) is checked by the subcommand, which knows
+    what the count multiplies.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not math.isfinite(value) or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    if abs(value) >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a whole number below 2**63, got {text!r}")
+    return int(value)
 
 
 def _nearest_existing(path):

@@ -18,7 +18,8 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from ._options import check_output_dir, default_out, output_dir
+from .._common.validation import validate_positive
+from ._options import check_output_dir, default_out, output_dir, whole_number
 
 
 def default_results(spec):
@@ -42,7 +43,7 @@ def add_arguments(parser):
                             "(default: start a local cluster on 127.0.0.1)")
     where.add_argument("--inprocess", action="store_true",
                        help="run the tasks in this process, without Dask")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=whole_number, default=None,
                    help="worker processes of the local cluster (default: one per core)")
     p.add_argument("--connect-timeout", type=float, default=10.0,
                    help="seconds to wait for the scheduler (default: %(default)s)")
@@ -65,6 +66,9 @@ def run(args):
         if args.workers is not None and (args.scheduler or args.inprocess):
             raise ValueError("--workers applies only to the local cluster (no --scheduler, "
                              "no --inprocess).")
+        if args.workers is not None:
+            sweep.check_local_workers(args.workers, "--workers")
+        validate_positive(args.connect_timeout, "--connect-timeout")
         scheduler = "inprocess" if args.inprocess else args.scheduler
         out = check_output_dir(args.out if args.out is not None
                                else default_results(args.spec))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ._options import add_out_argument, default_out, output_dir
+from ._options import add_out_argument, default_out, output_dir, whole_number
 from ._progress import progress_for
 
 DEFAULT_OUT = default_out("train")
@@ -48,7 +48,7 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (1 seed, 6 variants, depths 2 and 8, mixture, 40 "
                              "steps)")
-    parser.add_argument("--seeds", type=int, default=None, metavar="N",
+    parser.add_argument("--seeds", type=whole_number, default=None, metavar="N",
                         help="number of seeds 0..N-1 (default 3; --quick 1)")
 
 
@@ -75,7 +75,10 @@ def run(args) -> int:
     if n_seeds < 1:
         raise ValueError(f"`--seeds` must be at least 1, got {n_seeds}.")
     out = output_dir(args.out)
-    from ..training import run_training_study, write_training_study
+    from ..training import check_study_memory, run_training_study, write_training_study
+
+    check_study_memory(n_seeds, tasks=sizes["tasks"], eval_batch=sizes["eval_batch"],
+                       name="--seeds")
 
     progress = progress_for(args, None)
     res = run_training_study(seeds=tuple(range(n_seeds)), progress=progress, **sizes)

@@ -59,10 +59,19 @@ Examples
 
 from ._certified import CertifiedLimit, certified_limit, certified_limits
 from ._closure_error import CLOSURE_CASES, closure_case, measure_closure_error
-from ._clusters import ClusterRun, cluster_cases, error_scaling, run_clusters, write_clusters
+from ._clusters import (
+    ClusterRun,
+    check_case_memory,
+    cluster_cases,
+    error_scaling,
+    run_clusters,
+    write_clusters,
+)
 from ._compare import (
     CompareReport,
+    check_compare_memory,
     compare,
+    compare_memory,
     fit_slope,
     mean_field_check_failures,
     stored_compare,
@@ -116,9 +125,12 @@ __all__ = [
     "all_figures",
     "certified_limit",
     "certified_limits",
+    "check_case_memory",
+    "check_compare_memory",
     "closure_case",
     "cluster_cases",
     "compare",
+    "compare_memory",
     "depth_metrics",
     "draw_figure",
     "draw_layers",

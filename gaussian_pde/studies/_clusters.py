@@ -53,6 +53,7 @@ from scipy.spatial.distance import cdist
 
 from .._common.gaussian import bures_wasserstein
 from .._common.runge_kutta import rk4_march
+from .._common.validation import validate_allocation, validate_int
 from ..attention import (
     CLUSTER_QUICK_TYPES,
     CLUSTER_REFERENCE_TYPE,
@@ -70,6 +71,7 @@ from ..particles import simulate_particles
 __all__ = [
     "ClusterRun",
     "CLUSTER_ATTENTIONS",
+    "check_case_memory",
     "CLUSTER_VALUES",
     "cluster_attention",
     "cluster_mixture",
@@ -578,14 +580,30 @@ class ClusterRun:
     seconds_particles: float
 
 
+def check_case_memory(n, name="n", w2_method="exact"):
+    r"""Refuse, before any work, ``n`` particles whose exact :math:`W_2` would not fit in memory.
+
+    The exact distance (:func:`w2_samples`) builds the :math:`n\times n` cost matrix and
+    the assignment works on a copy: :math:`16 n^2` bytes, against half the machine's
+    memory (:func:`~gaussian_pde._common.validation.validate_allocation`); the message
+    names ``name``. The sliced distance needs no such matrix. Returns ``n``.
+    """
+    n = validate_int(n, name, minimum=2)
+    if w2_method == "exact":
+        validate_allocation(2 * n * n, name)
+    return n
+
+
 def run_case(attention, mixture, t_eval, *, n=400, seed=0, merge_tol=1.0, n_per_dim=6,
              w2_method="exact", name="case"):
     """Closure and particles from the same mixture, and every measure at ``t_eval``.
 
     The particles' clusters are :func:`particle_clusters` with the closure's
     ``merge_tol`` (same statistic, same rule, same units). The times are those both
-    reached (a run that stops early is cut there).
+    reached (a run that stops early is cut there). Particles whose exact :math:`W_2`
+    would not fit in memory are refused first (:func:`check_case_memory`).
     """
+    n = check_case_memory(n, "n", w2_method)
     t_eval = np.asarray(t_eval, float)
     t0 = time.perf_counter()
     sol = solve_mixture(attention, mixture, (t_eval[0], t_eval[-1]), t_eval=t_eval,

@@ -50,7 +50,8 @@ from ..particles import (
     sliced_wasserstein_to_gaussian,
 )
 
-__all__ = ["CompareReport", "compare", "fit_slope", "mean_field_check_failures", "stored_compare"]
+__all__ = ["CompareReport", "check_compare_memory", "compare", "compare_memory", "fit_slope",
+           "mean_field_check_failures", "stored_compare"]
 
 #: error metrics with an ODE reference, in the order of the table
 ERROR_METRICS = ("mean_error", "cov_error", "bw", "bw_relative")
@@ -70,6 +71,74 @@ def fit_slope(n, err):
     if ok.sum() < 2:
         return np.nan
     return float(np.polyfit(np.log(n[ok]), np.log(err[ok]), 1)[0])
+
+
+def compare_memory(d, n_max, n_sizes, n_seeds, n_times, n_directions=64):
+    r"""Bytes that :func:`compare` and the files of ``gaussian-pde compare`` hold at peak.
+
+    An estimate, linear in the number of output times :math:`T`: the particle run in
+    progress keeps its tokens at every output time, :math:`8 n_{\max} d` bytes at the
+    largest ``n``, and about 2 kB of moments and records per time (its own and the moment
+    ODE's); the report holds, per ``(n, seed, t)``, :math:`d + d^2 + 10` numbers, about
+    eight times over while they are written as JSON (lists of Python floats, then text);
+    the CSV table a row of about 2 kB per ``(n, t)``; the sliced Wasserstein distance
+    projects the largest run's tokens on :math:`L` directions and sorts a copy:
+
+    .. math::
+
+        T\,\big(8 n_{\max} d + 2000 + N\,(2000 + 64\,S\,(d + d^2 + 10))\big)
+        + 16\,n_{\max} L,
+
+    with :math:`N` numbers of tokens and :math:`S` seeds. The peak resident memory of
+    ``gaussian-pde compare`` grows with :math:`T` within 20 % of it (d = 2, 20 and 30
+    tokens, 2 seeds, 20,000 to 60,000 times: 12.5 kB per time measured, 10.6 kB here).
+
+    Parameters
+    ----------
+    d : int
+        Dimension of the tokens.
+    n_max : int
+        Largest number of tokens.
+    n_sizes, n_seeds, n_times : int
+        How many numbers of tokens, seeds and output times.
+    n_directions : int
+        Directions :math:`L` of the sliced Wasserstein distance.
+
+    Returns
+    -------
+    float
+        Bytes.
+    """
+    per_time = (8.0 * n_max * d + 2000.0
+                + n_sizes * (2000.0 + 64.0 * n_seeds * (d + d * d + 10)))
+    return float(n_times) * per_time + 16.0 * n_max * n_directions
+
+
+def check_compare_memory(d, n_max, n_sizes, n_seeds, n_times, n_directions=64, *,
+                         names=("`n`", "`len(seeds)`", "`len(t_eval)`", "`n_directions`")):
+    """Refuse, before any work, a comparison whose arrays would not fit in memory.
+
+    The limit is that of :func:`~gaussian_pde._common.validation.validate_allocation`
+    (half the physical memory), the need :func:`compare_memory`. The message names the
+    sizes as ``names`` (the numbers of tokens, the seeds, the output times and, when a
+    fourth name is given, the directions: the arguments of :func:`compare` by default,
+    the options of the command line there) and the size it would need. Returns the bytes
+    needed.
+    """
+    need = compare_memory(d, n_max, n_sizes, n_seeds, n_times, n_directions)
+    try:
+        validate_allocation(need, names[2], itemsize=1)
+    except ValueError:
+        sizes = [f"{names[0]} up to {n_max} tokens in d = {d}", f"{names[1]} {n_seeds}",
+                 f"{names[2]} {n_times} output times"]
+        if len(names) > 3:
+            sizes.append(f"{names[3]} {n_directions}")
+        lower = [names[2], names[1], names[0], *names[3:]]
+        raise ValueError(
+            f"{', '.join(sizes[:-1])} and {sizes[-1]} would need {need / 2**30:.3g} GiB (the "
+            f"tokens, moments and errors at every output time), more than half of this "
+            f"machine's memory; lower {', '.join(lower[:-1])} or {lower[-1]}.") from None
+    return need
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +199,21 @@ class CompareReport:
     status: np.ndarray
     slopes: dict
     slope_sem: dict
+
+    @property
+    def slope_times(self):
+        """The output times that the slopes are fitted over, shape ``(K,)``.
+
+        Those at which every particle run and the moment ODE have every error metric
+        (:func:`_slope`): all times up to the first stop. Only ``t[0]`` (the initial
+        draw) when every run or the ODE stopped before the next output time; empty
+        without an ODE.
+        """
+        errs = [getattr(self, m) for m in ERROR_METRICS if getattr(self, m) is not None]
+        if not errs:
+            return self.t[:0]
+        common = np.all([np.all(np.isfinite(e), axis=(0, 1)) for e in errs], axis=0)
+        return self.t[common]
 
     @property
     def metrics(self):
@@ -275,7 +359,7 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
     if positions is not None and not callable(positions):
         raise TypeError("`positions` must be None or a callable positions(n) -> (n,).")
     n_directions = validate_int(n_directions, "n_directions", minimum=1)
-    validate_allocation(int(ns.max()) * n_directions, "n_directions")
+    check_compare_memory(d, int(ns.max()), ns.size, seeds.size, t_eval.size, n_directions)
     ode_rtol = validate_tolerance(ode_rtol, "ode_rtol")
     ode_atol = validate_positive(ode_atol, "ode_atol")
     # the particle runs' options, checked before the moment ODE runs (not after it)

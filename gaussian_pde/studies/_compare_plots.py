@@ -6,6 +6,8 @@ a matplotlib figure; the caller saves it (``gaussian_pde._common.io.save_figure`
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ._compare import fit_slope
@@ -60,7 +62,11 @@ def plot_errors(report, metrics=("mean_error", "cov_error", "bw_relative")):
 
 
 def plot_scaling(report, metrics=("mean_error", "cov_error", "bw_relative")):
-    """Time-RMS error against ``n`` (log-log) with the fitted slope and :math:`n^{-1/2}`."""
+    """Time-RMS error against ``n`` (log-log) with the fitted slope and :math:`n^{-1/2}`.
+
+    The RMS runs over :attr:`CompareReport.slope_times` (named in the title); a single
+    ``n`` has no slope and no fitted line.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.2, 4.0))
     n = report.n.astype(float)
@@ -69,14 +75,19 @@ def plot_scaling(report, metrics=("mean_error", "cov_error", "bw_relative")):
         if err is None:
             continue
         common = np.all(np.isfinite(err), axis=(0, 1))
+        if not common.any():
+            continue
         per_run = np.sqrt(np.mean(err[:, :, common] ** 2, axis=-1))
         rms = np.sqrt(np.mean(per_run**2, axis=1))
         sem = np.std(per_run, axis=1, ddof=1) / np.sqrt(per_run.shape[1]) \
             if per_run.shape[1] > 1 else None
-        ax.errorbar(n, rms, yerr=sem, fmt="o", color=c, capsize=3,
-                    label=f"{_LABELS.get(m, m)}: slope {fit_slope(n, rms):.2f}")
-        s, b = np.polyfit(np.log(n), np.log(rms), 1)
-        ax.plot(n, np.exp(b) * n**s, "-", color=c, alpha=0.6)
+        slope = fit_slope(n, rms)      # NaN with fewer than two sizes: no line
+        label = _LABELS.get(m, m) + (f": slope {slope:.2f}" if np.isfinite(slope) else "")
+        ax.errorbar(n, rms, yerr=sem, fmt="o", color=c, capsize=3, label=label)
+        if np.isfinite(slope):
+            ok = np.isfinite(rms) & (rms > 0)
+            s, b = np.polyfit(np.log(n[ok]), np.log(rms[ok]), 1)
+            ax.plot(n, np.exp(b) * n**s, "-", color=c, alpha=0.6)
     if report.cov_error is not None:
         ref = np.sqrt(np.mean(report.cov_error[0][:, np.isfinite(report.cov_error[0]).all(0)]
                               ** 2)) * np.sqrt(n[0] / n)
@@ -85,7 +96,10 @@ def plot_scaling(report, metrics=("mean_error", "cov_error", "bw_relative")):
     ax.set_yscale("log")
     ax.set_xlabel("number of tokens n")
     ax.set_ylabel("time-RMS error (RMS over seeds)")
-    ax.set_title(f"{report.attention}: Monte Carlo error against n", fontsize=11)
+    times = report.slope_times
+    over = ("" if times.size == 0 else f"\nat t = {times[0]:.3g} only (the initial draw)"
+            if times.size == 1 else f"\nover t in [{times[0]:.3g}, {times[-1]:.3g}]")
+    ax.set_title(f"{report.attention}: Monte Carlo error against n{over}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -109,8 +123,10 @@ def plot_moments(report):
     for ax, vals, title in ((axes[0], eig, r"eigenvalues of $\Sigma$"),
                             (axes[1], eig / tr, r"eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$")):
         S = vals.shape[0]
-        m = np.nanmean(vals, axis=0)
-        se = np.nanstd(vals, axis=0, ddof=1) / np.sqrt(S) if S > 1 else 0 * m
+        with warnings.catch_warnings():    # times after every run stopped: NaN, quietly
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m = np.nanmean(vals, axis=0)
+            se = np.nanstd(vals, axis=0, ddof=1) / np.sqrt(S) if S > 1 else 0 * m
         for k in range(d):
             ax.errorbar(report.t, m[:, k], yerr=se[:, k], fmt="o", ms=3, capsize=2,
                         color=colors[k], label=f"particles, $\\lambda_{k + 1}$")

@@ -49,7 +49,7 @@ from ._compute import (
     time_grid,
 )
 from ._estimate import SweepEstimate
-from ._run import SchedulerUnreachableError, SweepReport, run_sweep
+from ._run import SchedulerUnreachableError, SweepReport, check_local_workers, run_sweep
 from ._spec import InitialSpec, RecordSpec, SolverSpec, SweepSpec, WeightSpec
 from ._store import DamagedResultsError, SweepIntegrityWarning, SweepResults, load_results
 
@@ -67,6 +67,7 @@ __all__ = [
     "SweepResults",
     "SweepSpec",
     "WeightSpec",
+    "check_local_workers",
     "classify_outcome",
     "compute_batch",
     "draw_mean",

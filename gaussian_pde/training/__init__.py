@@ -54,7 +54,8 @@ _LAZY = {
     "layer_attention": "_bridge", "layer_ffn": "_bridge", "gaussian_stack": "_bridge",
     "gaussian_prediction": "_bridge", "model_on_gaussian_tokens": "_bridge",
     "bridge": "_bridge", "without_ffn": "_bridge",
-    "run_training_study": "_study", "verdicts": "_verdicts", "write_training_study": "_report",
+    "run_training_study": "_study", "check_study_memory": "_study", "verdicts": "_verdicts",
+    "write_training_study": "_report",
     "STUDY_TASKS": "_study", "predicted_blowup_depth": "_study",
     "information_metrics": "_measure", "linear_cka": "_measure", "ridge_probe": "_measure",
     "run_failed": "_train", "DEFAULT_LEARNING_RATES": "_train", "learning_rate_grid": "_train",
@@ -65,8 +66,8 @@ __all__ = ["GPT2Checkpoint", "gpt2_forward", "random_gpt2_state_dict",
            "model_spec", "train", "Run", "TrainResult", "init_params", "layer_tokens", "loss_fn",
            "apply", "stack_tokens", "drift_metrics", "gaussian_fit", "layer_attention",
            "layer_ffn", "gaussian_stack", "gaussian_prediction", "model_on_gaussian_tokens",
-           "bridge", "without_ffn", "run_training_study", "verdicts", "write_training_study",
-           "STUDY_TASKS", "predicted_blowup_depth", "information_metrics", "linear_cka",
+           "bridge", "without_ffn", "run_training_study", "check_study_memory", "verdicts",
+           "write_training_study", "STUDY_TASKS", "predicted_blowup_depth", "information_metrics", "linear_cka",
            "ridge_probe", "run_failed", "DEFAULT_LEARNING_RATES", "learning_rate_grid"]
 
 

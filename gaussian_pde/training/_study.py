@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 import gaussian_pde as gp
+from gaussian_pde._common.validation import validate_allocation, validate_int
 from gaussian_pde.attention import dot_product_head, sum_of_heads
 
 from ._bridge import bridge, without_ffn
@@ -31,8 +32,8 @@ from ._tasks import get_task
 from ._train import DEFAULT_LEARNING_RATES, _check_rates, _check_seeds, run_failed, train
 from ._verdicts import verdicts
 
-__all__ = ["STUDY_TASKS", "OPTIMS", "run_training_study", "verdicts", "predicted_blowup_depth",
-           "largest_stable_rate"]
+__all__ = ["STUDY_TASKS", "OPTIMS", "check_study_memory", "run_training_study", "verdicts",
+           "predicted_blowup_depth", "largest_stable_rate"]
 
 #: the tasks of the study
 STUDY_TASKS = ("mixture", "regression", "text")
@@ -169,6 +170,36 @@ def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, o
     return res, records
 
 
+def check_study_memory(n_seeds, *, tasks=STUDY_TASKS, eval_batch=128, name="seeds"):
+    """Refuse, before any work, more seeds than their held-out batches leave memory for.
+
+    :func:`run_training_study` draws, per task, a held-out batch of ``eval_batch``
+    sequences for every seed and keeps them to the end: ``n_seeds`` times the bytes of one
+    batch of each task (drawn here once to measure them). That is a lower bound of what
+    the study holds; past half of this machine's memory
+    (:func:`~gaussian_pde._common.validation.validate_allocation`) it is refused, naming
+    ``name`` and the size. Returns the bytes of the held-out batches.
+    """
+    n_seeds = validate_int(n_seeds, name, minimum=1)
+    eval_batch = validate_int(eval_batch, "eval_batch", minimum=1)
+    per_seed = 0
+    for tname in tasks:
+        task = get_task(tname)
+        split = "test" if task.name == "text" else "train"
+        batch = task.sample(np.random.default_rng(0), eval_batch, split)
+        per_seed += sum(np.asarray(leaf).nbytes for leaf in jax.tree_util.tree_leaves(batch))
+    need = n_seeds * per_seed
+    try:
+        validate_allocation(need, name, itemsize=1)
+    except ValueError:
+        raise ValueError(f"`{name}` = {n_seeds} seeds would need at least {need / 2**30:.3g} "
+                         f"GiB for their held-out batches alone ({per_seed / 2**20:.3g} MiB "
+                         f"per seed: {eval_batch} sequences per task, tasks "
+                         f"{', '.join(tasks)}), more than half of this machine's memory; "
+                         f"lower `{name}`.") from None
+    return need
+
+
 def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture",
                        sweep_variants=None, task_variants=None,
                        depths=(2, 4, 8, 16, 32, 64), depth=4, seeds=(0, 1, 2),
@@ -240,6 +271,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                                                     for v in vs}:
         model_spec(v)
     seeds, rates = _check_seeds(seeds), _check_rates(learning_rates)
+    check_study_memory(len(seeds), tasks=tasks, eval_batch=eval_batch)
     task_steps = dict(task_steps or {})
     task_width = dict(task_width or {})
     task_optims = {t: tuple(o) for t, o in dict(task_optims or {}).items()}

@@ -106,12 +106,40 @@ CASES = {
     "compare-dt-zero": COMPARE + ["--dt", "0"],
     "compare-dt-nan": COMPARE + ["--dt", "nan"],
     "compare-chunk-size-zero": COMPARE + ["--chunk-size", "0"],
+    # counts that are not whole numbers, or whose arrays would not fit in memory
+    **{f"compare-{opt[2:]}-{label}": COMPARE + [opt, value]
+       for opt in ("--n", "--seeds", "--num-times", "--chunk-size")
+       for label, value in {"float": "2.5", "nan": "nan", "inf": "inf", "negative": "-1",
+                            "zero": "0", "text": "x"}.items()},
+    "compare-num-times-1e8": COMPARE[:8] + ["1e8"] + COMPARE[9:],
+    "compare-num-times-huge": COMPARE[:8] + ["100000000"] + COMPARE[9:],
+    "compare-seeds-1e8": COMPARE[:6] + ["1e8"] + COMPARE[7:],
+    "compare-n-1e8": COMPARE[:4] + ["1e8"] + COMPARE[5:],
+    "compare-n-1e308": COMPARE[:4] + ["1e308"] + COMPARE[5:],
+    "compare-dt-inf": COMPARE + ["--dt", "inf"],
+    "compare-dt-negative": COMPARE + ["--dt", "-1"],
+    "compare-t-end-text": COMPARE[:10] + ["x"],
     "compare-weights-missing": COMPARE + ["--weights", "no_such.json"],
     "compare-weights-bad": COMPARE + ["--weights", "weights_bad.json"],
     "compare-weights-nan": COMPARE + ["--weights", "weights_nan.json"],
     "compare-weights-syntax": COMPARE + ["--weights", "weights_syntax.json"],
     "compare-weights-folder": COMPARE + ["--weights", "."],
     "clusters-n-zero": ["clusters", "--quick", "--n", "0"],
+    # the same kinds of values in the siblings' counts; too large: the size they would need
+    **{f"clusters-n-{label}": ["clusters", "--quick", "--n", value]
+       for label, value in {"float": "2.5", "nan": "nan", "inf": "inf", "negative": "-1",
+                            "1e8": "1e8", "1e308": "1e308", "huge": "100000"}.items()},
+    **{f"train-seeds-{label}": ["train", "--quick", "--seeds", value, "--out", "res"]
+       for label, value in {"float": "2.5", "nan": "nan", "zero": "0", "negative": "-1",
+                            "1e8": "1e8"}.items()},
+    **{f"sweep-workers-{label}": ["sweep", "run", "good.toml", "--workers", value,
+                                  "--out", "res"]
+       for label, value in {"float": "2.5", "nan": "nan", "negative": "-1",
+                            "1e8": "1e8"}.items()},
+    **{f"sweep-timeout-{label}": ["sweep", "run", "good.toml", "--connect-timeout", value,
+                                  "--out", "res"]
+       for label, value in {"inf": "inf", "nan": "nan", "zero": "0"}.items()},
+    "stabilizers-seed-float": ["stabilizers", "--quick", "--seed", "1.5"],
     "stabilizers-seed-negative": ["stabilizers", "--quick", "--seed", "-1"],
     "reproduce-paper-tol-negative": ["reproduce", "--quick", "--paper-tol", "-1"],
     "reproduce-paper-tol-nan": ["reproduce", "--quick", "--paper-tol", "nan"],

@@ -38,6 +38,19 @@ def test_counts_merges_and_plateaus():
     assert C.particle_cluster_counts(x[None], 10.0)[0] == 1
 
 
+def test_a_case_refuses_particles_whose_exact_w2_would_not_fit_in_memory():
+    """The exact W2 holds an n x n cost matrix and its copy (16 n^2 bytes): 10^6 particles
+    ask for 1.5e4 GiB, past half of any machine's memory; refused before the closure and
+    the particles run. The sliced distance needs no such matrix."""
+    att = C.cluster_attention("softmax", 2, q=0.7, seed=0)
+    mix = C.cluster_mixture(2, 2, config="symmetric")
+    with pytest.raises(ValueError, match=r"`n` asks for 1\.49e\+04 GiB of arrays"):
+        C.run_case(att, mix, np.linspace(0, 1, 3), n=10**6)
+    assert C.check_case_memory(10**6, w2_method="sliced") == 10**6
+    with pytest.raises(ValueError, match="`--n` must be at least 2"):
+        C.check_case_memory(1, "--n")
+
+
 def test_small_case_measures():
     att = C.cluster_attention("softmax", 2, q=0.7, seed=0)
     mix = C.cluster_mixture(2, 2, config="symmetric")

@@ -10,7 +10,14 @@ import gaussian_pde as gp
 from gaussian_pde._common.gaussian import bures_wasserstein
 from gaussian_pde.attention import names_with
 from gaussian_pde.cli._main import main
-from gaussian_pde.studies import CompareReport, compare, fit_slope, stored_compare
+from gaussian_pde.studies import (
+    CompareReport,
+    check_compare_memory,
+    compare,
+    compare_memory,
+    fit_slope,
+    stored_compare,
+)
 
 
 # ---------------------------------------------------------------- Bures-Wasserstein
@@ -181,6 +188,48 @@ def test_compare_bad_input():
         compare(att, np.zeros(3), np.eye(2), n=[10])
 
 
+def test_compare_refuses_sizes_too_large_for_the_memory_before_any_work():
+    """Half the machine's memory is the limit (validate_allocation): 10^9 tokens, 10^12
+    sliced-W2 directions and 10^8 output times are far past it on any machine; the
+    message names the size and the argument."""
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+    with pytest.raises(ValueError, match=r"`n` up to 1000000000 tokens.*GiB"):
+        compare(att, np.zeros(2), np.eye(2), n=[10, 10**9])
+    with pytest.raises(ValueError, match=r"`n_directions` 1000000000000 would need .*GiB"):
+        compare(att, np.zeros(2), np.eye(2), n=[10, 20], n_directions=10**12)
+    with pytest.raises(ValueError, match=r"`--num-times` 100000000 output times would need"):
+        check_compare_memory(2, 500, 3, 5, 10**8, names=("`--n`", "`--seeds`", "`--num-times`"))
+    assert check_compare_memory(2, 500, 3, 5, 11) == compare_memory(2, 500, 3, 5, 11)
+
+
+def test_compare_memory_bounds_the_reports_arrays():
+    """The estimate holds at least the report's own arrays and one run's kept tokens
+    (8 n d bytes per output time), and grows linearly with the output times."""
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+    t_eval = np.linspace(0.0, 0.1, 4)
+    rep = compare(att, np.zeros(2), np.eye(2), n=(10, 20), seeds=range(2), t_eval=t_eval,
+                  n_directions=8, ess_threshold=0.0)
+    held = sum(getattr(rep, m).nbytes for m in ("mean", "cov", *rep.metrics))
+    need = compare_memory(2, 20, 2, 2, t_eval.size, n_directions=8)
+    assert held + 8 * 20 * 2 * t_eval.size < need
+    base = compare_memory(2, 20, 2, 2, 0, n_directions=8)
+    assert base == 16 * 20 * 8
+    assert compare_memory(2, 20, 2, 2, 8, 8) - base == 2 * (need - base)
+
+
+def test_slopes_of_runs_that_stop_at_once_are_those_of_the_initial_draw():
+    """Output times far beyond the dynamics' range (every run leaves the floating-point
+    range in its first step): the slopes are fitted over t = 0 alone, finite, and equal
+    to those of a comparison at t = 0 only (the same seeded draws)."""
+    att = gp.L2(np.eye(2), np.eye(2), np.eye(2))
+    kw = dict(n=(10, 20), seeds=range(2), method="rk4", ess_threshold=0.0)
+    far = compare(att, np.zeros(2), np.eye(2), t_eval=[0.0, 5e307, 1e308], dt=2e306, **kw)
+    assert (far.status != "finished").all()
+    start = compare(att, np.zeros(2), np.eye(2), t_eval=[0.0], **kw)
+    assert far.slope_times.tolist() == start.slope_times.tolist() == [0.0]
+    assert far.slopes == start.slopes and all(np.isfinite(v) for v in far.slopes.values())
+
+
 # ---------------------------------------------------------------- CLI
 #: one type with exact moments (the error figures) and one with positions (none)
 CLI_TYPES = (names_with(gaussian_preserving=True, mean_generator=True)[:1]
@@ -206,7 +255,31 @@ def test_cli_compare_writes_table_and_figures(tmp_path, name):
     assert not list(tmp_path.glob(".*.tmp*"))  # atomic writes left no temporary files
 
 
+@pytest.mark.filterwarnings("ignore::gaussian_pde.particles._simulate.ParticleDegeneracyWarning")
+def test_cli_compare_says_over_which_times_the_slopes_are_fitted(tmp_path, capsys):
+    """A --t-end far beyond the dynamics' range: finite slopes of the initial draw, said
+    so; a single --n: no slopes, and no NaN in the line."""
+    base = ["-q", "compare", "--attention", "l2", "--seeds", "2", "--num-times", "3"]
+    assert main([*base, "--n", "10", "20", "--t-end", "1e308", "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out
+    assert "at t = 0 only, the initial draw" in line and "nan" not in line
+    data = json.loads((tmp_path / "compare_l2.json").read_text())
+    assert data["slope_times"] == [0.0] and None not in data["slopes"].values()
+    assert main([*base, "--n", "10", "--t-end", "0.1", "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out
+    assert "no slopes of error against n" in line and "nan" not in line
+    assert main([*base, "--n", "10", "20", "--t-end", "0.1", "--out", str(tmp_path)]) == 0
+    assert "slopes of error against n over t in [0, 0.1]: mean_error" in capsys.readouterr().out
+
+
 def test_cli_compare_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["compare", "--attention", "softmax", "--seeds", "0", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "--seeds" in capsys.readouterr().err
+    # too large for the memory: refused with the size, before the output folder is made
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--attention", "softmax", "--num-times", "1e8",
+              "--out", str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "`--num-times` 100000000 output times would need" in err
+    assert "GiB" in err and not (tmp_path / "res").exists()

@@ -266,6 +266,25 @@ def test_results_folder_of_another_spec_is_refused(tmp_path):
                   progress=False)
 
 
+def test_local_workers_past_the_memory_are_refused_before_any_work(tmp_path):
+    """Each local worker process takes about 200 MiB before its first task: 10^8 of them
+    (1.95e7 GiB) are past half of any machine's memory; refused with the size and nothing
+    written. Workers that are not a positive integer and a connection timeout that is not
+    a finite positive number (Dask has no time span for inf) are refused too."""
+    out = tmp_path / "res"
+    with pytest.raises(ValueError, match=r"`workers` = 100000000 worker processes would "
+                                         r"need 1\.95e\+07 GiB"):
+        run_sweep(small_spec(), out, workers=10**8, progress=False)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="`workers` must be a positive integer"):
+            run_sweep(small_spec(), out, workers=bad, progress=False)
+    for bad in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ValueError, match="`connect_timeout` must be a finite positive"):
+            run_sweep(small_spec(), out, scheduler="inprocess", connect_timeout=bad,
+                      progress=False)
+    assert not out.exists()
+
+
 def test_summary_counts(reference, capsys):
     rows = summarize(reference)
     assert len(rows) == 4

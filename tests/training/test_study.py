@@ -20,6 +20,23 @@ def test_cli_bad_seeds_exit_2(capsys):
     assert len(err) == 1 and "--seeds" in err[0]
 
 
+def test_seeds_whose_held_out_batches_exceed_the_memory_are_refused(capsys):
+    """Every seed keeps a held-out batch per task (the mixture task's 32 sequences: 16 kB,
+    the bytes of one batch drawn here); 10^8 seeds need 1.5e3 GiB of them, past half of
+    any machine's memory: refused with the size, before any training."""
+    from gaussian_pde.training import check_study_memory, get_task
+
+    batch = get_task("mixture").sample(np.random.default_rng(0), 32, "train")
+    per_seed = sum(np.asarray(b).nbytes for b in batch)
+    assert check_study_memory(3, tasks=("mixture",), eval_batch=32) == 3 * per_seed
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--quick", "--seeds", "1e8", "--out", "/nonexistent/x/../y"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1
+    assert f"`--seeds` = 100000000 seeds would need at least {1e8 * per_seed / 2**30:.3g} GiB" \
+        in err[0]
+
+
 @pytest.mark.slow
 def test_small_study_writes_report_and_verdicts(tmp_path):
     res = run_training_study(tasks=("mixture", "regression"),
