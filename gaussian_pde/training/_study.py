@@ -62,42 +62,57 @@ def _eval(params, spec, task, x, y, optimize=True):
 
 
 def predicted_blowup_depth(params, spec, cov0, *, horizon_layers=2.0):
-    r"""The Gaussian theory's blow-up depth :math:`L^* = t^*/h` of a model's first attention.
+    r"""The Gaussian theory's blow-up depth :math:`L^* = t^*/h` of a model's attentions.
 
-    The attention of layer 1 (the only one when tied), its values scaled by the branch
-    factor :math:`\beta` (:attr:`ModelSpec.branch_factor`), drives the Gaussian moment
-    ODE :math:`\dot\Sigma = M(\Sigma)\Sigma + \Sigma M(\Sigma)^T` from the covariance
-    ``cov0`` of the embedded tokens (:func:`gaussian_pde.solve`, its blow-up event); the
-    residual stack is that ODE's Euler scheme with step :math:`h` (1 for a block stack,
-    :math:`T/L` for the simulator), so :math:`L^* = t^*/h` layers. Integrated up to
-    ``horizon_layers`` times the model's depth; ``inf`` when no blow-up is found there.
-    Every later layer is taken to be the first one: the prediction is for the input
-    scale, and trained layers differ.
+    Layer :math:`l` of the stack is one step :math:`h` of the Gaussian moment ODE
+    :math:`\dot\Sigma = M_l(\Sigma)\Sigma + \Sigma M_l(\Sigma)^T` of its own attention,
+    its values scaled by the branch factor :math:`\beta` (:attr:`ModelSpec.branch_factor`;
+    ReZero: the layer's gate): the residual stack is that ODE's Euler scheme with step
+    :math:`h` (1 for a block stack, :math:`T/L` for the simulator). From the covariance
+    ``cov0`` of the embedded tokens, the ODE runs through the layers in turn, each for a
+    time :math:`h` (:func:`gaussian_pde.solve` with its blow-up event); past the last
+    layer, that layer's field goes on, up to ``horizon_layers`` times the depth. A blow-up
+    at time :math:`\tau` into layer :math:`l` (0-based) gives :math:`L^* = l + \tau/h`;
+    ``inf`` when none is found within the horizon, NaN when the ODE cannot be integrated.
+    A layer whose branch is off (no residual, a closed gate) moves nothing.
     """
-    b = block_weights(params, spec, 0)
+    depth, h = spec.depth, spec.step
+    cov = np.asarray(cov0, float)
+    cov = 0.5 * (cov + cov.T)
+    horizon = horizon_layers * depth
+    layer = 0
+    while layer < horizon:
+        att = _layer_attention(params, spec, min(layer, depth - 1))
+        span = h if layer < depth - 1 else (horizon - layer) * h   # the last layer goes on
+        if att is not None:
+            try:
+                with np.errstate(all="ignore"):
+                    res = gp.solve(att, None, cov, (0.0, span), blowup_threshold=1e8,
+                                   rtol=1e-6, atol=1e-9)
+            except (ValueError, FloatingPointError, np.linalg.LinAlgError):
+                return math.nan
+            if res.t_blowup is not None:
+                return layer + float(res.t_blowup) / h
+            cov = res.cov_final
+            if not np.all(np.isfinite(cov)):
+                return math.nan
+        layer += 1 if layer < depth - 1 else horizon
+    return math.inf
+
+
+def _layer_attention(params, spec, layer):
+    """The attention of ``layer`` as the moment ODE sees it (values times the branch factor), or None."""
+    b = block_weights(params, spec, layer)
     beta = spec.branch_factor * (1.0 if spec.residual else 0.0) if spec.simulator is None \
         else 1.0
-    if beta == 0.0 or (spec.rezero and float(np.max(np.abs(b["gate1"]))) == 0.0):
-        return math.inf
     if spec.rezero:
-        beta = float(b["gate1"])
-    heads = [dot_product_head(np.asarray(b["Q"][h], float), np.asarray(b["K"][h], float),
-                              beta * np.asarray(b["Wo"][h] @ b["Wv"][h], float),
-                              scale=spec.score_scale) for h in range(spec.heads)]
-    att = sum_of_heads(heads)
-    h = spec.step
-    cov0 = np.asarray(cov0, float)
-    cov0 = 0.5 * (cov0 + cov0.T)
-    t_max = horizon_layers * spec.depth * h
-    try:
-        with np.errstate(all="ignore"):
-            res = gp.solve(att, None, cov0, (0.0, t_max), blowup_threshold=1e8, rtol=1e-6,
-                           atol=1e-9)
-    except (ValueError, FloatingPointError, np.linalg.LinAlgError):
-        return math.nan
-    if res.t_blowup is None:
-        return math.inf
-    return float(res.t_blowup) / h
+        beta = float(np.asarray(b["gate1"]).ravel()[0]) if beta != 0.0 else 0.0
+    if beta == 0.0:
+        return None
+    heads = [dot_product_head(np.asarray(b["Q"][k], float), np.asarray(b["K"][k], float),
+                              beta * np.asarray(b["Wo"][k] @ b["Wv"][k], float),
+                              scale=spec.score_scale) for k in range(spec.heads)]
+    return sum_of_heads(heads)
 
 
 def largest_stable_rate(records, chance):

@@ -29,8 +29,9 @@ with replacement, all cases of a resampled seed kept together, 2000 resamples).
     fails and pre-LN does not; the same four outcomes against ``no_ln``.
 ``theory``
     The Gaussian theory predicts failure: for every run of a model without
-    normalisation with a finite prediction, :math:`L^* < L` (the first attention's
-    Gaussian blow-up depth at the embedded tokens' covariance, at initialisation) is
+    normalisation with a finite prediction, :math:`L^* < L` (the Gaussian blow-up depth
+    through the layers' attentions from the embedded tokens' covariance, at
+    initialisation) is
     taken as a prediction that the run fails, or that its activations grow
     (:math:`\operatorname{tr}\hat\Sigma_L/\operatorname{tr}\hat\Sigma_0 > 10` at
     initialisation); the agreement rate is the share of runs where prediction and outcome
@@ -226,8 +227,8 @@ def _theory_row(runs):
                                   agrees_growth=pred == grew))
     n = len(cases)
     return dict(claim="theory", pair="L* < L",
-                criterion="prediction L* < L (Gaussian blow-up depth of the first attention "
-                          "at init) against failure, and against growth tr S_L / tr S_0 > "
+                criterion="prediction L* < L (Gaussian blow-up depth through the layers' "
+                          "attentions at init) against failure, and against growth tr S_L / tr S_0 > "
                           f"{GROWTH_LIMIT:g} at init",
                 total=n, agree_failure=int(sum(c["agrees_failure"] for c in cases)),
                 agree_growth=int(sum(c["agrees_growth"] for c in cases)),

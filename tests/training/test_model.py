@@ -66,21 +66,31 @@ def _v_identity_params(spec, rng):
     return p
 
 
-@pytest.mark.parametrize("name,h_factor", [("no_ln", 1.0), ("no_ln_depth", 4.0),
-                                           ("pde_euler", 0.25), ("pde_euler_tL", 1.0)])
-def test_predicted_blowup_depth_is_the_exact_blowup_time_over_the_step(name, h_factor):
-    """V = I: t* = 1/lambda_max(S^1/2 (A + A^T) S^1/2) (gp.blowup_time); the stack's field
-    is beta V (block stacks) with step h (simulator: T/L), so L* = t* / (beta h)."""
+@pytest.mark.parametrize("name", ["no_ln", "no_ln_depth", "pde_euler", "pde_euler_tL",
+                                  "pde_euler_tied"])
+def test_predicted_blowup_depth_is_the_exact_blowup_time_over_the_step(name):
+    """V = I and its own Q per layer: each layer is the exact Riccati flow
+    Sigma' = Sigma S_l Sigma (gp.exact_covariance) over a time beta h (block stacks; the
+    simulator: h = T/L), from the covariance the layer before left; the first layer whose
+    blow-up time t*_l (gp.blowup_time) falls within it gives L* = l + t*_l / (beta h)."""
     spec = model_spec(name, width=3, heads=1, depth=4, ffn_width=0)
     rng = np.random.default_rng(1)
     p = _v_identity_params(spec, rng)
     cov0 = np.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 0.5]])
-    b0 = {k: v[0] for k, v in p["blocks"].items()}
-    head = gp.Softmax(b0["Q"][0], b0["K"][0], np.eye(3), scale=spec.score_scale)
-    t_star = gp.blowup_time(head, cov0)
-    assert np.isfinite(t_star)
-    scale = spec.branch_factor * spec.step if spec.simulator is None else spec.step
-    expected = t_star / scale
+    span = spec.branch_factor * spec.step if spec.simulator is None else spec.step
+    cov, expected = cov0, None
+    for layer in range(spec.depth):
+        b = {k: v[0 if spec.tied else layer] for k, v in p["blocks"].items()}
+        head = gp.Softmax(b["Q"][0], b["K"][0], np.eye(3), scale=spec.score_scale)
+        t_star = gp.blowup_time(head, cov)
+        if t_star <= span or layer == spec.depth - 1:   # the last layer goes on
+            expected = layer + t_star / span
+            break
+        cov = gp.exact_covariance(head, cov, [span])[0]
+    assert np.isfinite(expected)
     got = predicted_blowup_depth(p, spec, cov0, horizon_layers=10 * expected / spec.depth)
     assert got == pytest.approx(expected, rel=1e-4)
-    assert h_factor > 0
+    if not spec.tied:     # the first layer's weights alone predict another depth
+        first = gp.Softmax(p["blocks"]["Q"][0][0], p["blocks"]["K"][0][0], np.eye(3),
+                           scale=spec.score_scale)
+        assert abs(gp.blowup_time(first, cov0) / span - expected) > 1e-3 * expected
