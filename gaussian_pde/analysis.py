@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import numbers
 
 import numpy as np
@@ -255,6 +256,128 @@ def _validate_t_blowup(t_blowup, t0):
     return value
 
 
+def _classification_thresholds(settle_tol, decay_slope, zero_tol, growth_ratio):
+    """The thresholds of :func:`classify_trajectory`, validated, in its order."""
+    settle_tol = validate_threshold(settle_tol, "settle_tol", upper=1.0, allow_zero=False)
+    decay_slope = validate_threshold(decay_slope, "decay_slope", upper=1.0 + 1e-12,
+                                     allow_zero=False)
+    zero_tol = validate_threshold(zero_tol, "zero_tol", upper=1.0, allow_zero=False)
+    growth_ratio = validate_positive(growth_ratio, "growth_ratio")
+    if growth_ratio <= 1:
+        raise ValueError(f"`growth_ratio` must be greater than 1, got {growth_ratio!r}.")
+    return settle_tol, decay_slope, zero_tol, growth_ratio
+
+
+def _classification_inputs(t, cov, attention, status):
+    """``(t, cov, status)`` of :func:`classify_trajectory`, validated against each other.
+
+    ``status`` comes back as the string of a :class:`~gaussian_pde.Status` (or ``None``);
+    ``attention``, when given, must have the dimension of ``cov`` and an exact rate.
+    """
+    t = validate_array(t, "t", ndim=1)
+    cov = _covariances(cov)
+    if cov.ndim != 3 or cov.shape[0] != t.size:
+        raise ValueError(f"`cov` must have shape (T, d, d) with T = len(t) = {t.size}, "
+                         f"got {cov.shape}.")
+    if t.size == 0:
+        raise ValueError("`t` must not be empty.")
+    if np.any(np.diff(t) <= 0):
+        raise ValueError("`t` must be strictly increasing.")
+    if status is not None:
+        names = [s.value for s in Status]
+        if str(status) not in names:
+            raise ValueError(f"`status` must be one of {names} (gaussian_pde.Status), "
+                             f"got {status!r}.")
+        status = str(status)
+    if attention is not None and not isinstance(attention, Attention):
+        raise TypeError("`attention` must be an attention instance (e.g. gp.Softmax(Q, K, V)), "
+                        f"got {type(attention).__name__}.")
+    d = cov.shape[-1]
+    if attention is not None and attention.d != d:
+        raise ValueError(f"`attention` has dimension d = {attention.d}, but `cov` holds "
+                         f"{d} x {d} covariances.")
+    if attention is not None and not attention.gaussian_preserving:
+        raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians: it has "
+                        "no exact covariance rate; give `rate` instead.")
+    return t, cov, status
+
+
+def _outcome(outcome, msg, *, cf, tr_f, tf, rank=None, limit=None, tb=None, direction=False):
+    r"""The :class:`TrajectoryOutcome` of the final state ``cf`` (trace ``tr_f``) at ``tf``.
+
+    With ``direction``, the normalised state :math:`\Sigma_f/\operatorname{tr}\Sigma_f`
+    and its top eigenvector are attached.
+    """
+    P = cf / tr_f if direction else None
+    vec = _top_vector(P) if direction else None
+    return TrajectoryOutcome(outcome, rank, limit, tb, P, vec, tf, msg)
+
+
+def _final_rate(t, cov, rate, attention):
+    r"""The symmetrised rate :math:`\Sigma'_f` at the last time, or ``None`` if unknown.
+
+    ``rate`` as given (checked), else the exact one of ``attention`` (whose rate does not
+    involve the mean), else a backward difference of the last two samples.
+    """
+    d = cov.shape[-1]
+    if rate is not None:
+        rate = validate_array(rate, "rate", ndim=2)
+        if rate.shape != (d, d):
+            raise ValueError(f"`rate` must have shape ({d}, {d}), got {rate.shape}.")
+    elif attention is not None and not attention.field_sees_mean:
+        rate = attention.cov_rhs(cov[-1])   # (a rate that involves the mean: from the samples)
+    elif t.size >= 2 and t[-1] > t[-2]:
+        rate = (cov[-1] - cov[-2]) / (t[-1] - t[-2])
+    else:
+        return None
+    return 0.5 * (rate + rate.T)
+
+
+def _classify_spectrum(result, cf, rate, tf, ratio, *, rtol, atol, settle_tol, decay_slope,
+                       zero_tol):
+    r"""Rules 4 to 6 of :func:`classify_trajectory`: ``ZERO``, ``RANK`` or ``UNDECIDED``.
+
+    From the eigenpairs of the final state ``cf`` and their log-log slopes
+    :math:`\gamma_i = t_f\,u_i^T\Sigma'_f u_i/\lambda_i` (``rate`` is :math:`\Sigma'_f`);
+    ``ratio`` is :math:`\operatorname{tr}\Sigma_f/\operatorname{tr}\Sigma_0`, ``result``
+    makes the outcome (:func:`_outcome` bound to the final state).
+    """
+    d = cf.shape[-1]
+    lam, U = _eigh_descending(cf)
+    lam = np.clip(lam, 0.0, None)
+    dlam = np.einsum("ji,jk,ki->i", U, rate, U)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gamma = np.where(lam > 0, tf * dlam / np.where(lam > 0, lam, 1.0),
+                         np.where(dlam > 0, np.inf, 0.0))
+    if ratio <= zero_tol and np.all(gamma <= -decay_slope):
+        return result(Outcome.ZERO, f"trace fell by {1 / ratio:.3g} and every eigenvalue "
+                      f"decays (log-log slopes <= {gamma.max():.3g})", rank=0,
+                      limit=np.zeros((d, d)))
+    thr = max(atol, rtol * lam[0])
+    kept = lam > thr
+    moving = kept & (np.abs(gamma) > settle_tol)
+    rising = ~kept & (gamma > settle_tol)
+    if not moving.any() and not rising.any():
+        r = int(kept.sum())
+        if r == 0:
+            return result(Outcome.ZERO, f"every eigenvalue is below atol = {atol:.3g} "
+                          "and none grows", rank=0, limit=np.zeros((d, d)))
+        Uk = U[:, kept]
+        limit = (Uk * lam[kept]) @ Uk.T
+        return result(Outcome.RANK, f"{r} eigenvalue(s) settled (|t lambda'/lambda| <= "
+                      f"{np.abs(gamma[kept]).max():.2g}), {d - r} below "
+                      f"{thr:.3g} and not growing", rank=r, limit=limit)
+    why = []
+    if moving.any():
+        why.append("eigenvalue(s) " + ", ".join(f"{v:.3g} (t lambda'/lambda = {g:.2g})"
+                                                for v, g in zip(lam[moving], gamma[moving]))
+                   + " still moving")
+    if rising.any():
+        why.append("eigenvalue(s) " + ", ".join(f"{v:.3g}" for v in lam[rising])
+                   + " below the threshold but growing")
+    return result(Outcome.UNDECIDED, f"not settled at t = {tf:.4g}: " + "; ".join(why))
+
+
 def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blowup=None,
                         message="", rtol=1e-4, atol=0.0, settle_tol=1e-2, decay_slope=0.5,
                         zero_tol=0.1, growth_ratio=1e8):
@@ -323,48 +446,15 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
     TrajectoryOutcome
     """
     rtol, atol = _thresholds(rtol, atol)
-    settle_tol = validate_threshold(settle_tol, "settle_tol", upper=1.0, allow_zero=False)
-    decay_slope = validate_threshold(decay_slope, "decay_slope", upper=1.0 + 1e-12,
-                                     allow_zero=False)
-    zero_tol = validate_threshold(zero_tol, "zero_tol", upper=1.0, allow_zero=False)
-    growth_ratio = validate_positive(growth_ratio, "growth_ratio")
-    if growth_ratio <= 1:
-        raise ValueError(f"`growth_ratio` must be greater than 1, got {growth_ratio!r}.")
-    t = validate_array(t, "t", ndim=1)
-    cov = _covariances(cov)
-    if cov.ndim != 3 or cov.shape[0] != t.size:
-        raise ValueError(f"`cov` must have shape (T, d, d) with T = len(t) = {t.size}, "
-                         f"got {cov.shape}.")
-    if t.size == 0:
-        raise ValueError("`t` must not be empty.")
-    if np.any(np.diff(t) <= 0):
-        raise ValueError("`t` must be strictly increasing.")
-    if status is not None:
-        names = [s.value for s in Status]
-        if str(status) not in names:
-            raise ValueError(f"`status` must be one of {names} (gaussian_pde.Status), "
-                             f"got {status!r}.")
-        status = str(status)
-    if attention is not None and not isinstance(attention, Attention):
-        raise TypeError("`attention` must be an attention instance (e.g. gp.Softmax(Q, K, V)), "
-                        f"got {type(attention).__name__}.")
-    d = cov.shape[-1]
-    if attention is not None and attention.d != d:
-        raise ValueError(f"`attention` has dimension d = {attention.d}, but `cov` holds "
-                         f"{d} x {d} covariances.")
-    if attention is not None and not attention.gaussian_preserving:
-        raise TypeError(f"`attention` ({attention.name}) does not preserve Gaussians: it has "
-                        "no exact covariance rate; give `rate` instead.")
+    settle_tol, decay_slope, zero_tol, growth_ratio = _classification_thresholds(
+        settle_tol, decay_slope, zero_tol, growth_ratio)
+    t, cov, status = _classification_inputs(t, cov, attention, status)
     t_blowup = _validate_t_blowup(t_blowup, t[0])
     tr = np.trace(cov, axis1=-2, axis2=-1)
     tr0, tf, cf = tr[0], float(t[-1]), cov[-1]
     if not tr0 > 0:
         raise ValueError("`cov[0]` must have a positive trace.")
-
-    def result(outcome, msg, *, rank=None, limit=None, tb=None, direction=False):
-        P = cf / tr[-1] if direction else None
-        vec = _top_vector(P) if direction else None
-        return TrajectoryOutcome(outcome, rank, limit, tb, P, vec, tf, msg)
+    result = functools.partial(_outcome, cf=cf, tr_f=tr[-1], tf=tf)
 
     if status == "blowup" and t_blowup is not None and np.isfinite(t_blowup):
         r = limit_rank(cf / tr[-1], rtol=rtol)
@@ -383,18 +473,9 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
                           f"finite-time signature p = {sig[1]:.3g} < 0.9; extrapolated "
                           f"t* = {sig[0]:.10g}", rank=r, tb=float(sig[0]), direction=True)
 
-    # rate at the final state
-    if rate is not None:
-        rate = validate_array(rate, "rate", ndim=2)
-        if rate.shape != (d, d):
-            raise ValueError(f"`rate` must have shape ({d}, {d}), got {rate.shape}.")
-    elif attention is not None and not attention.field_sees_mean:
-        rate = attention.cov_rhs(cf)      # (a rate that involves the mean: from the samples)
-    elif t.size >= 2 and t[-1] > t[-2]:
-        rate = (cov[-1] - cov[-2]) / (t[-1] - t[-2])
-    else:
+    rate = _final_rate(t, cov, rate, attention)
+    if rate is None:
         return result(Outcome.UNDECIDED, "no rate: give `rate`, `attention` or two samples")
-    rate = 0.5 * (rate + rate.T)
     tr_slope = tf * np.trace(rate) / tr[-1] if tr[-1] > 0 else 0.0
 
     if ratio >= growth_ratio:
@@ -405,40 +486,9 @@ def classify_trajectory(t, cov, *, rate=None, attention=None, status=None, t_blo
                           rank=r, direction=True)
         return result(Outcome.UNDECIDED, f"trace grew by {ratio:.3g} but its growth slows "
                       f"(t tr'/tr = {tr_slope:.3g}); neither blow-up nor a limit is shown")
-
-    lam, U = _eigh_descending(cf)
-    lam = np.clip(lam, 0.0, None)
-    dlam = np.einsum("ji,jk,ki->i", U, rate, U)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gamma = np.where(lam > 0, tf * dlam / np.where(lam > 0, lam, 1.0),
-                         np.where(dlam > 0, np.inf, 0.0))
-    if ratio <= zero_tol and np.all(gamma <= -decay_slope):
-        return result(Outcome.ZERO, f"trace fell by {1 / ratio:.3g} and every eigenvalue "
-                      f"decays (log-log slopes <= {gamma.max():.3g})", rank=0,
-                      limit=np.zeros((d, d)))
-    thr = max(atol, rtol * lam[0])
-    kept = lam > thr
-    moving = kept & (np.abs(gamma) > settle_tol)
-    rising = ~kept & (gamma > settle_tol)
-    if not moving.any() and not rising.any():
-        r = int(kept.sum())
-        if r == 0:
-            return result(Outcome.ZERO, f"every eigenvalue is below atol = {atol:.3g} "
-                          "and none grows", rank=0, limit=np.zeros((d, d)))
-        Uk = U[:, kept]
-        limit = (Uk * lam[kept]) @ Uk.T
-        return result(Outcome.RANK, f"{r} eigenvalue(s) settled (|t lambda'/lambda| <= "
-                      f"{np.abs(gamma[kept]).max():.2g}), {d - r} below "
-                      f"{thr:.3g} and not growing", rank=r, limit=limit)
-    why = []
-    if moving.any():
-        why.append("eigenvalue(s) " + ", ".join(f"{v:.3g} (t lambda'/lambda = {g:.2g})"
-                                                for v, g in zip(lam[moving], gamma[moving]))
-                   + " still moving")
-    if rising.any():
-        why.append("eigenvalue(s) " + ", ".join(f"{v:.3g}" for v in lam[rising])
-                   + " below the threshold but growing")
-    return result(Outcome.UNDECIDED, f"not settled at t = {tf:.4g}: " + "; ".join(why))
+    return _classify_spectrum(result, cf, rate, tf, ratio, rtol=rtol, atol=atol,
+                              settle_tol=settle_tol, decay_slope=decay_slope,
+                              zero_tol=zero_tol)
 
 
 def classify_solution(solution, attention=None, **kwargs):

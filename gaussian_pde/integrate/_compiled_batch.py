@@ -625,6 +625,66 @@ def _col_sq(L, j, rows):
     return acc
 
 
+def _attempt(rhs, jac, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
+             ws, atol, rtol):
+    r"""One attempted step of size ``h`` from ``y`` (``f = f(y)``) with the current method.
+
+    RODAS4 (``imp``; the Jacobian evaluated first unless ``fresh``) or DOP853 (the
+    stages in ``K``, ``Kx`` as scratch). Returns ``(err, hlamb, nfev, err_exp,
+    max_factor, fresh)``: the error norm (inf: reject), Hairer's :math:`h|\lambda|`
+    (0 for RODAS4), the evaluations spent, the step-size rule's exponent and largest
+    factor, and whether ``J`` is the Jacobian at ``y``.
+    """
+    if imp:
+        nfev = 0
+        if not fresh:
+            nfev += _jacobian(rhs, jac, P, d, m, y, J, ws, tmp, xa, xb)
+            fresh = True
+        err = _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, xa, ws, atol, rtol)
+        return err, 0.0, nfev + 5, -0.25, 6.0, fresh
+    _copy(K[0], f)
+    err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
+    return err, hlamb, _NS, -0.125, 10.0, fresh
+
+
+def _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor):
+    r"""SciPy's step-size rule: the next :math:`|h|` after an attempt with error norm ``err``.
+
+    Accepted: :math:`|h|\min(f_{\max}, 0.9\,\mathrm{err}^{e})` (no growth right after a
+    rejection), rejected: :math:`|h|\max(0.2, 0.9\,\mathrm{err}^{e})`, with the exponent
+    :math:`e` = ``err_exp`` and :math:`f_{\max}` = ``max_factor`` (``SAFETY`` and
+    ``MIN_FACTOR`` of :mod:`gaussian_pde.integrate._steppers`).
+    """
+    if err == 0:
+        fac = max_factor
+    else:
+        fac = min(max_factor, SAFETY * (err if err > 0 else 1.0) ** err_exp)
+    if acc:
+        h_abs *= min(1.0, fac) if rejected else fac
+    else:
+        e = err if (math.isfinite(err) and err > 0) else 1e300
+        h_abs *= max(MIN_FACTOR, SAFETY * e ** err_exp)
+    return h_abs
+
+
+def _stiffness_counts(acc, hlamb, iasti, nonsti):
+    r"""Hairer's stiffness test after an explicit step: the updated ``(iasti, nonsti)``.
+
+    An accepted step with :math:`h|\lambda| > 6.1` counts towards stiffness (the test
+    fires at ``_STIFF_STEPS`` of them), any other accepted step towards non-stiffness;
+    ``_NONSTIFF_RESET`` of those in a row clear the count (``dop853.f``).
+    """
+    if acc:
+        if hlamb > _STIFF_HLAMB:
+            iasti += 1
+            nonsti = 0
+        else:
+            nonsti += 1
+    if nonsti >= _NONSTIFF_RESET:
+        iasti = 0
+    return iasti, nonsti
+
+
 def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
            mean_out, rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
            counts):
@@ -669,30 +729,12 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
         if h_abs > max_step:
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
-        hlamb = 0.0
-        if imp:
-            if not fresh:
-                nfev += _jacobian(rhs, jac, P, d, m, y, J, ws, tmp, xa, xb)
-                fresh = True
-            err = _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, xa, ws,
-                               atol, rtol)
-            nfev += 5
-            err_exp, max_factor = -0.25, 6.0
-        else:
-            _copy(K[0], f)
-            err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
-            nfev += _NS
-            err_exp, max_factor = -0.125, 10.0
+        err, hlamb, spent, err_exp, max_factor, fresh = _attempt(
+            rhs, jac, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
+            ws, atol, rtol)
+        nfev += spent
         acc = err < 1
-        if err == 0:
-            fac = max_factor
-        else:
-            fac = min(max_factor, SAFETY * (err if err > 0 else 1.0) ** err_exp)
-        if acc:
-            h_abs *= min(1.0, fac) if rejected else fac
-        else:
-            e = err if (math.isfinite(err) and err > 0) else 1e300
-            h_abs *= max(MIN_FACTOR, SAFETY * e ** err_exp)
+        h_abs = _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor)
         rejected = not acc
         if not acc and not h_abs >= min_step:
             code = HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW
@@ -720,14 +762,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
                     fres[2] = t
                 continue
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
-            if acc:
-                if hlamb > _STIFF_HLAMB:
-                    iasti += 1
-                    nonsti = 0
-                else:
-                    nonsti += 1
-            if nonsti >= _NONSTIFF_RESET:
-                iasti = 0
+            iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
             if iasti >= _STIFF_STEPS:
                 if hand:
                     code = HAND_STIFF
@@ -1018,7 +1053,8 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, f
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
-_INLINED = ("_copy", "_guard", "_combine", "_dop_errors")
+_INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
+            "_stiffness_counts")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 _HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
@@ -1026,7 +1062,8 @@ _HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady
             "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
             "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_refactor_svd",
             "_col_sq", "_look_verdict", "_record", "_rejections", "_log_trace", "_crossing",
-            "_restart_at_crossing", "_accepted", "_steps")
+            "_restart_at_crossing", "_accepted", "_attempt", "_next_step_size",
+            "_stiffness_counts", "_steps")
 
 
 @functools.cache

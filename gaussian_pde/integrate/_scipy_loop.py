@@ -109,44 +109,16 @@ def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     -------
     Segment
     """
-    kwargs = dict(rtol=rtol, atol=atol, max_step=max_step)
-    if stiff is not None:
-        from ._stiffness import StiffnessDOP853
-
-        solver_cls, stiff_cls = StiffnessDOP853, stiff
-        stiff_kwargs = dict(kwargs)
-        if jac is not None and accepts_jac(stiff_cls):
-            stiff_kwargs["jac"] = jac
-    if first_step is not None:
-        kwargs["first_step"] = first_step
-    if jac is not None and accepts_jac(solver_cls):
-        kwargs["jac"] = jac
-    stiff_from = None
-    if stiff is not None and stiff_now:
-        solver = stiff_cls(fun, t0, y0, t1, **stiff_kwargs,
-                           first_step=handover_step(first_step, t0, t1))
-        stiff_from = t0
-    else:
-        solver = solver_cls(fun, t0, y0, t1, **kwargs)
-
-    ts, ys = [], []
-    if t_eval is None:
-        ts.append(t0)
-        ys.append(np.array(y0, dtype=float))
-        i_eval = 0
-    else:
-        i_eval = int(np.searchsorted(t_eval, t0, side="left"))
-        while i_eval < t_eval.size and t_eval[i_eval] == t0:
-            ts.append(t0)
-            ys.append(np.array(y0, dtype=float))
-            i_eval += 1
+    solver, stiff_cls, stiff_kwargs, stiff_from = _first_solver(
+        fun, solver_cls, t0, t1, y0, rtol=rtol, atol=atol, max_step=max_step,
+        first_step=first_step, jac=jac, stiff=stiff, stiff_now=stiff_now)
+    ts, ys, i_eval = _stored_start(t0, y0, t_eval)
     g_old = [float(g(t0, y0)) for g in events]
     dirs = [getattr(g, "direction", 0.0) for g in events]
     t_events = [[] for _ in events]
     y_events = [[] for _ in events]
     status, message, fired = None, "", None
     t_final, y_final = t0, np.array(y0, dtype=float)
-    n_eval = 0 if t_eval is None else t_eval.size
 
     while status is None:
         msg = solver.step()
@@ -162,43 +134,14 @@ def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         dense = None
         t_stop, y_stop = t, y
         if events:
-            g_new = [float(g(t, y)) for g in events]
-            hits = []
-            for i, g in enumerate(events):
-                a, b, s = g_old[i], g_new[i], dirs[i]
-                # a crossing in the event's direction (both for direction 0)
-                if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
-                    if dense is None:
-                        dense = solver.dense_output()
-                    te = _root(g, dense, t_old, t, g_old[i], g_new[i])
-                    hits.append((te, i))
-            hits.sort()
-            for te, i in hits:
-                ye = dense(te)
-                t_events[i].append(te)
-                y_events[i].append(ye)
-                if getattr(events[i], "terminal", False):
-                    status, fired, t_stop, y_stop = 1, i, te, ye
-                    message = "a termination event occurred"
-                    break
-            g_old = g_new
+            g_old, dense, hit = _step_events(events, g_old, dirs, solver, t_old, t, y,
+                                             t_events, y_events)
+            if hit is not None:
+                status, message = 1, "a termination event occurred"
+                fired, t_stop, y_stop = hit
         if status is None and budget is not None and not budget(t, y):
             status, message = 2, "evaluation budget spent"
-        # output times up to the stopping point of this step
-        if t_eval is None:
-            ts.append(t_stop)
-            ys.append(np.array(y_stop, dtype=float))
-        elif i_eval < n_eval and t_eval[i_eval] <= t_stop:
-            j = i_eval
-            while j < n_eval and t_eval[j] <= t_stop:
-                j += 1
-            if j > i_eval:
-                if dense is None:
-                    dense = solver.dense_output()
-                for tk in t_eval[i_eval:j]:
-                    ts.append(tk)
-                    ys.append(y_stop.copy() if tk == t_stop else np.asarray(dense(tk)))
-                i_eval = j
+        i_eval = _store_outputs(solver, dense, t_eval, i_eval, t_stop, y_stop, ts, ys)
         # the solvers make a new state array every step: no copy until the end
         t_final, y_final = t_stop, y_stop
         if status is None and solver.status == "finished":
@@ -211,12 +154,120 @@ def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf,
             solver = stiff_cls(fun, t_final, np.array(y_final, dtype=float), t1,
                                **stiff_kwargs,
                                first_step=handover_step(t_final - t_old, t_final, t1))
+    return _segment(ts, ys, np.size(y0), status, message, t_events, y_events, t_final,
+                    y_final, fired, stiff_from)
 
-    y_arr = np.array(ys, dtype=float).reshape(len(ys), np.size(y0))
-    return Segment(t=np.array(ts, dtype=float), y=y_arr, status=status, message=message,
+
+def _first_solver(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step, first_step, jac, stiff,
+                  stiff_now):
+    """The solver of :func:`integrate_scipy`'s first step, and the stiff one's settings.
+
+    Returns ``(solver, stiff_cls, stiff_kwargs, stiff_from)``: with ``stiff``
+    (``method="auto"``) the explicit steps are :class:`StiffnessDOP853`'s, and
+    ``stiff_cls(fun, t, y, t1, **stiff_kwargs, first_step=...)`` takes over once the
+    run is stiff: at once with ``stiff_now`` (then ``stiff_from`` is ``t0``).
+    """
+    kwargs = dict(rtol=rtol, atol=atol, max_step=max_step)
+    stiff_cls = stiff_kwargs = None
+    if stiff is not None:
+        from ._stiffness import StiffnessDOP853
+
+        solver_cls, stiff_cls = StiffnessDOP853, stiff
+        stiff_kwargs = dict(kwargs)
+        if jac is not None and accepts_jac(stiff_cls):
+            stiff_kwargs["jac"] = jac
+    if first_step is not None:
+        kwargs["first_step"] = first_step
+    if jac is not None and accepts_jac(solver_cls):
+        kwargs["jac"] = jac
+    if stiff is not None and stiff_now:
+        solver = stiff_cls(fun, t0, y0, t1, **stiff_kwargs,
+                           first_step=handover_step(first_step, t0, t1))
+        return solver, stiff_cls, stiff_kwargs, t0
+    return solver_cls(fun, t0, y0, t1, **kwargs), stiff_cls, stiff_kwargs, None
+
+
+def _stored_start(t0, y0, t_eval):
+    """The stored start of :func:`integrate_scipy`: ``(ts, ys, i_eval)``.
+
+    The initial state, once per output time at ``t0`` (once without ``t_eval``), and
+    the index of the next output time.
+    """
+    ts, ys = [], []
+    if t_eval is None:
+        ts.append(t0)
+        ys.append(np.array(y0, dtype=float))
+        return ts, ys, 0
+    i_eval = int(np.searchsorted(t_eval, t0, side="left"))
+    while i_eval < t_eval.size and t_eval[i_eval] == t0:
+        ts.append(t0)
+        ys.append(np.array(y0, dtype=float))
+        i_eval += 1
+    return ts, ys, i_eval
+
+
+def _step_events(events, g_old, dirs, solver, t_old, t, y, t_events, y_events):
+    """The events' sign changes in the step from ``t_old`` to ``t``, located and recorded.
+
+    A sign change in an event's direction (``dirs``; either for direction 0) is located on the
+    step's dense output (:func:`_root`) and appended to ``t_events``/``y_events``, in time
+    order up to the first terminal event. Returns ``(g_new, dense, hit)``: the events'
+    values at ``t``, the dense output (``None`` when no event needed it) and
+    ``(index, t_e, y_e)`` of that terminal event (``None`` without one).
+    """
+    dense = None
+    g_new = [float(g(t, y)) for g in events]
+    hits = []
+    for i, g in enumerate(events):
+        a, b, s = g_old[i], g_new[i], dirs[i]
+        # a crossing in the event's direction (both for direction 0)
+        if (s >= 0 and a <= 0 <= b) or (s <= 0 and a >= 0 >= b):
+            if dense is None:
+                dense = solver.dense_output()
+            te = _root(g, dense, t_old, t, g_old[i], g_new[i])
+            hits.append((te, i))
+    hits.sort()
+    for te, i in hits:
+        ye = dense(te)
+        t_events[i].append(te)
+        y_events[i].append(ye)
+        if getattr(events[i], "terminal", False):
+            return g_new, dense, (i, te, ye)
+    return g_new, dense, None
+
+
+def _store_outputs(solver, dense, t_eval, i_eval, t_stop, y_stop, ts, ys):
+    """Append the outputs of a step that stops at ``t_stop``; the next output's index.
+
+    Every step end without ``t_eval``; else the output times from ``t_eval[i_eval]``
+    up to ``t_stop``, on the step's dense output (``dense``, built here if ``None``).
+    """
+    if t_eval is None:
+        ts.append(t_stop)
+        ys.append(np.array(y_stop, dtype=float))
+        return i_eval
+    n_eval = t_eval.size
+    if i_eval < n_eval and t_eval[i_eval] <= t_stop:
+        j = i_eval
+        while j < n_eval and t_eval[j] <= t_stop:
+            j += 1
+        if j > i_eval:
+            if dense is None:
+                dense = solver.dense_output()
+            for tk in t_eval[i_eval:j]:
+                ts.append(tk)
+                ys.append(y_stop.copy() if tk == t_stop else np.asarray(dense(tk)))
+            i_eval = j
+    return i_eval
+
+
+def _segment(ts, ys, n, status, message, t_events, y_events, t_final, y_final, fired,
+             stiff_from):
+    """The :class:`Segment` of a run's stored outputs and events (lists), ``n`` unknowns."""
+    return Segment(t=np.array(ts, dtype=float), y=np.array(ys, dtype=float).reshape(len(ys), n),
+                   status=status, message=message,
                    t_events=[np.array(v, dtype=float) for v in t_events],
-                   y_events=[np.array(v, dtype=float).reshape(len(v), np.size(y0))
-                             for v in y_events],
+                   y_events=[np.array(v, dtype=float).reshape(len(v), n) for v in y_events],
                    t_final=float(t_final), y_final=np.array(y_final, dtype=float),
                    fired=fired, stiff_from=stiff_from)
 
@@ -657,12 +708,10 @@ def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     stiff_from = None
     auto = stiff is not None and method == "DOP853"
     njev = [0]
+    trial = None   # method="auto" with a Jacobian: the stiff solver's trial needs its count
     if auto and jac is not None:
-        jac_uncounted = jac
-
-        def jac(t, y):
-            njev[0] += 1
-            return jac_uncounted(t, y)
+        trial = (lambda: njev[0], jac)
+        jac = _counted(jac, njev)
 
     failed_trials = 0
     stabilized = auto and stiff_now
@@ -714,17 +763,11 @@ def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         if failure is not None:
             status, message = -1, failure
         if python_to is not None and status is None:
-            j = k
-            while j < n_targets and targets[j] <= python_to:
-                j += 1
+            j = _next_target(targets, k, python_to)
             cls, seg_jac, seg_first, give_up = METHODS[method], None, None, None
             if stiff is not None and watch.hit is None:
                 cls, seg_jac, stiff_from = stiff, jac, t_cur
-                seg_first = handover_step(watch.h_last, t_cur, t1)
-                rate = watch.explicit_cost() if nfev is not None else None
-                if auto and jac is not None and rate is not None:
-                    give_up = stiff_trial(rate, nfev, lambda: njev[0],
-                                          stiffness_of(jac_uncounted), y_cur)
+                seg_first, give_up = _stiff_handover(watch, t_cur, y_cur, t1, nfev, trial)
             seg = integrate_scipy(fun, cls, t_cur, python_to, y_cur, rtol=rtol, jac=seg_jac,
                             atol=atol, max_step=max_step, events=events, budget=budget,
                             first_step=seg_first, give_up=give_up, t_offset=t_offset,
@@ -740,13 +783,39 @@ def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                 # stiffness tests held back for a while (longer after every lost trial)
                 stiff_from = None
                 failed_trials += 1
-                while k < n_targets and targets[k] <= t_cur:
-                    k += 1
+                k = _next_target(targets, k, t_cur)
                 continue
             k = j
-    return Segment(t=np.array(ts, dtype=float), y=np.array(ys, dtype=float).reshape(len(ys), n),
-                   status=status, message=message,
-                   t_events=[np.array(v, dtype=float) for v in t_events],
-                   y_events=[np.array(v, dtype=float).reshape(len(v), n) for v in y_events],
-                   t_final=float(t_cur), y_final=np.array(y_cur, dtype=float), fired=fired,
-                   stiff_from=stiff_from)
+    return _segment(ts, ys, n, status, message, t_events, y_events, t_cur, y_cur, fired,
+                    stiff_from)
+
+
+def _counted(jac, njev):
+    """``jac`` that counts its calls in ``njev[0]``."""
+    def counted(t, y):
+        njev[0] += 1
+        return jac(t, y)
+
+    return counted
+
+
+def _next_target(targets, k, t):
+    """The index of the first of ``targets[k:]`` after ``t`` (``len(targets)``: none)."""
+    while k < len(targets) and targets[k] <= t:
+        k += 1
+    return k
+
+
+def _stiff_handover(watch, t, y, t1, nfev, trial):
+    """The stiff solver's first step at ``t`` and its trial ``give_up`` (or ``None``).
+
+    The first step is the last explicit one (:func:`handover_step`). With ``trial``,
+    ``(njev, jac)`` (the Jacobian count and the uncounted Jacobian), and an evaluation
+    count ``nfev``, the stiff solver is on trial against DOP853's cost before the switch
+    (:func:`stiff_trial`), when ``watch`` saw enough steps to measure it.
+    """
+    first = handover_step(watch.h_last, t, t1)
+    rate = watch.explicit_cost() if nfev is not None else None
+    if trial is not None and rate is not None:
+        return first, stiff_trial(rate, nfev, trial[0], stiffness_of(trial[1]), y)
+    return first, None

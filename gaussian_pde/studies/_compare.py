@@ -340,6 +340,56 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
     CompareReport
     """
     validate_attention(attention, gaussian=False)
+    cov0, mean0, ns, seeds, t_eval, t_span, n_directions = _compare_sizes(
+        attention, mean0, cov0, n, seeds, t_eval, positions, n_directions)
+    ode_rtol = validate_tolerance(ode_rtol, "ode_rtol")
+    ode_atol = validate_positive(ode_atol, "ode_atol")
+    # the particle runs' options, checked before the moment ODE runs (not after it)
+    if not isinstance(method, str) or method not in PARTICLE_METHODS:
+        raise ValueError(f"`method` must be one of {list(PARTICLE_METHODS)}, got {method!r}.")
+    if dt is not None:
+        validate_positive(dt, "dt")
+    validate_tolerance(rtol, "rtol")
+    validate_positive(atol, "atol")
+    make_options(2, chunk_size=chunk_size, dtype=dtype, sinkhorn_tol=sinkhorn_tol,
+                 sinkhorn_max_iter=sinkhorn_max_iter)
+
+    with_ode = attention.gaussian_preserving and not callable(mean0)
+    ode_mean = ode_cov = ode_status = None
+    if with_ode:
+        ode_mean, ode_cov, ode_status = _moment_ode(attention, mean0, cov0, t_span, t_eval,
+                                                    ode_rtol, ode_atol, progress)
+    runs, low_ess, unconverged = _particle_runs(
+        attention, mean0, cov0, ns, seeds, t_span, t_eval, positions, n_directions, progress,
+        method=method, dt=dt, rtol=rtol, atol=atol, chunk_size=chunk_size, dtype=dtype,
+        blowup_threshold=blowup_threshold, sinkhorn_tol=sinkhorn_tol,
+        sinkhorn_max_iter=sinkhorn_max_iter, ess_threshold=ess_threshold)
+    if low_ess:
+        nn, seed, msg = low_ess[0]
+        warnings.warn(f"{len(low_ess)} of {ns.size * seeds.size} particle runs lost track of "
+                      f"the mean-field limit; first (n = {nn}, seed = {seed}): {msg}",
+                      ParticleDegeneracyWarning, stacklevel=2)
+    if unconverged:
+        warnings.warn(f"{len(unconverged)} runs: {unconverged[0]}", SinkhornConvergenceWarning,
+                      stacklevel=2)
+
+    errs = {m: None for m in ERROR_METRICS}
+    slopes, slope_sem = {}, {}
+    if with_ode:
+        errs, slopes, slope_sem = _errors_against_ode(ns, runs["mean"], runs["cov"], ode_mean,
+                                                      ode_cov)
+    return CompareReport(
+        attention=attention.name, t=t_eval, n=ns, seeds=seeds, ode_mean=ode_mean,
+        ode_cov=ode_cov, ode_status=ode_status, **runs, **errs, slopes=slopes,
+        slope_sem=slope_sem)
+
+
+def _compare_sizes(attention, mean0, cov0, n, seeds, t_eval, positions, n_directions):
+    """The initial state and the sizes of :func:`compare`, validated.
+
+    Returns ``(cov0, mean0, ns, seeds, t_eval, t_span, n_directions)``; a comparison
+    whose arrays would not fit in memory is refused (:func:`check_compare_memory`).
+    """
     d = attention.d
     cov0 = validate_covariance(cov0, "cov0", d=d)
     if not callable(mean0):
@@ -360,31 +410,53 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
         raise TypeError("`positions` must be None or a callable positions(n) -> (n,).")
     n_directions = validate_int(n_directions, "n_directions", minimum=1)
     check_compare_memory(d, int(ns.max()), ns.size, seeds.size, t_eval.size, n_directions)
-    ode_rtol = validate_tolerance(ode_rtol, "ode_rtol")
-    ode_atol = validate_positive(ode_atol, "ode_atol")
-    # the particle runs' options, checked before the moment ODE runs (not after it)
-    if not isinstance(method, str) or method not in PARTICLE_METHODS:
-        raise ValueError(f"`method` must be one of {list(PARTICLE_METHODS)}, got {method!r}.")
-    if dt is not None:
-        validate_positive(dt, "dt")
-    validate_tolerance(rtol, "rtol")
-    validate_positive(atol, "atol")
-    make_options(2, chunk_size=chunk_size, dtype=dtype, sinkhorn_tol=sinkhorn_tol,
-                 sinkhorn_max_iter=sinkhorn_max_iter)
+    return cov0, mean0, ns, seeds, t_eval, t_span, n_directions
 
-    with_ode = attention.gaussian_preserving and not callable(mean0)
+
+def _moment_ode(attention, mean0, cov0, t_span, t_eval, rtol, atol, progress):
+    """The moment ODE's mean and covariance at ``t_eval`` (NaN after it stopped), its status."""
+    d, T = attention.d, t_eval.size
+    sol = solve(attention, mean0, cov0, t_span, t_eval=t_eval, rtol=rtol, atol=atol)
+    ode_mean, ode_cov = _nan((T, d)), _nan((T, d, d))
+    k = sol.t.size
+    ode_mean[:k], ode_cov[:k] = sol.mean, sol.cov
+    ode_status = str(sol.status)
+    if progress is not None:
+        progress(f"moment ODE -> {ode_status}")
+    return ode_mean, ode_cov, ode_status
+
+
+def _particle_run(attention, x0, t_span, t_eval, tau, low_ess, unconverged, label, **options):
+    """One particle run from ``x0``, its warnings sorted.
+
+    A :class:`ParticleDegeneracyWarning` goes into ``low_ess`` (as ``(*label, message)``,
+    ``label`` being ``(n, seed)``) and a :class:`SinkhornConvergenceWarning` into
+    ``unconverged``, for :func:`compare` to sum up; any other warning is issued again.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ps = simulate_particles(attention, x0, t_span, t_eval=t_eval, positions=tau,
+                                keep_positions=True, warn=True, **options)
+    for w in caught:
+        if issubclass(w.category, ParticleDegeneracyWarning):
+            low_ess.append((*label, str(w.message)))
+        elif issubclass(w.category, SinkhornConvergenceWarning):
+            unconverged.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return ps
+
+
+def _particle_runs(attention, mean0, cov0, ns, seeds, t_span, t_eval, positions, n_directions,
+                   progress, **options):
+    """Every particle run ``(n, seed)`` of :func:`compare`: ``(runs, low_ess, unconverged)``.
+
+    ``runs`` holds the report's particle fields, arrays ``(N, S, T, ...)`` that are NaN
+    after a run stopped (``sinkhorn_error``: ``None`` unless a kernel reports a marginal
+    error); ``low_ess`` and ``unconverged`` the sorted warnings (:func:`_particle_run`).
+    """
+    d = attention.d
     T, N, S = t_eval.size, ns.size, seeds.size
-    ode_mean = ode_cov = ode_status = None
-    if with_ode:
-        sol = solve(attention, mean0, cov0, t_span, t_eval=t_eval, rtol=ode_rtol,
-                    atol=ode_atol)
-        ode_mean, ode_cov = _nan((T, d)), _nan((T, d, d))
-        k = sol.t.size
-        ode_mean[:k], ode_cov[:k] = sol.mean, sol.cov
-        ode_status = str(sol.status)
-        if progress is not None:
-            progress(f"moment ODE -> {ode_status}")
-
     mean, cov = _nan((N, S, T, d)), _nan((N, S, T, d, d))
     sw, kurt, ess_min, ess_med = (_nan((N, S, T)) for _ in range(4))
     sk_err = None                  # the first run whose kernel reports a marginal error
@@ -394,21 +466,8 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
         tau = None if positions is None else positions(int(nn))
         for j, seed in enumerate(seeds):
             x0 = sample_gaussian(mean0, cov0, int(nn), seed=(int(seed), int(nn)), positions=tau)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                ps = simulate_particles(
-                    attention, x0, t_span, t_eval=t_eval, method=method, dt=dt, rtol=rtol,
-                    atol=atol, positions=tau, chunk_size=chunk_size, dtype=dtype,
-                    keep_positions=True, blowup_threshold=blowup_threshold,
-                    sinkhorn_tol=sinkhorn_tol, sinkhorn_max_iter=sinkhorn_max_iter,
-                    ess_threshold=ess_threshold, warn=True)
-            for w in caught:
-                if issubclass(w.category, ParticleDegeneracyWarning):
-                    low_ess.append((int(nn), int(seed), str(w.message)))
-                elif issubclass(w.category, SinkhornConvergenceWarning):
-                    unconverged.append(str(w.message))
-                else:
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            ps = _particle_run(attention, x0, t_span, t_eval, tau, low_ess, unconverged,
+                               (int(nn), int(seed)), **options)
             k = ps.t.size
             status[i, j] = str(ps.status)
             mean[i, j, :k], cov[i, j, :k] = ps.mean, ps.cov
@@ -422,36 +481,35 @@ def compare(attention, mean0, cov0, n=(500, 2000, 8000), seeds=range(5), t_eval=
                 sk_err[i, j, :k] = ps.sinkhorn_error
             if progress is not None:
                 progress(f"particles: n = {int(nn)}, seed {int(seed)} -> {status[i, j]}")
-    if low_ess:
-        nn, seed, msg = low_ess[0]
-        warnings.warn(f"{len(low_ess)} of {N * S} particle runs lost track of the mean-field "
-                      f"limit; first (n = {nn}, seed = {seed}): {msg}",
-                      ParticleDegeneracyWarning, stacklevel=2)
-    if unconverged:
-        warnings.warn(f"{len(unconverged)} runs: {unconverged[0]}", SinkhornConvergenceWarning,
-                      stacklevel=2)
+    runs = dict(mean=mean, cov=cov, sliced_w2=sw, kurtosis=kurt, ess_min=ess_min,
+                ess_median=ess_med, sinkhorn_error=sk_err, status=status.astype(str))
+    return runs, low_ess, unconverged
 
+
+def _errors_against_ode(ns, mean, cov, ode_mean, ode_cov):
+    """The error metrics of the particle moments against the ODE's, and their slopes in ``n``.
+
+    Returns ``(errs, slopes, slope_sem)``: ``errs`` maps each of :data:`ERROR_METRICS` to
+    its ``(N, S, T)`` array (see the module docstring), the others as in
+    :class:`CompareReport`.
+    """
+    N, S, T = mean.shape[:3]
     errs = {m: None for m in ERROR_METRICS}
     slopes, slope_sem = {}, {}
-    if with_ode:
-        scale = np.sqrt(np.trace(ode_cov, axis1=-2, axis2=-1))  # (T,)
-        errs["mean_error"] = np.linalg.norm(mean - ode_mean, axis=-1) / scale
-        errs["cov_error"] = (np.linalg.norm(cov - ode_cov, axis=(-2, -1))
-                             / np.linalg.norm(ode_cov, axis=(-2, -1)))
-        bw = _nan((N, S, T))
-        ok = np.isfinite(mean).all(-1) & np.isfinite(ode_mean).all(-1)
-        bw[ok] = np.atleast_1d(bures_wasserstein(
-            mean[ok], cov[ok], np.broadcast_to(ode_mean, mean.shape)[ok],
-            np.broadcast_to(ode_cov, cov.shape)[ok]))
-        errs["bw"] = bw
-        errs["bw_relative"] = bw / scale
-        for m in ERROR_METRICS:
-            slopes[m], slope_sem[m] = _slope(ns, errs[m])
-    return CompareReport(
-        attention=attention.name, t=t_eval, n=ns, seeds=seeds, ode_mean=ode_mean,
-        ode_cov=ode_cov, ode_status=ode_status, mean=mean, cov=cov, **errs, sliced_w2=sw,
-        kurtosis=kurt, ess_min=ess_min, ess_median=ess_med, sinkhorn_error=sk_err,
-        status=status.astype(str), slopes=slopes, slope_sem=slope_sem)
+    scale = np.sqrt(np.trace(ode_cov, axis1=-2, axis2=-1))  # (T,)
+    errs["mean_error"] = np.linalg.norm(mean - ode_mean, axis=-1) / scale
+    errs["cov_error"] = (np.linalg.norm(cov - ode_cov, axis=(-2, -1))
+                         / np.linalg.norm(ode_cov, axis=(-2, -1)))
+    bw = _nan((N, S, T))
+    ok = np.isfinite(mean).all(-1) & np.isfinite(ode_mean).all(-1)
+    bw[ok] = np.atleast_1d(bures_wasserstein(
+        mean[ok], cov[ok], np.broadcast_to(ode_mean, mean.shape)[ok],
+        np.broadcast_to(ode_cov, cov.shape)[ok]))
+    errs["bw"] = bw
+    errs["bw_relative"] = bw / scale
+    for m in ERROR_METRICS:
+        slopes[m], slope_sem[m] = _slope(ns, errs[m])
+    return errs, slopes, slope_sem
 
 
 #: relative agreement asked of a stored run that is run again (the runs are seeded; only the

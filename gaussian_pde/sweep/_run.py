@@ -476,17 +476,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     # finite: Dask reads the timeout as a time span, and has none for inf
     validate_positive(connect_timeout, "connect_timeout")
     need = check_resources(spec, scheduler)
-    store = SweepStore(out, spec)
-    damaged = store.repair()
-    if damaged:
-        warnings.warn(f"{out}: {len(damaged)} stored task(s) were damaged and will be "
-                      f"recomputed: {_describe(spec, damaged)}.", SweepIntegrityWarning,
-                      stacklevel=2)
-    if not store.verified:
-        warnings.warn(f"{out} was written without integrity records (by a gaussian_pde "
-                      "before they existed): resuming it checks only decoding and the status "
-                      "rows, and stores new tasks without records. Run the sweep into a new "
-                      "folder to have it verified.", SweepIntegrityWarning, stacklevel=2)
+    store, damaged = _open_store(spec, out)
     missing = store.missing_tasks()
     skipped = spec.n_tasks - len(missing)
     run_id = uuid.uuid4().hex[:12]
@@ -494,40 +484,12 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
     n_settings, est = 0, None
     bar = _Progress(len(missing), spec.batch_size, progress)   # the pilot's tasks included
     if progress:
-        sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
-                         f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
-                         f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
-                         f"{need['results_bytes'] / 2**20:.3g} MiB")
-        sys.stderr.flush()
-
-        def keep(index, arrays, seconds):   # a task the pilot computed whole: stored
-            store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
-                                             "seconds": seconds, "pilot": True})
-        try:
-            est, words = _estimate_line(spec, missing, scheduler, workers, keep)
-        except BaseException:   # end the start line: the error (or interruption) follows
-            sys.stderr.write("\n")
-            raise
-        sys.stderr.write(words + "\n")
-        sys.stderr.flush()
-        bar.weigh(est.task_seconds, missing, overhead=est.pilot_seconds - sum(
-            est.task_seconds[i] for i in est.kept))
-        for j, index in enumerate(est.kept):   # one line for them all, at the last
-            n_settings += _settings_in(spec, index)
-            bar.update(_settings_in(spec, index), index=index, force=True,
-                       quiet=j < len(est.kept) - 1)
-        missing = [index for index in missing if index not in set(est.kept)]
+        est, missing, n_settings = _pilot(spec, store, missing, need, bar, run_id, scheduler,
+                                          workers)
     n_piloted = spec.n_tasks - skipped - len(missing)
 
     if scheduler == "inprocess":
-        for index in missing:
-            t0 = time.perf_counter()
-            with _task_memory(spec, index):
-                arrays = compute_batch(spec, index)
-            store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
-                                             "seconds": time.perf_counter() - t0})
-            n_settings += _settings_in(spec, index)
-            bar.update(_settings_in(spec, index), index=index)
+        n_settings += _run_inprocess(spec, store, missing, bar, run_id)
         return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing),
                            n_settings, time.perf_counter() - start, "inprocess", 1,
                            len(damaged), est)
@@ -538,8 +500,91 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
                            "local" if scheduler is None else str(scheduler), 0, len(damaged),
                            est)
     pilot_seconds = time.perf_counter() - start     # the cluster's start-up is not counted
+    settings, seconds, label, n_workers = _run_on_cluster(
+        spec, store, missing, bar, run_id, scheduler, workers, connect_timeout)
+    return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing),
+                       n_settings + settings, pilot_seconds + seconds, label, n_workers,
+                       len(damaged), est)
+
+
+def _open_store(spec, out):
+    """The results folder ``out`` of ``spec``, repaired: ``(store, damaged task indices)``.
+
+    Warns (for the caller of :func:`run_sweep`) of damaged tasks, which will be
+    recomputed, and of a folder written without integrity records.
+    """
+    store = SweepStore(out, spec)
+    damaged = store.repair()
+    if damaged:
+        warnings.warn(f"{out}: {len(damaged)} stored task(s) were damaged and will be "
+                      f"recomputed: {_describe(spec, damaged)}.", SweepIntegrityWarning,
+                      stacklevel=3)
+    if not store.verified:
+        warnings.warn(f"{out} was written without integrity records (by a gaussian_pde "
+                      "before they existed): resuming it checks only decoding and the status "
+                      "rows, and stores new tasks without records. Run the sweep into a new "
+                      "folder to have it verified.", SweepIntegrityWarning, stacklevel=3)
+    return store, damaged
+
+
+def _pilot(spec, store, missing, need, bar, run_id, scheduler, workers):
+    """The start line on stderr, completed by the pilot's time estimate.
+
+    The tasks the pilot computed whole are stored and counted on ``bar``. Returns
+    ``(estimate, the tasks still missing, settings computed)``.
+    """
+    n_settings = 0
+    sys.stderr.write(f"sweep: {need['n_tasks']} task(s), {need['n_settings']} settings "
+                     f"in {len(spec.blocks)} block(s), d up to {max(spec.dims)}; up to "
+                     f"{need['task_bytes'] / 2**20:.3g} MiB per task, results "
+                     f"{need['results_bytes'] / 2**20:.3g} MiB")
+    sys.stderr.flush()
+
+    def keep(index, arrays, seconds):   # a task the pilot computed whole: stored
+        store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
+                                         "seconds": seconds, "pilot": True})
+    try:
+        est, words = _estimate_line(spec, missing, scheduler, workers, keep)
+    except BaseException:   # end the start line: the error (or interruption) follows
+        sys.stderr.write("\n")
+        raise
+    sys.stderr.write(words + "\n")
+    sys.stderr.flush()
+    bar.weigh(est.task_seconds, missing, overhead=est.pilot_seconds - sum(
+        est.task_seconds[i] for i in est.kept))
+    for j, index in enumerate(est.kept):   # one line for them all, at the last
+        n_settings += _settings_in(spec, index)
+        bar.update(_settings_in(spec, index), index=index, force=True,
+                   quiet=j < len(est.kept) - 1)
+    missing = [index for index in missing if index not in set(est.kept)]
+    return est, missing, n_settings
+
+
+def _run_inprocess(spec, store, missing, bar, run_id):
+    """Compute and store the ``missing`` tasks one after another here; the settings done."""
+    n_settings = 0
+    for index in missing:
+        t0 = time.perf_counter()
+        with _task_memory(spec, index):
+            arrays = compute_batch(spec, index)
+        store.write_task(index, arrays, {"run": run_id, "pid": os.getpid(),
+                                         "seconds": time.perf_counter() - t0})
+        n_settings += _settings_in(spec, index)
+        bar.update(_settings_in(spec, index), index=index)
+    return n_settings
+
+
+def _run_on_cluster(spec, store, missing, bar, run_id, scheduler, workers, connect_timeout):
+    """Compute the ``missing`` tasks on Dask workers, storing each as it arrives.
+
+    Connects to (or starts) the cluster of ``scheduler`` (:func:`_connect`) and closes
+    what it started; tasks not done when an error or interruption stops the run are
+    cancelled. Returns ``(settings done, seconds since the tasks were submitted,
+    scheduler label, workers)``.
+    """
     client, cluster, label, owned = _connect(scheduler, workers, connect_timeout)
     futures, pending = [], {}
+    n_settings = 0
     try:
         from distributed import as_completed
 
@@ -549,7 +594,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
         if not n_workers:
             warnings.warn(f"the Dask scheduler at {label} has no workers yet; the sweep "
                           "waits for workers to join (e.g. queued dask-jobqueue jobs).",
-                          stacklevel=2)
+                          stacklevel=3)
         spec_dict = spec.to_dict()
         tag = spec.fingerprint[:12]
         start = time.perf_counter()
@@ -565,7 +610,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             store.write_task(index, arrays, dict(info, run=run_id))
             n_settings += _settings_in(spec, index)
             bar.update(_settings_in(spec, index), index=index)
-        seconds = pilot_seconds + time.perf_counter() - start
+        seconds = time.perf_counter() - start
     finally:
         if futures:
             client.cancel([f for f in futures if f.key in pending])
@@ -573,8 +618,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, progress=True,
             client.close()
         if cluster is not None:
             cluster.close()
-    return SweepReport(str(out), spec.n_tasks, skipped, n_piloted + len(missing), n_settings,
-                       seconds, label, n_workers, len(damaged), est)
+    return n_settings, seconds, label, n_workers
 
 
 def _settings_in(spec, index):
