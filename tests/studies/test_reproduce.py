@@ -341,3 +341,26 @@ def test_figure_processes_validated(tmp_path):
         draw_figures([], tmp_path, None, processes=3)
     with pytest.raises(ValueError, match="processes"):
         draw_figures([], tmp_path, None, processes=0)
+
+
+
+def test_figures_drawn_here_when_the_child_fails(tmp_path):
+    """A child process that fails leaves its share of the figures to this process."""
+    from gaussian_pde._common.io import save_figure
+    from gaussian_pde.studies._regimes import draw_figures
+
+    parent = os.getpid()
+
+    def draw(fig):
+        if os.getpid() != parent:
+            raise RuntimeError("the child fails")
+        fig.set_size_inches(1, 1)
+        fig.add_subplot().plot([0, 1])
+
+    tasks = [(f"f{i}", draw) for i in range(4)]
+    seen = []
+    paths, seconds = draw_figures(tasks, tmp_path, save_figure, processes=2,
+                                  progress=seen.append)
+    assert list(paths) == [name for name, _ in tasks]
+    assert all(p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths.values())
+    assert sorted(seen) == [f"figure: f{i}.png" for i in range(4)] and set(seconds) == set(paths)
