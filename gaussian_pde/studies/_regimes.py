@@ -45,6 +45,7 @@ instead of leaving the trajectory undecided.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -524,8 +525,9 @@ def draw_figures(tasks, out, save_figure, *, processes=1, progress=None):
     processes : {1, 2}
         2: a forked child process draws from the end of ``tasks`` while this one draws
         from the front, each taking the next figure nobody has taken yet, so that the two
-        finish together. The files are those of the serial run, pixel for pixel. Where
-        fork does not exist, or when the child fails, this process draws its share.
+        finish together. The files are those of the serial run, pixel for pixel. On one
+        core or where fork does not exist, one process; when the child fails, this
+        process draws its share.
     progress : callable or None
         Called with ``"figure: <name>.png"`` after each figure (those of the child when
         it has finished).
@@ -546,7 +548,7 @@ def draw_figures(tasks, out, save_figure, *, processes=1, progress=None):
     if processes > 2:
         raise ValueError(f"`processes` must be 1 or 2, got {processes}.")
     ctx = None
-    if processes == 2 and n > 1:
+    if processes == 2 and n > 1 and (os.cpu_count() or 1) >= 2:
         import multiprocessing
 
         try:
