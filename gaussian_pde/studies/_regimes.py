@@ -561,8 +561,9 @@ def draw_figures(tasks, out, save_figure, *, processes=1, progress=None):
             seconds[name] = _draw_timed(draw, out / f"{name}.png", save_figure)
             progress(f"figure: {name}.png")
         return {name: out / f"{name}.png" for name, _ in tasks}, seconds
-    # imported before the fork, once for both processes; neither has opened a font yet
-    # that the other would use (matplotlib's font cache is emptied in a forked child)
+    # imported before the fork, once for both processes. Fonts are not shared: matplotlib
+    # empties its font cache in a forked child, and the child drops the shared mathtext
+    # parser (_draw_share), so it opens font files of its own
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
 
