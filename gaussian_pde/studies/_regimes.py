@@ -526,8 +526,8 @@ def draw_figures(tasks, out, save_figure, *, processes=1, progress=None):
         2: a forked child process draws from the end of ``tasks`` while this one draws
         from the front, each taking the next figure nobody has taken yet, so that the two
         finish together. The files are those of the serial run, pixel for pixel. On one
-        core or where fork does not exist, one process; when the child fails, this
-        process draws its share.
+        core, where fork does not exist or in a process that may not have children, one
+        process; when the child fails, this process draws its share.
     progress : callable or None
         Called with ``"figure: <name>.png"`` after each figure (those of the child when
         it has finished).
@@ -572,18 +572,22 @@ def draw_figures(tasks, out, save_figure, *, processes=1, progress=None):
     times = ctx.Array("d", 2 * n)          # the child's (wall, cpu) per task
     child = ctx.Process(target=_draw_share, args=(tasks, out, save_figure, ends, done, times),
                         daemon=True)
-    child.start()
+    try:
+        child.start()
+    except (AssertionError, OSError):      # a daemonic process has no children: all here
+        child = None
     try:
         while (i := _take(ends, front=True)) is not None:
             name, draw = tasks[i]
             seconds[name] = _draw_timed(draw, out / f"{name}.png", save_figure)
             progress(f"figure: {name}.png")
     finally:
-        child.join()
+        if child is not None:
+            child.join()
     for i, (name, draw) in enumerate(tasks):
         if name in seconds:
             continue
-        if child.exitcode == 0 and done[i]:
+        if child is not None and child.exitcode == 0 and done[i]:
             seconds[name] = (times[2 * i], times[2 * i + 1])
         else:                              # the child failed: drawn here
             seconds[name] = _draw_timed(draw, out / f"{name}.png", save_figure)

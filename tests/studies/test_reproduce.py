@@ -344,8 +344,12 @@ def test_figure_processes_validated(tmp_path):
 
 
 
-def test_figures_drawn_here_when_the_child_fails(tmp_path):
-    """A child process that fails leaves its share of the figures to this process."""
+@pytest.mark.parametrize("failure", ["child raises", "no child"])
+def test_figures_drawn_here_when_the_child_fails(tmp_path, failure, monkeypatch):
+    """A child process that fails, or that cannot start (as in a daemonic process),
+    leaves its share of the figures to this process."""
+    import multiprocessing.context
+
     from gaussian_pde._common.io import save_figure
     from gaussian_pde.studies._regimes import draw_figures
 
@@ -357,6 +361,11 @@ def test_figures_drawn_here_when_the_child_fails(tmp_path):
         fig.set_size_inches(1, 1)
         fig.add_subplot().plot([0, 1])
 
+    if failure == "no child":
+        def refuse(self):
+            raise AssertionError("daemonic processes are not allowed to have children")
+
+        monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse)
     tasks = [(f"f{i}", draw) for i in range(4)]
     seen = []
     paths, seconds = draw_figures(tasks, tmp_path, save_figure, processes=2,
