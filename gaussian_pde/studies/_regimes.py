@@ -45,6 +45,8 @@ instead of leaving the trajectory undecided.
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 
 import numpy as np
 
@@ -506,6 +508,122 @@ def draw_figure(draw, path, save_figure):
 
 #: the mathtext parser that the figures share (see :func:`draw_figure`)
 _MATHTEXT = {}
+
+
+def draw_figures(tasks, out, save_figure, *, processes=1, progress=None):
+    """Draw figures with :func:`draw_figure`, on one process or on two.
+
+    Parameters
+    ----------
+    tasks : sequence of (str, callable)
+        ``(name, draw)`` pairs (as :func:`figure_tasks` returns): ``draw(fig)`` fills the
+        figure saved as ``out / "<name>.png"``.
+    out : pathlib.Path
+        Existing output folder.
+    save_figure : callable
+        ``save_figure(fig, path, dpi=...)``, as for :func:`draw_figure`.
+    processes : {1, 2}
+        2: a forked child process draws from the end of ``tasks`` while this one draws
+        from the front, each taking the next figure nobody has taken yet, so that the two
+        finish together. The files are those of the serial run, pixel for pixel. On one
+        core, where fork does not exist or in a process that may not have children, one
+        process; when the child fails, this process draws its share.
+    progress : callable or None
+        Called with ``"figure: <name>.png"`` after each figure (those of the child when
+        it has finished).
+
+    Returns
+    -------
+    paths : dict
+        ``{name: path}``, in the order of ``tasks``.
+    seconds : dict
+        ``{name: (wall, cpu)}``: the seconds each figure took in the process that drew it.
+    """
+    tasks = list(tasks)
+    n = len(tasks)
+    if progress is None:
+        def progress(msg):
+            return None
+    processes = validate_int(processes, "processes", minimum=1)
+    if processes > 2:
+        raise ValueError(f"`processes` must be 1 or 2, got {processes}.")
+    ctx = None
+    if processes == 2 and n > 1 and (os.cpu_count() or 1) >= 2:
+        import multiprocessing
+
+        try:
+            ctx = multiprocessing.get_context("fork")
+        except ValueError:   # no fork on this platform: one process
+            ctx = None
+    seconds = {}
+    if ctx is None:
+        for name, draw in tasks:
+            seconds[name] = _draw_timed(draw, out / f"{name}.png", save_figure)
+            progress(f"figure: {name}.png")
+        return {name: out / f"{name}.png" for name, _ in tasks}, seconds
+    # imported before the fork, once for both processes. Fonts are not shared: matplotlib
+    # empties its font cache in a forked child, and the child drops the shared mathtext
+    # parser (_draw_share), so it opens font files of its own
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+    ends = ctx.Array("i", [0, n])          # next task from the front, one past the last
+    done = ctx.Array("b", n)               # 1: drawn by the child
+    times = ctx.Array("d", 2 * n)          # the child's (wall, cpu) per task
+    child = ctx.Process(target=_draw_share, args=(tasks, out, save_figure, ends, done, times),
+                        daemon=True)
+    try:
+        child.start()
+    except (AssertionError, OSError):      # a daemonic process has no children: all here
+        child = None
+    try:
+        while (i := _take(ends, front=True)) is not None:
+            name, draw = tasks[i]
+            seconds[name] = _draw_timed(draw, out / f"{name}.png", save_figure)
+            progress(f"figure: {name}.png")
+    finally:
+        if child is not None:
+            child.join()
+    for i, (name, draw) in enumerate(tasks):
+        if name in seconds:
+            continue
+        if child is not None and child.exitcode == 0 and done[i]:
+            seconds[name] = (times[2 * i], times[2 * i + 1])
+        else:                              # the child failed: drawn here
+            seconds[name] = _draw_timed(draw, out / f"{name}.png", save_figure)
+        progress(f"figure: {name}.png")
+    return {name: out / f"{name}.png" for name, _ in tasks}, seconds
+
+
+def _take(ends, front):
+    """Index of the next task from the front or the back of the shared queue (or None)."""
+    with ends.get_lock():
+        lo, hi = ends[0], ends[1]
+        if lo >= hi:
+            return None
+        if front:
+            ends[0] = lo + 1
+            return lo
+        ends[1] = hi - 1
+        return hi - 1
+
+
+def _draw_share(tasks, out, save_figure, ends, done, times):
+    """The forked child of :func:`draw_figures`: tasks from the back of the queue."""
+    # the shared parser's cached glyphs point into the parent's open font files, whose
+    # read offsets the two processes would move under each other: this one parses anew
+    _MATHTEXT.clear()
+    while (i := _take(ends, front=False)) is not None:
+        name, draw = tasks[i]
+        times[2 * i], times[2 * i + 1] = _draw_timed(draw, out / f"{name}.png", save_figure)
+        done[i] = 1
+
+
+def _draw_timed(draw, path, save_figure):
+    """:func:`draw_figure` and its (wall, cpu) seconds in this process."""
+    w, c = time.perf_counter(), time.process_time()
+    draw_figure(draw, path, save_figure)
+    return time.perf_counter() - w, time.process_time() - c
 
 
 def figure_tasks(results):

@@ -35,7 +35,10 @@ Speed: per ``d`` one :func:`~gaussian_pde.integrate._batch.solve_batch` call per
 four panels (their slow tails share iterations), and the full run splits over two
 processes (:func:`_compute`: a forked child integrates the histograms of d = 5 and 3 while
 the parent does the regimes and d = 4; every random draw is made before the split, so
-the results equal the serial ones bit for bit). ``--quick`` runs serially.
+the results equal the serial ones bit for bit), and so do the six figures
+(:func:`~gaussian_pde.studies._regimes.draw_figures`: a forked child draws from the end of
+the list while the parent draws from the front; the files are those of the serial run).
+``--quick`` runs serially.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from ._regimes import (
     N_FIGURES,
     _run_regimes,
     draw_all,
-    draw_figure,
+    draw_figures,
     figure_tasks,
     fixed_margins,
     regime_grids,
@@ -251,22 +254,16 @@ def _histograms_d(Qs, Gs, Rs, certify=False):
 # figures and report
 # ----------------------------------------------------------------------------------------
 
-def _figures(out, regimes, hists, ds, progress=None, published=None):
+def _figures(out, regimes, hists, ds, progress=None, published=None, processes=1):
     """Write the figures; ``progress``: called after each.
 
-    They are drawn one after the other in this process. (A forked process drawing half
-    of them would share matplotlib's open font files with this one: FreeType reads
-    glyphs from a file offset that the two processes would move under each other.)
+    ``processes=2``: on two processes (:func:`draw_figures`). Returns ``{name: path}`` and
+    ``{name: (wall, cpu)}``, the seconds of each figure.
     """
     tasks = figure_tasks(regimes) + [
         ("rank_histograms", functools.partial(_draw_histograms, hists=hists, ds=ds,
                                               published=published))]
-    paths = {}
-    for name, draw in tasks:
-        paths[name] = draw_figure(draw, out / f"{name}.png", save_figure)
-        if progress is not None:
-            progress(f"figure: {name}.png")
-    return paths
+    return draw_figures(tasks, out, save_figure, processes=processes, progress=progress)
 
 
 def _draw_histograms(fig, hists, ds, published):
@@ -522,7 +519,8 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
     seed : int
         Seed of every random draw.
     quick : bool
-        Small grids and 10 settings per dimension (for tests).
+        Small grids and 10 settings per dimension (for tests), computed and drawn on
+        one process.
     certify : bool
         Integrate every histogram setting that the classification at :math:`t = 10^8`
         leaves open with :func:`gaussian_pde.certified_limits`, which gives each of them
@@ -555,7 +553,8 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
         replay_s = (time.perf_counter() - r0, time.process_time() - rc0)   # wall, CPU
     pub_cert = _read_published_certified(out)
     f0, fc0 = time.perf_counter(), _cpu_time()
-    paths = _figures(out, regimes, hists, ds, progress=progress, published=published)
+    paths, figure_s = _figures(out, regimes, hists, ds, progress=progress, published=published,
+                               processes=1 if quick else 2)
     wall_s = time.perf_counter() - w0
     figures_s = (time.perf_counter() - f0, _cpu_time() - fc0)   # wall, CPU
     cfg = dict(seed=seed, quick=quick, n_settings=n_settings,
@@ -565,7 +564,7 @@ def reproduce(out, *, seed=0, quick=False, certify=False, progress=None):
     step_s = step_seconds(500 if quick else 2000)
     scripts_s = PUBLISHED_SCRIPTS_S * step_s / PUBLISHED_STEP_S
     timing = dict(compute_s=compute_s, cpu_s=cpu_s, wall_s=wall_s, published_replay_s=replay_s,
-                  figures_s=figures_s,
+                  figures_s=figures_s, figure_s=figure_s,
                   published_step_us=step_s * 1e6, published_scripts_s=scripts_s,
                   speedup_compute=scripts_s / compute_s, speedup_wall=scripts_s / wall_s)
     text, summary = _report(cfg, regimes, hists, ds, paths, timing, published, pub_cert)

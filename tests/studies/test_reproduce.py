@@ -148,11 +148,14 @@ def test_parallel_equals_serial():
 
 @pytest.fixture(scope="module")
 def figure_stage(tmp_path_factory):
-    """The six figures of a quick run, drawn serially: their files and Figure objects.
+    """The six figures of a quick run, drawn serially: their files, Figure objects and
+    the strings that the renderer drew into each PNG.
 
     Regimes of the quick grids (every family and type); rank histograms of 10 random
     ranks per panel, and published counts summing to 10.
     """
+    from matplotlib.backends.backend_agg import RendererAgg
+
     from gaussian_pde.studies import _regimes as G
     from gaussian_pde.studies import _reproduce as R
 
@@ -163,20 +166,26 @@ def figure_stage(tmp_path_factory):
     published = {R._PUB_KEY[(k, v)] + (str(d),): rng.multinomial(10, np.full(d + 1, 1 / (d + 1)))
                   for k, v in R._PANELS for d in R._HIST_DS}
     out = tmp_path_factory.mktemp("figures")
-    figs, save = {}, R.save_figure
+    figs, drawn, save, draw_text = {}, {}, R.save_figure, RendererAgg.draw_text
 
     def keep(fig, path, **kwargs):
         figs[path.stem] = fig
+        drawn[path.stem] = []
         return save(fig, path, **kwargs)
+
+    def record(self, gc, x, y, s, *args, **kwargs):
+        drawn[list(drawn)[-1]].append(s)     # the figure being saved
+        return draw_text(self, gc, x, y, s, *args, **kwargs)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(R, "save_figure", keep)
+    mp.setattr(RendererAgg, "draw_text", record)
     try:
-        paths = R._figures(out, regimes, hists, R._HIST_DS, published=published)
+        paths, seconds = R._figures(out, regimes, hists, R._HIST_DS, published=published)
     finally:
         mp.undo()
     return dict(regimes=regimes, hists=hists, published=published, out=out, paths=paths,
-                figs=figs)
+                figs=figs, drawn=drawn, seconds=seconds)
 
 
 def _legend(ax):
@@ -266,3 +275,101 @@ def test_flow_and_histogram_figures_content(figure_stage):
                                           d + 1, figure_stage["hists"][panel + (d,)]["true"]),
                                  minlength=d + 2)
             assert [b.get_height() for b in true] == list(counts)
+
+
+def test_figures_draw_what_a_reader_reads(figure_stage):
+    """Every title, axis label, legend entry and bar label of the six figures is drawn
+    into its PNG (as the renderer's text calls show), as often as there are panels."""
+    from collections import Counter
+
+    from gaussian_pde.attention import REGIME_FLOW_TYPE
+    from gaussian_pde.studies import _regimes as G
+    from gaussian_pde.studies import _reproduce as R
+
+    regimes, drawn = figure_stage["regimes"], figure_stage["drawn"]
+    for name in G.REGIME_TYPES:
+        want = Counter()
+        for family in [f for f in G.FAMILIES if (f, name) in regimes]:
+            outcomes = regimes[(family, name)]["outcomes"]
+            want.update([G._TITLES[family], G.outcome_counts(outcomes), r"$\Sigma_0$"])
+            if family in G.CONE:
+                want.update(["$a-b$", "$2c$", "$a+b$", "trajectory", "end"])
+            else:
+                want.update([r"$(a-b)/\mathrm{tr}\,\Sigma$", r"$2c/\mathrm{tr}\,\Sigma$"])
+                want.update({str(o.outcome) for o in outcomes} - {"rank"})
+        assert Counter(drawn[f"regimes_{name}"]) >= want, name
+        assert f"{name}: the paper's 2-D families (published draws)" in drawn[f"regimes_{name}"]
+    fams = [f for f in G.FAMILIES if (f, REGIME_FLOW_TYPE) in regimes]
+    want = Counter({"t (depth)": len(fams), r"eigenvalues of $\Sigma/\mathrm{tr}\,\Sigma$":
+                    len(fams), "largest (median)": len(fams), "smallest (median)": len(fams)})
+    assert Counter(drawn["eigenvalue_flows"]) >= want
+    want = Counter()
+    for d in R._HIST_DS:
+        for panel in R._PANELS:
+            true = figure_stage["hists"][panel + (d,)]["true"]
+            counts = np.bincount(np.where(true < 0, d + 1, true), minlength=d + 2)
+            pub = figure_stage["published"][R._PUB_KEY[panel] + (str(d),)]
+            want.update(str(c) for c in [*pub, *counts] if c)       # the bar labels
+            want.update(["rank of the limit covariance", "number of settings", "published",
+                         "true", "?"])
+    assert Counter(drawn["rank_histograms"]) >= want
+
+
+def test_figures_on_two_processes_equal_serial(figure_stage, tmp_path):
+    """The figure stage on two processes (a forked child drawing from the end of the list)
+    writes the serial run's files pixel for pixel, after this process has drawn (and
+    opened its fonts); each figure is timed in the process that drew it."""
+    from PIL import Image
+
+    from gaussian_pde.studies import _reproduce as R
+
+    paths, seconds = R._figures(tmp_path, figure_stage["regimes"], figure_stage["hists"],
+                                R._HIST_DS, published=figure_stage["published"], processes=2)
+    assert list(paths) == list(figure_stage["paths"])
+    assert set(seconds) == set(paths) and all(w > 0 and c > 0 for w, c in seconds.values())
+    for name, path in paths.items():
+        assert path == tmp_path / f"{name}.png"
+        a = np.asarray(Image.open(path))
+        b = np.asarray(Image.open(figure_stage["paths"][name]))
+        assert a.shape == b.shape and (a == b).all(), name
+
+
+def test_figure_processes_validated(tmp_path):
+    from gaussian_pde.studies._regimes import draw_figures
+
+    with pytest.raises(ValueError, match="processes"):
+        draw_figures([], tmp_path, None, processes=3)
+    with pytest.raises(ValueError, match="processes"):
+        draw_figures([], tmp_path, None, processes=0)
+
+
+
+@pytest.mark.parametrize("failure", ["child raises", "no child"])
+def test_figures_drawn_here_when_the_child_fails(tmp_path, failure, monkeypatch):
+    """A child process that fails, or that cannot start (as in a daemonic process),
+    leaves its share of the figures to this process."""
+    import multiprocessing.context
+
+    from gaussian_pde._common.io import save_figure
+    from gaussian_pde.studies._regimes import draw_figures
+
+    parent = os.getpid()
+
+    def draw(fig):
+        if os.getpid() != parent:
+            raise RuntimeError("the child fails")
+        fig.set_size_inches(1, 1)
+        fig.add_subplot().plot([0, 1])
+
+    if failure == "no child":
+        def refuse(self):
+            raise AssertionError("daemonic processes are not allowed to have children")
+
+        monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse)
+    tasks = [(f"f{i}", draw) for i in range(4)]
+    seen = []
+    paths, seconds = draw_figures(tasks, tmp_path, save_figure, processes=2,
+                                  progress=seen.append)
+    assert list(paths) == [name for name, _ in tasks]
+    assert all(p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths.values())
+    assert sorted(seen) == [f"figure: f{i}.png" for i in range(4)] and set(seconds) == set(paths)
