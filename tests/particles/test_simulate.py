@@ -480,8 +480,9 @@ def test_memory_n100k_d8_within_2GB():
         "assert np.all(np.isfinite(v))\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
     with warnings.catch_warnings():
+        # (1e10 pair scores: about a minute on a quiet core; the limit only stops a hang)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, timeout=170)
+                             check=True, timeout=600)
     peak_mib = int(out.stdout.strip()) / 1024  # ru_maxrss is in KiB on Linux
     assert peak_mib < 2048, peak_mib
 
