@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import math
 import threading
+import typing
 import warnings
 
 import numpy as np
@@ -64,6 +65,65 @@ _E5 = np.ascontiguousarray(_dop.E5)
 _D = np.ascontiguousarray(_dop.D)
 _B2 = _B[None, :].copy()
 _E53 = np.stack([_E5, _E3])
+
+
+class CoreOptions(typing.NamedTuple):
+    r"""The solver options as the compiled driver :func:`_drive` reads them.
+
+    A named tuple of scalars: Numba passes it by value, each field a scalar of its
+    own (``float``: float64, ``int``: int64, ``bool``: boolean), the type of
+    :func:`_core`'s explicit signature. Built by :func:`_core_options`.
+
+    Attributes
+    ----------
+    atol, rtol : float
+        The error tolerances, in the state's units.
+    max_step : float
+        The largest step size.
+    blowup_threshold : float
+        The first blow-up threshold, as a multiple of :math:`\operatorname{tr}\Sigma_0`.
+    steady_tol, steady_atol : float
+        The steady-state event's relative and absolute tolerances on the rate.
+    rank_tol : float
+        The rank-collapse event's tolerance (negative: no such event).
+    t0, t1 : float
+        The start and the end of the time span.
+    reject_level : float
+        The rejection test's least Hairer estimate :math:`h|\lambda|` (handing back).
+    max_nfev : int
+        The budget of right-hand-side evaluations (negative: none).
+    method : int
+        0 ``"auto"`` (DOP853, RODAS4 once stiff), 1 DOP853, 2 RODAS4.
+    steady_on : bool
+        Whether the steady-state event is on.
+    ws_size : int
+        The field's scratch size (floats).
+    hand : bool
+        Hand the trajectory back to the event loop (:func:`integrate_one`).
+    reject_count, reject_window, reject_probe : int
+        The rejection test: hand back once ``reject_count`` steps (0: no test) were
+        rejected among the last ``reject_window`` accepted ones, or at every
+        ``reject_probe``-th accepted step, each where ``reject_level`` is reached.
+    """
+
+    atol: float
+    rtol: float
+    max_step: float
+    blowup_threshold: float
+    steady_tol: float
+    steady_atol: float
+    rank_tol: float
+    t0: float
+    t1: float
+    reject_level: float
+    max_nfev: int
+    method: int
+    steady_on: bool
+    ws_size: int
+    hand: bool
+    reject_count: int
+    reject_window: int
+    reject_probe: int
 
 
 def _columns(C, last, keep=()):
@@ -479,7 +539,7 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
     kind = 0
     extra = 0
     if steady_on:
-        g_new = _steady_gap(ynew, fnew, d, m, opt[4], opt[5])
+        g_new = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
@@ -488,15 +548,15 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
                                    ws, xa, have)
                 rhs(P, d, m, xa, xb, ws)
                 extra += 1
-                if _steady_gap(xa, xb, d, m, opt[4], opt[5]) > 0:
+                if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
                     lo = mid
                 else:
                     hi = mid
             stop_t = t + hi * h
             kind = 1
         ev[0] = g_new
-    if opt[6] >= 0:
-        g_new = _rank_gap(ynew, d, m, first, opt[6])
+    if opt.rank_tol >= 0:
+        g_new = _rank_gap(ynew, d, m, first, opt.rank_tol)
         if ev[1] > 0 and g_new <= 0 and first < d:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
@@ -504,7 +564,7 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
                 extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
                                    ws, xa, have)
                 extra += 1
-                if _rank_gap(xa, d, m, first, opt[6]) > 0:
+                if _rank_gap(xa, d, m, first, opt.rank_tol) > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -685,17 +745,16 @@ def _stiffness_counts(acc, hlamb, iasti, nonsti):
     return iasti, nonsti
 
 
-def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
-           mean_out, rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
+def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, ires, fres, cov_out, mean_out,
+           rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
            counts):
     """:func:`_drive`'s work for one trajectory, in the scratch it allocated.
 
     ``vec`` holds seven vectors. Compiled without reference counting, as the helpers (see
     :func:`_core`): inlined into the driver, which allocates, it would count every view.
     """
-    atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
-    max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
-    hand = iopt[4] != 0
+    atol, rtol, max_step, t0, t1 = opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1
+    max_nfev, method, steady_on, hand = opt.max_nfev, opt.method, opt.steady_on, opt.hand
     f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
     rhs(P, d, m, y, f, ws)
     nfev = 1
@@ -708,9 +767,9 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t0, y, rec_t, rec_y, nrec)
     if steady_on:
-        ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
-    if opt[6] >= 0:
-        ev[1] = _rank_gap(y, d, m, first, opt[6])
+        ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+    if opt.rank_tol >= 0:
+        ev[1] = _rank_gap(y, d, m, first, opt.rank_tol)
     imp = method == 2
     h_abs = _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
                           -0.25 if imp else -0.125, tmp, tmp2, ws)
@@ -718,7 +777,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
     t, base, tau = t0, 0.0, t0
     # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
     # it is passed to compiled once more for that literal
-    limit, susp, s0, s1 = opt[3], np.bool_(False), np.nan, np.nan
+    limit, susp, s0, s1 = opt.blowup_threshold, np.bool_(False), np.nan, np.nan
     rejected, fresh = False, np.bool_(False)
     iasti, nonsti, nsteps = 0, 0, np.int64(0)
     code = -1
@@ -770,7 +829,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
                     break
                 imp = True
                 fresh = False
-            if hand and iopt[5] > 0 and _rejections(acc, hlamb, rej, counts, iopt, opt):
+            if hand and opt.reject_count > 0 and _rejections(acc, hlamb, rej, counts, opt):
                 code = HAND_REJECTS
                 fres[0], fres[3] = t, h
                 break
@@ -791,7 +850,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     (see :func:`_drive`), a step with an event's sign change, a state out of range
     or no room left to record it is not taken: ``HAND`` from its start.
     """
-    t1 = opt[8]
+    t1 = opt.t1
     tau_new = tau + h
     t_new = base + tau_new
     if t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
@@ -811,10 +870,10 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         full = t_eval.size == 0 and rec_t.size > 0 and nrec[0] >= rec_t.size
         g0, g1 = ev[0], ev[1]
         if not cross and steady_on:
-            g0 = _steady_gap(ynew, fnew, d, m, opt[4], opt[5])
+            g0 = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
             cross = ev[0] >= 0 and g0 <= 0
-        if not cross and opt[6] >= 0 and first < d:
-            g1 = _rank_gap(ynew, d, m, first, opt[6])
+        if not cross and opt.rank_tol >= 0 and first < d:
+            g1 = _rank_gap(ynew, d, m, first, opt.rank_tol)
             cross = ev[1] >= 0 and g1 <= 0
         if cross or full:
             fres[0], fres[3] = t, h
@@ -885,7 +944,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
-        _refactor(y, f, d, m, opt[0], opt[1])
+        _refactor(y, f, d, m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
@@ -920,14 +979,14 @@ def _record(t, y, rec_t, rec_y, nrec):
     nrec[0] = k + 1
 
 
-def _rejections(acc, hlamb, rej, counts, iopt, opt):
+def _rejections(acc, hlamb, rej, counts, opt):
     r"""Handing back, the rejection test after a step: whether to hand the run back.
 
     ``rej``: the rejected steps before each of the last ``rej.size`` accepted ones;
     ``counts``: their sum, the accepted steps, and the rejected ones since the last
-    accepted. True after an accepted step where ``iopt[5]`` of those were rejected, or
-    at every ``iopt[7]``-th accepted step (a run held at its stability bound rejects
-    little), with Hairer's :math:`h|\lambda|` at least ``opt[9]``: the event loop's
+    accepted. True after an accepted step where ``opt.reject_count`` of those were rejected, or
+    at every ``opt.reject_probe``-th accepted step (a run held at its stability bound rejects
+    little), with Hairer's :math:`h|\lambda|` at least ``opt.reject_level``: the event loop's
     exact check follows. Fast growth rejects as often with :math:`h|\lambda|` far
     below that range: the count starts afresh, as the event loop's after its check.
     """
@@ -939,8 +998,8 @@ def _rejections(acc, hlamb, rej, counts, iopt, opt):
     rej[i] = counts[2]
     counts[2] = 0
     counts[1] += 1
-    frequent = counts[0] >= iopt[5]
-    if (frequent or counts[1] % iopt[7] == 0) and hlamb >= opt[9]:
+    frequent = counts[0] >= opt.reject_count
+    if (frequent or counts[1] % opt.reject_probe == 0) and hlamb >= opt.reject_level:
         return True
     if frequent:
         rej[:] = 0
@@ -1007,25 +1066,21 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     if code >= 0:
         return (code,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
     if steady_on:
-        ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
-    if opt[6] >= 0:
-        ev[1] = _rank_gap(y, d, m, first, opt[6])
+        ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+    if opt.rank_tol >= 0:
+        ev[1] = _rank_gap(y, d, m, first, opt.rank_tol)
     return (RESTART,) + out + (limit_, susp_, s0_, s1_, nfev, nsteps, False)
 
 
-def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
+def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
            cov_out, mean_out, rec_t, rec_y, nrec, lo, hi):
     r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
 
     ``Y`` is ``(B, n)``; each row is overwritten with its trajectory's final state.
 
-    ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
-    (negative: off), t0, t1, and the rejection test's least :math:`h|\lambda|`;
-    ``iopt``: max_nfev (negative: none), method (0 auto, 1 DOP853, 2 RODAS4), steady on,
-    scratch size, hand back (0 or 1), and for the rejection test the rejected steps that
-    hand back (0: off) among how many accepted ones, and its probe's period. Writes
-    ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final, t_blowup, and the
-    numbers the message needs).
+    ``opt``: the solver options, a :class:`CoreOptions`. Writes ``ires`` (code, nfev,
+    nsteps, implicit; indices ``I_*``) and ``fres`` (t_final, t_blowup, and the numbers
+    the message needs; indices ``F_*``).
 
     Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
     explicit steps run here until the end, the budget, or the first step at which the
@@ -1044,11 +1099,11 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, f
     for b in range(lo, hi):
         row = b if params.shape[0] > 1 else 0
         _steps(rhs, jac, params[row], d, m, Y[b], t_eval, np.full(1, p0), tr0[b], first[b],
-               opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
-               nrec[b:b + 1], np.empty(iopt[3]), np.empty((7, n)), np.empty((_NS + 1, n)),
+               opt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
+               nrec[b:b + 1], np.empty(opt.ws_size), np.empty((7, n)), np.empty((_NS + 1, n)),
                np.empty((16, n)), np.empty((7, n)), np.empty((6, n)), np.empty((n, n)),
                np.empty((n, n)), np.empty(n, dtype=np.int64), np.zeros(1, dtype=np.int64),
-               np.zeros(2), np.zeros(max(iopt[6], 1), dtype=np.int64),
+               np.zeros(2), np.zeros(max(opt.reject_window, 1), dtype=np.int64),
                np.zeros(3, dtype=np.int64))
 
 
@@ -1094,8 +1149,11 @@ def _core():
                                  _nrt=name in _ALLOCATING)(g[name])
     rhs_sig, jac_sig = signatures()
     vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
+    scalar = {float: T.float64, int: T.int64, bool: T.boolean}
+    opt = T.NamedTuple([scalar[kind] for kind in typing.get_type_hints(CoreOptions).values()],
+                       CoreOptions)
     sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
-                 mat, vec, T.int64, vec, ivec, vec, ivec, T.int64[:, ::1], mat,
+                 mat, vec, T.int64, vec, ivec, opt, T.int64[:, ::1], mat,
                  T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
                  ivec, T.int64, T.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
@@ -1242,17 +1300,21 @@ def _messages(code, fres, t0, max_nfev):
                            f"t = {fres[2]:.10g} (stiff or nearly singular dynamics)")
 
 
-def _option_arrays(opts, method, ws_size, hand=False, rejects=None):
-    """The core's ``opt`` (floats) and ``iopt`` (integers) of validated solver options."""
+def _core_options(opts, method, ws_size, hand=False, rejects=None):
+    """The :class:`CoreOptions` of validated solver options (see :func:`integrate_one`)."""
     ev = opts.events
     count, window, level, probe = (0, 0, 0.0, 0) if rejects is None else rejects
-    opt = np.array([opts.atol, opts.rtol, opts.max_step, ev.blowup_threshold,
-                    0.0 if ev.steady_tol is None else ev.steady_tol, ev.steady_atol,
-                    -1.0 if ev.rank_tol is None else ev.rank_tol, opts.t0, opts.t1, level])
-    iopt = np.array([-1 if opts.max_nfev is None else int(opts.max_nfev),
-                     ("auto", "DOP853", "rosenbrock").index(method), int(ev.steady_on),
-                     ws_size, int(hand), count, window, probe], dtype=np.int64)
-    return opt, iopt
+    return CoreOptions(
+        atol=float(opts.atol), rtol=float(opts.rtol), max_step=float(opts.max_step),
+        blowup_threshold=float(ev.blowup_threshold),
+        steady_tol=0.0 if ev.steady_tol is None else float(ev.steady_tol),
+        steady_atol=float(ev.steady_atol),
+        rank_tol=-1.0 if ev.rank_tol is None else float(ev.rank_tol),
+        t0=float(opts.t0), t1=float(opts.t1), reject_level=float(level),
+        max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
+        method=("auto", "DOP853", "rosenbrock").index(method),
+        steady_on=bool(ev.steady_on), ws_size=int(ws_size), hand=bool(hand),
+        reject_count=int(count), reject_window=int(window), reject_probe=int(probe))
 
 
 @dataclasses.dataclass
@@ -1322,12 +1384,12 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     if t_eval is not None:       # the output times at t0 hold the initial state
         rec_t[0, :p0] = te[:p0]
         rec_y[0, :p0] = y0
-    opt, iopt = _option_arrays(opts, "auto", ws_size, hand=True, rejects=rejects)
+    opt = _core_options(opts, "auto", ws_size, hand=True, rejects=rejects)
     Y = np.array(y0, dtype=float).reshape(1, n)
     ires = np.zeros((1, 4), dtype=np.int64)
     fres = np.zeros((1, 9 + MAX_CROSSINGS))
     _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
-         np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, iopt, ires, fres,
+         np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, ires, fres,
          np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
     code = int(ires[0, 0])
     t = float(fres[0, 0]) if code != FINISHED else float(opts.t1)
@@ -1376,8 +1438,7 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
     first = (np.zeros(nb, dtype=np.int64) if ev.rank_tol is None
              else np.asarray(rank_first(cov0s, ev.rank_tol), dtype=np.int64))
-    opt, iopt = _option_arrays(opts, method, ws_size)
-    max_nfev = int(iopt[0])
+    opt = _core_options(opts, method, ws_size)
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
     nt = te.size
     cov_out = np.full((nb, nt, d, d), np.nan)
@@ -1385,8 +1446,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     ires = np.zeros((nb, 4), dtype=np.int64)
     fres = np.zeros((nb, 8))
     p0 = int(np.searchsorted(te, t0, side="right"))
-    _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, iopt,
-         ires, fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
+    _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, ires,
+         fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
          np.zeros(nb, dtype=np.int64))
     rec = BatchRecord(nb, d, t1, t_eval, method)
     Z = Y.reshape(nb, d, m)
@@ -1397,7 +1458,7 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     rec.nsteps[:] = ires[:, 2]
     rec.implicit[:] = ires[:, 3] != 0
     for b in np.flatnonzero(ires[:, 0] != FINISHED):   # (the record starts "finished")
-        rec.status[b], rec.message[b] = _messages(int(ires[b, 0]), fres[b], t0, max_nfev)
+        rec.status[b], rec.message[b] = _messages(int(ires[b, 0]), fres[b], t0, opt.max_nfev)
     if t_eval is not None:
         at0 = t_eval == t0
         cov_out[:, at0] = cov0s[:, None]
