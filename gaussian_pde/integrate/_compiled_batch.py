@@ -57,6 +57,28 @@ FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH,
 #: test); rejected steps came often (``REJECT_STIFF`` among ``REJECT_WINDOW`` accepted)
 HAND, HAND_STIFF, HAND_REJECTS = 10, 11, 12
 
+# a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
+#: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
+#: ended on RODAS4 (0 or 1)
+I_CODE, I_NFEV, I_NSTEPS, I_IMPLICIT = range(4)
+I_SIZE = 4
+#: ``fres``: the time the run stopped at (handing back, that of the state returned) and
+#: the blow-up time (NaN: none)
+F_T, F_T_BLOWUP = 0, 1
+#: the time an event, the budget or an overflow stopped the run at (the message's), and
+#: for an overflow the end of the step that left the range
+F_T_STOP, F_T_NEXT = 2, 3
+#: handing back: the step to take from the state returned (NaN: none)
+F_STEP = 3
+#: the last blow-up look: the estimate t*, its time, the limit passed, the suspicion
+#: ``(s0, s1)`` to confirm, and whether t* is finite (1.0 or 0.0); written over by the
+#: slots above that share their places
+F_TSTAR, F_T_LOOK, F_LIMIT, F_S0, F_S1, F_FINITE = range(2, 8)
+F_SIZE = 8
+#: handing back (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up crossings,
+#: and their times from ``F_CROSS`` on
+F_NCROSS, F_CROSS = 8, 9
+
 _NS = _dop.N_STAGES
 _A = np.ascontiguousarray(_dop.A)
 _B = np.ascontiguousarray(_dop.B)
@@ -758,11 +780,11 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, ires, fres, cov
     f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
     rhs(P, d, m, y, f, ws)
     nfev = 1
-    fres[0] = t1
-    fres[1] = np.nan
-    fres[3] = np.nan
+    fres[F_T] = t1
+    fres[F_T_BLOWUP] = np.nan
+    fres[F_STEP] = np.nan
     if not _finite(f):
-        ires[0], ires[1], fres[0] = HAND if hand else FIELD0, nfev, t0
+        ires[I_CODE], ires[I_NFEV], fres[F_T] = HAND if hand else FIELD0, nfev, t0
         return
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t0, y, rec_t, rec_y, nrec)
@@ -797,7 +819,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, ires, fres, cov
         rejected = not acc
         if not acc and not h_abs >= min_step:
             code = HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW
-            fres[0] = t
+            fres[F_T] = t
             break
         if acc:
             code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _accepted(
@@ -817,27 +839,27 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, ires, fres, cov
                 counts[:] = 0
                 if max_nfev >= 0 and nfev > max_nfev:
                     code = NFEV
-                    fres[0] = t
-                    fres[2] = t
+                    fres[F_T] = t
+                    fres[F_T_STOP] = t
                 continue
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
             if iasti >= _STIFF_STEPS:
                 if hand:
                     code = HAND_STIFF
-                    fres[0], fres[3] = t, h
+                    fres[F_T], fres[F_STEP] = t, h
                     break
                 imp = True
                 fresh = False
             if hand and opt.reject_count > 0 and _rejections(acc, hlamb, rej, counts, opt):
                 code = HAND_REJECTS
-                fres[0], fres[3] = t, h
+                fres[F_T], fres[F_STEP] = t, h
                 break
         if max_nfev >= 0 and nfev > max_nfev:
             code = NFEV
-            fres[0] = t
-            fres[2] = t
-    ires[0], ires[1], ires[2], ires[3] = code, nfev, nsteps, imp
+            fres[F_T] = t
+            fres[F_T_STOP] = t
+    ires[I_CODE], ires[I_NFEV], ires[I_NSTEPS], ires[I_IMPLICIT] = code, nfev, nsteps, imp
 
 
 def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
@@ -876,11 +898,11 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
             g1 = _rank_gap(ynew, d, m, first, opt.rank_tol)
             cross = ev[1] >= 0 and g1 <= 0
         if cross or full:
-            fres[0], fres[3] = t, h
+            fres[F_T], fres[F_STEP] = t, h
             return (HAND,) + out + (nfev, nsteps, fresh)
         ev[0], ev[1] = g0, g1
     elif not (_finite(fnew) and _finite(ynew)):
-        fres[0], fres[2], fres[3] = t, t, t_new
+        fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
         return (OVERFLOW,) + out + (nfev, nsteps, fresh)
     nsteps += 1
     have[0] = 0
@@ -922,7 +944,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         nfev += _dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
                           tmp, ws, xa, have)
         _copy(y, xa)
-        fres[0], fres[2] = stop_t, stop_t
+        fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
     if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
@@ -952,19 +974,19 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
 def _look_verdict(tstar, finite, t, limit, susp, s0, s1, fres):
     """The verdict of a blow-up look at ``t`` (:func:`~gaussian_pde.integrate._events.blowup_verdict`).
 
-    Writes the look's numbers into ``fres[2:8]`` (and ``fres[0:2]`` at the end of the
-    run). Returns ``(code, limit, susp, s0, s1)``: ``BLOWUP`` (confirmed), ``GROWTH``
-    (no finite-time signature within ``MAX_GROWTH``), or -1 with the next limit and
-    the suspicion ``(s0, s1)`` to confirm.
+    Writes the look's numbers into ``fres[F_TSTAR:F_FINITE + 1]`` (and ``fres[F_T]``,
+    ``fres[F_T_BLOWUP]`` at the end of the run). Returns ``(code, limit, susp, s0, s1)``:
+    ``BLOWUP`` (confirmed), ``GROWTH`` (no finite-time signature within ``MAX_GROWTH``),
+    or -1 with the next limit and the suspicion ``(s0, s1)`` to confirm.
     """
-    fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t, limit, s0, s1
-    fres[7] = 1.0 if finite else 0.0
+    fres[F_TSTAR], fres[F_T_LOOK], fres[F_LIMIT], fres[F_S0], fres[F_S1] = tstar, t, limit, s0, s1
+    fres[F_FINITE] = 1.0 if finite else 0.0
     if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
-        fres[0], fres[1] = t, tstar
+        fres[F_T], fres[F_T_BLOWUP] = t, tstar
         return BLOWUP, limit, susp, s0, s1
     grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
     if limit * grow > MAX_GROWTH:
-        fres[0] = t
+        fres[F_T] = t
         return GROWTH, limit, susp, s0, s1
     if finite:
         s0, s1 = tstar, t
@@ -1040,7 +1062,7 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
 
     At the fraction ``x`` of the step from ``t`` (the crossing ``t_c = t + x h``), the
     state is recorded as a step end where ``steps`` (every step is recorded), its time
-    kept in ``fres[9:]`` (their count in ``fres[8]``, where ``fres`` has room);
+    kept in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``, where ``fres`` has room);
     :func:`_blowup_look` at it, then
     the verdict of :func:`~gaussian_pde.integrate._events.blowup_verdict`: ``BLOWUP``
     or ``GROWTH``, or go on from the crossing with the next limit, the clock restarted
@@ -1054,10 +1076,10 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     _copy(f, xb)
     if steps and nrec[0] < rec_t.size:
         _record(t_c, y, rec_t, rec_y, nrec)
-    n_cross = int(fres[8]) if fres.size > 9 else 0
-    if fres.size > 9 + n_cross:
-        fres[9 + n_cross] = t_c
-        fres[8] = n_cross + 1
+    n_cross = int(fres[F_NCROSS]) if fres.size > F_CROSS else 0
+    if fres.size > F_CROSS + n_cross:
+        fres[F_CROSS + n_cross] = t_c
+        fres[F_NCROSS] = n_cross + 1
     tstar, finite = _blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
     nfev += 1
     out = (t_c, 0.0, t_c)
@@ -1086,11 +1108,11 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
     explicit steps run here until the end, the budget, or the first step at which the
     event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: a
     steady-state or rank-collapse sign change, a state out of range, a step below
-    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[0]`` its
-    time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
+    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[F_T]`` its
+    time, ``fres[F_STEP]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
     rejection test is on, frequent rejections or the periodic probe with Hairer's
     :math:`h|\lambda|` in the stiff range (``HAND_REJECTS``; both at the end of the last
-    accepted step, ``fres[3]`` its size). The blow-up threshold is handled here as the
+    accepted step, ``fres[F_STEP]`` its size). The blow-up threshold is handled here as the
     event loop handles it (:func:`_restart_at_crossing`). The states go into ``rec_y``
     at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
     at ``t_eval``; ``nrec[0]`` counts them.
@@ -1279,14 +1301,14 @@ def _messages(code, fres, t0, max_nfev):
     if code == FINISHED:
         return Status.FINISHED, "reached the end of t_span"
     if code in (BLOWUP, GROWTH):
-        tstar, t, limit, s0, s1, finite = fres[2:8]
+        tstar, t, limit, s0, s1, finite = fres[F_TSTAR:F_FINITE + 1]
         verdict, message = blowup_verdict(float(tstar), bool(finite), float(t), float(limit),
                                           (float(s0), float(s1)) if code == BLOWUP else None)
         return verdict, message
     if code in (STEADY, RANK):
         name = "steady" if code == STEADY else "rank_collapse"
         status = Status.STEADY if code == STEADY else Status.RANK_COLLAPSE
-        return status, f"terminal event {name!r} at t = {fres[2]:.10g}"
+        return status, f"terminal event {name!r} at t = {fres[F_T_STOP]:.10g}"
     if code == FIELD0:
         return Status.FAILED, (f"the field is not finite at t = {t0:.10g}: the rate of the "
                                "initial covariance overflows float64")
@@ -1295,9 +1317,9 @@ def _messages(code, fres, t0, max_nfev):
                                + ("; the trial states leave the floating-point range "
                                   "(overflow)" if code == SMALL_OVERFLOW else ""))
     if code == OVERFLOW:
-        return Status.FAILED, overflow_message(fres[2], fres[3])
+        return Status.FAILED, overflow_message(fres[F_T_STOP], fres[F_T_NEXT])
     return Status.FAILED, (f"gave up after {max_nfev} right-hand-side evaluations near "
-                           f"t = {fres[2]:.10g} (stiff or nearly singular dynamics)")
+                           f"t = {fres[F_T_STOP]:.10g} (stiff or nearly singular dynamics)")
 
 
 def _core_options(opts, method, ws_size, hand=False, rejects=None):
@@ -1386,27 +1408,28 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
         rec_y[0, :p0] = y0
     opt = _core_options(opts, "auto", ws_size, hand=True, rejects=rejects)
     Y = np.array(y0, dtype=float).reshape(1, n)
-    ires = np.zeros((1, 4), dtype=np.int64)
-    fres = np.zeros((1, 9 + MAX_CROSSINGS))
+    ires = np.zeros((1, I_SIZE), dtype=np.int64)
+    fres = np.zeros((1, F_CROSS + MAX_CROSSINGS))
     _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
          np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, ires, fres,
          np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
-    code = int(ires[0, 0])
-    t = float(fres[0, 0]) if code != FINISHED else float(opts.t1)
+    code = int(ires[0, I_CODE])
+    t = float(fres[0, F_T]) if code != FINISHED else float(opts.t1)
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
     looked = code in (BLOWUP, GROWTH)
-    crossings = fres[0, 9:9 + int(fres[0, 8])].copy()
+    crossings = fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()
     limit, suspected = opts.events.blowup_threshold, None
     if crossings.size and not looked:     # where the last look left the next one
         from ._events import blowup_verdict
 
-        tstar, t_look, last, _, _, finite = fres[0, 2:8]
+        tstar, t_look, last, _, _, finite = fres[0, F_TSTAR:F_FINITE + 1]
         _, (suspected, limit) = blowup_verdict(float(tstar), bool(finite), float(t_look),
                                                float(last), None)
-    return Handed(code=code, nfev=int(ires[0, 1]), t=t, y=Y[0], h=float(fres[0, 3]),
+    return Handed(code=code, nfev=int(ires[0, I_NFEV]), t=t, y=Y[0],
+                  h=float(fres[0, F_STEP]),
                   t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
-                  t_blowup=float(fres[0, 1]) if code == BLOWUP else np.nan,
+                  t_blowup=float(fres[0, F_T_BLOWUP]) if code == BLOWUP else np.nan,
                   crossings=crossings, limit=limit, suspected=suspected,
                   message=_messages(code, fres[0], opts.t0, -1) if looked else None)
 
@@ -1443,8 +1466,8 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     nt = te.size
     cov_out = np.full((nb, nt, d, d), np.nan)
     mean_out = np.full((nb, nt if m > d else 0, d), np.nan)
-    ires = np.zeros((nb, 4), dtype=np.int64)
-    fres = np.zeros((nb, 8))
+    ires = np.zeros((nb, I_SIZE), dtype=np.int64)
+    fres = np.zeros((nb, F_SIZE))
     p0 = int(np.searchsorted(te, t0, side="right"))
     _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, ires,
          fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
@@ -1452,13 +1475,14 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     rec = BatchRecord(nb, d, t1, t_eval, method)
     Z = Y.reshape(nb, d, m)
     rec.L_final[:] = Z[:, :, :d]
-    rec.t_final[:] = fres[:, 0]
-    rec.t_blowup[:] = fres[:, 1]
-    rec.nfev[:] = ires[:, 1]
-    rec.nsteps[:] = ires[:, 2]
-    rec.implicit[:] = ires[:, 3] != 0
-    for b in np.flatnonzero(ires[:, 0] != FINISHED):   # (the record starts "finished")
-        rec.status[b], rec.message[b] = _messages(int(ires[b, 0]), fres[b], t0, opt.max_nfev)
+    rec.t_final[:] = fres[:, F_T]
+    rec.t_blowup[:] = fres[:, F_T_BLOWUP]
+    rec.nfev[:] = ires[:, I_NFEV]
+    rec.nsteps[:] = ires[:, I_NSTEPS]
+    rec.implicit[:] = ires[:, I_IMPLICIT] != 0
+    for b in np.flatnonzero(ires[:, I_CODE] != FINISHED):   # (the record starts "finished")
+        rec.status[b], rec.message[b] = _messages(int(ires[b, I_CODE]), fres[b], t0,
+                                                  opt.max_nfev)
     if t_eval is not None:
         at0 = t_eval == t0
         cov_out[:, at0] = cov0s[:, None]
