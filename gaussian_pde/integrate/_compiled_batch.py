@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import math
 import threading
+import typing
 import warnings
 
 import numpy as np
@@ -56,6 +57,28 @@ FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH,
 #: test); rejected steps came often (``REJECT_STIFF`` among ``REJECT_WINDOW`` accepted)
 HAND, HAND_STIFF, HAND_REJECTS = 10, 11, 12
 
+# a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
+#: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
+#: ended on RODAS4 (0 or 1)
+I_CODE, I_NFEV, I_NSTEPS, I_IMPLICIT = range(4)
+I_SIZE = 4
+#: ``fres``: the time the run stopped at (handing back, that of the state returned) and
+#: the blow-up time (NaN: none)
+F_T, F_T_BLOWUP = 0, 1
+#: the time an event, the budget or an overflow stopped the run at (the message's), and
+#: for an overflow the end of the step that left the range
+F_T_STOP, F_T_NEXT = 2, 3
+#: handing back: the step to take from the state returned (NaN: none)
+F_STEP = 3
+#: the last blow-up look: the estimate t*, its time, the limit passed, the suspicion
+#: ``(s0, s1)`` to confirm, and whether t* is finite (1.0 or 0.0); written over by the
+#: slots above that share their places
+F_TSTAR, F_T_LOOK, F_LIMIT, F_S0, F_S1, F_FINITE = range(2, 8)
+F_SIZE = 8
+#: handing back (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up crossings,
+#: and their times from ``F_CROSS`` on
+F_NCROSS, F_CROSS = 8, 9
+
 _NS = _dop.N_STAGES
 _A = np.ascontiguousarray(_dop.A)
 _B = np.ascontiguousarray(_dop.B)
@@ -64,6 +87,65 @@ _E5 = np.ascontiguousarray(_dop.E5)
 _D = np.ascontiguousarray(_dop.D)
 _B2 = _B[None, :].copy()
 _E53 = np.stack([_E5, _E3])
+
+
+class CoreOptions(typing.NamedTuple):
+    r"""The solver options as the compiled driver :func:`_drive` reads them.
+
+    A named tuple of scalars: Numba passes it by value, each field a scalar of its
+    own (``float``: float64, ``int``: int64, ``bool``: boolean), the type of
+    :func:`_core`'s explicit signature. Built by :func:`_core_options`.
+
+    Attributes
+    ----------
+    atol, rtol : float
+        The error tolerances, in the state's units.
+    max_step : float
+        The largest step size.
+    blowup_threshold : float
+        The first blow-up threshold, as a multiple of :math:`\operatorname{tr}\Sigma_0`.
+    steady_tol, steady_atol : float
+        The steady-state event's relative and absolute tolerances on the rate.
+    rank_tol : float
+        The rank-collapse event's tolerance (negative: no such event).
+    t0, t1 : float
+        The start and the end of the time span.
+    reject_level : float
+        The rejection test's least Hairer estimate :math:`h|\lambda|` (handing back).
+    max_nfev : int
+        The budget of right-hand-side evaluations (negative: none).
+    method : int
+        0 ``"auto"`` (DOP853, RODAS4 once stiff), 1 DOP853, 2 RODAS4.
+    steady_on : bool
+        Whether the steady-state event is on.
+    ws_size : int
+        The field's scratch size (floats).
+    hand : bool
+        Hand the trajectory back to the event loop (:func:`integrate_one`).
+    reject_count, reject_window, reject_probe : int
+        The rejection test: hand back once ``reject_count`` steps (0: no test) were
+        rejected among the last ``reject_window`` accepted ones, or at every
+        ``reject_probe``-th accepted step, each where ``reject_level`` is reached.
+    """
+
+    atol: float
+    rtol: float
+    max_step: float
+    blowup_threshold: float
+    steady_tol: float
+    steady_atol: float
+    rank_tol: float
+    t0: float
+    t1: float
+    reject_level: float
+    max_nfev: int
+    method: int
+    steady_on: bool
+    ws_size: int
+    hand: bool
+    reject_count: int
+    reject_window: int
+    reject_probe: int
 
 
 def _columns(C, last, keep=()):
@@ -479,7 +561,7 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
     kind = 0
     extra = 0
     if steady_on:
-        g_new = _steady_gap(ynew, fnew, d, m, opt[4], opt[5])
+        g_new = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
@@ -488,15 +570,15 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
                                    ws, xa, have)
                 rhs(P, d, m, xa, xb, ws)
                 extra += 1
-                if _steady_gap(xa, xb, d, m, opt[4], opt[5]) > 0:
+                if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
                     lo = mid
                 else:
                     hi = mid
             stop_t = t + hi * h
             kind = 1
         ev[0] = g_new
-    if opt[6] >= 0:
-        g_new = _rank_gap(ynew, d, m, first, opt[6])
+    if opt.rank_tol >= 0:
+        g_new = _rank_gap(ynew, d, m, first, opt.rank_tol)
         if ev[1] > 0 and g_new <= 0 and first < d:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
@@ -504,7 +586,7 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
                 extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
                                    ws, xa, have)
                 extra += 1
-                if _rank_gap(xa, d, m, first, opt[6]) > 0:
+                if _rank_gap(xa, d, m, first, opt.rank_tol) > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -685,32 +767,31 @@ def _stiffness_counts(acc, hlamb, iasti, nonsti):
     return iasti, nonsti
 
 
-def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fres, cov_out,
-           mean_out, rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
+def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, ires, fres, cov_out, mean_out,
+           rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
            counts):
     """:func:`_drive`'s work for one trajectory, in the scratch it allocated.
 
     ``vec`` holds seven vectors. Compiled without reference counting, as the helpers (see
     :func:`_core`): inlined into the driver, which allocates, it would count every view.
     """
-    atol, rtol, max_step, t0, t1 = opt[0], opt[1], opt[2], opt[7], opt[8]
-    max_nfev, method, steady_on = iopt[0], iopt[1], iopt[2] != 0
-    hand = iopt[4] != 0
+    atol, rtol, max_step, t0, t1 = opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1
+    max_nfev, method, steady_on, hand = opt.max_nfev, opt.method, opt.steady_on, opt.hand
     f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
     rhs(P, d, m, y, f, ws)
     nfev = 1
-    fres[0] = t1
-    fres[1] = np.nan
-    fres[3] = np.nan
+    fres[F_T] = t1
+    fres[F_T_BLOWUP] = np.nan
+    fres[F_STEP] = np.nan
     if not _finite(f):
-        ires[0], ires[1], fres[0] = HAND if hand else FIELD0, nfev, t0
+        ires[I_CODE], ires[I_NFEV], fres[F_T] = HAND if hand else FIELD0, nfev, t0
         return
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t0, y, rec_t, rec_y, nrec)
     if steady_on:
-        ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
-    if opt[6] >= 0:
-        ev[1] = _rank_gap(y, d, m, first, opt[6])
+        ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+    if opt.rank_tol >= 0:
+        ev[1] = _rank_gap(y, d, m, first, opt.rank_tol)
     imp = method == 2
     h_abs = _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
                           -0.25 if imp else -0.125, tmp, tmp2, ws)
@@ -718,7 +799,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
     t, base, tau = t0, 0.0, t0
     # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
     # it is passed to compiled once more for that literal
-    limit, susp, s0, s1 = opt[3], np.bool_(False), np.nan, np.nan
+    limit, susp, s0, s1 = opt.blowup_threshold, np.bool_(False), np.nan, np.nan
     rejected, fresh = False, np.bool_(False)
     iasti, nonsti, nsteps = 0, 0, np.int64(0)
     code = -1
@@ -738,7 +819,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
         rejected = not acc
         if not acc and not h_abs >= min_step:
             code = HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW
-            fres[0] = t
+            fres[F_T] = t
             break
         if acc:
             code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _accepted(
@@ -758,27 +839,27 @@ def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, iopt, ires, fre
                 counts[:] = 0
                 if max_nfev >= 0 and nfev > max_nfev:
                     code = NFEV
-                    fres[0] = t
-                    fres[2] = t
+                    fres[F_T] = t
+                    fres[F_T_STOP] = t
                 continue
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
             if iasti >= _STIFF_STEPS:
                 if hand:
                     code = HAND_STIFF
-                    fres[0], fres[3] = t, h
+                    fres[F_T], fres[F_STEP] = t, h
                     break
                 imp = True
                 fresh = False
-            if hand and iopt[5] > 0 and _rejections(acc, hlamb, rej, counts, iopt, opt):
+            if hand and opt.reject_count > 0 and _rejections(acc, hlamb, rej, counts, opt):
                 code = HAND_REJECTS
-                fres[0], fres[3] = t, h
+                fres[F_T], fres[F_STEP] = t, h
                 break
         if max_nfev >= 0 and nfev > max_nfev:
             code = NFEV
-            fres[0] = t
-            fres[2] = t
-    ires[0], ires[1], ires[2], ires[3] = code, nfev, nsteps, imp
+            fres[F_T] = t
+            fres[F_T_STOP] = t
+    ires[I_CODE], ires[I_NFEV], ires[I_NSTEPS], ires[I_IMPLICIT] = code, nfev, nsteps, imp
 
 
 def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
@@ -791,7 +872,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     (see :func:`_drive`), a step with an event's sign change, a state out of range
     or no room left to record it is not taken: ``HAND`` from its start.
     """
-    t1 = opt[8]
+    t1 = opt.t1
     tau_new = tau + h
     t_new = base + tau_new
     if t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
@@ -811,17 +892,17 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         full = t_eval.size == 0 and rec_t.size > 0 and nrec[0] >= rec_t.size
         g0, g1 = ev[0], ev[1]
         if not cross and steady_on:
-            g0 = _steady_gap(ynew, fnew, d, m, opt[4], opt[5])
+            g0 = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
             cross = ev[0] >= 0 and g0 <= 0
-        if not cross and opt[6] >= 0 and first < d:
-            g1 = _rank_gap(ynew, d, m, first, opt[6])
+        if not cross and opt.rank_tol >= 0 and first < d:
+            g1 = _rank_gap(ynew, d, m, first, opt.rank_tol)
             cross = ev[1] >= 0 and g1 <= 0
         if cross or full:
-            fres[0], fres[3] = t, h
+            fres[F_T], fres[F_STEP] = t, h
             return (HAND,) + out + (nfev, nsteps, fresh)
         ev[0], ev[1] = g0, g1
     elif not (_finite(fnew) and _finite(ynew)):
-        fres[0], fres[2], fres[3] = t, t, t_new
+        fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
         return (OVERFLOW,) + out + (nfev, nsteps, fresh)
     nsteps += 1
     have[0] = 0
@@ -863,7 +944,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
         nfev += _dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
                           tmp, ws, xa, have)
         _copy(y, xa)
-        fres[0], fres[2] = stop_t, stop_t
+        fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
     if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
@@ -885,7 +966,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
-        _refactor(y, f, d, m, opt[0], opt[1])
+        _refactor(y, f, d, m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
@@ -893,19 +974,19 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
 def _look_verdict(tstar, finite, t, limit, susp, s0, s1, fres):
     """The verdict of a blow-up look at ``t`` (:func:`~gaussian_pde.integrate._events.blowup_verdict`).
 
-    Writes the look's numbers into ``fres[2:8]`` (and ``fres[0:2]`` at the end of the
-    run). Returns ``(code, limit, susp, s0, s1)``: ``BLOWUP`` (confirmed), ``GROWTH``
-    (no finite-time signature within ``MAX_GROWTH``), or -1 with the next limit and
-    the suspicion ``(s0, s1)`` to confirm.
+    Writes the look's numbers into ``fres[F_TSTAR:F_FINITE + 1]`` (and ``fres[F_T]``,
+    ``fres[F_T_BLOWUP]`` at the end of the run). Returns ``(code, limit, susp, s0, s1)``:
+    ``BLOWUP`` (confirmed), ``GROWTH`` (no finite-time signature within ``MAX_GROWTH``),
+    or -1 with the next limit and the suspicion ``(s0, s1)`` to confirm.
     """
-    fres[2], fres[3], fres[4], fres[5], fres[6] = tstar, t, limit, s0, s1
-    fres[7] = 1.0 if finite else 0.0
+    fres[F_TSTAR], fres[F_T_LOOK], fres[F_LIMIT], fres[F_S0], fres[F_S1] = tstar, t, limit, s0, s1
+    fres[F_FINITE] = 1.0 if finite else 0.0
     if finite and susp and abs(tstar - s0) <= CONFIRM_TOL * (s0 - s1):
-        fres[0], fres[1] = t, tstar
+        fres[F_T], fres[F_T_BLOWUP] = t, tstar
         return BLOWUP, limit, susp, s0, s1
     grow = CONFIRM_GROWTH if finite else _NONFINITE_GROWTH
     if limit * grow > MAX_GROWTH:
-        fres[0] = t
+        fres[F_T] = t
         return GROWTH, limit, susp, s0, s1
     if finite:
         s0, s1 = tstar, t
@@ -920,14 +1001,14 @@ def _record(t, y, rec_t, rec_y, nrec):
     nrec[0] = k + 1
 
 
-def _rejections(acc, hlamb, rej, counts, iopt, opt):
+def _rejections(acc, hlamb, rej, counts, opt):
     r"""Handing back, the rejection test after a step: whether to hand the run back.
 
     ``rej``: the rejected steps before each of the last ``rej.size`` accepted ones;
     ``counts``: their sum, the accepted steps, and the rejected ones since the last
-    accepted. True after an accepted step where ``iopt[5]`` of those were rejected, or
-    at every ``iopt[7]``-th accepted step (a run held at its stability bound rejects
-    little), with Hairer's :math:`h|\lambda|` at least ``opt[9]``: the event loop's
+    accepted. True after an accepted step where ``opt.reject_count`` of those were rejected, or
+    at every ``opt.reject_probe``-th accepted step (a run held at its stability bound rejects
+    little), with Hairer's :math:`h|\lambda|` at least ``opt.reject_level``: the event loop's
     exact check follows. Fast growth rejects as often with :math:`h|\lambda|` far
     below that range: the count starts afresh, as the event loop's after its check.
     """
@@ -939,8 +1020,8 @@ def _rejections(acc, hlamb, rej, counts, iopt, opt):
     rej[i] = counts[2]
     counts[2] = 0
     counts[1] += 1
-    frequent = counts[0] >= iopt[5]
-    if (frequent or counts[1] % iopt[7] == 0) and hlamb >= opt[9]:
+    frequent = counts[0] >= opt.reject_count
+    if (frequent or counts[1] % opt.reject_probe == 0) and hlamb >= opt.reject_level:
         return True
     if frequent:
         rej[:] = 0
@@ -981,7 +1062,7 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
 
     At the fraction ``x`` of the step from ``t`` (the crossing ``t_c = t + x h``), the
     state is recorded as a step end where ``steps`` (every step is recorded), its time
-    kept in ``fres[9:]`` (their count in ``fres[8]``, where ``fres`` has room);
+    kept in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``, where ``fres`` has room);
     :func:`_blowup_look` at it, then
     the verdict of :func:`~gaussian_pde.integrate._events.blowup_verdict`: ``BLOWUP``
     or ``GROWTH``, or go on from the crossing with the next limit, the clock restarted
@@ -995,10 +1076,10 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     _copy(f, xb)
     if steps and nrec[0] < rec_t.size:
         _record(t_c, y, rec_t, rec_y, nrec)
-    n_cross = int(fres[8]) if fres.size > 9 else 0
-    if fres.size > 9 + n_cross:
-        fres[9 + n_cross] = t_c
-        fres[8] = n_cross + 1
+    n_cross = int(fres[F_NCROSS]) if fres.size > F_CROSS else 0
+    if fres.size > F_CROSS + n_cross:
+        fres[F_CROSS + n_cross] = t_c
+        fres[F_NCROSS] = n_cross + 1
     tstar, finite = _blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
     nfev += 1
     out = (t_c, 0.0, t_c)
@@ -1007,35 +1088,31 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     if code >= 0:
         return (code,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
     if steady_on:
-        ev[0] = _steady_gap(y, f, d, m, opt[4], opt[5])
-    if opt[6] >= 0:
-        ev[1] = _rank_gap(y, d, m, first, opt[6])
+        ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+    if opt.rank_tol >= 0:
+        ev[1] = _rank_gap(y, d, m, first, opt.rank_tol)
     return (RESTART,) + out + (limit_, susp_, s0_, s1_, nfev, nsteps, False)
 
 
-def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, fres,
+def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
            cov_out, mean_out, rec_t, rec_y, nrec, lo, hi):
     r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
 
     ``Y`` is ``(B, n)``; each row is overwritten with its trajectory's final state.
 
-    ``opt``: atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol
-    (negative: off), t0, t1, and the rejection test's least :math:`h|\lambda|`;
-    ``iopt``: max_nfev (negative: none), method (0 auto, 1 DOP853, 2 RODAS4), steady on,
-    scratch size, hand back (0 or 1), and for the rejection test the rejected steps that
-    hand back (0: off) among how many accepted ones, and its probe's period. Writes
-    ``ires`` (code, nfev, nsteps, implicit) and ``fres`` (t_final, t_blowup, and the
-    numbers the message needs).
+    ``opt``: the solver options, a :class:`CoreOptions`. Writes ``ires`` (code, nfev,
+    nsteps, implicit; indices ``I_*``) and ``fres`` (t_final, t_blowup, and the numbers
+    the message needs; indices ``F_*``).
 
     Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
     explicit steps run here until the end, the budget, or the first step at which the
     event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: a
     steady-state or rank-collapse sign change, a state out of range, a step below
-    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[0]`` its
-    time, ``fres[3]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
+    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[F_T]`` its
+    time, ``fres[F_STEP]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
     rejection test is on, frequent rejections or the periodic probe with Hairer's
     :math:`h|\lambda|` in the stiff range (``HAND_REJECTS``; both at the end of the last
-    accepted step, ``fres[3]`` its size). The blow-up threshold is handled here as the
+    accepted step, ``fres[F_STEP]`` its size). The blow-up threshold is handled here as the
     event loop handles it (:func:`_restart_at_crossing`). The states go into ``rec_y``
     at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
     at ``t_eval``; ``nrec[0]`` counts them.
@@ -1044,11 +1121,11 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, iopt, ires, f
     for b in range(lo, hi):
         row = b if params.shape[0] > 1 else 0
         _steps(rhs, jac, params[row], d, m, Y[b], t_eval, np.full(1, p0), tr0[b], first[b],
-               opt, iopt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
-               nrec[b:b + 1], np.empty(iopt[3]), np.empty((7, n)), np.empty((_NS + 1, n)),
+               opt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
+               nrec[b:b + 1], np.empty(opt.ws_size), np.empty((7, n)), np.empty((_NS + 1, n)),
                np.empty((16, n)), np.empty((7, n)), np.empty((6, n)), np.empty((n, n)),
                np.empty((n, n)), np.empty(n, dtype=np.int64), np.zeros(1, dtype=np.int64),
-               np.zeros(2), np.zeros(max(iopt[6], 1), dtype=np.int64),
+               np.zeros(2), np.zeros(max(opt.reject_window, 1), dtype=np.int64),
                np.zeros(3, dtype=np.int64))
 
 
@@ -1094,8 +1171,11 @@ def _core():
                                  _nrt=name in _ALLOCATING)(g[name])
     rhs_sig, jac_sig = signatures()
     vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
+    scalar = {float: T.float64, int: T.int64, bool: T.boolean}
+    opt = T.NamedTuple([scalar[kind] for kind in typing.get_type_hints(CoreOptions).values()],
+                       CoreOptions)
     sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
-                 mat, vec, T.int64, vec, ivec, vec, ivec, T.int64[:, ::1], mat,
+                 mat, vec, T.int64, vec, ivec, opt, T.int64[:, ::1], mat,
                  T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
                  ivec, T.int64, T.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
@@ -1221,14 +1301,14 @@ def _messages(code, fres, t0, max_nfev):
     if code == FINISHED:
         return Status.FINISHED, "reached the end of t_span"
     if code in (BLOWUP, GROWTH):
-        tstar, t, limit, s0, s1, finite = fres[2:8]
+        tstar, t, limit, s0, s1, finite = fres[F_TSTAR:F_FINITE + 1]
         verdict, message = blowup_verdict(float(tstar), bool(finite), float(t), float(limit),
                                           (float(s0), float(s1)) if code == BLOWUP else None)
         return verdict, message
     if code in (STEADY, RANK):
         name = "steady" if code == STEADY else "rank_collapse"
         status = Status.STEADY if code == STEADY else Status.RANK_COLLAPSE
-        return status, f"terminal event {name!r} at t = {fres[2]:.10g}"
+        return status, f"terminal event {name!r} at t = {fres[F_T_STOP]:.10g}"
     if code == FIELD0:
         return Status.FAILED, (f"the field is not finite at t = {t0:.10g}: the rate of the "
                                "initial covariance overflows float64")
@@ -1237,22 +1317,26 @@ def _messages(code, fres, t0, max_nfev):
                                + ("; the trial states leave the floating-point range "
                                   "(overflow)" if code == SMALL_OVERFLOW else ""))
     if code == OVERFLOW:
-        return Status.FAILED, overflow_message(fres[2], fres[3])
+        return Status.FAILED, overflow_message(fres[F_T_STOP], fres[F_T_NEXT])
     return Status.FAILED, (f"gave up after {max_nfev} right-hand-side evaluations near "
-                           f"t = {fres[2]:.10g} (stiff or nearly singular dynamics)")
+                           f"t = {fres[F_T_STOP]:.10g} (stiff or nearly singular dynamics)")
 
 
-def _option_arrays(opts, method, ws_size, hand=False, rejects=None):
-    """The core's ``opt`` (floats) and ``iopt`` (integers) of validated solver options."""
+def _core_options(opts, method, ws_size, hand=False, rejects=None):
+    """The :class:`CoreOptions` of validated solver options (see :func:`integrate_one`)."""
     ev = opts.events
     count, window, level, probe = (0, 0, 0.0, 0) if rejects is None else rejects
-    opt = np.array([opts.atol, opts.rtol, opts.max_step, ev.blowup_threshold,
-                    0.0 if ev.steady_tol is None else ev.steady_tol, ev.steady_atol,
-                    -1.0 if ev.rank_tol is None else ev.rank_tol, opts.t0, opts.t1, level])
-    iopt = np.array([-1 if opts.max_nfev is None else int(opts.max_nfev),
-                     ("auto", "DOP853", "rosenbrock").index(method), int(ev.steady_on),
-                     ws_size, int(hand), count, window, probe], dtype=np.int64)
-    return opt, iopt
+    return CoreOptions(
+        atol=float(opts.atol), rtol=float(opts.rtol), max_step=float(opts.max_step),
+        blowup_threshold=float(ev.blowup_threshold),
+        steady_tol=0.0 if ev.steady_tol is None else float(ev.steady_tol),
+        steady_atol=float(ev.steady_atol),
+        rank_tol=-1.0 if ev.rank_tol is None else float(ev.rank_tol),
+        t0=float(opts.t0), t1=float(opts.t1), reject_level=float(level),
+        max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
+        method=("auto", "DOP853", "rosenbrock").index(method),
+        steady_on=bool(ev.steady_on), ws_size=int(ws_size), hand=bool(hand),
+        reject_count=int(count), reject_window=int(window), reject_probe=int(probe))
 
 
 @dataclasses.dataclass
@@ -1322,29 +1406,30 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
     if t_eval is not None:       # the output times at t0 hold the initial state
         rec_t[0, :p0] = te[:p0]
         rec_y[0, :p0] = y0
-    opt, iopt = _option_arrays(opts, "auto", ws_size, hand=True, rejects=rejects)
+    opt = _core_options(opts, "auto", ws_size, hand=True, rejects=rejects)
     Y = np.array(y0, dtype=float).reshape(1, n)
-    ires = np.zeros((1, 4), dtype=np.int64)
-    fres = np.zeros((1, 9 + MAX_CROSSINGS))
+    ires = np.zeros((1, I_SIZE), dtype=np.int64)
+    fres = np.zeros((1, F_CROSS + MAX_CROSSINGS))
     _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
-         np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, iopt, ires, fres,
+         np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, ires, fres,
          np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
-    code = int(ires[0, 0])
-    t = float(fres[0, 0]) if code != FINISHED else float(opts.t1)
+    code = int(ires[0, I_CODE])
+    t = float(fres[0, F_T]) if code != FINISHED else float(opts.t1)
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
     looked = code in (BLOWUP, GROWTH)
-    crossings = fres[0, 9:9 + int(fres[0, 8])].copy()
+    crossings = fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()
     limit, suspected = opts.events.blowup_threshold, None
     if crossings.size and not looked:     # where the last look left the next one
         from ._events import blowup_verdict
 
-        tstar, t_look, last, _, _, finite = fres[0, 2:8]
+        tstar, t_look, last, _, _, finite = fres[0, F_TSTAR:F_FINITE + 1]
         _, (suspected, limit) = blowup_verdict(float(tstar), bool(finite), float(t_look),
                                                float(last), None)
-    return Handed(code=code, nfev=int(ires[0, 1]), t=t, y=Y[0], h=float(fres[0, 3]),
+    return Handed(code=code, nfev=int(ires[0, I_NFEV]), t=t, y=Y[0],
+                  h=float(fres[0, F_STEP]),
                   t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
-                  t_blowup=float(fres[0, 1]) if code == BLOWUP else np.nan,
+                  t_blowup=float(fres[0, F_T_BLOWUP]) if code == BLOWUP else np.nan,
                   crossings=crossings, limit=limit, suspected=suspected,
                   message=_messages(code, fres[0], opts.t0, -1) if looked else None)
 
@@ -1376,28 +1461,28 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     tr0 = np.maximum(np.trace(cov0s, axis1=1, axis2=2), np.finfo(float).tiny)
     first = (np.zeros(nb, dtype=np.int64) if ev.rank_tol is None
              else np.asarray(rank_first(cov0s, ev.rank_tol), dtype=np.int64))
-    opt, iopt = _option_arrays(opts, method, ws_size)
-    max_nfev = int(iopt[0])
+    opt = _core_options(opts, method, ws_size)
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
     nt = te.size
     cov_out = np.full((nb, nt, d, d), np.nan)
     mean_out = np.full((nb, nt if m > d else 0, d), np.nan)
-    ires = np.zeros((nb, 4), dtype=np.int64)
-    fres = np.zeros((nb, 8))
+    ires = np.zeros((nb, I_SIZE), dtype=np.int64)
+    fres = np.zeros((nb, F_SIZE))
     p0 = int(np.searchsorted(te, t0, side="right"))
-    _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, iopt,
-         ires, fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
+    _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, ires,
+         fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
          np.zeros(nb, dtype=np.int64))
     rec = BatchRecord(nb, d, t1, t_eval, method)
     Z = Y.reshape(nb, d, m)
     rec.L_final[:] = Z[:, :, :d]
-    rec.t_final[:] = fres[:, 0]
-    rec.t_blowup[:] = fres[:, 1]
-    rec.nfev[:] = ires[:, 1]
-    rec.nsteps[:] = ires[:, 2]
-    rec.implicit[:] = ires[:, 3] != 0
-    for b in np.flatnonzero(ires[:, 0] != FINISHED):   # (the record starts "finished")
-        rec.status[b], rec.message[b] = _messages(int(ires[b, 0]), fres[b], t0, max_nfev)
+    rec.t_final[:] = fres[:, F_T]
+    rec.t_blowup[:] = fres[:, F_T_BLOWUP]
+    rec.nfev[:] = ires[:, I_NFEV]
+    rec.nsteps[:] = ires[:, I_NSTEPS]
+    rec.implicit[:] = ires[:, I_IMPLICIT] != 0
+    for b in np.flatnonzero(ires[:, I_CODE] != FINISHED):   # (the record starts "finished")
+        rec.status[b], rec.message[b] = _messages(int(ires[b, I_CODE]), fres[b], t0,
+                                                  opt.max_nfev)
     if t_eval is not None:
         at0 = t_eval == t0
         cov_out[:, at0] = cov0s[:, None]

@@ -538,3 +538,40 @@ def test_compiled_code_frees_what_it_allocates():
     lines = dict((ln.split()[0], [int(x) for x in ln.split()[1:]]) for ln in out.splitlines())
     assert lines["made"][0] > 1000 and lines["work"] == [0, 0]
     assert lines["held"] == [1, 1]
+
+
+@pytest.mark.parametrize("options, rejects", [
+    ({}, None),
+    ({"max_nfev": None, "steady_tol": 1e-6, "rank_tol": 1e-8, "t_eval": [0.0, 1.0]}, None),
+    ({"rtol": np.float64(1e-7), "atol": 1, "max_step": 0.5, "max_nfev": np.int32(900),
+      "blowup_threshold": 1e4, "steady_atol": 1e-9}, (2, 5, 3.3, 7)),
+])
+def test_core_options_reach_the_driver_by_name_and_type(options, rejects):
+    """The driver's options: each field holds its solver option (the offs as documented),
+    and the Numba type of any set of them is the driver's explicit signature's, so every
+    call dispatches to the one compiled driver without converting."""
+    import inspect
+
+    import numba
+
+    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate._options import solver_options
+
+    opts = solver_options((0.0, 2.0), **options)
+    ev = opts.events
+    opt = cb._core_options(opts, "rosenbrock", 17, hand=rejects is not None, rejects=rejects)
+    assert (opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1) == (
+        opts.atol, opts.rtol, opts.max_step, 0.0, 2.0)
+    assert opt.blowup_threshold == ev.blowup_threshold
+    assert opt.steady_on == ev.steady_on
+    assert opt.steady_tol == (0.0 if ev.steady_tol is None else ev.steady_tol)
+    assert opt.steady_atol == ev.steady_atol
+    assert opt.rank_tol == (-1.0 if ev.rank_tol is None else ev.rank_tol)
+    assert opt.max_nfev == (-1 if opts.max_nfev is None else opts.max_nfev)
+    assert (opt.method, opt.ws_size, opt.hand) == (2, 17, rejects is not None)
+    assert (opt.reject_count, opt.reject_window, opt.reject_level, opt.reject_probe) == (
+        (0, 0, 0.0, 0) if rejects is None else rejects)
+    drive = cb._core()
+    (sig,) = drive.signatures
+    at = list(inspect.signature(cb._drive).parameters).index("opt")
+    assert numba.typeof(opt) == sig[at]
