@@ -159,8 +159,20 @@ class KeyNormSoftmax(SingleHeadAttention):
         return hash((super().__hash__(), self.gamma))
 
 
-# ``gaussian_pde`` registers this class through the entry point when it is imported first;
-# where this module is imported first, ``gaussian_pde`` (imported above, while this module
-# was loading) skipped the entry point, and the class registers here
-if ATTENTIONS.get(KeyNormSoftmax.name) is not KeyNormSoftmax:
+def _installed():
+    """Whether this distribution is installed (its entry point is then advertised)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("gaussian-pde-keynorm")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+# Installed, the class is registered through the entry point when ``gaussian_pde`` is imported
+# first; where this module is imported first, ``gaussian_pde`` (imported above, while this
+# module was loading) skipped the entry point, and the class registers here. Imported from
+# its folder without being installed, it is not registered (a plain class).
+if _installed() and ATTENTIONS.get(KeyNormSoftmax.name) is not KeyNormSoftmax:
     register_attention(KeyNormSoftmax)
