@@ -90,7 +90,6 @@ def main(argv=None):
                      rows=rows)],
         notes=["Best of the alternated runs after one compiling run each; t in (0, 2), default "
                "tolerances, the same Q, K, V for both types."])
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _record import write_record
 
     write_record("bench_plugin", payload, args.json)
