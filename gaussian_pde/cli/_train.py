@@ -39,7 +39,8 @@ FULL = dict(seeds=3, tasks=("mixture", "regression", "text"), sweep_task="mixtur
 QUICK = dict(seeds=1, tasks=("mixture",), sweep_task="mixture",
              variants=("pre_ln", "no_ln", "no_ln_depth", "no_residual", "neither", "pde_euler"),
              depths=(2, 8), depth=2, n_steps=40, batch=8, width=8, optims=("plain",),
-             eval_batch=32, bridge_tokens=(32, 128), bridge_sequences=2, optimize=False)
+             eval_batch=32, bridge_tokens=(32, 128), bridge_sequences=2, bridge_rates=(1e-3,),
+             optimize=False)
 
 
 def add_arguments(parser):
@@ -50,6 +51,9 @@ def add_arguments(parser):
                              "steps)")
     parser.add_argument("--seeds", type=whole_number, default=None, metavar="N",
                         help="number of seeds 0..N-1 (default 3; --quick 1)")
+    parser.add_argument("--workers", type=whole_number, default=None, metavar="N",
+                        help="processes training groups side by side (default: the cores "
+                             "this process may use); the results do not depend on it")
 
 
 def _missing_extra():
@@ -75,13 +79,22 @@ def run(args) -> int:
     if n_seeds < 1:
         raise ValueError(f"`--seeds` must be at least 1, got {n_seeds}.")
     out = output_dir(args.out)
-    from ..training import check_study_memory, run_training_study, write_training_study
+    from ..training import (
+        check_study_memory,
+        check_study_workers,
+        default_workers,
+        run_training_study,
+        write_training_study,
+    )
 
     check_study_memory(n_seeds, tasks=sizes["tasks"], eval_batch=sizes["eval_batch"],
                        name="--seeds")
+    workers = check_study_workers(default_workers() if args.workers is None else args.workers,
+                                  "--workers")
 
     progress = progress_for(args, None)
-    res = run_training_study(seeds=tuple(range(n_seeds)), progress=progress, **sizes)
+    res = run_training_study(seeds=tuple(range(n_seeds)), workers=workers, progress=progress,
+                             **sizes)
     v = write_training_study(res, out)
     if progress is not None:
         progress(f"report: {out / 'report.md'}")

@@ -53,7 +53,8 @@ _LAZY = {
     "drift_metrics": "_measure", "gaussian_fit": "_measure",
     "layer_attention": "_bridge", "layer_ffn": "_bridge", "gaussian_stack": "_bridge",
     "gaussian_prediction": "_bridge", "model_on_gaussian_tokens": "_bridge",
-    "bridge": "_bridge", "without_ffn": "_bridge",
+    "bridge": "_bridge", "without_ffn": "_bridge", "bridge_summary": "_bridge",
+    "check_study_workers": "_study", "default_workers": "_study",
     "run_training_study": "_study", "check_study_memory": "_study", "verdicts": "_verdicts",
     "write_training_study": "_report",
     "STUDY_TASKS": "_study", "predicted_blowup_depth": "_study",
@@ -68,7 +69,8 @@ __all__ = ["GPT2Checkpoint", "gpt2_forward", "random_gpt2_state_dict",
            "layer_ffn", "gaussian_stack", "gaussian_prediction", "model_on_gaussian_tokens",
            "bridge", "without_ffn", "run_training_study", "check_study_memory", "verdicts",
            "write_training_study", "STUDY_TASKS", "predicted_blowup_depth", "information_metrics", "linear_cka",
-           "ridge_probe", "run_failed", "DEFAULT_LEARNING_RATES", "learning_rate_grid"]
+           "ridge_probe", "run_failed", "DEFAULT_LEARNING_RATES", "learning_rate_grid",
+           "bridge_summary", "check_study_workers", "default_workers"]
 
 
 def __getattr__(name):

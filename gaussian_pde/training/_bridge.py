@@ -33,6 +33,8 @@ median and 90th percentile over the queries.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import gaussian_pde as gp
@@ -41,7 +43,7 @@ from gaussian_pde.attention import dot_product_head, sum_of_heads
 from ._measure import gaussian_fit
 
 __all__ = ["layer_attention", "layer_ffn", "gaussian_stack", "gaussian_prediction",
-           "model_on_gaussian_tokens", "bridge", "without_ffn"]
+           "model_on_gaussian_tokens", "bridge", "bridge_summary", "without_ffn"]
 
 
 def _block(params, spec, layer):
@@ -277,3 +279,26 @@ def bridge(params, spec, mean0, cov0, *, n_tokens=(64, 256, 1024), n_sequences=6
     res.update(tail_median=med, tail_p90=p90, ess_mean_field=emf)
     return res
 
+
+
+def bridge_summary(res):
+    r"""The few numbers of one :func:`bridge` that a table over seeds and rates needs.
+
+    Returns
+    -------
+    dict
+        ``status``, ``exact``, ``layers_reached``; ``cov_err`` and ``slope`` per layer at
+        the largest :math:`n` (lists, NaN where not measured); ``cov_err_last``, the
+        relative covariance error at the last layer the prediction reached (NaN when it
+        reached none); ``trace_ratio``, the model's trace over the Gaussian's there.
+    """
+    reached = int(res["layers_reached"])
+    err = np.asarray(res["cov_err"][-1], float)
+    pred = np.asarray(res["pred_trace"], float)
+    with np.errstate(all="ignore"):
+        ratio = float(np.asarray(res["model_trace"][-1], float)[reached] / pred[reached])
+    return dict(status=res["status"], exact=bool(res["exact"]), layers_reached=reached,
+                cov_err=[float(x) for x in err],
+                slope=[float(x) for x in np.asarray(res["slope"], float)],
+                cov_err_last=float(err[reached]) if reached > 0 else math.nan,
+                trace_ratio=ratio if reached > 0 else math.nan)

@@ -14,7 +14,13 @@ gets the Gaussian theory's prediction (:func:`predicted_blowup_depth`). The brid
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
+import multiprocessing
+import numbers
+import os
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -23,7 +29,7 @@ import gaussian_pde as gp
 from gaussian_pde._common.validation import validate_allocation, validate_int
 from gaussian_pde.attention import dot_product_head, sum_of_heads
 
-from ._bridge import bridge, without_ffn
+from ._bridge import bridge, bridge_summary, without_ffn
 from ._compile import compiled
 from ._measure import attention_spread, drift_metrics, gaussian_fit, information_metrics
 from ._model import block_weights, layer_tokens, loss_fn, x64
@@ -32,7 +38,8 @@ from ._tasks import get_task
 from ._train import DEFAULT_LEARNING_RATES, _check_rates, _check_seeds, run_failed, train
 from ._verdicts import verdicts
 
-__all__ = ["STUDY_TASKS", "OPTIMS", "check_study_memory", "run_training_study", "verdicts",
+__all__ = ["STUDY_TASKS", "OPTIMS", "check_study_memory", "check_study_workers",
+           "default_workers", "run_training_study", "verdicts",
            "predicted_blowup_depth", "largest_stable_rate"]
 
 #: the tasks of the study
@@ -61,7 +68,7 @@ def _eval(params, spec, task, x, y, optimize=True):
         return np.asarray(toks), float(loss)
 
 
-def predicted_blowup_depth(params, spec, cov0, *, horizon_layers=2.0):
+def predicted_blowup_depth(params, spec, cov0, *, horizon_layers=2.0, max_nfev=20_000):
     r"""The Gaussian theory's blow-up depth :math:`L^* = t^*/h` of a model's attentions.
 
     Layer :math:`l` of the stack is one step :math:`h` of the Gaussian moment ODE
@@ -70,11 +77,14 @@ def predicted_blowup_depth(params, spec, cov0, *, horizon_layers=2.0):
     ReZero: the layer's gate): the residual stack is that ODE's Euler scheme with step
     :math:`h` (1 for a block stack, :math:`T/L` for the simulator). From the covariance
     ``cov0`` of the embedded tokens, the ODE runs through the layers in turn, each for a
-    time :math:`h` (:func:`gaussian_pde.solve` with its blow-up event); past the last
-    layer, that layer's field goes on, up to ``horizon_layers`` times the depth. A blow-up
-    at time :math:`\tau` into layer :math:`l` (0-based) gives :math:`L^* = l + \tau/h`;
-    ``inf`` when none is found within the horizon, NaN when the ODE cannot be integrated.
-    A layer whose branch is off (no residual, a closed gate) moves nothing.
+    time :math:`h` (:func:`gaussian_pde.solve_batch`, one trajectory, with its blow-up
+    event); past the last layer, that layer's field goes on, up to ``horizon_layers``
+    times the depth. A blow-up at time :math:`\tau` into layer :math:`l` (0-based) gives
+    :math:`L^* = l + \tau/h`; ``inf`` when none is found within the horizon. NaN when the
+    ODE cannot be followed through a layer: the solver stops without finishing it (more
+    than ``max_nfev`` evaluations, a step below rounding, the covariance losing rank
+    numerically) or the covariance is not finite. A layer whose branch is off (no
+    residual, a closed gate) moves nothing.
     """
     depth, h = spec.depth, spec.step
     cov = np.asarray(cov0, float)
@@ -87,13 +97,16 @@ def predicted_blowup_depth(params, spec, cov0, *, horizon_layers=2.0):
         if att is not None:
             try:
                 with np.errstate(all="ignore"):
-                    res = gp.solve(att, None, cov, (0.0, span), blowup_threshold=1e8,
-                                   rtol=1e-6, atol=1e-9)
+                    res = gp.solve_batch(att, cov[None], (0.0, span), blowup_threshold=1e8,
+                                         rtol=1e-6, atol=1e-9, max_nfev=max_nfev)
             except (ValueError, FloatingPointError, np.linalg.LinAlgError):
                 return math.nan
-            if res.t_blowup is not None:
-                return layer + float(res.t_blowup) / h
-            cov = res.cov_final
+            status = res.status[0]
+            if status == gp.Status.BLOWUP:
+                return layer + float(res.t_blowup[0]) / h
+            if status != gp.Status.FINISHED:
+                return math.nan
+            cov = res.cov_final[0]
             if not np.all(np.isfinite(cov)):
                 return math.nan
         layer += 1 if layer < depth - 1 else horizon
@@ -179,10 +192,8 @@ def _train_and_measure(spec, task, seeds, rates, n_steps, batch, optim, evals, o
                                    if fin else math.nan)
             rec["spread_init"] = init[run.seed]["spread"]
             rec["spread_final"] = _spread(run.params, spec, toks[0])
-        if run.seed == seeds[0]:
-            rec["input_fit"] = init[run.seed]["fit"]
         records.append(rec)
-    return res, records
+    return res, records, {s: init[s]["fit"] for s in seeds}
 
 
 def check_study_memory(n_seeds, *, tasks=STUDY_TASKS, eval_batch=128, name="seeds"):
@@ -215,6 +226,36 @@ def check_study_memory(n_seeds, *, tasks=STUDY_TASKS, eval_batch=128, name="seed
     return need
 
 
+#: memory of one training process before its first group (JAX, XLA, the package)
+_WORKER_BYTES = 600 * 2**20
+
+
+def default_workers():
+    """The processes the study uses by default: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_study_workers(workers, name="workers"):
+    """Refuse, before any work, a bad or too large number of training processes.
+
+    ``workers`` must be a positive integer, and the processes (about 600 MiB each) must
+    fit in half of this machine's memory. Returns it as an int.
+    """
+    workers = validate_int(workers, name, minimum=1)
+    need = workers * _WORKER_BYTES
+    try:
+        validate_allocation(need, name, itemsize=1)
+    except ValueError:
+        raise ValueError(f"`{name}` = {workers} training processes would need "
+                         f"{need / 2**30:.3g} GiB (about {_WORKER_BYTES / 2**30:.2g} GiB "
+                         f"each), more than half of this machine's memory; lower "
+                         f"`{name}`.") from None
+    return workers
+
+
 def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture",
                        sweep_variants=None, task_variants=None,
                        depths=(2, 4, 8, 16, 32, 64), depth=4, seeds=(0, 1, 2),
@@ -223,7 +264,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                        batch=32, width=8, task_width=None, optims=("plain", "warmup_clip"),
                        task_optims=None,
                        eval_batch=128, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
-                       bridge_learning_rate=1e-3, theory=True, optimize=True, progress=None):
+                       bridge_learning_rate=1e-3, bridge_rates=(1e-3, 1e-2), theory=True,
+                       optimize=True, workers=1, progress=None):
     r"""Train and measure every variant; predict from the Gaussian theory; bridge.
 
     Parameters
@@ -258,13 +300,19 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         ``task_optims[name]``: the settings of that task (default ``optims``).
     eval_batch : int
         Held-out sequences (seed ``10_000 + seed``; the test split for text).
-    bridge_tokens, bridge_sequences, bridge_learning_rate
-        The bridge's sequence lengths, sequences per length, and the grid rate nearest to
-        ``bridge_learning_rate`` whose first-seed plain model is bridged.
+    bridge_tokens, bridge_sequences, bridge_learning_rate, bridge_rates
+        The bridge's sequence lengths and sequences per length; every seed's model is
+        bridged at the grid rates nearest to each of ``bridge_rates`` (``bridge_scope``),
+        and the first seed's at the grid rate nearest to ``bridge_learning_rate`` is kept
+        whole (``bridge``).
     theory : bool
         Compute the Gaussian theory's blow-up depth of every model without normalisation.
     optimize : bool
         Passed to :func:`train` and to the measurements' float64 program.
+    workers : int
+        Processes that train groups side by side (1: this process). Each group of
+        (task, variant, depth, optimiser setting) trains from its seeds alone, so the
+        results do not depend on ``workers``.
     progress : callable, optional
         Called with a short message after each trained group and each bridge.
 
@@ -274,7 +322,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         ``config``; ``runs[task][variant]``: per-run records (``depth``, ``optim``,
         ``seed``, ``learning_rate``, curves, failure, held-out losses, measures at init and
         after training, per-layer gradient norms, the predicted blow-up depths);
-        ``tasks``: each task's chance level and reference losses; ``bridge[task][variant]``.
+        ``tasks``: each task's chance level and reference losses; ``bridge[task][variant]``;
+        ``bridge_scope[task][variant]``: one summary per bridged (seed, rate).
     """
     variants = tuple(VARIANTS) if variants is None else tuple(variants)
     tasks = tuple(get_task(t).name for t in tasks)
@@ -294,7 +343,16 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                                               for t, o in task_optims.items()]:
         if not opts or any(o not in ("plain", "warmup_clip") for o in opts):
             raise ValueError(f"`{name}` must name 'plain' and/or 'warmup_clip', got {opts!r}.")
-    lr_b = min(rates, key=lambda r: abs(math.log(r / bridge_learning_rate)))
+    workers = check_study_workers(workers)
+    for name, lr in [("bridge_learning_rate", bridge_learning_rate)] + [
+            (f"bridge_rates[{i}]", r) for i, r in enumerate(bridge_rates)]:
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
+                math.isfinite(lr) and lr > 0):
+            raise ValueError(f"`{name}` must be a finite positive number, got {lr!r}.")
+    nearest = lambda lr: min(rates, key=lambda r: abs(math.log(r / lr)))  # noqa: E731
+    lr_b = nearest(bridge_learning_rate)
+    bridge_lrs = tuple(dict.fromkeys(nearest(lr) for lr in (bridge_learning_rate,
+                                                             *bridge_rates)))
     cfg = dict(tasks=list(tasks), variants=list(variants), sweep_task=sweep_task,
                sweep_variants=list(sweep_variants),
                task_variants={t: list(vs) for t, vs in task_variants.items()},
@@ -306,8 +364,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                task_optims={t: list(o) for t, o in task_optims.items()},
                eval_batch=eval_batch, bridge_tokens=list(bridge_tokens),
                bridge_sequences=bridge_sequences, bridge_learning_rate=lr_b,
+               bridge_rates=list(bridge_lrs),
                divergence_factor=10.0)
-    out = {"config": cfg, "runs": {}, "bridge": {}, "tasks": {}}
+    out = {"config": cfg, "runs": {}, "bridge": {}, "bridge_scope": {}, "tasks": {}}
+    jobs = []
     for tname in tasks:
         task = get_task(tname)
         steps = task_steps.get(tname, n_steps)
@@ -320,44 +380,132 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         if task.name == "regression":
             ref["least_squares_risk"] = task.least_squares_risk()
         out["tasks"][tname] = ref
-        out["runs"][tname], out["bridge"][tname] = {}, {}
-        split = "test" if task.name == "text" else "train"
-        evals = {s: task.sample(np.random.default_rng(10_000 + s), eval_batch, split)
-                 for s in seeds}
+        out["runs"][tname], out["bridge"][tname], out["bridge_scope"][tname] = {}, {}, {}
         for v in task_variants.get(tname, variants):
             out["runs"][tname][v] = []
             sweep = tname == sweep_task and v in sweep_variants
             for L in (tuple(depths) if sweep else (depth,)):
-                spec = model_spec(v, depth=L, width=w)
                 ss = seeds[:large_depth_seeds] if L >= large_depth else seeds
                 for o in task_optims.get(tname, optims):
-                    res, recs = _train_and_measure(
-                        spec, task, ss, rates, steps, batch, OPTIMS(steps)[o], evals,
-                        optimize, theory and not spec.has_layernorm)
-                    for r in recs:
-                        r["optim"] = o
-                    out["runs"][tname][v] += recs
-                    if progress is not None:
-                        progress(f"train: {tname}/{v} L={L} {o}")
-                    if v in _BRIDGED and L == depth and o == task_optims.get(tname,
-                                                                             optims)[0]:
-                        _bridge(out, tname, v, res, recs, seeds[0], lr_b, cfg)
-                        if progress is not None:
-                            progress(f"bridge: {tname}/{v}")
+                    bridged = (v in _BRIDGED and L == depth
+                               and o == task_optims.get(tname, optims)[0])
+                    jobs.append(_Group(tname, v, L, w, o, tuple(ss), tuple(seeds), rates,
+                                       steps, batch, eval_batch, optimize, theory, bridged,
+                                       lr_b, bridge_lrs, tuple(bridge_tokens),
+                                       bridge_sequences))
+    for job, (recs, headline, scope) in zip(jobs, _run_groups(jobs, workers, progress)):
+        out["runs"][job.task][job.variant] += recs
+        if headline is not None:
+            out["bridge"][job.task][job.variant] = headline
+            out["bridge_scope"][job.task][job.variant] = scope
     return out
 
 
-def _bridge(out, tname, v, res, recs, seed, lr_b, cfg):
-    run = res.run(seed, lr_b)
-    rec = next(r for r in recs if r["seed"] == seed
-               and math.isclose(r["learning_rate"], lr_b))
-    m0, c0 = rec["input_fit"]
+class _Group(NamedTuple):
+    """One trained group: a (task, variant, depth, optimiser setting) over seeds and rates."""
+
+    task: str
+    variant: str
+    depth: int
+    width: int
+    optim: str
+    seeds: tuple
+    eval_seeds: tuple
+    rates: tuple
+    n_steps: int
+    batch: int
+    eval_batch: int
+    optimize: bool
+    theory: bool
+    bridged: bool
+    bridge_rate: float
+    bridge_rates: tuple
+    bridge_tokens: tuple
+    bridge_sequences: int
+
+    @property
+    def cost(self):
+        """A relative estimate of the group's time: depth x lanes x steps x width."""
+        return self.depth * len(self.seeds) * len(self.rates) * self.n_steps * self.width
+
+
+@functools.lru_cache(maxsize=8)
+def _held_out(tname, eval_batch, seeds):
+    """The held-out batches of a task per seed (seed ``10_000 + seed``; text: the test split)."""
+    task = get_task(tname)
+    split = "test" if task.name == "text" else "train"
+    return {s: task.sample(np.random.default_rng(10_000 + s), eval_batch, split)
+            for s in seeds}
+
+
+def _run_group(job):
+    """Train and measure one group; bridge it where asked: ``(records, headline, scope)``.
+
+    The bridge runs for every seed of the group at each rate of ``job.bridge_rates``; the
+    headline is the whole bridge of the first seed at ``job.bridge_rate``, the scope one
+    :func:`bridge_summary` per (seed, rate).
+    """
+    task = get_task(job.task)
+    spec = model_spec(job.variant, depth=job.depth, width=job.width)
+    evals = _held_out(job.task, job.eval_batch, job.eval_seeds)
+    res, recs, fits = _train_and_measure(
+        spec, task, job.seeds, job.rates, job.n_steps, job.batch,
+        OPTIMS(job.n_steps)[job.optim], evals, job.optimize,
+        job.theory and not spec.has_layernorm)
+    for r in recs:
+        r["optim"] = job.optim
+    if not job.bridged:
+        return recs, None, None
+    headline, scope = None, []
+    for seed in job.seeds:
+        for lr in job.bridge_rates:
+            b = _bridge(res, seed, lr, fits[seed], job)
+            if seed == job.seeds[0] and math.isclose(lr, job.bridge_rate):
+                headline = b
+            scope.append(dict(seed=seed, learning_rate=lr, diverged=b["diverged"],
+                              **{k: bridge_summary(b[k]) for k in ("full", "attention")}))
+    return recs, headline, scope
+
+
+def _run_groups(jobs, workers, progress):
+    """The groups' results in the order of ``jobs``, on ``workers`` processes.
+
+    Each group is trained in one process from its seeds alone, so the results do not
+    depend on the number of workers. The costliest groups start first.
+    """
+    def said(job):
+        if progress is not None:
+            progress(f"train: {job.task}/{job.variant} L={job.depth} {job.optim}")
+            if job.bridged:
+                progress(f"bridge: {job.task}/{job.variant}")
+
+    if workers == 1 or len(jobs) < 2:
+        results = []
+        for job in jobs:
+            results.append(_run_group(job))
+            said(job)
+        return results
+    order = sorted(range(len(jobs)), key=lambda i: -jobs[i].cost)
+    results = [None] * len(jobs)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(_run_group, jobs[i]): i for i in order}
+        for fut in concurrent.futures.as_completed(futures):
+            i = futures[fut]
+            results[i] = fut.result()
+            said(jobs[i])
+    return results
+
+
+def _bridge(res, seed, lr, fit, job):
+    """Bridge the trained model of ``(seed, lr)``, with and without its MLP blocks."""
+    run = res.run(seed, lr)
+    m0, c0 = fit
     b = {}
     with np.errstate(all="ignore"):
-        b["full"] = bridge(run.params, res.spec, m0, c0, n_tokens=cfg["bridge_tokens"],
-                           n_sequences=cfg["bridge_sequences"])
+        b["full"] = bridge(run.params, res.spec, m0, c0, n_tokens=job.bridge_tokens,
+                           n_sequences=job.bridge_sequences)
         b["attention"] = bridge(*without_ffn(run.params, res.spec), m0, c0,
-                                n_tokens=cfg["bridge_tokens"],
-                                n_sequences=cfg["bridge_sequences"])
+                                n_tokens=job.bridge_tokens, n_sequences=job.bridge_sequences)
     b["diverged"] = run.diverged
-    out["bridge"][tname][v] = b
+    return b

@@ -14,8 +14,8 @@ import warnings
 
 import numpy as np
 
-__all__ = ["training_curves", "drift_curves", "run_rows", "bridge_rows", "stability_curves",
-           "layer_grad_curves", "theory_points", "spread_rows", "DRIFT_KEYS"]
+__all__ = ["training_curves", "drift_curves", "run_rows", "bridge_rows", "bridge_scope_rows",
+           "stability_curves", "layer_grad_curves", "theory_points", "spread_rows", "DRIFT_KEYS"]
 
 #: per-layer measures drawn against depth, with their axis labels
 DRIFT_KEYS = (("cka_input", "linear CKA(X_l, X_0)"),
@@ -208,4 +208,34 @@ def spread_rows(results):
                         row[f"{k}_{when}"] = float(_nanmedian(
                             [r[f"spread_{when}"][k] for r in sel]))
                 rows.append(row)
+    return rows
+
+
+def bridge_scope_rows(results):
+    """The bridge over every seed and rate: one dict per (task, variant, rate, blocks).
+
+    ``seeds``, how many ``finished`` (the Gaussian map through every layer) and how many
+    diverged in training; ``exact``; the median, smallest and largest over seeds of the
+    last reached layer's relative covariance error at the largest :math:`n`
+    (``cov_err``) and of the model's trace over the Gaussian's there (``trace_ratio``).
+    """
+    rows = []
+    for t, byv in results.get("bridge_scope", {}).items():
+        for v, cases in byv.items():
+            for lr in sorted({c["learning_rate"] for c in cases}):
+                sel = [c for c in cases if c["learning_rate"] == lr]
+                for kind in ("attention", "full"):
+                    s = [c[kind] for c in sel]
+                    err = np.array([x["cov_err_last"] for x in s], float)
+                    ratio = np.array([x["trace_ratio"] for x in s], float)
+                    fin = err[np.isfinite(err)]
+                    rows.append(dict(
+                        task=t, variant=v, learning_rate=lr, blocks=kind, seeds=len(s),
+                        finished=sum(x["status"] == "finished" for x in s),
+                        diverged=sum(bool(c["diverged"]) for c in sel),
+                        exact=all(x["exact"] for x in s),
+                        cov_err=float(_nanmedian(err)),
+                        cov_err_min=float(fin.min()) if fin.size else np.nan,
+                        cov_err_max=float(fin.max()) if fin.size else np.nan,
+                        trace_ratio=float(_nanmedian(ratio))))
     return rows

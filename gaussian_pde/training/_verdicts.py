@@ -35,7 +35,9 @@ with replacement, all cases of a resampled seed kept together, 2000 resamples).
     taken as a prediction that the run fails, or that its activations grow
     (:math:`\operatorname{tr}\hat\Sigma_L/\operatorname{tr}\hat\Sigma_0 > 10` at
     initialisation); the agreement rate is the share of runs where prediction and outcome
-    agree.
+    agree. Runs whose prediction is undetermined (the moment ODE could not be followed
+    through a layer, :func:`~gaussian_pde.training.predicted_blowup_depth` gives NaN) are
+    counted apart, as ``undetermined``.
 """
 
 from __future__ import annotations
@@ -207,11 +209,14 @@ def _simulator_rows(runs):
 
 
 def _theory_row(runs):
-    cases = []
+    cases, undetermined = [], 0
     for t, byv in runs.items():
         for v, recs in byv.items():
             for r in recs:
-                if "L_star_init" not in r or math.isnan(r["L_star_init"]):
+                if "L_star_init" not in r:
+                    continue
+                if math.isnan(r["L_star_init"]):
+                    undetermined += 1
                     continue
                 tr = np.asarray(r["measures_init"]["trace"], float)
                 with np.errstate(all="ignore"):
@@ -230,7 +235,8 @@ def _theory_row(runs):
                 criterion="prediction L* < L (Gaussian blow-up depth through the layers' "
                           "attentions at init) against failure, and against growth tr S_L / tr S_0 > "
                           f"{GROWTH_LIMIT:g} at init",
-                total=n, agree_failure=int(sum(c["agrees_failure"] for c in cases)),
+                total=n, undetermined=undetermined,
+                agree_failure=int(sum(c["agrees_failure"] for c in cases)),
                 agree_growth=int(sum(c["agrees_growth"] for c in cases)),
                 predicted=int(sum(c["predicted"] for c in cases)),
                 failed=int(sum(c["failed"] for c in cases)), detail=cases)

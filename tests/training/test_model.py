@@ -94,3 +94,13 @@ def test_predicted_blowup_depth_is_the_exact_blowup_time_over_the_step(name):
         first = gp.Softmax(p["blocks"]["Q"][0][0], p["blocks"]["K"][0][0], np.eye(3),
                            scale=spec.score_scale)
         assert abs(gp.blowup_time(first, cov0) / span - expected) > 1e-3 * expected
+
+
+def test_predicted_blowup_depth_is_nan_where_a_layer_cannot_be_finished():
+    """A layer the solver stops inside (here: its evaluation budget) leaves no covariance to
+    go on from: the prediction is undetermined (NaN), not the next layer's blow-up."""
+    spec = model_spec("no_ln", width=3, heads=1, depth=4, ffn_width=0)
+    p = _v_identity_params(spec, np.random.default_rng(1))
+    cov0 = np.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 0.5]])
+    assert np.isfinite(predicted_blowup_depth(p, spec, cov0))
+    assert np.isnan(predicted_blowup_depth(p, spec, cov0, max_nfev=20))

@@ -45,7 +45,7 @@ def test_small_study_writes_report_and_verdicts(tmp_path):
                              depths=(2, 4), depth=2, seeds=(0, 1),
                              learning_rates=(1e-3, 1e-1), n_steps=20, batch=8, width=4,
                              eval_batch=16, bridge_tokens=(32, 128), bridge_sequences=2,
-                             optimize=False)
+                             bridge_rates=(1e-3, 1e-1), optimize=False)
     runs = res["runs"]
     # mixture sweeps depths 2 and 4, regression trains at depth 2; 2 optimiser settings
     assert len(runs["mixture"]["pre_ln"]) == 2 * 2 * 2 * 2
@@ -75,6 +75,47 @@ def test_small_study_writes_report_and_verdicts(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     b = s["bridge"]["regression"]["no_ln"]["attention"]
     assert b["exact"] and np.all(np.isfinite(b["cov_err"][0]))
+    # the bridge over every seed and both rates: one summary per (seed, rate)
+    scope = s["bridge_scope"]["mixture"]["no_ln"]
+    assert {(c["seed"], c["learning_rate"]) for c in scope} == {
+        (sd, lr) for sd in (0, 1) for lr in (1e-3, 1e-1)}
+    assert "### The bridge over every seed and two learning rates" in text
+
+
+def _same(x, y):
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(_same(u, v) for u, v in zip(x, y, strict=True))
+    if isinstance(x, (np.ndarray, float, np.floating)):
+        return np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+    return x == y
+
+
+@pytest.mark.slow
+def test_the_study_on_two_processes_equals_the_study_on_one():
+    """Each group trains from its seeds alone: the records, bridges and verdicts do not
+    depend on how many processes train them (nor in which order they finish)."""
+    kw = dict(tasks=("mixture",), variants=("pre_ln", "no_ln", "pde_euler"), depths=(2, 4),
+              depth=2, seeds=(0, 1), learning_rates=(1e-3, 1e-2, 1e-1), n_steps=10, batch=4,
+              width=8, optims=("plain",), eval_batch=16, bridge_tokens=(16, 32),
+              bridge_sequences=2, optimize=False)
+    one = run_training_study(workers=1, **kw)
+    two = run_training_study(workers=2, **kw)
+    assert _same(one, two)
+    assert len(one["bridge_scope"]["mixture"]["no_ln"]) == 2 * 2
+    assert _same(verdicts(one), verdicts(two))
+
+
+def test_bad_workers_are_refused_before_any_work():
+    from gaussian_pde.training import check_study_workers
+
+    with pytest.raises(ValueError, match="`workers` must be at least 1"):
+        run_training_study(workers=0)
+    with pytest.raises(TypeError, match="`workers` must be an integer"):
+        check_study_workers(2.5)
+    with pytest.raises(ValueError, match="GiB"):
+        check_study_workers(10**8, "--workers")
 
 
 @pytest.mark.slow

@@ -75,6 +75,15 @@ def test_theory_agreement_is_counted_per_run():
     # never predicted; it fails in 5 of 9 (4 agree), never grew (9 agree).
     assert t["total"] == 18 and t["predicted"] == 6
     assert t["agree_failure"] == 9 + 4 and t["agree_growth"] == 6 + 9
+    assert t["undetermined"] == 0
+
+
+def test_theory_counts_the_runs_it_could_not_predict():
+    res = _results()
+    for r in res["runs"]["mixture"]["no_ln"][:2]:
+        r["L_star_init"] = math.nan
+    t = verdicts(res)["theory"]
+    assert (t["total"], t["undetermined"]) == (16, 2)
 
 
 def test_bootstrap_interval_brackets_the_median():
