@@ -297,7 +297,7 @@ def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
     for j in range(n):
         b = j % m
         delta = _EPS3 * (c[b] if c[b] > 0 else shortest)
-        up[:] = y
+        _copy(up, y)
         up[j] = y[j] + delta
         rhs(P, d, m, up, fu, ws)
         hi = up[j]
@@ -682,7 +682,8 @@ def _refactor_svd(Z, dZ, d, atol, rtol):
     if q >= 2:
         sub = np.empty((d, q))
         for a in range(q):
-            sub[:, a] = L[:, nz[a]]
+            for i in range(d):
+                sub[i, a] = L[i, nz[a]]
         Vt = np.linalg.svd(sub, full_matrices=False)[2]
         for a in range(q):
             for b in range(q):
