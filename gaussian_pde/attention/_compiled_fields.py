@@ -179,6 +179,17 @@ def _mm(A, B, C):
             C[i, j] = acc
 
 
+def _copy2(dst, src):
+    """``dst[:, :] = src`` (2-D) as loops.
+
+    An array assignment would compile its shape check's error message, and with it
+    Numba's string formatting: some forty functions on a machine with an empty cache.
+    """
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            dst[i, j] = src[i, j]
+
+
 def _cholesky_solve(H, X):
     """Solve ``H Y = X`` in place (``H`` symmetric positive definite, overwritten)."""
     k = H.shape[0]
@@ -232,20 +243,24 @@ def _gain_qr(B, G):
     """``G = R^{-1} Q_1^T`` from the QR of ``[B; I_d]`` (any finite scale)."""
     k, d = B.shape
     Bh = np.zeros((k + d, d))
-    Bh[:k] = B
+    for i in range(k):
+        for j in range(d):
+            Bh[i, j] = B[i, j]
     for i in range(d):
         Bh[k + i, i] = 1.0
     Q, R = np.linalg.qr(Bh)
     Y = np.ascontiguousarray(Q[:k].T)
     _upper_solve(R, Y)
-    G[:, :] = Y
+    _copy2(G, Y)
 
 
 def _inverse_gram_qr(B, E):
     """``E = (I_k + BB^T)^{-1} = R_2^{-1}R_2^{-T}`` from the QR of ``[B^T; I_k]``."""
     k, d = B.shape
     Bh = np.zeros((d + k, k))
-    Bh[:d] = B.T
+    for i in range(d):
+        for j in range(k):
+            Bh[i, j] = B[j, i]
     for i in range(k):
         Bh[d + i, i] = 1.0
     _, R = np.linalg.qr(Bh)
@@ -287,7 +302,7 @@ def _gain(B, G, H, X, E, want_E):
                         G[i, j] = acc
                 return True
         else:                             # X = H^{-1} B, G = X^T
-            X[:, :] = B
+            _copy2(X, B)
             if _cholesky_solve(H, X):
                 for i in range(d):
                     for j in range(k):
@@ -546,7 +561,7 @@ def _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
         W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
         Kt = np.ascontiguousarray(W[d:d + k].T)
         Q = W[d + k:d + 2 * k]
-        A[:, :] = W[:d]
+        _copy2(A, W[:d])
         _mm(Kt, Q, C)
         T1 = np.empty((d, d))
         _mm(A, S, T1)
@@ -683,7 +698,7 @@ def heads_jac(P, d, m, y, J, ws):
     return True
 
 
-_HELPERS = ("_mm", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
+_HELPERS = ("_mm", "_copy2", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
             "_inverse_gram_qr", "_gain", "_nan", "_softmax_core", "_softmax_rhs",
             "_softmax_offset_rhs", "_l2_blocks", "_l2_rhs",
             "_sinkhorn_rhs", "_linear_rhs", "_spread_ok", "_head_parts")

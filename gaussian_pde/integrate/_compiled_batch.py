@@ -297,7 +297,7 @@ def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
     for j in range(n):
         b = j % m
         delta = _EPS3 * (c[b] if c[b] > 0 else shortest)
-        up[:] = y
+        _copy(up, y)
         up[j] = y[j] + delta
         rhs(P, d, m, up, fu, ws)
         hi = up[j]
@@ -682,7 +682,8 @@ def _refactor_svd(Z, dZ, d, atol, rtol):
     if q >= 2:
         sub = np.empty((d, q))
         for a in range(q):
-            sub[:, a] = L[:, nz[a]]
+            for i in range(d):
+                sub[i, a] = L[i, nz[a]]
         Vt = np.linalg.svd(sub, full_matrices=False)[2]
         for a in range(q):
             for b in range(q):
@@ -767,14 +768,38 @@ def _stiffness_counts(acc, hlamb, iasti, nonsti):
     return iasti, nonsti
 
 
-def _steps(rhs, jac, P, d, m, y, t_eval, p_out, tr0, first, opt, ires, fres, cov_out, mean_out,
-           rec_t, rec_y, nrec, ws, vec, K, Kx, F, U, J, W, piv, have, ev, rej,
-           counts):
-    """:func:`_drive`'s work for one trajectory, in the scratch it allocated.
+def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, mean_out,
+           rec_t, rec_y, nrec, fbuf, ibuf):
+    """:func:`_drive`'s work for one trajectory, in the scratch ``fbuf`` and ``ibuf``.
 
-    ``vec`` holds seven vectors. Compiled without reference counting, as the helpers (see
-    :func:`_core`): inlined into the driver, which allocates, it would count every view.
+    The scratch (sizes from :func:`_scratch_sizes`) is cut into the views below;
+    ``ibuf`` arrives zeroed but for the first output index ``ibuf[0]``.
+    Inlined into the driver, which is compiled without reference counting, as the
+    helpers are (see :func:`_core`).
     """
+    n = d * m
+    ws = fbuf[:opt.ws_size]
+    o = opt.ws_size
+    vec = fbuf[o:o + 7 * n].reshape((7, n))
+    o += 7 * n
+    K = fbuf[o:o + (_NS + 1) * n].reshape((_NS + 1, n))
+    o += (_NS + 1) * n
+    Kx = fbuf[o:o + 16 * n].reshape((16, n))
+    o += 16 * n
+    F = fbuf[o:o + 7 * n].reshape((7, n))
+    o += 7 * n
+    U = fbuf[o:o + 6 * n].reshape((6, n))
+    o += 6 * n
+    J = fbuf[o:o + n * n].reshape((n, n))
+    o += n * n
+    W = fbuf[o:o + n * n].reshape((n, n))
+    o += n * n
+    ev = fbuf[o:o + 2]
+    ev[0] = 0.0
+    ev[1] = 0.0
+    p_out, have, counts = ibuf[0:1], ibuf[1:2], ibuf[2:5]
+    piv = ibuf[5:5 + n]
+    rej = ibuf[5 + n:5 + n + max(opt.reject_window, 1)]
     atol, rtol, max_step, t0, t1 = opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1
     max_nfev, method, steady_on, hand = opt.max_nfev, opt.method, opt.steady_on, opt.hand
     f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
@@ -1095,10 +1120,14 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
 
 
 def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
-           cov_out, mean_out, rec_t, rec_y, nrec, lo, hi):
+           cov_out, mean_out, rec_t, rec_y, nrec, lo, hi, fbuf, ibuf):
     r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
 
     ``Y`` is ``(B, n)``; each row is overwritten with its trajectory's final state.
+
+    ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, used by
+    each trajectory in turn (allocated by the caller: the driver allocates nothing, so
+    it is compiled without reference counting, with :func:`_steps` inlined).
 
     ``opt``: the solver options, a :class:`CoreOptions`. Writes ``ires`` (code, nfev,
     nsteps, implicit; indices ``I_*``) and ``fres`` (t_final, t_blowup, and the numbers
@@ -1117,21 +1146,25 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
     at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
     at ``t_eval``; ``nrec[0]`` counts them.
     """
-    n = d * m
     for b in range(lo, hi):
         row = b if params.shape[0] > 1 else 0
-        _steps(rhs, jac, params[row], d, m, Y[b], t_eval, np.full(1, p0), tr0[b], first[b],
-               opt, ires[b], fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b],
-               nrec[b:b + 1], np.empty(opt.ws_size), np.empty((7, n)), np.empty((_NS + 1, n)),
-               np.empty((16, n)), np.empty((7, n)), np.empty((6, n)), np.empty((n, n)),
-               np.empty((n, n)), np.empty(n, dtype=np.int64), np.zeros(1, dtype=np.int64),
-               np.zeros(2), np.zeros(max(opt.reject_window, 1), dtype=np.int64),
-               np.zeros(3, dtype=np.int64))
+        for i in range(ibuf.size):
+            ibuf[i] = 0
+        ibuf[0] = p0
+        _steps(rhs, jac, params[row], d, m, Y[b], t_eval, tr0[b], first[b], opt, ires[b],
+               fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b], nrec[b:b + 1], fbuf,
+               ibuf)
+
+
+def _scratch_sizes(n, opt):
+    """The float and integer scratch (entries) :func:`_drive` needs at state size ``n``."""
+    return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2,
+            5 + n + max(opt.reject_window, 1))
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts")
+            "_stiffness_counts", "_steps")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 _HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
@@ -1152,11 +1185,11 @@ def _core():
     runs it). Threads rather than Numba's ``prange``: a parallel loop is compiled a second
     time, with the whole integrator inside, which doubled the first compilation.
 
-    Only the helpers in :data:`_ALLOCATING` (those that allocate) and the driver are
-    compiled with Numba's reference counting (``_nrt``). Every array the others see
-    belongs to a caller that holds it for the whole call, and the counting would cost an
-    atomic increment and decrement per array, view and call: measured, about 40 % of a
-    step at d = 3. A helper without it that allocated would fail to compile, not leak.
+    Only the helpers in :data:`_ALLOCATING` (those that allocate) are compiled with
+    Numba's reference counting (``_nrt``); the driver's scratch comes from its caller.
+    Every array the others see belongs to a caller that holds it for the whole call, and
+    the counting would cost an atomic increment and decrement per array, view and call:
+    measured, about 40 % of a step at d = 3. A helper without it that allocated would fail to compile, not leak.
     """
     import numba
     from numba import types as T
@@ -1177,10 +1210,10 @@ def _core():
     sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
                  mat, vec, T.int64, vec, ivec, opt, T.int64[:, ::1], mat,
                  T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
-                 ivec, T.int64, T.int64)
+                 ivec, T.int64, T.int64, vec, ivec)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
-        return numba.njit(sig, cache=True, nogil=True, error_model="numpy")(_drive)
+        return numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False)(_drive)
 
 
 def compile_kernels():
@@ -1515,29 +1548,33 @@ def _threads():
     return max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
-def _run(nb, rhs, jac, *args):
+def _run(nb, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, *out):
     """The compiled driver over the ``nb`` rows of a batch.
 
     On the calling thread for fewer than :data:`SERIAL_BELOW` trajectories, else over
-    :func:`_threads` threads, each taking the next slice of rows until none is left.
+    :func:`_threads` threads, each taking the next slice of rows until none is left;
+    each thread with scratch of its own.
     """
     drive = _core()
     rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
+    args = (params, d, m, Y, t_eval, p0, tr0, first, opt, *out)
+    fsize, isize = _scratch_sizes(d * m, opt)
     workers = 1 if nb < SERIAL_BELOW else min(_threads(), nb)
     if workers == 1:
-        drive(rhs, jac, *args, 0, nb)
+        drive(rhs, jac, *args, 0, nb, np.empty(fsize), np.empty(isize, dtype=np.int64))
         return
     size = max(1, -(-nb // (workers * _SLICES_PER_THREAD)))
     starts = iter(range(0, nb, size))
     lock = threading.Lock()
 
     def work():
+        fbuf, ibuf = np.empty(fsize), np.empty(isize, dtype=np.int64)
         while True:
             with lock:
                 lo = next(starts, None)
             if lo is None:
                 return
-            drive(rhs, jac, *args, lo, min(lo + size, nb))
+            drive(rhs, jac, *args, lo, min(lo + size, nb), fbuf, ibuf)
 
     with concurrent.futures.ThreadPoolExecutor(workers - 1) as pool:
         others = [pool.submit(work) for _ in range(workers - 1)]

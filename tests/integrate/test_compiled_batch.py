@@ -223,6 +223,30 @@ def test_compiled_trajectories_are_independent_and_scale(rng):
     np.testing.assert_allclose(sol.t_blowup * c, sol.t_blowup[0], rtol=1e-8)
 
 
+def test_one_driver_call_reuses_its_scratch_without_carrying_state(rng):
+    """Fewer than SERIAL_BELOW trajectories run in one driver call, one after the other
+    in the same scratch (the stages, the event gaps, the dense-output flag, the
+    rejection counts): each equals itself alone, bit for bit, whatever ran before it;
+    here a run that stops at a steady state, one that blows up, one cut by t_eval."""
+    from gaussian_pde.integrate._compiled_batch import SERIAL_BELOW
+
+    q = np.array([[1.0, 0.3]])
+    atts = [gp.Softmax(q, -q, np.eye(2)), gp.Softmax(np.eye(2), np.eye(2), np.eye(2)),
+            gp.Softmax(q, q, -np.eye(2))]
+    covs = np.array([random_spd(rng, 2) for _ in atts])
+    kw = dict(t_eval=np.geomspace(1e-2, 1e3, 7), steady_tol=1e-3)
+    assert len(atts) < SERIAL_BELOW
+    for order in ([0, 1, 2], [2, 1, 0]):
+        together = gp.solve_batch([atts[b] for b in order], covs[order], (0.0, 1e3), **kw)
+        for i, b in enumerate(order):
+            alone = gp.solve_batch(atts[b], covs[b][None], (0.0, 1e3), **kw)
+            np.testing.assert_array_equal(alone.cov[0], together.cov[i])
+            np.testing.assert_array_equal(alone.t_final[0], together.t_final[i])
+            assert alone.nfev[0] == together.nfev[i]
+            assert str(alone.status[0]) == str(together.status[i])
+    assert {str(s) for s in together.status} >= {"steady", "blowup"}
+
+
 def _compiled_heads(d, rng):
     """An example of every registered single-head type that supplies a compiled field."""
     from gaussian_pde.attention import names_with
