@@ -153,6 +153,9 @@ def _tables(payload):
                          f"{r['best_rate']:g}" if r["best_rate"] else "-",
                          f"{r['best_mean']:.3f}", f"{r['seed_spread']:.3f}",
                          f"{r['eval_se']:.3f}", f"{payload['bigram']:.3f}"])
+        if len(s["rows"]) > 1:
+            rows.append([name, f"all {len(s['rows'])}", "", "", "", "",
+                         f"{s['cpu_s_total']:.1f}", "", "", "", "", ""])
     return [{"title": (f"Text task per variant group ({len(payload['seeds'])} seeds, CPU "
                        f"seconds of train + measure), test loss on {payload['n_eval']} "
                        "test sequences (mean over seeds at the best rate)"),
