@@ -17,6 +17,7 @@ keeps the full study's output (the docs' results: ``docs/_static/results/trainin
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import resource
 import subprocess
@@ -54,17 +55,17 @@ def _step_time(variant, task, lanes, steps, batch, depth, optimize):
     p = initial_params(spec, task, 0)
     params = jax.tree_util.tree_map(lambda a: np.stack([a] * lanes), p)
     x, y = task.batches(0, steps, batch)
-    xs = np.stack([x] * lanes).astype(np.float32)
-    ys = np.stack([y] * lanes)
+    xs, ys = x[None].astype(np.float32), y[None]       # one seed's batches, shared by the lanes
     lr = np.full(lanes, 1e-3, np.float32)
+    which = np.zeros(lanes, np.int32)
     t0 = time.perf_counter()
-    lowered = jax.jit(_make_lane(spec, task, 10.0, 0, None)).lower(params, lr, xs, ys)
+    lowered = jax.jit(_make_lane(spec, task, 10.0, 0, None)).lower(params, lr, which, xs, ys)
     f = _build(lowered, optimize)
     t_build = time.perf_counter() - t0
     best = np.inf
     for _ in range(3):
         t0 = time.perf_counter()
-        jax.block_until_ready(f(params, lr, xs, ys))
+        jax.block_until_ready(f(params, lr, which, xs, ys))
         best = min(best, time.perf_counter() - t0)
     return t_build, best / steps
 
@@ -74,13 +75,14 @@ def _study_time(quick, keep=None):
         out = keep if keep is not None else tmp
         cmd = [sys.executable, "-m", "gaussian_pde", "--quiet", "train", "--out", str(out)]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load = os.getloadavg()[0]
         t0 = time.perf_counter()
         subprocess.run(cmd + (["--quick"] if quick else []), check=True,
                        capture_output=True)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu}
+    return {"wall_s": wall, "cpu_s": cpu, "load_before": load, "load_after": os.getloadavg()[0]}
 
 
 def main():
@@ -121,6 +123,13 @@ def main():
     write_record("bench_training", payload, args.json)
 
 
+def _load(study):
+    """The machine's load around a study run, or "-" in records that did not keep it."""
+    if "load_before" not in study:
+        return "-"
+    return f"{study['load_before']:.1f} / {study['load_after']:.1f}"
+
+
 def _tables(payload):
     """The record's tables: the training step per variant; the studies against their budgets."""
     rows = []
@@ -140,10 +149,12 @@ def _tables(payload):
     if studies:
         tables.append({
             "title": "The training study's wall and CPU time (all threads) against its budget",
-            "columns": ["command", "wall s", "CPU s", "budget s", "wall / budget"],
+            "columns": ["command", "wall s", "CPU s", "budget s", "wall / budget",
+                        "load (1 min) before / after"],
             "rows": [[name, f"{payload[key + '_study']['wall_s']:.1f}",
                       f"{payload[key + '_study']['cpu_s']:.1f}", f"{BUDGETS[key]:g}",
-                      f"{payload[key + '_study']['wall_s'] / BUDGETS[key]:.2f}"]
+                      f"{payload[key + '_study']['wall_s'] / BUDGETS[key]:.2f}",
+                      _load(payload[key + '_study'])]
                      for name, key in studies]})
     return tables
 

@@ -410,6 +410,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                                        ref["bridge_learning_rate"], bridged_rates(grid),
                                        tuple(bridge_tokens),
                                        bridge_sequences))
+    _check_group_memory(jobs, workers)
     for job, (recs, headline, scope) in zip(jobs, _run_groups(jobs, workers, progress)):
         out["runs"][job.task][job.variant] += recs
         if headline is not None:
@@ -453,6 +454,28 @@ def _held_out(tname, eval_batch, seeds):
     split = "test" if task.name == "text" else "train"
     return {s: task.sample(np.random.default_rng(10_000 + s), eval_batch, split)
             for s in seeds}
+
+
+def _check_group_memory(jobs, workers):
+    """Refuse, before any work, groups whose training batches ``workers`` processes cannot hold.
+
+    A group holds its seeds' training batches twice (as drawn, float64, and as trained,
+    float32): 12 bytes per number, ``seeds x n_steps x batch x n_tokens x input_dim``
+    numbers; ``workers`` processes hold the largest ``workers`` groups at once.
+    """
+    def need(job):
+        task = get_task(job.task)
+        return 12 * len(job.seeds) * job.n_steps * job.batch * task.n_tokens * task.input_dim
+
+    sizes = sorted((need(j) for j in jobs), reverse=True)[:workers]
+    total = sum(sizes)
+    try:
+        validate_allocation(total, "workers", itemsize=1)
+    except ValueError:
+        raise ValueError(f"the training batches of {len(sizes)} groups trained side by side "
+                         f"would need {total / 2**30:.3g} GiB (the largest group "
+                         f"{sizes[0] / 2**30:.3g} GiB), more than half of this machine's "
+                         "memory; lower `workers`, the steps or the batch.") from None
 
 
 def _run_group(job):

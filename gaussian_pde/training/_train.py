@@ -157,11 +157,18 @@ def _layer_norms(grads):
 
 
 def _make_lane(spec, task, factor, warmup, clip):
+    """The training program of all lanes: ``(params, lr, which, xs, ys) -> (params, hist)``.
+
+    Lane ``i`` trains ``params[i]`` at rate ``lr[i]`` on the batches of seed ``which[i]``:
+    ``xs[which[i], t]``, ``ys[which[i], t]`` at step ``t``. The batches are held once per
+    seed, not once per lane (the lanes of one seed share them).
+    """
     adam = optax.scale_by_adam()
 
-    def lane(params, lr, xs, ys):
-        def step(carry, data):
+    def lane(params, lr, which, xs, ys):
+        def step(carry, t):
             p, opt, div, loss0, i = carry
+            data = (xs[which, t], ys[which, t])
             loss, g = jax.value_and_grad(loss_fn)(p, spec, task, *data)
             gnorm = jnp.sqrt(sum(jnp.sum(a ** 2) for a in jax.tree_util.tree_leaves(g)))
             loss0 = jnp.where(i == 0, loss, loss0)
@@ -180,10 +187,10 @@ def _make_lane(spec, task, factor, warmup, clip):
 
         init = (params, adam.init(params), jnp.array(False), jnp.array(0.0, xs.dtype),
                 jnp.array(0))
-        (p, *_), hist = jax.lax.scan(step, init, (xs, ys))
+        (p, *_), hist = jax.lax.scan(step, init, jnp.arange(xs.shape[1]))
         return p, hist
 
-    return jax.vmap(lane)
+    return jax.vmap(lane, in_axes=(0, 0, 0, None, None))
 
 
 def train(model, task, *, seeds=(0,), learning_rates=DEFAULT_LEARNING_RATES, n_steps=200,
@@ -256,15 +263,16 @@ def train(model, task, *, seeds=(0,), learning_rates=DEFAULT_LEARNING_RATES, n_s
     dtype = np.dtype(jnp.asarray(0.0).dtype)
     stack = lambda *a: np.stack(a)  # noqa: E731
     params = jax.tree_util.tree_map(stack, *[inits[s] for s, _ in lanes])
-    xs = np.stack([data[s][0] for s, _ in lanes]).astype(dtype)
-    ys = np.stack([data[s][1] for s, _ in lanes])
+    xs = np.stack([data[s][0] for s in seeds]).astype(dtype)
+    ys = np.stack([data[s][1] for s in seeds])
     ys = ys.astype(np.int32 if task.loss == "cross_entropy" else dtype)
     lr = np.asarray([lr for _, lr in lanes], dtype)
+    which = np.asarray([seeds.index(s) for s, _ in lanes], np.int32)
     factor = float(divergence_factor)
     lane = compiled(("train", spec, task, factor, warmup, clip),
                     _make_lane(spec, task, factor, warmup, clip),
-                    params, lr, xs, ys, optimize=optimize)
-    final, (loss, gnorm, lgn, div, rel) = lane(params, lr, xs, ys)
+                    params, lr, which, xs, ys, optimize=optimize)
+    final, (loss, gnorm, lgn, div, rel) = lane(params, lr, which, xs, ys)
     final = jax.tree_util.tree_map(np.asarray, final)
     loss, gnorm, lgn, div, rel = (np.asarray(a, float) for a in (loss, gnorm, lgn, div, rel))
     runs = []

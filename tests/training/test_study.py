@@ -187,3 +187,11 @@ def test_cli_full_study(tmp_path, capsys):
         assert 0 <= row["holds"] <= row["total"] == len(row["detail"])
     assert (tmp_path / "verdicts.md").read_text().startswith("| claim |")
     assert "report:" in capsys.readouterr().err
+
+
+def test_groups_whose_batches_exceed_the_memory_are_refused_before_training():
+    """A group holds its seeds' batches (12 bytes a number): a million steps of the text
+    task's one-hot sequences need about a terabyte; refused with the size, nothing trained."""
+    with pytest.raises(ValueError, match=r"training batches of 1 groups .* GiB"):
+        run_training_study(tasks=("mixture",), variants=("pre_ln",), depths=(2,), depth=2,
+                           seeds=(0,), n_steps=10**9, batch=64, optims=("plain",))
