@@ -37,7 +37,15 @@ from __future__ import annotations
 import numpy as np
 
 from .._common.io import save_figure
-from ._summary import DRIFT_KEYS, drift_curves, layer_grad_curves, stability_curves, theory_points, training_curves
+from ._summary import (
+    DRIFT_KEYS,
+    bridge_rate,
+    drift_curves,
+    layer_grad_curves,
+    stability_curves,
+    theory_points,
+    training_curves,
+)
 
 __all__ = ["plot_training", "plot_drift", "plot_bridge", "plot_bridge_slope",
            "plot_bridge_weights", "plot_stability", "plot_layer_grads", "plot_theory", "COLORS",
@@ -109,7 +117,7 @@ def plot_drift(results, task, path):
     """Drift and growth against depth on ``task``, trained and at initialisation."""
     plt = _plt()
     curves = drift_curves(results, task)
-    lr = results["config"]["bridge_learning_rate"]
+    lr = bridge_rate(results, task)
     ncol = (len(DRIFT_KEYS) + 1) // 2
     fig, axes = plt.subplots(2, ncol, figsize=(4.4 * ncol, 7.2), squeeze=False)
     for pi, (key, lab) in enumerate(DRIFT_KEYS):
@@ -164,7 +172,7 @@ def plot_layer_grads(results, task, path):
         for ax, y in zip(axes[0], (start, mx)):
             ax.plot(np.arange(1, y.size + 1), y, STYLES.get(v, "-"), color=COLORS.get(v, "k"),
                     lw=1.1, label=v)
-    lr = results["config"]["bridge_learning_rate"]
+    lr = bridge_rate(results, task)
     for ax, lab in zip(axes[0], ("at the first step", "largest over training")):
         ax.set_yscale("log")
         ax.set_xlabel("layer (weight set)")

@@ -152,6 +152,20 @@ def _bridge_scope_lines(results):
     return lines
 
 
+def _bridge_rates(results):
+    lr = results["config"]["bridge_learning_rate"]
+    own = {t: ref["bridge_learning_rate"] for t, ref in results["tasks"].items()
+           if not math.isclose(ref.get("bridge_learning_rate", lr), lr)}
+    return f"{lr:g}" + "".join(f" ({t}: {r:g}, the nearest of its rates)" for t, r in own.items())
+
+
+def _task_rates(cfg):
+    rates = cfg.get("task_rates") or {}
+    if not rates:
+        return "the same"
+    return "; ".join(f"{t} {', '.join(f'{r:.3g}' for r in rs)}" for t, rs in rates.items())
+
+
 def _intro(cfg):
     return ["# Training study: residuals, normalisation and the PDE simulator", "",
             f"Variants {', '.join(cfg['variants'])}; width {cfg['width']} (per task: "
@@ -159,7 +173,8 @@ def _intro(cfg):
             f"{', '.join(cfg['tasks'])}; depths {cfg['depths']} on `{cfg['sweep_task']}`, "
             f"{cfg['depth']} on the others; Adam, {cfg['n_steps']} steps (per task: "
             f"{cfg['task_steps'] or 'the same'}) of {cfg['batch']} sequences; learning rates "
-            f"{', '.join(f'{r:.3g}' for r in cfg['learning_rates'])}; seeds {cfg['seeds']} "
+            f"{', '.join(f'{r:.3g}' for r in cfg['learning_rates'])} (per task: "
+            f"{_task_rates(cfg)}); seeds {cfg['seeds']} "
             f"(at depth >= {cfg['large_depth']}: the first {cfg['large_depth_seeds']}); "
             f"optimiser settings {cfg['optims']}. Held-out measurements on "
             f"{cfg['eval_batch']} sequences per seed (docs/math.md section 11).", "",
@@ -220,7 +235,7 @@ def write_training_study(results, out):
     lines += ["", "## Runs", ""]
     lines += _run_lines(results)
     lines += ["## The bridge: trained model against the Gaussian prediction", "",
-              f"Seed {cfg['seeds'][0]}, lr {cfg['bridge_learning_rate']:g}; Gaussian tokens "
+              f"Seed {cfg['seeds'][0]}, lr {_bridge_rates(results)}; Gaussian tokens "
               "with the mean and covariance of the model's embedded held-out tokens; "
               f"n = {cfg['bridge_tokens']} tokens, {cfg['bridge_sequences']} sequences "
               "each (medians). `attention`: the trained attention alone (Gaussian map "

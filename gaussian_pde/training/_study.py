@@ -260,9 +260,9 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                        sweep_variants=None, task_variants=None,
                        depths=(2, 4, 8, 16, 32, 64), depth=4, seeds=(0, 1, 2),
                        large_depth=16, large_depth_seeds=1,
-                       learning_rates=DEFAULT_LEARNING_RATES, n_steps=200, task_steps=None,
-                       batch=32, width=8, task_width=None, optims=("plain", "warmup_clip"),
-                       task_optims=None,
+                       learning_rates=DEFAULT_LEARNING_RATES, task_rates=None, n_steps=200,
+                       task_steps=None, batch=32, width=8, task_width=None,
+                       optims=("plain", "warmup_clip"), task_optims=None,
                        eval_batch=128, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
                        bridge_learning_rate=1e-3, bridge_rates=(1e-3, 1e-2), theory=True,
                        optimize=True, workers=1, progress=None):
@@ -290,6 +290,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
     learning_rates : sequence of float
         Every run trains at every rate (default the x2 grid
         :data:`~gaussian_pde.training._train.DEFAULT_LEARNING_RATES`).
+    task_rates : dict, optional
+        ``task_rates[name]``: the rates of that task instead of ``learning_rates`` (a
+        sub-grid near its best rates, for a task whose runs are costly). Its bridge rates
+        are the nearest of its own rates (recorded as ``tasks[name]["bridge_learning_rate"]``).
     n_steps, task_steps : int, dict
         Adam steps (``task_steps[name]`` overrides per task).
     batch, width, task_width : int, int, dict
@@ -349,22 +353,32 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
                 math.isfinite(lr) and lr > 0):
             raise ValueError(f"`{name}` must be a finite positive number, got {lr!r}.")
-    nearest = lambda lr: min(rates, key=lambda r: abs(math.log(r / lr)))  # noqa: E731
-    lr_b = nearest(bridge_learning_rate)
-    bridge_lrs = tuple(dict.fromkeys(nearest(lr) for lr in (bridge_learning_rate,
-                                                             *bridge_rates)))
+    def nearest(grid, lr):
+        return min(grid, key=lambda r: abs(math.log(r / lr)))
+
+    def bridged_rates(grid):
+        return tuple(dict.fromkeys(nearest(grid, lr) for lr in (bridge_learning_rate,
+                                                                *bridge_rates)))
+
+    lr_b = nearest(rates, bridge_learning_rate)
+    task_rates = {t: _check_rates(r, f"task_rates[{t!r}]")
+                  for t, r in dict(task_rates or {}).items()}
+    if set(task_rates) - set(tasks):
+        raise ValueError(f"`task_rates` must name tasks of `tasks` {list(tasks)}, got "
+                         f"{sorted(task_rates)}.")
     cfg = dict(tasks=list(tasks), variants=list(variants), sweep_task=sweep_task,
                sweep_variants=list(sweep_variants),
                task_variants={t: list(vs) for t, vs in task_variants.items()},
                depths=list(depths), depth=depth, seeds=list(seeds), large_depth=large_depth,
                large_depth_seeds=large_depth_seeds, learning_rates=list(rates),
+               task_rates={t: list(r) for t, r in task_rates.items()},
                n_steps=n_steps, task_steps=task_steps, batch=batch, width=width,
                task_width=task_width, heads=model_spec(variants[0]).heads,
                optims={o: OPTIMS(n_steps)[o] for o in optims},
                task_optims={t: list(o) for t, o in task_optims.items()},
                eval_batch=eval_batch, bridge_tokens=list(bridge_tokens),
                bridge_sequences=bridge_sequences, bridge_learning_rate=lr_b,
-               bridge_rates=list(bridge_lrs),
+               bridge_rates=list(bridged_rates(rates)),
                divergence_factor=10.0)
     out = {"config": cfg, "runs": {}, "bridge": {}, "bridge_scope": {}, "tasks": {}}
     jobs = []
@@ -372,7 +386,9 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         task = get_task(tname)
         steps = task_steps.get(tname, n_steps)
         w = task_width.get(tname, width)
-        ref = {"chance": task.chance, "n_steps": steps, "width": w}
+        grid = task_rates.get(tname, rates)
+        ref = {"chance": task.chance, "n_steps": steps, "width": w,
+               "n_tokens": task.n_tokens, "bridge_learning_rate": nearest(grid, bridge_learning_rate)}
         if task.name == "text":
             ref["bigram"] = task.bigram_loss()
         else:
@@ -389,9 +405,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                 for o in task_optims.get(tname, optims):
                     bridged = (v in _BRIDGED and L == depth
                                and o == task_optims.get(tname, optims)[0])
-                    jobs.append(_Group(tname, v, L, w, o, tuple(ss), tuple(seeds), rates,
+                    jobs.append(_Group(tname, v, L, w, o, tuple(ss), tuple(seeds), grid,
                                        steps, batch, eval_batch, optimize, theory, bridged,
-                                       lr_b, bridge_lrs, tuple(bridge_tokens),
+                                       ref["bridge_learning_rate"], bridged_rates(grid),
+                                       tuple(bridge_tokens),
                                        bridge_sequences))
     _check_group_memory(jobs, workers)
     for job, (recs, headline, scope) in zip(jobs, _run_groups(jobs, workers, progress)):

@@ -40,9 +40,24 @@ def _nanmedian(a):
         return np.nanmedian(np.where(np.isfinite(a), a, np.nan), axis=0)
 
 
-def shown_rates(results, k=4):
-    """``k`` learning rates of the grid, evenly spaced in log (the figures' columns)."""
-    rates = results["config"]["learning_rates"]
+def bridge_rate(results, task):
+    """The rate ``task`` is drifted and bridged at: the nearest of its rates to the study's."""
+    ref = results.get("tasks", {}).get(task, {})
+    return ref.get("bridge_learning_rate", results["config"]["bridge_learning_rate"])
+
+
+def task_rates(results, task):
+    """The learning rates ``task`` trained at: its own grid where it has one, else the study's."""
+    cfg = results["config"]
+    return cfg.get("task_rates", {}).get(task, cfg["learning_rates"])
+
+
+def shown_rates(results, task=None, k=4):
+    """``k`` learning rates of ``task``'s grid (default the study's), evenly spaced in log.
+
+    These are the columns of the figures.
+    """
+    rates = results["config"]["learning_rates"] if task is None else task_rates(results, task)
     idx = np.unique(np.round(np.linspace(0, len(rates) - 1, min(k, len(rates)))).astype(int))
     return [rates[i] for i in idx]
 
@@ -51,7 +66,7 @@ def training_curves(results, task, depth=None, optim="plain", rates=None):
     """``{lr: {variant: {"loss", "grad_norm": (runs, steps), "median_*", "diverged"}}}``."""
     depth = results["config"]["depth"] if depth is None else depth
     out = {}
-    for lr in (shown_rates(results) if rates is None else rates):
+    for lr in (shown_rates(results, task) if rates is None else rates):
         out[lr] = {}
         for v, runs in results["runs"][task].items():
             sel = _select(runs, lr, depth, optim)
@@ -73,7 +88,7 @@ def drift_curves(results, task, lr=None, depth=None, optim="plain"):
     ``when`` is ``"init"`` or ``"final"``; ``key`` one of :data:`DRIFT_KEYS` (``trace``
     divided by its input value: the growth). Default rate: the bridged one.
     """
-    lr = results["config"]["bridge_learning_rate"] if lr is None else lr
+    lr = bridge_rate(results, task) if lr is None else lr
     depth = results["config"]["depth"] if depth is None else depth
     out = {}
     for v, runs in results["runs"][task].items():
@@ -115,7 +130,7 @@ def stability_curves(results, task, optim="plain"):
 
 def layer_grad_curves(results, task, depth, lr=None, optim="plain"):
     """``{variant: (start, max)}``: median over seeds of each layer's gradient norm."""
-    lr = results["config"]["bridge_learning_rate"] if lr is None else lr
+    lr = bridge_rate(results, task) if lr is None else lr
     out = {}
     for v, runs in results["runs"][task].items():
         sel = _select(runs, lr, depth, optim)

@@ -42,9 +42,13 @@ known its **Bayes risk**, the loss of the best predictor that sees the input.
     first 90 % of the characters train, the last 10 % test (a fixed split; the text
     is whatever this Python ships). Characters are newline, tab and the printable ASCII
     range, every other character one extra class. A sequence is ``n_tokens`` consecutive
-    characters, each token the one-hot character joined to the one-hot position (the
-    attention itself does not see order); the query (last) token's readout predicts the
-    next character; the loss is the cross-entropy. Chance: the unigram cross-entropy
+    characters (8 by default), each token the one-hot character joined to the one-hot
+    position (the attention itself does not see order); the query (last) token's readout
+    predicts the next character; the loss is the cross-entropy. Every sequence gives one
+    target, so the characters a run sees grow with the sequence length while its targets
+    do not: at a fixed budget of token evaluations, 8 characters of context learn more
+    than 16 (``benchmarks/bench_text_task.py --settings full,custom --n-tokens 16``
+    measures both). Chance: the unigram cross-entropy
     of the test split under the training frequencies; the reference a model must beat
     is the bigram model (the last character alone, add-one smoothed counts of the training
     split), :meth:`Task.bigram_loss`.
@@ -255,7 +259,7 @@ TASKS = {
                     loss="cross_entropy", n_classes=3),
     "regression": Task("regression", input_dim=3, n_tokens=16, n_outputs=1, readout="last",
                        loss="mse", noise=0.5),
-    "text": Task("text", input_dim=_TEXT_V + 16, n_tokens=16, n_outputs=_TEXT_V,
+    "text": Task("text", input_dim=_TEXT_V + 8, n_tokens=8, n_outputs=_TEXT_V,
                  readout="last", loss="cross_entropy"),
 }
 

@@ -124,20 +124,20 @@ class TrainResult:
         raise KeyError(f"no run with seed {seed} and learning rate {learning_rate}.")
 
 
-def _check_rates(learning_rates):
+def _check_rates(learning_rates, name="learning_rates"):
     if isinstance(learning_rates, numbers.Real):
         learning_rates = (learning_rates,)
     out = []
     for i, lr in enumerate(learning_rates):
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-            raise TypeError(f"`learning_rates[{i}]` must be a real number, got "
+            raise TypeError(f"`{name}[{i}]` must be a real number, got "
                             f"{type(lr).__name__}.")
         if not math.isfinite(lr) or lr <= 0:
-            raise ValueError(f"`learning_rates[{i}]` must be a finite positive number, "
+            raise ValueError(f"`{name}[{i}]` must be a finite positive number, "
                              f"got {lr!r}.")
         out.append(float(lr))
     if not out:
-        raise ValueError("`learning_rates` must contain at least one rate.")
+        raise ValueError(f"`{name}` must contain at least one rate.")
     return tuple(out)
 
 

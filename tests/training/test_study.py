@@ -118,6 +118,30 @@ def test_bad_workers_are_refused_before_any_work():
         check_study_workers(10**8, "--workers")
 
 
+def test_bad_task_rates_are_refused_before_any_work():
+    with pytest.raises(ValueError, match=r"`task_rates\['text'\]\[1\]` must be a finite positive"):
+        run_training_study(task_rates={"text": (1e-3, -1.0)})
+    with pytest.raises(TypeError, match=r"`task_rates\['text'\]\[0\]` must be a real number"):
+        run_training_study(task_rates={"text": ("fast",)})
+    with pytest.raises(ValueError, match="`task_rates` must name tasks of `tasks`"):
+        run_training_study(tasks=("mixture",), task_rates={"text": (1e-3,)})
+
+
+def test_a_task_with_its_own_rates_trains_and_bridges_at_them():
+    """`task_rates` replaces the study's grid for that task: its runs are at its rates, its
+    bridge at the nearest of them to `bridge_learning_rate`; the config records both."""
+    res = run_training_study(tasks=("mixture",), variants=("no_ln",), depths=(1,), depth=1,
+                             seeds=(0,), learning_rates=(1e-3, 1e-1),
+                             task_rates={"mixture": (3e-2,)}, n_steps=3, batch=4, width=4,
+                             optims=("plain",), eval_batch=8, bridge_tokens=(16,),
+                             bridge_sequences=1, theory=False, optimize=False)
+    assert res["config"]["task_rates"] == {"mixture": [3e-2]}
+    assert res["config"]["bridge_learning_rate"] == 1e-3
+    assert [r["learning_rate"] for r in res["runs"]["mixture"]["no_ln"]] == [3e-2]
+    assert res["tasks"]["mixture"]["bridge_learning_rate"] == 3e-2
+    assert [c["learning_rate"] for c in res["bridge_scope"]["mixture"]["no_ln"]] == [3e-2]
+
+
 @pytest.mark.slow
 def test_cli_quick(tmp_path, capsys):
     assert main(["train", "--quick", "--out", str(tmp_path)]) == 0
@@ -146,7 +170,8 @@ def test_cli_full_study(tmp_path, capsys):
                 seeds = cfg["seeds"][:cfg["large_depth_seeds"]] if L >= cfg["large_depth"] \
                     else cfg["seeds"]
                 optims = cfg["task_optims"].get(task, cfg["optims"])
-                want |= {(L, sd, lr, o) for sd in seeds for lr in rates for o in optims}
+                grid = cfg["task_rates"].get(task, rates)
+                want |= {(L, sd, lr, o) for sd in seeds for lr in grid for o in optims}
             got = {(r["depth"], r["seed"], r["learning_rate"], r["optim"]) for r in runs}
             assert got == want, (task, variant)
     assert len(cfg["seeds"]) == FULL["seeds"]

@@ -140,3 +140,34 @@ def test_bad_input_is_refused_up_front(kwargs, word):
 def test_bad_task_is_refused():
     with pytest.raises(ValueError, match="`task`"):
         train("pre_ln", "copy")
+
+
+#: the best variant on text at the full study's sizes and its best rate there, 1e-4 * 2^6
+#: (mean over three seeds; benchmarks/bench_text_task.py, whose record is
+#: docs/_static/results/benchmarks/bench_text_task.json)
+_TEXT_BEST = ("pde_euler", 1e-4 * 2.0 ** 6)
+
+
+@pytest.mark.slow
+def test_text_at_the_full_study_sizes_beats_the_bigram_model():
+    """The best variant at the full study's text sizes (steps, width, batch, depth; one
+    seed, its best rate) predicts held-out text better than the bigram model of the
+    training split: its mean cross-entropy on 4096 test sequences is below the bigram's by
+    more than three standard errors of that mean."""
+    from gaussian_pde.cli._train import FULL
+    from gaussian_pde.training import apply, get_task
+
+    variant, rate = _TEXT_BEST
+    assert any(math.isclose(rate, r) for r in FULL["task_rates"]["text"])
+    task = get_task("text")
+    res = train(variant, task, seeds=(0,), learning_rates=(rate,),
+                n_steps=FULL["task_steps"]["text"], batch=FULL["batch"], depth=FULL["depth"],
+                width=FULL["task_width"]["text"])
+    run = res.runs[0]
+    assert not run.diverged
+    x, y = task.sample(np.random.default_rng(12_345), 4096, "test")
+    logits = np.asarray(apply(run.params, res.spec, task, x.astype(np.float32)), float)
+    logits -= logits.max(axis=1, keepdims=True)
+    nll = np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(y.size), y]
+    se = nll.std(ddof=1) / math.sqrt(nll.size)
+    assert nll.mean() + 3 * se < task.bigram_loss() < task.chance
