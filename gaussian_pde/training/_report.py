@@ -177,7 +177,8 @@ def _intro(cfg):
             f"{_task_rates(cfg)}); seeds {cfg['seeds']} "
             f"(at depth >= {cfg['large_depth']}: the first {cfg['large_depth_seeds']}); "
             f"optimiser settings {cfg['optims']}. Held-out measurements on "
-            f"{cfg['eval_batch']} sequences per seed (docs/math.md section 11).", "",
+            f"{cfg['eval_batch']} sequences per seed (per task: "
+            f"{cfg.get('task_eval_batch') or 'the same'}; docs/math.md section 11).", "",
             "**Failure** (stated before the numbers): a run fails when its loss becomes "
             "non-finite or its final held-out loss is at the task's chance level or worse. "
             "The largest stable learning rate is the largest rate of the grid whose run did "

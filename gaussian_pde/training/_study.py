@@ -263,7 +263,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                        learning_rates=DEFAULT_LEARNING_RATES, task_rates=None, n_steps=200,
                        task_steps=None, batch=32, width=8, task_width=None,
                        optims=("plain", "warmup_clip"), task_optims=None,
-                       eval_batch=128, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
+                       eval_batch=128, task_eval_batch=None, bridge_tokens=(64, 256, 1024), bridge_sequences=4,
                        bridge_learning_rate=1e-3, bridge_rates=(1e-3, 1e-2), theory=True,
                        optimize=True, workers=1, progress=None):
     r"""Train and measure every variant; predict from the Gaussian theory; bridge.
@@ -302,8 +302,9 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         Optimiser settings (:func:`OPTIMS`).
     task_optims : dict, optional
         ``task_optims[name]``: the settings of that task (default ``optims``).
-    eval_batch : int
-        Held-out sequences (seed ``10_000 + seed``; the test split for text).
+    eval_batch, task_eval_batch : int, dict
+        Held-out sequences per seed (seed ``10_000 + seed``; the test split for text);
+        ``task_eval_batch[name]`` overrides it per task.
     bridge_tokens, bridge_sequences, bridge_learning_rate, bridge_rates
         The bridge's sequence lengths and sequences per length; every seed's model is
         bridged at the grid rates nearest to each of ``bridge_rates`` (``bridge_scope``),
@@ -339,7 +340,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                                                     for v in vs}:
         model_spec(v)
     seeds, rates = _check_seeds(seeds), _check_rates(learning_rates)
-    check_study_memory(len(seeds), tasks=tasks, eval_batch=eval_batch)
+    task_eval_batch = {t: validate_int(b, f"task_eval_batch[{t!r}]", minimum=1)
+                       for t, b in dict(task_eval_batch or {}).items()}
+    check_study_memory(len(seeds), tasks=tasks,
+                       eval_batch=max([eval_batch, *task_eval_batch.values()]))
     task_steps = dict(task_steps or {})
     task_width = dict(task_width or {})
     task_optims = {t: tuple(o) for t, o in dict(task_optims or {}).items()}
@@ -353,6 +357,7 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
                 math.isfinite(lr) and lr > 0):
             raise ValueError(f"`{name}` must be a finite positive number, got {lr!r}.")
+
     def nearest(grid, lr):
         return min(grid, key=lambda r: abs(math.log(r / lr)))
 
@@ -363,9 +368,10 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
     lr_b = nearest(rates, bridge_learning_rate)
     task_rates = {t: _check_rates(r, f"task_rates[{t!r}]")
                   for t, r in dict(task_rates or {}).items()}
-    if set(task_rates) - set(tasks):
-        raise ValueError(f"`task_rates` must name tasks of `tasks` {list(tasks)}, got "
-                         f"{sorted(task_rates)}.")
+    for name, per_task in (("task_rates", task_rates), ("task_eval_batch", task_eval_batch)):
+        if set(per_task) - set(tasks):
+            raise ValueError(f"`{name}` must name tasks of `tasks` {list(tasks)}, got "
+                             f"{sorted(per_task)}.")
     cfg = dict(tasks=list(tasks), variants=list(variants), sweep_task=sweep_task,
                sweep_variants=list(sweep_variants),
                task_variants={t: list(vs) for t, vs in task_variants.items()},
@@ -376,7 +382,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                task_width=task_width, heads=model_spec(variants[0]).heads,
                optims={o: OPTIMS(n_steps)[o] for o in optims},
                task_optims={t: list(o) for t, o in task_optims.items()},
-               eval_batch=eval_batch, bridge_tokens=list(bridge_tokens),
+               eval_batch=eval_batch, task_eval_batch=task_eval_batch,
+               bridge_tokens=list(bridge_tokens),
                bridge_sequences=bridge_sequences, bridge_learning_rate=lr_b,
                bridge_rates=list(bridged_rates(rates)),
                divergence_factor=10.0)
@@ -387,8 +394,9 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         steps = task_steps.get(tname, n_steps)
         w = task_width.get(tname, width)
         grid = task_rates.get(tname, rates)
-        ref = {"chance": task.chance, "n_steps": steps, "width": w,
-               "n_tokens": task.n_tokens, "bridge_learning_rate": nearest(grid, bridge_learning_rate)}
+        ref = {"chance": task.chance, "n_steps": steps, "width": w, "n_tokens": task.n_tokens,
+               "eval_batch": task_eval_batch.get(tname, eval_batch),
+               "bridge_learning_rate": nearest(grid, bridge_learning_rate)}
         if task.name == "text":
             ref["bigram"] = task.bigram_loss()
         else:
@@ -406,9 +414,9 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
                     bridged = (v in _BRIDGED and L == depth
                                and o == task_optims.get(tname, optims)[0])
                     jobs.append(_Group(tname, v, L, w, o, tuple(ss), tuple(seeds), grid,
-                                       steps, batch, eval_batch, optimize, theory, bridged,
-                                       ref["bridge_learning_rate"], bridged_rates(grid),
-                                       tuple(bridge_tokens),
+                                       steps, batch, ref["eval_batch"], optimize, theory,
+                                       bridged, ref["bridge_learning_rate"],
+                                       bridged_rates(grid), tuple(bridge_tokens),
                                        bridge_sequences))
     _check_group_memory(jobs, workers)
     for job, (recs, headline, scope) in zip(jobs, _run_groups(jobs, workers, progress)):
