@@ -21,6 +21,7 @@ _SOURCES = {
     "certified_reasons": ["reproduce/published_certified.json"],
     "trust_summary": ["clusters/trust.json"],
     "stabilizer_cells": ["stabilizers/summary.json"],
+    "training_budgets": ["benchmarks/bench_training.json"],
 }
 
 
@@ -160,6 +161,18 @@ def benchmarks():
             out.append((t["columns"], t["rows"], t.get("title") or rec["benchmark"]))
         for line in rec["results"].get("notes", []):
             out.append(line)
+    return out
+
+
+def training_budgets():
+    """The training study's wall and CPU time against its budgets (``bench_training``)."""
+    rec = _load("benchmarks/bench_training.json")
+    m = rec["machine"]
+    out = [f"Written by `python benchmarks/{rec['command']}` on {rec['date']}; {m.get('cpu')}, "
+           f"{m.get('cores')} cores."]
+    for t in rec["results"].get("tables", []):
+        if "budget s" in t["columns"]:
+            out.append((t["columns"], t["rows"], t["title"]))
     return out
 
 
