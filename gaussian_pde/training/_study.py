@@ -215,15 +215,20 @@ def check_study_memory(n_seeds, *, tasks=STUDY_TASKS, eval_batch=128, name="seed
         batch = task.sample(np.random.default_rng(0), eval_batch, split)
         per_seed += sum(np.asarray(leaf).nbytes for leaf in jax.tree_util.tree_leaves(batch))
     need = n_seeds * per_seed
+    _refuse_past_half(need, name, f"`{name}` = {n_seeds} seeds would need at least "
+                      f"{need / 2**30:.3g} GiB for their held-out batches alone "
+                      f"({per_seed / 2**20:.3g} MiB per seed: {eval_batch} sequences per task, "
+                      f"tasks {', '.join(tasks)})")
+    return need
+
+
+def _refuse_past_half(need, name, message, lower=None):
+    """Raise ``ValueError(message + ...)`` where ``need`` bytes pass half of the memory."""
     try:
         validate_allocation(need, name, itemsize=1)
     except ValueError:
-        raise ValueError(f"`{name}` = {n_seeds} seeds would need at least {need / 2**30:.3g} "
-                         f"GiB for their held-out batches alone ({per_seed / 2**20:.3g} MiB "
-                         f"per seed: {eval_batch} sequences per task, tasks "
-                         f"{', '.join(tasks)}), more than half of this machine's memory; "
-                         f"lower `{name}`.") from None
-    return need
+        raise ValueError(f"{message}, more than half of this machine's memory; lower "
+                         f"{lower or f'`{name}`'}.") from None
 
 
 #: memory of one training process before its first group (JAX, XLA, the package)
@@ -246,13 +251,8 @@ def check_study_workers(workers, name="workers"):
     """
     workers = validate_int(workers, name, minimum=1)
     need = workers * _WORKER_BYTES
-    try:
-        validate_allocation(need, name, itemsize=1)
-    except ValueError:
-        raise ValueError(f"`{name}` = {workers} training processes would need "
-                         f"{need / 2**30:.3g} GiB (about {_WORKER_BYTES / 2**30:.2g} GiB "
-                         f"each), more than half of this machine's memory; lower "
-                         f"`{name}`.") from None
+    _refuse_past_half(need, name, f"`{name}` = {workers} training processes would need "
+                      f"{need / 2**30:.3g} GiB (about {_WORKER_BYTES / 2**30:.2g} GiB each)")
     return workers
 
 
@@ -477,13 +477,9 @@ def _check_group_memory(jobs, workers):
 
     sizes = sorted((need(j) for j in jobs), reverse=True)[:workers]
     total = sum(sizes)
-    try:
-        validate_allocation(total, "workers", itemsize=1)
-    except ValueError:
-        raise ValueError(f"the training batches of {len(sizes)} groups trained side by side "
-                         f"would need {total / 2**30:.3g} GiB (the largest group "
-                         f"{sizes[0] / 2**30:.3g} GiB), more than half of this machine's "
-                         "memory; lower `workers`, the steps or the batch.") from None
+    _refuse_past_half(total, "workers", f"the training batches of {len(sizes)} groups trained "
+                      f"side by side would need {total / 2**30:.3g} GiB (the largest group "
+                      f"{sizes[0] / 2**30:.3g} GiB)", lower="`workers`, the steps or the batch")
 
 
 def _run_group(job):
