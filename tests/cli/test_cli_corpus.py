@@ -132,6 +132,9 @@ CASES = {
     **{f"train-seeds-{label}": ["train", "--quick", "--seeds", value, "--out", "res"]
        for label, value in {"float": "2.5", "nan": "nan", "zero": "0", "negative": "-1",
                             "1e8": "1e8"}.items()},
+    **{f"train-workers-{label}": ["train", "--quick", "--workers", value, "--out", "res"]
+       for label, value in {"float": "2.5", "nan": "nan", "zero": "0", "negative": "-1",
+                            "1e8": "1e8"}.items()},
     **{f"sweep-workers-{label}": ["sweep", "run", "good.toml", "--workers", value,
                                   "--out", "res"]
        for label, value in {"float": "2.5", "nan": "nan", "negative": "-1",
