@@ -18,7 +18,6 @@ import concurrent.futures
 import functools
 import math
 import multiprocessing
-import numbers
 import os
 from typing import NamedTuple
 
@@ -352,11 +351,8 @@ def run_training_study(*, tasks=STUDY_TASKS, variants=None, sweep_task="mixture"
         if not opts or any(o not in ("plain", "warmup_clip") for o in opts):
             raise ValueError(f"`{name}` must name 'plain' and/or 'warmup_clip', got {opts!r}.")
     workers = check_study_workers(workers)
-    for name, lr in [("bridge_learning_rate", bridge_learning_rate)] + [
-            (f"bridge_rates[{i}]", r) for i, r in enumerate(bridge_rates)]:
-        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
-                math.isfinite(lr) and lr > 0):
-            raise ValueError(f"`{name}` must be a finite positive number, got {lr!r}.")
+    bridge_learning_rate, = _check_rates(bridge_learning_rate, "bridge_learning_rate")
+    bridge_rates = _check_rates(bridge_rates, "bridge_rates")
 
     def nearest(grid, lr):
         return min(grid, key=lambda r: abs(math.log(r / lr)))
