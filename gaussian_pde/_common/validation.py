@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 __all__ = [
+    "usable_cores",
     "validate_allocation",
     "validate_choices",
     "validate_array",
@@ -98,6 +99,14 @@ def _memory_bytes():
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def usable_cores():
+    """The cores this process may run on (at least 1): its CPU affinity where the OS has one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def validate_allocation(count, name, *, itemsize=8, share=0.5):

@@ -18,7 +18,12 @@ import warnings
 
 import numpy as np
 
-from .._common.validation import _memory_bytes, validate_allocation, validate_positive
+from .._common.validation import (
+    _memory_bytes,
+    usable_cores,
+    validate_allocation,
+    validate_positive,
+)
 from ._compute import compute_batch, result_layout
 from ._estimate import SweepEstimate, estimate_sweep, estimate_words
 from ._spec import SweepSpec
@@ -115,7 +120,7 @@ _NO_MATRICES = ("RK23", "RK45")
 def _threads():
     """Trajectories the compiled batch integrator runs at once (Numba's threads)."""
     value = os.environ.get("NUMBA_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else _default_workers()
+    return int(value) if value.isdigit() and int(value) > 0 else usable_cores()
 
 
 def solver_bytes(spec, d):
@@ -279,7 +284,7 @@ def _estimate_line(spec, tasks, scheduler, workers, keep):
     """The time estimate of the start-up line (after a pilot, :mod:`._estimate`)."""
     n, where = 1, "one worker"
     if scheduler in (None, "local"):
-        n = workers or _default_workers()
+        n = workers or usable_cores()
         where = f"{n} worker(s)"
     elif scheduler != "inprocess":
         where = "one worker; divide by the cluster's workers"
@@ -369,13 +374,6 @@ def check_local_workers(workers, name="workers"):
     return int(workers)
 
 
-def _default_workers():
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def local_cluster(n_workers):
     """A LocalCluster of ``n_workers`` single-threaded processes, listening on 127.0.0.1 only.
 
@@ -401,7 +399,7 @@ def _connect(scheduler, workers, connect_timeout):
     if isinstance(scheduler, Client):
         return scheduler, None, str(scheduler.scheduler.address), False
     if scheduler in (None, "local"):
-        n = workers or _default_workers()
+        n = workers or usable_cores()
         cluster = local_cluster(n)
         try:
             client = Client(cluster, timeout=connect_timeout)

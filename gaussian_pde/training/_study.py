@@ -18,14 +18,13 @@ import concurrent.futures
 import functools
 import math
 import multiprocessing
-import os
 from typing import NamedTuple
 
 import jax
 import numpy as np
 
 import gaussian_pde as gp
-from gaussian_pde._common.validation import validate_allocation, validate_int
+from gaussian_pde._common.validation import usable_cores, validate_allocation, validate_int
 from gaussian_pde.attention import dot_product_head, sum_of_heads
 
 from ._bridge import bridge, bridge_summary, without_ffn
@@ -236,10 +235,7 @@ _WORKER_BYTES = 600 * 2**20
 
 def default_workers():
     """The processes the study uses by default: the cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def check_study_workers(workers, name="workers"):
