@@ -139,6 +139,14 @@ def _fmt(v):
     return "" if v is None else str(v)
 
 
+def _written_by(rec):
+    """A benchmark record's provenance: its command, date, machine and versions."""
+    m, v = rec["machine"], rec["versions"]
+    return (f"written by `python benchmarks/{rec['command']}` on {rec['date']}; "
+            f"{m.get('cpu')}, {m.get('cores')} cores; "
+            + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".")
+
+
 def benchmarks():
     """Every benchmark record: its tables, the command, date, machine and versions."""
     out = []
@@ -148,10 +156,7 @@ def benchmarks():
                 "docs/_static/results/benchmarks/NAME.json)."]
     for path in files:
         rec = json.loads(path.read_text())
-        m, v = rec["machine"], rec["versions"]
-        out.append(f"{rec['benchmark']}: written by `python benchmarks/{rec['command']}` on "
-                   f"{rec['date']}; {m.get('cpu')}, {m.get('cores')} cores; "
-                   + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".")
+        out.append(f"{rec['benchmark']}: {_written_by(rec)}")
         res = rec["results"]
         scalars = [[k, _fmt(x)] for k, x in res.items()
                    if isinstance(x, (int, float, str, bool)) and k not in ("tables", "notes")]
@@ -167,9 +172,8 @@ def benchmarks():
 def training_budgets():
     """The training study's wall and CPU time against its budgets (``bench_training``)."""
     rec = _load("benchmarks/bench_training.json")
-    m = rec["machine"]
-    out = [f"Written by `python benchmarks/{rec['command']}` on {rec['date']}; {m.get('cpu')}, "
-           f"{m.get('cores')} cores."]
+    line = _written_by(rec)
+    out = [line[0].upper() + line[1:]]
     for t in rec["results"].get("tables", []):
         if "budget s" in t["columns"]:
             out.append((t["columns"], t["rows"], t["title"]))
