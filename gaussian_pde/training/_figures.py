@@ -84,32 +84,66 @@ def _save(plt, fig, path, dpi):
     return path
 
 
+#: curves longer than this are drawn as trailing means over 1 % of their steps
+SMOOTH_FROM = 500
+
+
+def running_mean(y, window):
+    r"""Trailing mean of ``y`` over ``window`` steps, :math:`\bar y_i = \frac1w\sum_{j=i-w+1}^{i} y_j`.
+
+    The first ``window - 1`` entries average what there is; from the first non-finite
+    entry on the result is NaN (a run that diverged stays visibly cut).
+    """
+    y = np.asarray(y, dtype=float)
+    out = np.full(y.shape, np.nan)
+    bad = np.flatnonzero(~np.isfinite(y))
+    n = y.size if bad.size == 0 else int(bad[0])
+    if n:
+        c = np.cumsum(y[:n])
+        out[:n] = c
+        if n > window:
+            out[window:n] -= c[:n - window]
+        out[:n] /= np.minimum(np.arange(1, n + 1), window)
+    return out
+
+
 def plot_training(results, task, path):
-    """Loss and gradient-norm curves of every variant on ``task``, by learning rate."""
+    """Loss and gradient-norm curves of every variant on ``task``, by learning rate.
+
+    Curves longer than :data:`SMOOTH_FROM` steps are drawn as trailing means over 1 % of
+    the steps (:func:`running_mean`; a single batch's loss is noise at that length); an
+    ``x`` marks the last finite value of a run that became non-finite.
+    """
     plt = _plt()
     curves = training_curves(results, task)
     depth = results["config"]["depth"]
     rates = list(curves)
     fig, axes = plt.subplots(2, len(rates), figsize=(4.6 * len(rates), 6.4), squeeze=False,
                              sharex=True)
+    window = 1
     for ci, lr in enumerate(rates):
         for row, key, lab in ((0, "loss", "training loss"), (1, "grad_norm", "gradient norm")):
             ax = axes[row, ci]
             for v, rec in curves[lr].items():
                 c = COLORS.get(v, "k")
+                n = len(rec["median_" + key])
+                window = max(1, n // 100) if n > SMOOTH_FROM else 1
                 for y in rec[key]:
-                    ax.plot(y, color=c, lw=0.5, alpha=0.35)
-                ax.plot(rec["median_" + key], STYLES.get(v, "-"), color=c, lw=1.6, label=v)
+                    ax.plot(running_mean(y, window), color=c, lw=0.5, alpha=0.35)
+                ax.plot(running_mean(rec["median_" + key], window), STYLES.get(v, "-"),
+                        color=c, lw=1.6, label=v)
                 for y in rec[key]:
                     s = np.flatnonzero(np.isfinite(y))
-                    if s.size and s[-1] < y.size - 1:
+                    if s.size and s[-1] < len(y) - 1:
                         ax.plot([s[-1]], [y[s[-1]]], "x", color=c, ms=6)
             ax.set_yscale("log")
             ax.set_title(f"{task}, L = {depth}, lr = {lr:.3g}: {lab}", fontsize=9)
             if row == 1:
                 ax.set_xlabel("step")
     axes[0, 0].legend(fontsize=6, ncol=3)
-    fig.suptitle(f"{task}: thin lines seeds, thick the median; x: non-finite", fontsize=9)
+    smooth = f"; means over {window} steps" if window > 1 else ""
+    fig.suptitle(f"{task}: thin lines seeds, thick the median{smooth}; x: non-finite",
+                 fontsize=9)
     return _save(plt, fig, path, 80)
 
 
@@ -227,7 +261,8 @@ def plot_bridge(results, path):
 
     One panel per bridged model (at most three across); colour: the number of tokens
     ``n``; solid: the attention alone (exact Gaussian map), dashed: with the FFN (closure).
-    Where the Gaussian map stopped, a dotted line marks the last layer it reached.
+    Where a Gaussian map stopped, a vertical line in its style marks the last layer it
+    reached, and a note in the panel's corner says which map and where.
     """
     models = _bridge_models(results)
     if not models:
@@ -239,6 +274,7 @@ def plot_bridge(results, path):
                              squeeze=False, sharey=True)
     ns = models[0][2]["attention"]["n_tokens"]
     for ax, (t, v, b) in zip(axes.ravel(), models):
+        notes = []
         for kind, ls in (("attention", "-"), ("full", "--")):
             r = b[kind]
             for j, _ in enumerate(r["n_tokens"]):
@@ -246,10 +282,11 @@ def plot_bridge(results, path):
                         marker="o", ms=3)
             reached = r.get("layers_reached", len(r["pred_trace"]) - 1)
             if r["status"] != "finished":
-                ax.axvline(reached, color="k", ls=":", lw=1)
-                ax.text(reached, 0.98, f" {kind}: Gaussian {r['status']}\n after layer "
-                        f"{reached + 1}", transform=ax.get_xaxis_transform(), va="top",
-                        fontsize=8)
+                ax.axvline(reached, color="0.45", ls=ls, lw=0.8)
+                notes.append(f"{kind}: Gaussian {r['status']} after layer {reached + 1}")
+        if notes:       # inside the panel, one line per map: they cannot overlap
+            ax.text(0.98, 0.03, "\n".join(notes), transform=ax.transAxes, ha="right",
+                    va="bottom", fontsize=7, bbox=dict(fc="white", ec="none", alpha=0.8))
         ax.set_yscale("log")
         ax.set_title(f"{t} / {v}", fontsize=10)
         ax.set_xlabel("layer")
