@@ -1,22 +1,18 @@
-"""Benchmark: the certified limit (docs/math.md 4.5) per setting, in CPU time, two paths.
+"""Benchmark: the certified limit (docs/math.md 4.5) per setting, in CPU time.
 
 Run ``python benchmarks/bench_certified.py`` (the first ``--n`` published settings of
 every panel, each with the published draw k = i; default 20; ``--n 100`` is the whole
 published protocol, 12 panels x 100 settings) or ``--paths FILE`` for the converged
 attempts of a saved replay (``{"paths": ...}`` as ``published_histograms(...,
-return_paths=True)`` returns). Every panel is certified twice in one process, by the
-compiled loop (``compiled=True``) and by the NumPy reference (``compiled=False``;
-``--no-reference`` skips it), on ``--threads`` Numba threads (default 1). Reported (CPU
-seconds, ``time.process_time``, as the machine is shared; the compilation is done before
-any timing and reported apart):
+return_paths=True)`` returns). Every panel is certified by the compiled log-time loop on
+``--threads`` Numba threads (default 1). Reported (CPU seconds, ``time.process_time``, as
+the machine is shared; the compilation is done before any timing and reported apart):
 
-* per panel: settings, CPU seconds per setting on each path and their ratio, median and
-  largest accepted steps, the outcomes (``undecided`` must be 0), the settings whose
-  verdict (outcome and rank) differs between the paths and the largest difference of the
-  fitted exponents;
-* in all: CPU seconds of each path, per setting, and their ratio; ``step_us``: one step of
-  the published scheme in the same process, and the compiled path's seconds per setting
-  in published steps, a machine-independent measure.
+* per panel: settings, CPU seconds per setting, median and largest accepted steps, the
+  outcomes (``undecided`` must be 0);
+* in all: CPU seconds, per setting; ``step_us``: one step of the published scheme in the
+  same process, and the seconds per setting in published steps, a machine-independent
+  measure.
 """
 
 import argparse
@@ -55,18 +51,10 @@ def _jobs(paths, n):
     return out
 
 
-def _run(atts, covs, compiled):
+def _run(atts, covs):
     t0 = time.process_time()
-    res = certified_limits(atts, covs, compiled=compiled)
+    res = certified_limits(atts, covs)
     return res, time.process_time() - t0
-
-
-def _compare(new, old):
-    """Settings whose verdict differs, and the largest exponent difference."""
-    changed = sum((a.outcome, a.rank) != (b.outcome, b.rank) for a, b in zip(new, old))
-    de = [np.max(np.abs(a.exponents - b.exponents)) for a, b in zip(new, old)
-          if np.all(np.isfinite(a.exponents)) and np.all(np.isfinite(b.exponents))]
-    return int(changed), float(max(de, default=0.0))
 
 
 def main():
@@ -74,52 +62,37 @@ def main():
     ap.add_argument("--n", type=int, default=20, help="settings per panel (100: all)")
     ap.add_argument("--paths", default=None, help="saved replay paths (json)")
     ap.add_argument("--threads", type=int, default=1, help="Numba threads")
-    ap.add_argument("--no-reference", action="store_true", help="skip the NumPy path")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     paths = json.load(open(args.paths))["paths"] if args.paths else None
     jobs = _jobs(paths, args.n)
     first = next(iter(jobs.values()))[0]
     t0 = time.perf_counter()
-    certified_limits([first[0]], [first[1]], compiled=True)     # compile (or load the cache)
+    certified_limits([first[0]], [first[1]])     # compile (or load the cache)
     compile_s = time.perf_counter() - t0
-    new_s = old_s = 0.0
-    total_n, changed, rows = 0, 0, {}
+    total_s = 0.0
+    total_n, rows = 0, {}
     for key, js in jobs.items():
         atts, covs = [a for a, _ in js], [c for _, c in js]
-        res, s = _run(atts, covs, True)
-        new_s += s
+        res, s = _run(atts, covs)
+        total_s += s
         total_n += len(js)
         steps = np.array([r.steps for r in res])
-        row = dict(n=len(js), new=s / len(js), old=None, changed=None, dexp=None,
-                   steps_median=int(np.median(steps)), steps_max=int(steps.max()),
-                   outcomes=dict(collections.Counter(r.outcome for r in res)))
-        if not args.no_reference:
-            ref, s_old = _run(atts, covs, False)
-            old_s += s_old
-            row["old"] = s_old / len(js)
-            row["changed"], row["dexp"] = _compare(res, ref)
-            changed += row["changed"]
-        rows[key] = row
-        print(key, json.dumps(row), file=sys.stderr, flush=True)
+        rows[key] = dict(n=len(js), cpu=s / len(js), steps_median=int(np.median(steps)),
+                         steps_max=int(steps.max()),
+                         outcomes=dict(collections.Counter(r.outcome for r in res)))
+        print(key, json.dumps(rows[key]), file=sys.stderr, flush=True)
     step_s = pub.step_seconds()
-    ref = not args.no_reference
-    print(f"Certified limits of {total_n} settings on {args.threads} thread(s): compiled "
-          f"{new_s:.2f} s of CPU ({new_s / total_n * 1e3:.2f} ms per setting, "
-          f"{new_s / total_n / step_s:.0f} published steps of {step_s * 1e6:.1f} us)"
-          + (f", NumPy reference {old_s:.2f} s ({old_s / total_n * 1e3:.1f} ms per setting), "
-             f"ratio {old_s / new_s:.1f}; verdicts changed: {changed} of {total_n}" if ref
-             else "") + f"; compilation or cache load {compile_s:.1f} s of wall time:")
-    print("| panel | settings | NumPy CPU s per setting | compiled CPU s per setting | ratio "
-          "| steps: median | steps: max | outcomes | verdicts changed | max exponent diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"Certified limits of {total_n} settings on {args.threads} thread(s): "
+          f"{total_s:.2f} s of CPU ({total_s / total_n * 1e3:.2f} ms per setting, "
+          f"{total_s / total_n / step_s:.0f} published steps of {step_s * 1e6:.1f} us); "
+          f"compilation or cache load {compile_s:.1f} s of wall time:")
+    print("| panel | settings | CPU s per setting | steps: median | steps: max | outcomes |")
+    print("|---|---|---|---|---|---|")
     for key, r in rows.items():
         out = ", ".join(f"{v} x {k}" for k, v in sorted(r["outcomes"].items()))
-        old = f"{r['old']:.4f}" if ref else "-"
-        ratio = f"{r['old'] / r['new']:.1f}" if ref else "-"
-        dexp = f"{r['dexp']:.1e}" if ref else "-"
-        print(f"| {key} | {r['n']} | {old} | {r['new']:.4f} | {ratio} | {r['steps_median']} | "
-              f"{r['steps_max']} | {out} | {r['changed'] if ref else '-'} | {dexp} |")
+        print(f"| {key} | {r['n']} | {r['cpu']:.4f} | {r['steps_median']} | "
+              f"{r['steps_max']} | {out} |")
 
 
 if __name__ == "__main__":

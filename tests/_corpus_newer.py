@@ -141,9 +141,9 @@ def _cases(tmp):
     # exact solutions, certified limits
     for t in (0.5 + 0j, [0.1, 0.2j], True):
         add(f"exact-t-{t!r}", lambda t=t: gp.exact_covariance(att, I2, t), names="`t`")
-    Q = np.ones((1, 200)) / np.sqrt(200)
-    add("certified-d200", lambda: certified_limit(gp.Softmax(Q, -Q, np.eye(200)),
-                                                  np.eye(200)), names="`cov0")
+    Q = np.ones((1, 400)) / np.sqrt(400)
+    add("certified-d400", lambda: certified_limit(gp.Softmax(Q, -Q, np.eye(400)),
+                                                  np.eye(400)), names="`cov0")
     add("certified-1e16", lambda: certified_limit(_softmax(3), 1e16 * np.eye(3)), "result")
     # particles
     x0 = gp.sample_gaussian(np.zeros(2), I2, 20, seed=0)

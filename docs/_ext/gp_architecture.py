@@ -90,7 +90,7 @@ LOOPS = [
         ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_scipy_loop.py",
          "gaussian_pde/integrate/_stiffness.py", "gaussian_pde/integrate/_fused.py")),
     Box("cert", "log-time RODAS4",
-        ("studies/_certified.py (NumPy),", "_certified_compiled.py (Numba)"),
+        ("studies/_certified_compiled.py", "(Numba), _certified.py (decision)"),
         ("gaussian_pde/studies/_certified.py", "gaussian_pde/studies/_certified_compiled.py")),
     Box("rk", "particle steps",
         ("particles/_simulate.py,", "_common/runge_kutta.py"),
@@ -146,7 +146,7 @@ ARROWS = [
     Arrow("ev", "closure", ("integrate_system",)),
     Arrow("ev", "mixture", ("integrate_system",)),
     Arrow("ev", "depth", ("solve_closure",)),
-    Arrow("cert", "certified", ("integrate_log_time", "integrate_log_time_compiled")),
+    Arrow("cert", "certified", ("integrate_log_time_compiled",)),
     Arrow("rk", "particles", ("rk4_step",)),
     Arrow("rk", "depth", ("rk4_step",), label="particles", label_at=0.22),
 ]

@@ -22,14 +22,15 @@ the log pivots :math:`\ell`, the entries of :math:`L`, those of the block :math:
 :math:`\tau = \log T`. A pivot growing like :math:`t^a` is then a straight line in
 :math:`\tau`, which the Runge-Kutta stages integrate without error, and the rest tends to
 a steady state: the steps grow geometrically once the state has settled, and a horizon
-of :math:`10^{10}t_s` costs tens to a few hundred steps (:class:`_LDLField`). Every
+of :math:`10^{10}t_s` costs tens to a few hundred steps (:class:`_LDLState`). Every
 quantity is formed from products of the factors, never from differences of the huge
 entries of :math:`P`, and :math:`P` is positive definite by construction.
 
-**Stepper.** The L-stable RODAS4 of :mod:`gaussian_pde.integrate._steppers` (the same
-coefficients), batched over trajectories of the same dimension and head structure, on the
-autonomous system :math:`(y, \tau)`, with a complex-step Jacobian (exact to rounding);
-steps land on the checkpoints :math:`t = t_s10^j`.
+**Stepper.** The L-stable RODAS4 (the coefficients of :data:`gaussian_pde.integrate.RODAS4`)
+on the autonomous system :math:`(y, \tau)`, with a complex-step Jacobian (exact to
+rounding); steps land on the checkpoints :math:`t = t_s10^j`. The loop and the field are
+written once, in :mod:`._certified_compiled`, compiled with Numba and run in parallel over
+the settings; this module sets up the frame and the states, and decides.
 
 **Decision** (docs/math.md 4.5), from the eigenvalues of :math:`\Sigma = F^TF`,
 :math:`F = D^{-1/2}L^{-1}`, at the checkpoints of the last ``fit_decades`` decades:
@@ -52,19 +53,20 @@ verdict (docs/math.md 10.3, :mod:`gaussian_pde.integrate._events`) decides betwe
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 
 from .._common.linalg import psd_sqrt
 from .._common.validation import (
+    usable_cores,
     validate_allocation,
     validate_covariance,
     validate_positive,
     validate_tolerance,
 )
 from ..attention import Attention, quadratic_heads, single_heads
-from ..integrate import RODAS4
-from ._certified_compiled import available, integrate_log_time_compiled
+from ._certified_compiled import integrate_log_time_compiled
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
            "theorem_rank"]
@@ -135,8 +137,8 @@ class CertifiedLimit:
     message : str
         The evidence in words, or why the outcome is undecided.
     path : str
-        Which integration loop ran: ``"compiled"`` (Numba,
-        :mod:`._certified_compiled`) or ``"numpy"`` (the batched reference).
+        The integration loop that ran: ``"compiled"`` (:mod:`._certified_compiled`, the
+        only one).
     """
 
     outcome: str
@@ -154,7 +156,7 @@ class CertifiedLimit:
     eigenvalues: np.ndarray
     steps: int
     message: str
-    path: str = "numpy"
+    path: str = "compiled"
 
 
 # ----------------------------------------------------------------------------------------
@@ -232,8 +234,11 @@ def _unit_lower_inv(L):
     return X
 
 
-class _LDLField:
-    r"""The precision equation in factored variables and log time (docs/math.md 4.5).
+class _LDLState:
+    r"""The factored state of the precision in log time (docs/math.md 4.5), read back.
+
+    Its field, :func:`._certified_compiled._field`, integrates the precision equation in
+    these variables:
 
     State per trajectory: :math:`y = (\ell, \tilde L)`, with :math:`P = LDL^T`,
     :math:`D = \operatorname{diag}(e^{\ell})`, :math:`L` unit lower triangular in the
@@ -261,14 +266,10 @@ class _LDLField:
     from the differences of the huge entries of :math:`P`.
     """
 
-    def __init__(self, kinds, V, A, H, ts, k, d):
-        self.kinds, self.V, self.A, self.H, self.ts, self.k, self.d = kinds, V, A, H, ts, k, d
+    def __init__(self, k, d):
+        self.k, self.d = k, d
         self.il, self.jl = np.tril_indices(d, -1)
         self.nr = (self.il >= k) & (self.jl < k)
-
-    def take(self, rows):
-        return _LDLField(self.kinds, self.V[rows], self.A[rows], self.H[rows], self.ts[rows],
-                         self.k, self.d)
 
     def factors(self, y, tau):
         """``ell``, ``L`` and ``T`` of states ``y`` (..., ny) at log times ``tau`` (...)."""
@@ -279,35 +280,6 @@ class _LDLField:
         L[..., np.arange(d), np.arange(d)] = 1.0
         L[..., self.il, self.jl] = y[..., d:] / s
         return y[..., :d], L, T, s
-
-    def __call__(self, y, tau):
-        """``dy/dtau``; ``y`` (m, ..., ny), ``tau`` (m, ...), parameters per row ``m``."""
-        d = self.d
-        ell, L, T, s = self.factors(y, tau)
-        Li = _unit_lower_inv(L)
-        LiT = np.swapaxes(Li, -1, -2)
-        LT = np.swapaxes(L, -1, -2)
-        sl = (slice(None),) + (None,) * (y.ndim - 2)
-        lt = np.log(self.ts)[sl] + tau                       # log(t_s T)
-        Y = 0.0
-        for j, kind in enumerate(self.kinds):
-            Vt = LT @ self.V[:, j][sl] @ LiT
-            At = Li @ self.A[:, j][sl] @ LiT
-            if kind == "bilinear":
-                Y = Y + (Vt * np.exp(lt[..., None] - ell)[..., None, :]) @ At
-            else:
-                Ht = Li @ self.H[:, j][sl] @ LiT
-                e = np.exp(-0.5 * ell)
-                G = np.eye(d) + e[..., :, None] * Ht * e[..., None, :]
-                TX = 2.0 * np.exp(lt[..., None, None]
-                                  - 0.5 * (ell[..., :, None] + ell[..., None, :])) \
-                    * _safe_inv(G)
-                Y = Y + Vt @ TX @ At
-        Xi = -(np.exp(ell[..., :, None] - ell[..., None, :]) * Y + np.swapaxes(Y, -1, -2))
-        dell = np.diagonal(Xi, axis1=-2, axis2=-1)
-        dL = L @ np.tril(Xi, -1)
-        dlow = s * dL[..., self.il, self.jl] + np.where(self.nr, y[..., d:], 0.0)
-        return np.concatenate([dell, dlow], axis=-1)
 
 
 def _sigma(field, y, tau):
@@ -372,128 +344,6 @@ def _precision_rhs(kinds, A, V, H, P, S):
         X = S if kind == "bilinear" else 2.0 * np.linalg.inv(P + H[:, j])
         G = G + P @ V[:, j] @ X @ A[:, j]
     return -(G + np.swapaxes(G, -1, -2))
-
-
-# ----------------------------------------------------------------------------------------
-# the batched RODAS4 loop in log time, landing on checkpoints
-# ----------------------------------------------------------------------------------------
-
-def _jacobian(field, ya, ny):
-    r"""Complex-step Jacobian of the augmented field :math:`(y, \tau)\mapsto(\dot y, 1)`.
-
-    :math:`J_{:j} = \operatorname{Im} f(y + i\epsilon e_j)/\epsilon`, exact to rounding
-    (a forward difference made the embedded error estimate, and so the steps, several
-    times worse).
-    """
-    m, n1 = ya.shape
-    eps = 1e-30
-    Yc = ya[:, None, :] + 1j * eps * np.eye(n1)[None]
-    Fc = np.zeros(Yc.shape, dtype=complex)
-    Fc[..., :ny] = field(Yc[..., :ny], Yc[..., ny])
-    return np.swapaxes(Fc.imag / eps, 1, 2)
-
-
-def _safe_inv(W):
-    """Batched inverse; a singular matrix gives NaN (its step is then rejected)."""
-    try:
-        return np.linalg.inv(W)
-    except np.linalg.LinAlgError:
-        out = np.full_like(W, np.nan)
-        for i, w in enumerate(W):
-            try:
-                out[i] = np.linalg.inv(w)
-            except np.linalg.LinAlgError:
-                pass
-        return out
-
-
-def integrate_log_time(field, y0, taus, rtol, field_tr=None, tr_max=np.inf, max_steps=_MAX_STEPS):
-    r"""RODAS4 on :math:`dy/d\tau`; the state at every checkpoint (NaN where not reached).
-
-    The non-autonomous field is made autonomous by the extra component :math:`\tau`
-    (derivative 1), so the stages need no time derivative. Error control:
-    ``rtol * max(1, |y_i|)`` per component (``ell`` is a log: absolute error in ``ell``
-    is relative error in a pivot). ``field_tr(y, tau)``: the trace of Sigma, for the
-    hand-over to the blow-up verdict when it exceeds ``tr_max`` per row.
-    """
-    nb, ny = y0.shape
-    n1 = ny + 1
-    nck = taus.shape[1]
-    rec = np.full((nb, nck, ny), np.nan)
-    rec[:, 0] = y0
-    ck = np.ones(nb, dtype=int)
-    steps = np.zeros(nb, dtype=int)
-    stop = np.array([""] * nb, dtype=object)
-    t_last = np.zeros(nb)
-    idx = np.arange(nb)
-    y, z = y0.copy(), np.zeros(nb)
-    h = np.full(nb, 1e-3)
-    fld = field
-    eye = np.eye(n1)
-    while idx.size:
-        m = idx.size
-        target = taus[idx, ck[idx]]
-        hh = np.minimum(h, target - z)
-        land = hh >= target - z
-        ya = np.concatenate([y, z[:, None]], axis=1)
-
-        def fa(v, fld=fld, m=m):
-            out = np.ones((m, n1))
-            with np.errstate(all="ignore"):
-                out[:, :ny] = fld(v[:, :ny], v[:, ny])
-            return out
-
-        Winv = _safe_inv(eye / (RODAS4.gamma * hh)[:, None, None] - _jacobian(fld, ya, ny))
-        U = np.empty((6, m, n1))
-        U[0] = (Winv @ fa(ya)[..., None])[..., 0]
-        hinv = 1.0 / hh[:, None]
-        with np.errstate(all="ignore"):            # a failed stage is a rejected step
-            for s in range(1, 6):
-                Ys = ya + np.tensordot(RODAS4.a[s, :s], U[:s], axes=(0, 0))
-                rhs = fa(Ys) + np.tensordot(RODAS4.c[s, :s], U[:s], axes=(0, 0)) * hinv
-                U[s] = (Winv @ rhs[..., None])[..., 0]
-            y_new = ya + np.tensordot(RODAS4.b, U, axes=(0, 0))
-        sc = rtol * np.maximum(1.0, np.maximum(np.abs(ya), np.abs(y_new)))
-        with np.errstate(all="ignore"):
-            err = np.sqrt(np.mean((U[5] / sc) ** 2, axis=1))
-        err = np.where(np.isfinite(err) & np.all(np.isfinite(y_new), axis=1), err, np.inf)
-        acc = err <= 1.0
-        with np.errstate(divide="ignore"):
-            fac = np.clip(0.9 * err ** -0.25, 0.2, 6.0)
-        fac = np.where(err == 0, 6.0, np.where(np.isfinite(err), fac, 0.2))
-        h_new = hh * fac
-        a = np.flatnonzero(acc)
-        z[a] += hh[a]
-        y[a] = y_new[a, :ny]
-        steps[idx[a]] += 1
-        hit = a[land[a]]
-        z[hit] = target[hit]
-        rec[idx[hit], ck[idx[hit]]] = y[hit]
-        ck[idx[hit]] += 1
-        h = np.where(acc, np.maximum(h_new, np.where(land, h, 0.0)), h_new)
-        done = np.zeros(m, dtype=bool)
-        done[hit] |= ck[idx[hit]] >= nck
-        if a.size and field_tr is not None:
-            tr = field_tr(fld.take(a), y[a], z[a])
-            grown = a[~(tr <= tr_max[idx[a]])]
-            stop[idx[grown]] = "growth"
-            done[grown] = True
-        tiny = h < np.maximum(1e-12 * z, 1e-30)
-        stop[idx[tiny & ~done]] = "step"
-        many = steps[idx] >= max_steps
-        stop[idx[many & ~done]] = "steps"
-        done |= tiny | many
-        t_last[idx] = z
-        keep = ~done
-        idx, y, z, h = idx[keep], y[keep], z[keep], h[keep]
-        fld = fld.take(keep) if not keep.all() else fld
-    return rec, steps, stop, t_last
-
-
-def _trace(field, y, tau):
-    ell, L, _, _ = field.factors(y, tau)
-    Li = _unit_lower_inv(L)
-    return np.einsum("...ij,...i,...ij->...", Li, np.exp(-ell), Li)
 
 
 # ----------------------------------------------------------------------------------------
@@ -600,7 +450,7 @@ def _blowup_verdict(att, cov0, t_max):
 
 
 def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
-                  strict=True, compiled=False):
+                  strict=True):
     r""":func:`certified_limits` on validated input, at one horizon and step cap.
 
     A pivot of :math:`\Sigma^{-1}` past the floating-point range (an eigenvalue of
@@ -609,11 +459,11 @@ def _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_st
     """
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol,
-                                 max_steps, strict, compiled)
+                                 max_steps, strict)
 
 
 def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, max_steps,
-                      strict, compiled):
+                      strict):
     jmax = int(np.floor(np.log10(t_max) + 1e-12))
     base = np.array([0.0] + [10.0 ** j for j in range(-2, jmax + 1)])
     if base[-1] < t_max:
@@ -642,15 +492,11 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
         dg = np.diagonal(ch, axis1=1, axis2=2)
         il = il_cache.setdefault(d, np.tril_indices(d, -1))
         y0 = np.concatenate([2.0 * np.log(dg), (ch / dg[:, None, :])[:, il[0], il[1]]], axis=1)
-        field = _LDLField(kinds, V, A, H, t_s, k, d)
+        field = _LDLState(k, d)
         taus = np.tile(np.log1p(base), (len(rows), 1))
         tr0 = np.trace(S0, axis1=1, axis2=2)
-        if compiled:
-            rec, steps, stop, t_last = integrate_log_time_compiled(kinds, V, A, H, t_s, k, y0, taus,
-                                                          rtol, GROWTH * tr0, max_steps)
-        else:
-            rec, steps, stop, t_last = integrate_log_time(field, y0, taus, rtol, field_tr=_trace,
-                                                  tr_max=GROWTH * tr0, max_steps=max_steps)
+        rec, steps, stop, t_last = integrate_log_time_compiled(kinds, V, A, H, t_s, k, y0, taus,
+                                                               rtol, GROWTH * tr0, max_steps)
         C0 = P0[:, k:, k:]
         for j, i in enumerate(rows):
             ck_t = t_s[j] * base
@@ -667,32 +513,35 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
                 res = _decide(field, rec[j], taus[j], ck_t,
                               steps[j], stop[j], t_s[j] * np.expm1(t_last[j]), U[j], k,
                               lyap[j], C0[j], fit_decades, drift_tol, strict=strict)
-            out[i] = CertifiedLimit(**res, path="compiled" if compiled else "numpy")
+            out[i] = CertifiedLimit(**res, path="compiled")
     return out
 
 
 def _check_memory(dims):
-    r"""Refuse, before any work, rows whose complex-step Jacobians would not fit in memory.
+    r"""Refuse, before any work, rows whose Jacobians would not fit in memory.
 
-    A row in dimension :math:`d` has :math:`n = d(d+1)/2` unknowns; its Jacobian perturbs
-    all of them at once: :math:`n + 1` complex states of :math:`n + 1` entries and, in the
-    field, about ten complex :math:`d\times d` matrices per state, so
-    :math:`16(n + 1)(n + 1 + 10d^2)` bytes per row of a batch.
+    A row in dimension :math:`d` has :math:`n = d(d+1)/2` unknowns and the log time; each
+    thread of the compiled loop holds its Jacobian and the RODAS4 matrix,
+    :math:`16(n + 1)^2` bytes, and about twelve complex :math:`d\times d` matrices of the
+    complex step, :math:`192d^2` bytes; the checkpoints of every row take
+    :math:`8 \cdot 16(n + 1)` bytes.
     """
     def need(d):
         n1 = d * (d + 1) / 2 + 1
-        return 16.0 * n1 * (n1 + 10.0 * d ** 2)
+        return 16.0 * n1 ** 2 + 192.0 * d ** 2
+
     dims = np.asarray(dims, dtype=np.float64)
-    total = float(np.sum(need(dims)))
+    threads = min(dims.size, usable_cores())
+    total = threads * float(np.max(need(dims))) + float(np.sum(128.0 * (dims * (dims + 1) / 2 + 1)))
     try:
         validate_allocation(total, "cov0s", itemsize=1)
     except ValueError:
         d = int(dims.max())
-        fits = next((k for k in range(d, 0, -1) if _fits(need(k))), 1)
+        fits = next((k for k in range(d, 0, -1) if _fits(threads * need(k))), 1)
         raise ValueError(f"`cov0` (`cov0s`) is {d}-dimensional: the certified limit "
                          f"integrates {d * (d + 1) // 2} factored unknowns with a complex-step "
-                         f"Jacobian, which would need {total / 2**30:.3g} GiB for {dims.size} "
-                         f"row(s), more than half of this machine's memory (one row fits up "
+                         f"Jacobian, which would need {total / 2**30:.3g} GiB on {threads} "
+                         f"thread(s), more than half of this machine's memory (it fits up "
                          f"to d = {fits}).") from None
 
 
@@ -731,11 +580,10 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
         eigenvalues obey is :math:`1/\max_t\lambda_{\max}(N^TP(t)N)` over the computed
         checkpoints, so a drift :math:`\delta` moves it by a factor of at most
         :math:`1 + \delta`; 1e-2 leaves the decision unchanged.
-    compiled : bool or None
-        Run the log-time RODAS4 loop compiled with Numba (:mod:`._certified_compiled`,
-        parallel over settings) or the batched NumPy reference; ``None``: compiled where
-        Numba imports. Same field, stepper and decision: the verdicts agree, the fitted
-        exponents to the integration tolerance. ``CertifiedLimit.path`` says which ran.
+    compiled : None
+        Deprecated and ignored: there is one integration loop, compiled with Numba
+        (:mod:`._certified_compiled`); the batched NumPy copy that ``compiled=False``
+        selected is gone. Passing a value warns (``FutureWarning``).
 
     Returns
     -------
@@ -775,17 +623,18 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
                          f"state can resolve), got {rtol:g}.")
     fit_decades = validate_positive(fit_decades, "fit_decades")
     drift_tol = validate_positive(drift_tol, "drift_tol")
-    compiled = available() if compiled is None else bool(compiled)
+    if compiled is not None:
+        warnings.warn("`compiled` is deprecated and ignored: the certified limits have one "
+                      "integration loop, compiled with Numba.", FutureWarning, stacklevel=2)
     _check_memory([c.shape[-1] for c in cov0s])
-    out = _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, _MAX_STEPS,
-                        compiled=compiled)
+    out = _certify_rows(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, _MAX_STEPS)
     # a setting still undecided (a slow mode not settled by t_max, or the step cap) gets
     # one longer integration; the message says so
     again = [i for i, r in enumerate(out) if r.outcome == "undecided"]
     if again and t_max < _ESCALATE_T:
         redo = _certify_rows([attentions[i] for i in again], [cov0s[i] for i in again],
                              _ESCALATE_T, rtol, fit_decades, drift_tol,
-                             _ESCALATE_STEPS * _MAX_STEPS, strict=False, compiled=compiled)
+                             _ESCALATE_STEPS * _MAX_STEPS, strict=False)
         for i, r in zip(again, redo):
             out[i] = dataclasses.replace(
                 r, message=f"{r.message} (horizon raised to {_ESCALATE_T:g} t_s after: "

@@ -1,11 +1,11 @@
-r"""The certified limit's log-time RODAS4 loop, compiled per trajectory.
+r"""The certified limit's log-time RODAS4 loop: the field, its Jacobian and the steps.
 
-The same integration as :func:`gaussian_pde.studies._certified.integrate_log_time` (the
-NumPy reference), with the same field, stepper, error control, step-size rule,
-checkpoint landing and stops, written per trajectory for Numba (``nopython``,
-``cache=True``, parallel over trajectories with ``prange``):
+Written once, per trajectory, for Numba (``nopython``, ``cache=True``, parallel over
+trajectories with ``prange``); :mod:`._certified` sets up the frame and the states and
+decides from the checkpoints. The tests run the same functions uncompiled (``py_func``)
+and hold the field to the precision equation :math:`P' = -(PM + M^TP)` written directly.
 
-* the field of :class:`~gaussian_pde.studies._certified._LDLField` in explicit loops over
+* the field in the variables of :class:`~gaussian_pde.studies._certified._LDLState`, in explicit loops over
   the :math:`d\times d` factors,
 
   .. math::
@@ -26,8 +26,7 @@ checkpoint landing and stops, written per trajectory for Numba (``nopython``,
   :data:`gaussian_pde.integrate.RODAS4`, solved by one pivoted LU per step.
 
 Only the loop is compiled: the set-up (frame, factors, time scales) and the decision stay
-in :mod:`._certified`, shared by both paths. Sums run in another order than NumPy's, so
-the states agree with the reference to the integration tolerance, not bit for bit.
+in :mod:`._certified`.
 """
 
 from __future__ import annotations
@@ -334,17 +333,8 @@ def _core():
     return numba.njit(cache=True, parallel=True, error_model="numpy")(_drive)
 
 
-def available():
-    """Whether Numba can be imported (the compiled path's only requirement)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def integrate_log_time_compiled(kinds, V, A, H, ts, k, y0, taus, rtol, tr_max, max_steps):
-    r"""The compiled counterpart of :func:`._certified.integrate_log_time`, same returns.
+    r"""RODAS4 in log time for every row (compiled, parallel): the states at the checkpoints.
 
     Parameters
     ----------
