@@ -26,7 +26,7 @@ of :math:`10^{10}t_s` costs tens to a few hundred steps (:class:`_LDLField`). Ev
 quantity is formed from products of the factors, never from differences of the huge
 entries of :math:`P`, and :math:`P` is positive definite by construction.
 
-**Stepper.** The L-stable RODAS4 of :mod:`gaussian_pde.integrate._steppers` (the same
+**Stepper.** The L-stable RODAS4 of :data:`gaussian_pde.integrate.RODAS4` (the same
 coefficients), batched over trajectories of the same dimension and head structure, on the
 autonomous system :math:`(y, \tau)`, with a complex-step Jacobian (exact to rounding);
 steps land on the checkpoints :math:`t = t_s10^j`.
