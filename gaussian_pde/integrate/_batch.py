@@ -31,6 +31,7 @@ import numpy as np
 
 from .._common.validation import validate_array, validate_covariance
 from ..attention import ATTENTIONS, Attention, get_attention, has_hook, require_mean
+from . import _compiled_batch
 from ._options import solver_options
 
 __all__ = ["solve_batch"]
@@ -144,8 +145,6 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     >>> np.round(sol.t_blowup, 6)           # exact 1/lambda_max(Sigma0^1/2 (A + A^T) Sigma0^1/2)
     array([1. , 0.5])
     """
-    from . import _compiled_batch
-
     cov0s, mean0s = _checked(cov0s, mean0s, path)
     nb, d = cov0s.shape[0], cov0s.shape[-1]
     atts = _attentions(attentions_or_weights, nb)
@@ -202,9 +201,7 @@ def _kernel_groups(atts):
 
 
 def _run_compiled(fields, atts, cov0s, mean0s, opts, method):
-    """:func:`solve_batch` on the compiled path, for ``fields`` of one pair of kernels."""
-    from . import _compiled_batch
-
+    """:func:`solve_batch` for ``fields`` of one pair of kernels."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         # a mean equation that is not homogeneous keeps the mean in its own units
