@@ -112,9 +112,9 @@ def _cases(tmp):
     # a batch without its trajectories (no t_eval): K = -Q does not blow up, so nothing
     # decides it; with t_eval, one outcome per trajectory
     add("classify-batch", lambda: analysis.classify_solution(
-        gp.solve_batch(att, cov, (0, 1), path="numpy")), names="`t_eval`")
+        gp.solve_batch(att, cov, (0, 1))), names="`t_eval`")
     add("classify-batch-t_eval", lambda: analysis.classify_solution(
-        gp.solve_batch(att, cov, (0, 1), t_eval=np.linspace(0, 1, 5), path="numpy")),
+        gp.solve_batch(att, cov, (0, 1), t_eval=np.linspace(0, 1, 5))),
         "result")
     add("classify-batch-attentions", lambda: analysis.classify_solution(
         gp.solve_batch(att, cov, (0, 1), t_eval=np.linspace(0, 1, 5)), attention=[att]),

@@ -42,7 +42,7 @@ class Arrow(NamedTuple):
 DPI = 200
 
 # loop colours (arrows into and out of a loop take its colour)
-_C = {"np": "#1f77b4", "nb": "#d62728", "ev": "#2ca02c", "cert": "#9467bd", "rk": "#8c564b",
+_C = {"nb": "#d62728", "ev": "#2ca02c", "cert": "#9467bd", "rk": "#8c564b",
       "type": "#555555"}
 
 TYPES = [
@@ -60,7 +60,7 @@ FIELDS = [
         ("_generated/<type>.py", "generated, weights()"),
         ("gaussian_pde/_generated/softmax.py", "derivations/generate.py")),
     Box("smx", "softmax-only Numba",
-        ("attention/_compiled.py", "fused_rhs, stack_kernel"),
+        ("attention/_compiled.py", "fused_rhs"),
         ("gaussian_pde/attention/_compiled.py",)),
     Box("cf", "CompiledField (Numba)",
         ("_compiled_fields.py", "compiled_field()"),
@@ -77,10 +77,6 @@ FIELDS = [
 ]
 
 LOOPS = [
-    Box("np", "NumPy batch loop",
-        ("integrate/_batch.py,", "_steppers.py, _field.py", "DOP853, RODAS4: vectorised"),
-        ("gaussian_pde/integrate/_batch.py", "gaussian_pde/integrate/_steppers.py",
-         "gaussian_pde/integrate/_field.py")),
     Box("nb", "compiled batch loop",
         ("integrate/_compiled_batch.py", "DOP853, RODAS4: Numba"),
         ("gaussian_pde/integrate/_compiled_batch.py",)),
@@ -98,10 +94,10 @@ LOOPS = [
 ]
 
 SHARED = Box("shared", "shared below the loops",
-             ("integrate/_tableaux.py: the DOP853 and RODAS4 coefficients (batch loops, "
-              "log-time RODAS4, stiffness test)",
-              "integrate/_events.py: blow-up, steady state, rank collapse (batch loops, "
-              "event loop, particles)",
+             ("integrate/_tableaux.py: the DOP853 and RODAS4 coefficients (compiled batch "
+              "loop, log-time RODAS4, stiffness test)",
+              "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
+              "loop, event loop, particles)",
               "_common/lu.py: the LU of the compiled RODAS4 stages (compiled batch loop, "
               "_certified_compiled.py)"),
              ("gaussian_pde/integrate/_tableaux.py", "gaussian_pde/integrate/_events.py",
@@ -124,14 +120,12 @@ CLIENTS = [
 # its loop); user "tail": the tail's (the contract, attention/_base.py, has the hook)
 ARROWS = [
     Arrow("types", "gen", ("generated",), user="tail"),
-    Arrow("types", "smx", ("fused_rhs", "stack_kernel"), user="tail"),
+    Arrow("types", "smx", ("fused_rhs",), user="tail"),
     Arrow("types", "cf", ("compiled_field",), user="tail"),
     Arrow("plugin", "cf", ("CompiledField", "signatures")),
     Arrow("types", "hooks", ("field_matrix", "fused_term"), user="tail"),
     Arrow("types", "quad", ("quadratic_score",), user="tail"),
     Arrow("types", "pk", ("particle_kernel",), user="tail"),
-    Arrow("gen", "np", ("generated", "factor_rhs")),
-    Arrow("smx", "np", ("stack_kernel",)),
     Arrow("smx", "ev", ("fused_rhs",)),
     Arrow("cf", "nb", ("compiled_field",)),
     Arrow("cf", "ev", ("compiled_field",)),
@@ -139,7 +133,6 @@ ARROWS = [
     Arrow("quad", "ev", ("quadratic_heads",), label="mixture", extra_files=("gaussian_pde/closure/_mixture.py",)),
     Arrow("quad", "cert", ("quadratic_heads",)),
     Arrow("pk", "rk", ("particle_kernel",)),
-    Arrow("np", "batch", ("_integrate",)),
     Arrow("nb", "batch", ("integrate_compiled",)),
     Arrow("nb", "solve", ("integrate_one",), label="auto", label_at=0.72),
     Arrow("ev", "solve", ("integrate_system",)),

@@ -7,16 +7,17 @@ Below the drivers, one module per concept, with no import back up:
 * ``_events``: the one definition of blow-up (its time and confirmation), steady state
   and rank collapse, used by every solver of the package;
 * ``_options``: the one validation of solver options;
-* ``_field``: the stacked factor-form field and its exact Jacobian;
-* ``_scipy_loop`` and ``_steppers``: the step loops (SciPy's solver classes, Hairer's
-  Fortran codes; vectorised DOP853 and RODAS4 for batches), ``_stiffness``: DOP853 with
-  Hairer's stiffness test and the stiff solver it hands over to;
-* ``_tableaux``: the DOP853 and RODAS4 coefficients, written once for every loop;
+* ``_scipy_loop``: :func:`solve`'s step loops (SciPy's solver classes, Hairer's Fortran
+  codes), ``_stiffness``: DOP853 with Hairer's stiffness test and the stiff solver it
+  hands over to;
+* ``_tableaux``: the DOP853 and RODAS4 coefficients and the step-size rule, written once
+  for every loop;
 * ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
-  the closure solvers run too) and :func:`solve_batch`;
-* ``_compiled_batch``: :func:`solve_batch`'s compiled integrator (Numba, parallel over
-  trajectories), for every type whose ``compiled_field()`` supplies the kernels; also
-  the explicit steps of :func:`solve`'s default, one trajectory;
+  the closure solvers run too) and :func:`solve_batch` (its input, and the runs of the
+  compiled integrator);
+* ``_compiled_batch``: the compiled integrator (Numba, parallel over trajectories), for
+  every type whose ``compiled_field()`` supplies the kernels: all of
+  :func:`solve_batch`, and the explicit steps of :func:`solve`'s default, one trajectory;
 * ``_exact``: closed-form solutions, the reference problems of the tests.
 """
 

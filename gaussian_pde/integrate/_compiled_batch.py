@@ -45,7 +45,7 @@ import numpy as np
 
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
-from ._steppers import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
+from ._tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
 from ._tableaux import DOP853 as _dop
 
 __all__ = ["integrate_compiled"]

@@ -1,7 +1,8 @@
 r"""When the closed-form Jacobian holds, and the differences that replace it where not.
 
 The exact Jacobian of an L2 head (:func:`gaussian_pde.integrate._fused.moment_jacobian`,
-:func:`gaussian_pde.integrate._field.analytic_jacobian`) is built from
+and the compiled field's closed form, :mod:`gaussian_pde.attention._compiled_fields`) is
+built from
 :math:`P^{-1} = I - \sqrt{2c}\,LGK` and :math:`C = K^T(I_k + BB^T)^{-1}Q`, which the
 factor multiplies on both sides. Once the columns of :math:`L` span many orders of
 magnitude those products lose digits in proportion to the square of the spread: on a

@@ -1,8 +1,8 @@
-"""What both batch integrators and :func:`gaussian_pde.solve` share below them.
+"""What the batch integrator and :func:`gaussian_pde.solve` share below them.
 
 The per-trajectory record of a batch (statuses, messages, final factors, counts) that the
-vectorised NumPy loop and the compiled integrator fill alike, and the units of the mean in
-a solver's state. A leaf of the integrate package: it imports no integrator.
+compiled integrator fills, and the units of the mean in a solver's state. A leaf of the
+integrate package: it imports no integrator.
 """
 
 from __future__ import annotations
@@ -31,12 +31,6 @@ class BatchRecord:
         self.nsteps = np.zeros(nb, dtype=int)
         self.implicit = np.full(nb, method == "rosenbrock")
         self.cov = None if t_eval is None else np.full((nb, t_eval.size, d, d), np.nan)
-
-    def stop(self, g, status, message, t, L):
-        """Trajectories ``g`` (global) end with ``status``/``message`` at ``t``, factor ``L``."""
-        for k in np.atleast_1d(g):
-            self.status[k], self.message[k] = status, message
-        self.t_final[g], self.L_final[g] = t, L
 
     def note_rank(self, cov0s):
         """Say in the messages where a covariance lost rank in rounding (``rank_note``)."""

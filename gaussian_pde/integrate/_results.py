@@ -122,8 +122,8 @@ class BatchSolution:
     nsteps : ndarray of int, shape (B,)
         Accepted steps per trajectory.
     ncalls : int
-        Vectorised right-hand-side calls for the whole batch (1 on the compiled path:
-        one call of the compiled integrator).
+        Calls of the compiled integrator for the whole batch: 1, or one for every pair
+        of kernels among the attentions' compiled fields.
     implicit : ndarray of bool, shape (B,)
         Where the trajectory ended on Rosenbrock (RODAS4) steps: every trajectory with
         ``method="rosenbrock"``, those found stiff with ``method="auto"``.
@@ -131,9 +131,9 @@ class BatchSolution:
         Means at ``t`` (NaN after a trajectory stopped); ``None`` without ``mean0s``.
     mean_final : ndarray, shape (B, d), or None
         Final means; ``None`` without ``mean0s``.
-    path : {"compiled", "numpy"}
-        Which integrator ran: the compiled one (every attention supplies a compiled
-        field) or the vectorised NumPy loop.
+    path : str
+        Which integrator ran: ``"compiled"``, the compiled batch integrator
+        (:mod:`gaussian_pde.integrate._compiled_batch`), the only one.
     """
 
     t: np.ndarray | None
@@ -150,7 +150,7 @@ class BatchSolution:
     implicit: np.ndarray | None = None
     mean: np.ndarray | None = None
     mean_final: np.ndarray | None = None
-    path: str = "numpy"
+    path: str = "compiled"
 
     def __len__(self):
         return self.t_final.size

@@ -55,7 +55,7 @@ import math
 import numpy as np
 from scipy.integrate import DOP853, LSODA
 
-from ._batch import _NONSTIFF_RESET, _STIFF_HLAMB, _STIFF_STEPS
+from ._compiled_batch import _NONSTIFF_RESET, _STIFF_HLAMB, _STIFF_STEPS
 from ._tableaux import DOP853 as _dop
 
 __all__ = ["STIFF_SOLVER", "StiffnessDOP853"]

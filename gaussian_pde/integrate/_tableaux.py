@@ -13,7 +13,9 @@ r"""The coefficients of the package's two step methods, written once.
   IV.7; the numbers are those that the coefficient subroutine of their code ``rodas.f`` sets
   for ``METH = 1``).
 
-The order conditions of both tableaux are checked in ``tests/integrate/test_tableaux.py``.
+With them, the constants of the step-size rule that both methods share (:data:`SAFETY`,
+:data:`MIN_FACTOR`). The order conditions of both tableaux are checked in
+``tests/integrate/test_tableaux.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["DOP853", "RODAS4", "ExplicitPair", "RosenbrockTableau"]
+__all__ = ["DOP853", "RODAS4", "ExplicitPair", "RosenbrockTableau", "SAFETY", "MIN_FACTOR"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,3 +292,15 @@ def _rodas4():
 DOP853 = _dop853()
 #: the RODAS4 coefficients (Hairer-Wanner form), for every Rosenbrock loop of the package
 RODAS4 = _rodas4()
+
+#: RODAS4's arrays under the names the compiled loop reads (``W = I/(gamma h) - J``,
+#: ``W U_i = f(y + sum_j a_ij U_j) + sum_j (c_ij/h) U_j``, ``y_1 = y + sum_j b_j U_j``, the
+#: error estimate ``U_6``; ``_RH``: the continuous extension)
+_RA, _RB, _RC, _RGAMMA, _RH = RODAS4.a, RODAS4.b, RODAS4.c, RODAS4.gamma, RODAS4.h
+
+#: the step-size rule of both methods (SciPy's DOP853 values): a new step is
+#: ``h min(f_max, SAFETY err^e)`` after an accepted step and ``h max(MIN_FACTOR, SAFETY err^e)``
+#: after a rejected one, ``e`` the method's error exponent
+SAFETY, MIN_FACTOR = 0.9, 0.2
+#: a RODAS4 stage state this many times larger than the step's start rejects the step outright
+_WILD = 1e6

@@ -12,8 +12,8 @@ passes exactly the checks the built-in ones pass. Each check takes an instance (
   the mean-free hooks and solvers refuse), that matches a particle estimate;
   the others refuse it with a clear ``TypeError``;
 * :func:`check_jacobian`: ``exact_jacobian`` types have an analytic factor field (the
-  complex-step Jacobian equals central differences) and, where the integrator's private
-  helpers are present, the integrator agrees and its closed form is right;
+  complex-step Jacobian equals central differences), and the closed-form Jacobian that
+  ``gp.solve`` hands its stiff solver exists exactly for them and is right;
 * :func:`check_closure`: non-Gaussian-preserving types work with the closure they declare
   (and it matches the particle estimate at the initial Gaussian);
 * :func:`check_particles`: the particle kernel gives finite velocities of shape (n, d).
@@ -172,24 +172,15 @@ def _complex_step_jacobian(f, L, h=1e-30):
 
 
 def _integrator_jacobian(att, L):
-    """``(analytic_flag, J or None)`` from the integrator's private helpers.
+    """``(analytic_flag, J or None)``: the exact Jacobian that ``gp.solve`` hands its stiff
+    solver (:func:`gaussian_pde.integrate._fused.moment_jacobian`, None without one)."""
+    from gaussian_pde.integrate._fused import moment_jacobian
 
-    The integrator is being restructured (``integrate._field`` replaces the helpers of
-    ``integrate._batch``); whichever exists is used, and the check is skipped if neither.
-    """
-    try:
-        from gaussian_pde.integrate._field import analytic_jacobian, build_field
-    except ImportError:
-        try:
-            from gaussian_pde.integrate._batch import _analytic_jacobian as analytic_jacobian
-            from gaussian_pde.integrate._batch import _build_field as build_field
-        except ImportError:
-            return None, None
-    field, _ = build_field(att, 1)
-    flag = bool(field.analytic_jacobian)
-    if not flag:
-        return flag, None
-    return flag, analytic_jacobian(field, np.arange(1), L[None])[0]
+    jac = moment_jacobian(att, False)
+    if jac is None:
+        return False, None
+    d = L.shape[0]
+    return True, jac(0.0, L.ravel()).reshape(d * d, d * d)
 
 
 def check_jacobian(att, rng):
@@ -209,12 +200,9 @@ def check_jacobian(att, rng):
     kernel = att.factor_kernel()
     J_fd = _fd_jacobian(kernel, L)
     assert np.all(np.isfinite(J_fd))
-    # the NumPy batch loop's field exists for types with a generated module (batched)
-    batched = gp.attention.capabilities(type(att))["batched"]
-    flag, J_int = _integrator_jacobian(att, L) if batched else (None, None)
-    if flag is not None:
-        # the integrator uses a closed form exactly for the types that declare one
-        assert flag == att.exact_jacobian, (att.name, flag, att.exact_jacobian)
+    flag, J_int = _integrator_jacobian(att, L)
+    # the integrator uses a closed form exactly for the types that declare one
+    assert flag == att.exact_jacobian, (att.name, flag, att.exact_jacobian)
     if not att.exact_jacobian:
         return
     scale = np.abs(J_fd).max()

@@ -1,30 +1,40 @@
-"""The compiled batch integrator against the NumPy loop, exact solutions and invariants.
+"""The compiled batch integrator against independent references, exact solutions and invariants.
 
-Both paths take the same steps (the same tableau, error norm, step rule, stiffness test and
-events) for every trajectory, so for one trajectory without output they agree step for
-step: the same statuses, messages, step counts and evaluation counts, and states to
-rounding, amplified near a blow-up. The pinned 1e-9 (relative) on final states and blow-up
-times leaves several orders over the ~1e-13 seen away from blow-ups.
+The references: SciPy's :func:`~scipy.integrate.solve_ivp` on the factor equation
+``L' = M(L L^T) L`` (the attention's own NumPy ``factor_rhs``), whose DOP853 takes the
+same steps as the batch's with ``method="DOP853"`` (the same tableau, error norm, step
+rule and first step: the same step and evaluation counts, states to rounding), or at a
+tight tolerance for RODAS4; :func:`gaussian_pde.solve` on SciPy's or Hairer's loop
+(``method="DOP853"``) for the events and blow-up verdicts; closed forms
+(:func:`gaussian_pde.exact_covariance`, :func:`gaussian_pde.blowup_time`).
 """
 
 import collections
 
 import numpy as np
 import pytest
+from scipy.integrate import solve_ivp
 
 import gaussian_pde as gp
+from gaussian_pde._common.linalg import psd_factor
 from gaussian_pde.attention import has_hook
 from tests._helpers import random_spd
-
-NUMPY = {"path": "numpy"}
-
 
 #: the registered types with a compiled field whose covariance equation is mean-free
 #: (the settings below start from a covariance alone)
 COMPILED = [name for name, cls in gp.ATTENTIONS.items()
             if has_hook(cls, "compiled_field") and not cls.field_sees_mean]
-#: those of them that the NumPy loop also runs (a generated module: ``batched``)
-BOTH_PATHS = [name for name in COMPILED if gp.attention.capabilities(gp.ATTENTIONS[name])["batched"]]
+
+
+def _scipy_factor(att, cov, t1, method="DOP853", **kw):
+    """SciPy's ``solve_ivp`` on ``L' = factor_rhs(L)`` from the batch's factor of ``cov``;
+    returns the result and the final covariance."""
+    d = att.d
+    L0 = psd_factor(cov)
+    res = solve_ivp(lambda t, y: att.factor_rhs(y.reshape(d, d)).ravel(), (0.0, t1),
+                    L0.ravel(), method=method, **kw)
+    L = res.y[:, -1].reshape(d, d)
+    return res, L @ L.T
 
 
 def _settings(rng, d, kinds=tuple(COMPILED)):
@@ -69,46 +79,73 @@ def test_stage_sums_skip_only_zero_coefficients(rng):
 
 
 @pytest.mark.parametrize("d", [2, 4])
-def test_compiled_equals_numpy_step_for_step(rng, d):
-    atts, covs = _settings(rng, d, tuple(BOTH_PATHS))
+def test_compiled_takes_scipys_dop853_steps(rng, d):
+    """``method="DOP853"``: a finished run takes SciPy's DOP853 steps on the factor (the
+    same accepted steps and evaluations, the state to rounding: the pinned 1e-11 leaves
+    two orders over the ~1e-13 seen), until the batch re-factors ``L -> LW`` (at a
+    look every ``REFACTOR_EVERY`` steps where the columns cancel past
+    ``REFACTOR_ABOVE``; the error norm is that of the entries of ``L``, so the steps
+    move on from there). A run that blows up has the verdict and the blow-up time of
+    ``gp.solve`` (SciPy has no blow-up event; both extrapolate ``1/tr``, at the step end
+    and at the located crossing: 1e-7)."""
+    from gaussian_pde.integrate._refactor import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess
+
+    atts, covs = _settings(rng, d)
+    statuses = set()
+    same_steps = 0
     for att, cov in zip(atts, covs):
-        a = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000)
-        b = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000, **NUMPY)
-        assert a.path == "compiled" and b.path == "numpy"
-        assert a.status[0] == b.status[0], (att, a.message, b.message)
-        if "gave up" in b.message[0]:   # a long run to the budget: rounding moves its end
+        a = gp.solve_batch(att, cov[None], (0.0, 3.0), max_nfev=5000, method="DOP853")
+        statuses.add(str(a.status[0]))
+        if "gave up" in a.message[0]:   # a long run to the budget: rounding moves its end
             continue
-        assert a.message[0] == b.message[0], att
-        assert a.nsteps[0] == b.nsteps[0] and a.nfev[0] == b.nfev[0], att
-        if b.status[0] == "blowup":   # (the state past 1e10 x its trace is ill-conditioned)
-            assert a.t_blowup[0] == pytest.approx(b.t_blowup[0], rel=1e-9)
+        if a.status[0] == "finished":
+            ref, cov_ref = _scipy_factor(att, cov, 3.0, rtol=1e-10, atol=1e-12)
+            assert ref.status == 0, ref.message
+            looks = ref.y[:, REFACTOR_EVERY::REFACTOR_EVERY].T.reshape(-1, d, d)
+            if not np.any(cancellation_excess(looks, 1e-12, 1e-10) > REFACTOR_ABOVE):
+                assert a.nsteps[0] == ref.t.size - 1 and a.nfev[0] == ref.nfev, att
+                same_steps += 1
+            np.testing.assert_allclose(a.cov_final[0], cov_ref, rtol=0,
+                                       atol=1e-11 * np.abs(cov_ref).max(), err_msg=repr(att))
         else:
-            scale = np.abs(b.cov_final).max()
-            np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=0, atol=1e-11 * scale)
+            ref = gp.solve(att, None, cov, (0.0, 3.0), max_nfev=5000, method="DOP853")
+            assert str(a.status[0]) == str(ref.status), (att, a.message, ref.message)
+            assert a.t_blowup[0] == pytest.approx(ref.t_blowup, rel=1e-7), att
+    assert "finished" in statuses and same_steps >= 4
 
 
-def test_compiled_rosenbrock_and_auto_equal_numpy(rng):
-    """The paper's stiff setting (K = -Q): the stiffness test hands over to RODAS4."""
+def test_compiled_rosenbrock_and_auto_against_lsoda(rng):
+    """The paper's stiff setting (K = -Q): the stiffness test hands over to RODAS4, whose
+    states agree with LSODA's at a tight tolerance (RODAS4 at rtol 1e-8, order 4: seen
+    ~1e-9 of the covariance's scale; pinned 1e-7, as test_batch's stiff comparison)."""
     from tests.integrate.test_batch import _stiff_settings
 
     w, covs = _stiff_settings([0, 3])
+    T = 1e4
+    atts = [gp.Softmax(Q, K, V, scale=s)
+            for Q, K, V, s in zip(w["Q"], w["K"], w["V"], w["scale"])]
+    refs = [_scipy_factor(att, cov, T, method="LSODA", rtol=1e-12, atol=1e-14)
+            for att, cov in zip(atts, covs)]
+    assert all(res.status == 0 for res, _ in refs)
+    ref = np.array([c for _, c in refs])
     kw = dict(rtol=1e-8, atol=1e-14, max_nfev=None)
     for method in ("auto", "rosenbrock"):
-        a = gp.solve_batch(w, covs, (0.0, 1e4), method=method, **kw)
-        b = gp.solve_batch(w, covs, (0.0, 1e4), method=method, **kw, **NUMPY)
-        assert a.path == "compiled" and a.implicit.all() and b.implicit.all()
-        # (LU solves instead of inverses: rounding may flip an accept at rtol 1e-8)
-        np.testing.assert_allclose(a.nsteps, b.nsteps, rtol=0.05)
-        np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-6, atol=1e-9)
+        a = gp.solve_batch(w, covs, (0.0, T), method=method, **kw)
+        assert a.path == "compiled" and a.implicit.all()
+        assert (a.status == "finished").all()
+        scale = np.abs(ref).max(axis=(1, 2))[:, None, None]
+        np.testing.assert_allclose(a.cov_final / scale, ref / scale, rtol=0, atol=1e-7)
     # L2 and Sinkhorn heads: RODAS4 with the L2 closed form, central differences otherwise
     d = 3
     G = rng.standard_normal((d, d))
     att = gp.MultiHead([gp.L2.example(d, rng), gp.Sinkhorn.example(d, rng)])
     covs = np.array([G @ G.T / d, np.eye(d)])
     a = gp.solve_batch(att, covs, (0.0, 5.0), method="rosenbrock")
-    b = gp.solve_batch(att, covs, (0.0, 5.0), method="rosenbrock", **NUMPY)
-    np.testing.assert_array_equal(a.nfev, b.nfev)
-    np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-9, atol=1e-12)
+    assert a.implicit.all() and (a.status == "finished").all()
+    for b in range(2):
+        _, cov_ref = _scipy_factor(att, covs[b], 5.0, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(a.cov_final[b], cov_ref, rtol=0,
+                                   atol=1e-8 * np.abs(cov_ref).max())
 
 
 def test_compiled_exact_covariance_and_blowup_time(rng):
@@ -141,24 +178,31 @@ def test_compiled_dense_output_matches_steps(rng):
         np.testing.assert_allclose(sol.cov[0, j], end.cov_final[0], rtol=1e-8, atol=1e-12)
 
 
-def test_compiled_events_and_statuses_match_numpy(rng):
+def test_compiled_events_and_statuses_match_solve(rng):
+    """Steady state (relative and absolute) and rank collapse against ``gp.solve`` on
+    SciPy's or Hairer's loop: the same statuses, stop times and outputs up to the stop;
+    and the evaluation budget."""
     q = np.array([[1.0, 0.3]])
     att = gp.Softmax(q, -q, np.eye(2))
     covs = np.array([random_spd(rng, 2) for _ in range(3)])
     t_eval = np.geomspace(1e-3, 1e6, 9)
-    for kw in ({"steady_tol": 1e-3}, {"rank_tol": 1e-2}, {"steady_atol": 1e-4},
-               {"max_nfev": 400}):
-        # (the NumPy loop charges a step's dense output to every row of the stack when
-        # one row needs it; the budget test runs without output, where both count alike)
-        te = None if "max_nfev" in kw else t_eval
-        a = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=te, **kw)
-        b = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=te, **kw, **NUMPY)
-        np.testing.assert_array_equal(a.status.astype(str), b.status.astype(str))
-        # (a located event moves with the rounding of its gap function, which crosses
-        # zero slowly: seen 1e-8 relative for the rank collapse)
-        np.testing.assert_allclose(a.t_final, b.t_final, rtol=1e-6)
-        if te is not None:
-            np.testing.assert_allclose(a.cov, b.cov, rtol=1e-7, atol=1e-12)   # NaN: stopped
+    seen = set()
+    for kw in ({"steady_tol": 1e-3}, {"rank_tol": 1e-2}, {"steady_atol": 1e-4}):
+        a = gp.solve_batch(att, covs, (0.0, 1e6), t_eval=t_eval, **kw)
+        for b in range(covs.shape[0]):
+            ref = gp.solve(att, None, covs[b], (0.0, 1e6), t_eval=t_eval, method="DOP853",
+                           **kw)
+            assert str(a.status[b]) == str(ref.status), kw
+            seen.add(str(ref.status))
+            # (a located event moves with the rounding of its gap function, which crosses
+            # zero slowly: seen 1e-8 relative for the rank collapse)
+            assert a.t_final[b] == pytest.approx(ref.t_final, rel=1e-6), kw
+            n = ref.t.size
+            scale = np.abs(ref.cov).max()
+            np.testing.assert_allclose(a.cov[b, :n], ref.cov, rtol=0, atol=1e-7 * scale)
+            assert np.isnan(a.cov[b, n:]).all()         # NaN: stopped
+    assert seen >= {"steady", "rank_collapse"}
+    a = gp.solve_batch(att, covs, (0.0, 1e6), max_nfev=400)
     assert {str(s) for s in a.status} == {"failed"}
     assert all("gave up after 400" in m for m in a.message)
 
@@ -326,6 +370,42 @@ def test_compiled_jacobian_against_central_differences(rng):
             assert not cf.jac(cf.params, d, d + 1, Z.ravel(), J, np.empty(cf.ws_size))
 
 
+def test_compiled_jacobian_equals_the_complex_step(rng):
+    """The closed-form Jacobian kernel (softmax and L2, K = -Q and general, one group and a
+    multi-head mix) against the complex step of the attention's NumPy ``factor_rhs``
+    (analytic in L: exact to rounding, Squire and Trapp 1998), and the column-scaled
+    central differences (error near eps^(2/3)) against the same."""
+    from gaussian_pde.integrate._differences import central_jacobian
+
+    d, n = 3, 9
+    Qs, Vs = rng.standard_normal((3, 1, d)), rng.standard_normal((3, d, d))
+    atts = [cls(Q, -Q, V) for Q, V in zip(Qs, Vs) for cls in (gp.Softmax, gp.L2)]
+    K2, Q2 = rng.standard_normal((2, 2, d))
+    atts += [gp.Softmax(Q2, K2, Vs[0]), gp.L2(Q2, K2, Vs[1], scale=0.3),
+             gp.MultiHead([gp.Softmax(Q2[:1], K2[:1], Vs[2]), gp.L2(Q2[1:], K2[1:], Vs[0])])]
+    for att in atts:
+        cf = att.compiled_field()
+        L = rng.standard_normal((d, d))
+        J = np.empty((n, n))
+        assert cf.jac(cf.params, d, d, L.ravel(), J, np.empty(cf.ws_size)), att
+        delta = 1e-30 * np.abs(L).max()
+        J_cs = np.empty((n, n))
+        for j in range(n):
+            E = np.zeros(n, dtype=complex)
+            E[j] = 1j * delta
+            J_cs[:, j] = att.factor_rhs(L + E.reshape(d, d)).imag.ravel() / delta
+        np.testing.assert_allclose(J, J_cs, rtol=0, atol=1e-12 * np.abs(J_cs).max(),
+                                   err_msg=repr(att))
+        J_cd = central_jacobian(_compiled_rhs(cf, d, d), L)
+        np.testing.assert_allclose(J_cd, J_cs, rtol=0, atol=1e-8 * np.abs(J_cs).max(),
+                                   err_msg=repr(att))
+        # a column by hand: a forward difference with a small step
+        e = np.zeros((d, d))
+        e[1, 1] = 1e-7
+        col = (att.factor_rhs(L + e) - att.factor_rhs(L)).ravel() / 1e-7
+        np.testing.assert_allclose(J_cs[:, 4], col, rtol=0, atol=1e-5 * np.abs(col).max())
+
+
 def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
     """solve_batch (compiled, generic and shape-compiled kernels) against solve, for every
     type with a compiled field and for a sum of two different ones."""
@@ -359,34 +439,36 @@ def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
                                    cb.SPECIALISE_FROM, 0), rtol=1e-12, atol=1e-14)
 
 
-def test_compiled_path_input_and_fallback(rng):
+def test_path_input_and_types_without_a_compiled_field(rng):
     att = gp.Softmax.example(2, rng)
     covs = np.array([np.eye(2)])
     with pytest.raises(ValueError, match="`path`"):
         gp.solve_batch(att, covs, (0, 1), path="fast")
+    with pytest.raises(ValueError, match="`path='numpy'` was removed"):
+        gp.solve_batch(att, covs, (0, 1), path="numpy")
     with pytest.raises(ValueError, match="`mean0s`"):
         gp.solve_batch(att, covs, (0, 1), mean0s=np.zeros((2, 2)))
-    with pytest.raises(ValueError, match="`mean0s`"):
-        gp.solve_batch(att, covs, (0, 1), mean0s=np.zeros(2), path="numpy")
+    assert gp.solve_batch(att, covs, (0, 1), path="compiled").path == "compiled"
 
-    class NoKernel(gp.Softmax):      # a type without a compiled field: the NumPy loop
+    class NoKernel(gp.Softmax):      # a type without a compiled field
         def compiled_field(self):
             return None
 
     plain = NoKernel(att.Q, att.K, att.V, att.scale)
-    sol = gp.solve_batch(plain, covs, (0, 1))
-    assert sol.path == "numpy"
-    ref = gp.solve_batch(att, covs, (0, 1))
-    np.testing.assert_allclose(sol.cov_final, ref.cov_final, rtol=1e-12)
-    with pytest.raises(ValueError, match="compiled"):
-        gp.solve_batch(plain, covs, (0, 1), path="compiled")
-    # stacked weights run compiled too, one attention per row
+    for path in ("auto", "compiled"):
+        with pytest.raises(TypeError, match=r"`attentions_or_weights` is NoKernel.*compiled field"):
+            gp.solve_batch(plain, covs, (0, 1), path=path)
+    with pytest.raises(TypeError, match=r"`attentions_or_weights\[1\]` is NoKernel"):
+        gp.solve_batch([att, plain], np.repeat(covs, 2, 0), (0, 1))
+    # stacked weights become one attention per row: the same bits as those attentions
     Qs = rng.standard_normal((3, 1, 2))
     w = {"kind": "softmax", "Q": Qs, "K": -Qs, "V": np.stack([np.eye(2)] * 3)}
     a = gp.solve_batch(w, np.repeat(covs, 3, 0), (0, 1))
-    b = gp.solve_batch(w, np.repeat(covs, 3, 0), (0, 1), **NUMPY)
+    b = gp.solve_batch([gp.Softmax(Q, -Q, np.eye(2)) for Q in Qs], np.repeat(covs, 3, 0),
+                       (0, 1))
     assert a.path == "compiled"
-    np.testing.assert_allclose(a.cov_final, b.cov_final, rtol=1e-12)
+    np.testing.assert_array_equal(a.cov_final, b.cov_final)
+    np.testing.assert_array_equal(a.nfev, b.nfev)
 
 
 def _single_compiled_names():
