@@ -7,6 +7,7 @@ from scipy.special import expit
 
 import gaussian_pde as gp
 from gaussian_pde._common.linalg import psd_sqrt
+from gaussian_pde.attention import ATTENTIONS, names_with
 from gaussian_pde.attention._masked import Masked
 from gaussian_pde.attention._sigmoid import Sigmoid
 from gaussian_pde.closure._engine import (
@@ -247,3 +248,23 @@ def test_closure_fields_keep_the_event_loop(monkeypatch, rng):
     for field in (AttentionField(att, n_inner=6), att + mlp, Sigmoid(Q, K, V)):
         sol = solve_closure(field, np.array([0.2, 0.1]), np.eye(2), (0, 0.3), n_per_dim=4)
         assert sol.status == "finished" and np.isfinite(sol.cov_final).all()
+
+
+@pytest.mark.parametrize("name", names_with(gaussian_preserving=True))
+def test_every_gaussian_preserving_type_closes_through_gp_solve(name):
+    """Every registered Gaussian-preserving type with a compiled field: the closure's
+    default is gp.solve's run, and the event loop's RK45 closure of the same affine field
+    agrees with it to the tolerances (rtol 1e-8: measured below 2e-9 relative)."""
+    ex = ATTENTIONS[name].example_setting()
+    if ex is None or callable(ex["mean0"]) or ex["attention"].compiled_field() is None:
+        pytest.skip(f"{name}: no example with a fixed mean and a compiled field")
+    att, mean0, cov0 = ex["attention"], ex["mean0"], ex["cov0"]
+    sol = solve_closure(att, mean0, cov0, (0, 0.2), t_eval=[0, 0.2])
+    ref = gp.solve(att, mean0, cov0, (0, 0.2), t_eval=[0, 0.2], rtol=1e-8, atol=1e-10,
+                   max_nfev=50_000)
+    np.testing.assert_array_equal(sol.cov, ref.cov)
+    np.testing.assert_array_equal(sol.mean, ref.mean)
+    loop = solve_closure(att, mean0, cov0, (0, 0.2), t_eval=[0, 0.2], method="RK45")
+    assert loop.status == sol.status == "finished"
+    np.testing.assert_allclose(loop.cov, sol.cov, rtol=2e-8, atol=2e-8 * np.abs(sol.cov).max())
+    np.testing.assert_allclose(loop.mean, sol.mean, rtol=2e-8, atol=1e-9)
