@@ -18,7 +18,9 @@ Gaussian propagation is exact where the field is affine, :math:`F = b + Mx`:
     \text{residual: } (\alpha, \Sigma) \mapsto (\alpha + h(b + M\alpha),\ (I + hM)\Sigma(I + hM)^T),
     \qquad \text{none: } (b + M\alpha,\ M\Sigma M^T),
 
-and the continuous mode integrates :math:`L' = ML`. Otherwise it is the Gaussian closure:
+and the continuous mode integrates :math:`L' = ML` (an attention layer with a compiled field:
+:func:`gaussian_pde.solve` and its compiled engine, through
+:func:`~gaussian_pde.closure._engine.solve_closure`). Otherwise it is the Gaussian closure:
 the continuous mode integrates the closure ODE (:func:`gaussian_pde.closure._engine.solve_closure`);
 the discrete modes use the field's closed moments where it has them
 (:meth:`~gaussian_pde.closure._engine.Field.gaussian_moments`: MLPs, LayerNorm/RMSNorm/trace
@@ -360,7 +362,10 @@ def propagate_gaussian(stack, mean0, cov0, *, n_blocks=None, n_per_dim=DEFAULT_N
         Stop with ``"blowup"`` when tr Sigma exceeds this multiple of tr Sigma_0 (masked:
         the covariance of the whole sequence, the mixture of the blocks).
     rtol, atol : float
-        Tolerances of the continuous mode's ODE solver.
+        Tolerances of the continuous mode's ODE solver (per layer,
+        :func:`~gaussian_pde.closure._engine.solve_closure` with its default method: an
+        attention layer with a compiled field runs :func:`gaussian_pde.solve`, other
+        layers the closure's RK45 event loop).
 
     Returns
     -------

@@ -47,7 +47,8 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention import Attention, has_hook
-from ..integrate import MomentSolution, integrate_system, run_options
+from ..integrate import MomentSolution, integrate_system, run_options, solve
+from ..integrate._options import validate_method
 from ._quadrature import gauss_hermite_gaussian
 
 __all__ = [
@@ -458,8 +459,24 @@ class _ClosureSystem:
         return y[:self.d], L @ L.T
 
 
+def _engine_attention(field, auto, events, first_step):
+    """The attention whose :func:`gaussian_pde.solve` is the closure's run, or None.
+
+    ``method="auto"`` without user events or ``first_step``, and a field that is exactly
+    an attention's affine field (:class:`AttentionField` of a Gaussian-preserving type,
+    no ``n_inner``) whose type supplies a compiled field: the closure is then the
+    moment ODE that :func:`gaussian_pde.solve` integrates with the compiled engine.
+    """
+    if not auto or events or first_step is not None:
+        return None
+    if not (isinstance(field, AttentionField) and field.always_affine):
+        return None
+    att = field.attention
+    return att if att.compiled_field() is not None else None
+
+
 def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
-                  method="RK45", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
+                  method="auto", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
                   steady_tol=None, steady_atol=0.0, rank_tol=None, events=(),
                   max_step=np.inf, first_step=None, max_nfev=50_000):
     r"""Integrate the Gaussian-closure ODEs in factor form.
@@ -470,9 +487,12 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     Speaks :func:`gaussian_pde.solve`'s language and runs its event loop
     (:func:`gaussian_pde.integrate._solve.integrate_system`), so the statuses, the
     blow-up time with its confirmation, the steady-state and rank-collapse events and the
-    user events mean what they mean there (docs/math.md section 10): for an attention
-    that preserves Gaussians, the closure and :func:`gaussian_pde.solve` reach the same
-    verdict.
+    user events mean what they mean there (docs/math.md section 10). Where the field is
+    an attention that preserves Gaussians, :math:`\Gamma = b + Mx`, the closure is exact
+    (:math:`L' = ML`, Stein's lemma) and is the moment ODE of :func:`gaussian_pde.solve`:
+    with ``method="auto"`` (the default) and a type that supplies a compiled field, it is
+    :func:`gaussian_pde.solve` itself that runs (its compiled engine, the same steps,
+    statuses and events; ``n_per_dim`` plays no part), otherwise the event loop.
 
     Parameters
     ----------
@@ -489,7 +509,14 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40).
     method : str or OdeSolver subclass
-        A :func:`scipy.integrate.solve_ivp` method; default ``"RK45"``.
+        ``"auto"`` (default): :func:`gaussian_pde.solve` (``method="auto"``, the compiled
+        engine) where ``field`` is an attention (or its :class:`AttentionField`, without
+        ``n_inner``) of a Gaussian-preserving type with a compiled field
+        (:meth:`~gaussian_pde.Attention.compiled_field`) and no user ``events`` or
+        ``first_step`` are given; otherwise ``"RK45"`` in the event loop. Any other
+        :func:`scipy.integrate.solve_ivp` method (``"RK45"``, ``"DOP853"``,
+        ``"Radau"``, ``"BDF"``, ``"LSODA"``, a class) integrates the closure in the
+        event loop with that method, whatever the field.
     rtol, atol : float
         Tolerances on the entries of the mean and of ``L``.
     blowup_threshold, steady_tol, steady_atol, rank_tol, events, max_step, first_step
@@ -500,16 +527,35 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     Returns
     -------
     MomentSolution
+        As :func:`gaussian_pde.solve` returns it: ``t``, ``mean``, ``cov``, ``factor``,
+        ``status``, ``message``, ``t_blowup``, ``t_events`` (``"blowup"``, ``"steady"``
+        when on, ``"rank_collapse"`` when on, the user events').
+
+    Examples
+    --------
+    >>> import numpy as np, gaussian_pde as gp
+    >>> att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
+    >>> sol = gp.solve_closure(att, np.zeros(2), np.eye(2), (0, 2))
+    >>> sol.status, round(sol.t_blowup, 6)      # exact: 1/lambda_max(A + A^T) = 1
+    (<Status.BLOWUP: 'blowup'>, 1.0)
     """
     field = as_field(field)
     d = field.d
     mean0 = validate_vector(mean0, "mean0", size=d)
     cov0 = validate_covariance(cov0, "cov0", d=d)
     n_per_dim = _validate_rule(field, n_per_dim, d)
+    auto = validate_method(method, extra=("auto",)) == "auto"
     opts, method, events = run_options(
-        t_span, method, events, t_eval=t_eval, rtol=rtol, atol=atol, max_step=max_step,
-        first_step=first_step, max_nfev=max_nfev, blowup_threshold=blowup_threshold,
-        steady_tol=steady_tol, steady_atol=steady_atol, rank_tol=rank_tol)
+        t_span, "RK45" if auto else method, events, t_eval=t_eval, rtol=rtol, atol=atol,
+        max_step=max_step, first_step=first_step, max_nfev=max_nfev,
+        blowup_threshold=blowup_threshold, steady_tol=steady_tol, steady_atol=steady_atol,
+        rank_tol=rank_tol)
+    att = _engine_attention(field, auto, events, first_step)
+    if att is not None:
+        return solve(att, mean0, cov0, t_span, t_eval=t_eval, rtol=rtol, atol=atol,
+                     blowup_threshold=blowup_threshold, steady_tol=steady_tol,
+                     steady_atol=steady_atol, rank_tol=rank_tol, max_step=max_step,
+                     max_nfev=max_nfev)
     system = _ClosureSystem(field, n_per_dim)
     L0 = psd_sqrt(cov0)
     _finite_terms(field, mean0, L0, n_per_dim, "mean0", "cov0")

@@ -268,8 +268,11 @@ def solve_masked_closure(attention, means0, covs0, t_span, *, t_eval=None,
         Initial block means (position-dependent data).
     covs0 : array_like, shape (B, d, d) or (d, d)
         Initial block covariances (one for all blocks if 2-D).
-    t_span, t_eval, method, rtol, atol, max_step, first_step, max_nfev
+    t_span, t_eval, rtol, atol, max_step, first_step, max_nfev
         As in :func:`gaussian_pde.solve_closure`.
+    method : str or OdeSolver subclass
+        A :func:`scipy.integrate.solve_ivp` method for the event loop; default ``"RK45"``
+        (the block field has no compiled form).
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40).
     blowup_threshold, steady_tol, steady_atol, rank_tol, events

@@ -7,6 +7,7 @@ from scipy.special import expit
 
 import gaussian_pde as gp
 from gaussian_pde._common.linalg import psd_sqrt
+from gaussian_pde.attention import ATTENTIONS, names_with
 from gaussian_pde.attention._masked import Masked
 from gaussian_pde.attention._sigmoid import Sigmoid
 from gaussian_pde.closure._engine import (
@@ -167,3 +168,103 @@ def test_bad_inputs():
                              np.zeros((2, 2, 2)), (0, 1))
     with pytest.raises(ValueError, match="tol"):
         logistic_normal_moments(0.0, 1.0, tol=0.5)
+
+
+def _blowing_up_softmax():
+    # softmax, A = V = I in d = 2, Sigma0 = I: t* = 1/lambda_max(A + A^T) = 1/2 whatever
+    # the mean (docs/math.md 4.1)
+    return gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=1.0), np.array([0.1, -0.2])
+
+
+def test_solve_closure_of_an_attention_is_gp_solve():
+    """The default method hands an attention with a compiled field to gp.solve: the
+    same run, field by field (statuses, messages, blow-up time, events), at the
+    closure's tolerances and budget."""
+    att, mean0 = _blowing_up_softmax()
+    sol = solve_closure(att, mean0, np.eye(2), (0, 1))
+    ref = gp.solve(att, mean0, np.eye(2), (0, 1), rtol=1e-8, atol=1e-10, max_nfev=50_000)
+    assert sol.status == ref.status == "blowup"
+    assert sol.message == ref.message and sol.nfev == ref.nfev
+    assert sol.t_blowup == ref.t_blowup and abs(sol.t_blowup - 0.5) < 1e-8
+    assert sol.t_events.keys() == ref.t_events.keys() == {"blowup"}
+    np.testing.assert_array_equal(sol.t_events["blowup"], ref.t_events["blowup"])
+    np.testing.assert_array_equal(sol.t, ref.t)
+    np.testing.assert_array_equal(sol.cov, ref.cov)
+    np.testing.assert_array_equal(sol.mean, ref.mean)
+    # with the steady-state and rank events on, their keys as in gp.solve
+    sol = solve_closure(att, mean0, np.diag([1.0, 1e-6]), (0, 0.2), steady_tol=1e-3,
+                        rank_tol=1e-4)
+    ref = gp.solve(att, mean0, np.diag([1.0, 1e-6]), (0, 0.2), steady_tol=1e-3,
+                   rank_tol=1e-4, rtol=1e-8, atol=1e-10, max_nfev=50_000)
+    assert sol.t_events.keys() == ref.t_events.keys() == {"blowup", "steady", "rank_collapse"}
+    assert sol.status == ref.status and sol.message == ref.message
+
+
+def _refuse_gp_solve(monkeypatch):
+    import gaussian_pde.closure._engine as engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("gp.solve was called")
+
+    monkeypatch.setattr(engine, "solve", refuse)
+
+
+def _cov_past_two(t, mean, cov):
+    return np.trace(cov) - 4.0
+
+
+_cov_past_two.terminal = True
+
+
+@pytest.mark.parametrize("options", [dict(method="RK45"), dict(method="DOP853"),
+                                     dict(events=[_cov_past_two]), dict(first_step=1e-3)],
+                         ids=["RK45", "DOP853", "events", "first_step"])
+def test_named_method_events_or_first_step_keep_the_event_loop(monkeypatch, options):
+    """A named SciPy method, user events or first_step integrate the closure in the
+    event loop (gp.solve refused here), with the same verdict: blow-up at t* = 1/2 (or
+    the user event, tr(cov) = 4, at t = 1/4: tr = 2/(1 - 2t) for this Riccati flow)."""
+    att, mean0 = _blowing_up_softmax()
+    _refuse_gp_solve(monkeypatch)
+    sol = solve_closure(att, mean0, np.eye(2), (0, 1), **options)
+    if "events" in options:
+        assert sol.status == "event" and abs(sol.t_final - 0.25) < 1e-7
+        assert sol.t_events.keys() == {"blowup", "_cov_past_two"}
+    else:
+        assert sol.status == "blowup" and abs(sol.t_blowup - 0.5) < 1e-6
+    with pytest.raises(AssertionError, match="gp.solve was called"):
+        solve_closure(att, mean0, np.eye(2), (0, 1))
+
+
+def test_closure_fields_keep_the_event_loop(monkeypatch, rng):
+    """Fields that are not exactly an attention's affine field (an inner rule, a sum
+    with a feed-forward map, sigmoid) integrate the closure, never gp.solve."""
+    from gaussian_pde.closure._blocks import MLP
+
+    Q, K, V = _weights(rng)
+    att = gp.Softmax(Q, K, V)
+    mlp = MLP(0.5 * rng.standard_normal((3, 2)), np.zeros(3), 0.5 * rng.standard_normal((2, 3)),
+              np.zeros(2))
+    _refuse_gp_solve(monkeypatch)
+    for field in (AttentionField(att, n_inner=6), att + mlp, Sigmoid(Q, K, V)):
+        sol = solve_closure(field, np.array([0.2, 0.1]), np.eye(2), (0, 0.3), n_per_dim=4)
+        assert sol.status == "finished" and np.isfinite(sol.cov_final).all()
+
+
+@pytest.mark.parametrize("name", names_with(gaussian_preserving=True))
+def test_every_gaussian_preserving_type_closes_through_gp_solve(name):
+    """Every registered Gaussian-preserving type with a compiled field: the closure's
+    default is gp.solve's run, and the event loop's RK45 closure of the same affine field
+    agrees with it to the tolerances (rtol 1e-8: measured below 2e-9 relative)."""
+    ex = ATTENTIONS[name].example_setting()
+    if ex is None or callable(ex["mean0"]) or ex["attention"].compiled_field() is None:
+        pytest.skip(f"{name}: no example with a fixed mean and a compiled field")
+    att, mean0, cov0 = ex["attention"], ex["mean0"], ex["cov0"]
+    sol = solve_closure(att, mean0, cov0, (0, 0.2), t_eval=[0, 0.2])
+    ref = gp.solve(att, mean0, cov0, (0, 0.2), t_eval=[0, 0.2], rtol=1e-8, atol=1e-10,
+                   max_nfev=50_000)
+    np.testing.assert_array_equal(sol.cov, ref.cov)
+    np.testing.assert_array_equal(sol.mean, ref.mean)
+    loop = solve_closure(att, mean0, cov0, (0, 0.2), t_eval=[0, 0.2], method="RK45")
+    assert loop.status == sol.status == "finished"
+    np.testing.assert_allclose(loop.cov, sol.cov, rtol=2e-8, atol=2e-8 * np.abs(sol.cov).max())
+    np.testing.assert_allclose(loop.mean, sol.mean, rtol=2e-8, atol=1e-9)
