@@ -573,14 +573,14 @@ def _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step, err_exp, tmp
     return _nmin(_nmin(_nmin(100 * h0, h1), t1 - t0), max_step)
 
 
-def _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, out, have):
+def _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, out, have):
     """The state at fraction ``x`` of the step; returns the evaluations it cost."""
     if imp:
         _ros_eval(y, ynew, U, x, out)
         return 0
     extra = 0
     if have[0] == 0:        # three more evaluations, only when output or an event needs it
-        _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws)
+        _at(fns, DOP_DENSE)(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws)
         have[0] = 1
         extra = 3
     _dop_eval(F, y, x, out)
@@ -600,7 +600,7 @@ def _located(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, 
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
+                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp,
                                   ws, xa, have)
                 rhs(P, d, m, xa, xb, ws)
                 extra += 1
@@ -617,7 +617,7 @@ def _located(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, 
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
+                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp,
                                   ws, xa, have)
                 extra += 1
                 if rank_gap(xa, d, m, first, opt.rank_tol) > 0:
@@ -666,7 +666,7 @@ def _blowup_look(rhs, P, d, m, t, ynew, fnew, tmp, tmp2, ws):
     return tstar, finite
 
 
-def _refactor(y, f, d, m, atol, rtol):
+def _refactor(fns, y, f, d, m, atol, rtol):
     """Re-factor ``L -> LW`` (rate too) where the columns cancel; True where it did."""
     Z = y.reshape((d, m))
     for i in range(d):
@@ -680,7 +680,7 @@ def _refactor(y, f, d, m, atol, rtol):
         top = max(top, math.sqrt(_col_sq(Z, j, d)))
     if atol > 0 and not _EPS * top / atol > REFACTOR_ABOVE:
         return False
-    return _refactor_svd(Z, f.reshape((d, m)), d, atol, rtol)
+    return _at(fns, REFACTOR_SVD)(Z, f.reshape((d, m)), d, atol, rtol)
 
 
 def _refactor_svd(Z, dZ, d, atol, rtol):
@@ -993,7 +993,7 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
                 _copy(xa, ynew)
             else:
                 x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-                nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws,
+                nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws,
                                  xa, have)
             if hand:
                 rec_t[j] = t_eval[j]
@@ -1008,7 +1008,7 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
                                    limit, susp, s0, s1, nfev, nsteps, fresh, fres,
                                    t_eval.size == 0, rec_t, rec_y, nrec)
     if kind > 0:
-        nfev += dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
+        nfev += dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m,
                          tmp, ws, xa, have)
         _copy(y, xa)
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
@@ -1033,7 +1033,7 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
-        refactor(y, f, d, m, opt.atol, opt.rtol)
+        refactor(fns, y, f, d, m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
@@ -1114,7 +1114,7 @@ def _crossing(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, 
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa,
+        extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, xa,
                           have)
         if _log_trace(xa, d, m) - level >= 0:
             hi = mid
@@ -1139,7 +1139,7 @@ def _restart_at_crossing(rhs, fns, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, 
     rank_gap, dense_at = _at(fns, RANK_GAP), _at(fns, DENSE_AT)
     blowup_look = _at(fns, BLOWUP_LOOK)
     t_c = t + x * h
-    nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa, have)
+    nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, xa, have)
     rhs(P, d, m, xa, xb, ws)
     nfev += 1
     _copy(y, xa)
@@ -1215,15 +1215,16 @@ _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
 #: :func:`_at`), callees before their callers
 _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_step",
-           "_dense_at", "_blowup_look", "_refactor", "_located", "_crossing",
-           "_restart_at_crossing", "_accepted", "_steps")
+           "_dop_dense", "_dense_at", "_blowup_look", "_refactor_svd", "_refactor",
+           "_located", "_crossing", "_restart_at_crossing", "_accepted", "_steps")
 #: their places in the table of addresses ``fns``
-(RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DENSE_AT, BLOWUP_LOOK, REFACTOR,
- LOCATED, CROSSING, RESTART_AT_CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
+(RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
+ REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, RESTART_AT_CROSSING, ACCEPTED,
+ STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
 _HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap",
-            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_dense", "_dop_eval",
-            "_ros_eval", "_nmin", "_store", "_refactor_svd", "_col_sq", "_look_verdict",
+            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
+            "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_rejections", "_log_trace", "_attempt", "_next_step_size",
             "_stiffness_counts")
 
@@ -1286,7 +1287,7 @@ def _argument_types(rhs_sig, jac_sig):
         T.boolean: "imp steady_on susp fresh hand steps",
         T.float64[::1]: ("P y ynew f fnew ws tmp tmp2 xa xb ev fres t_eval rec_t up fu fd rr "
                          "out fbuf"),
-        T.float64[:, ::1]: "K Kx F U J W S mean_out rec_y",
+        T.float64[:, ::1]: "K Kx F U J W S mean_out rec_y Z dZ",
         T.float64[:, :, ::1]: "cov_out",
         T.int64[::1]: "have piv p_out nrec fns ires ibuf",
     }
