@@ -174,30 +174,6 @@ _A_COLS = _columns(_A, range(_A.shape[0]))
 _B_COLS = _columns(_B2, [_NS], keep=range(_NS))
 _E_COLS = _columns(_E53, [_NS + 1] * 2, keep=(_NS,))
 _D_COLS = _columns(_D, [16] * _D.shape[0])
-
-
-def _stacked(*blocks):
-    """The rows of the tables ``(C, cols)`` in one table (zero-padded) and one column list."""
-    width = max(C.shape[1] for C, _ in blocks)
-    table = np.zeros((sum(C.shape[0] for C, _ in blocks), width))
-    cols = np.zeros(table.shape, dtype=np.int64)
-    count = np.concatenate([c[1] for _, c in blocks])
-    r = 0
-    for C, (idx, _) in blocks:
-        table[r:r + C.shape[0], :C.shape[1]] = C
-        cols[r:r + C.shape[0], :idx.shape[1]] = idx
-        r += C.shape[0]
-    return table, (cols, count)
-
-
-#: every combination of the stages in one table: the rows of A, then B (the new state),
-#: E5 and E3 (the error), then D (the dense output), so that each stepper sums its
-#: rows through one inlined :func:`_combine` (each inlined copy costs a third of a second
-#: to compile)
-_TABLE, _TABLE_COLS = _stacked((_A, _A_COLS), (_B2, _B_COLS), (_E53, _E_COLS), (_D, _D_COLS))
-_ROW_B = _A.shape[0]
-_ROW_E = _ROW_B + 1
-_ROW_D = _ROW_E + 2
 _RA_ = np.ascontiguousarray(_RA)
 _RB_ = np.ascontiguousarray(_RB)
 _RC_ = np.ascontiguousarray(_RC)
@@ -382,12 +358,14 @@ def _combine(C, cols, r, K, out):
 
 
 def _dop_errors(y, ynew, K, atol, rtol, S):
-    """The sums of DOP853's error norms and of its stiffness ratio.
+    """The sums of DOP853's error norms and of its stiffness ratio (``S``: scratch).
 
-    ``S[0]`` holds the last stage's state, ``S[1:3]`` the two error combinations of the
-    stages (from :func:`_dop_attempt`).
+    ``S[0]`` holds the last stage's state (from :func:`_dop_attempt`); the two error
+    combinations of the stages (:func:`_combine`) go into ``S[1:3]``, then one pass.
     """
     n = y.size
+    _combine(_E53, _E_COLS, 0, K, S[1])
+    _combine(_E53, _E_COLS, 1, K, S[2])
     num = 0.0
     den = 0.0
     e5 = 0.0
@@ -405,8 +383,7 @@ def _dop_errors(y, ynew, K, atol, rtol, S):
 def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
     """One DOP853 step; ``K[0]`` holds ``f(y)``. Returns ``(err, hlamb)``; ``K[12] = f(ynew)``.
 
-    ``S``: scratch, at least ``(3, n)``. The rows of :data:`_TABLE` in turn: the stages
-    (rows 1 to 11 of A), the new state (B), then the two error combinations (E5, E3).
+    ``S``: scratch, at least ``(3, n)``.
     """
     n = y.size
     top = 0.0
@@ -414,20 +391,20 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
         top = max(top, abs(v))
     ymax = _WILD * top
     bad = False
-    for s in range(1, _NS + 3):
-        row = s if s < _NS else _ROW_B + s - _NS
-        out = tmp if s < _NS else ynew if s == _NS else S[s - _NS]
-        _combine(_TABLE, _TABLE_COLS, row, K, out)
-        if s > _NS:
-            continue
+    for s in range(1, _NS):
+        _combine(_A, _A_COLS, s, K, tmp)
         for i in range(n):
-            v = y[i] + out[i] * h
-            out[i] = v
-            tmp[i] = v
+            tmp[i] = y[i] + tmp[i] * h
         if s == _NS - 1:        # the last stage's state: the stiffness test's
             _copy(S[0], tmp)
         bad |= _guard(tmp, ymax)
         rhs(P, d, m, tmp, K[s], ws)
+    _combine(_B2, _B_COLS, 0, K, ynew)
+    for i in range(n):
+        ynew[i] = y[i] + h * ynew[i]
+        tmp[i] = ynew[i]
+    bad |= _guard(tmp, ymax)
+    rhs(P, d, m, tmp, K[_NS], ws)
     num, den, e5, e3 = _dop_errors(y, ynew, K, atol, rtol, S)
     hlamb = h * math.sqrt(num / den) if den > 0 else 0.0
     denom = e5 + 0.01 * e3
@@ -438,26 +415,19 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
 
 
 def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
-    """DOP853's dense-output coefficients ``F`` (7, n) of the step (three more stages).
-
-    The rows of :data:`_TABLE` in turn: the three more stages (rows 13 to 15 of A),
-    then the four of D.
-    """
+    """DOP853's dense-output coefficients ``F`` (7, n) of the step (three more stages)."""
     n = y.size
     for s in range(_NS + 1):
         _copy(Kx[s], K[s])
-    last = _A.shape[0]
-    for s in range(_NS + 1, last + 4):
-        row = s if s < last else _ROW_D + s - last
-        out = tmp if s < last else F[3 + s - last]
-        _combine(_TABLE, _TABLE_COLS, row, Kx, out)
-        if s < last:
-            for i in range(n):
-                tmp[i] = y[i] + tmp[i] * h
-            rhs(P, d, m, tmp, Kx[s], ws)
-        else:
-            for i in range(n):
-                out[i] = h * out[i]
+    for s in range(_NS + 1, 16):
+        _combine(_A, _A_COLS, s, Kx, tmp)
+        for i in range(n):
+            tmp[i] = y[i] + tmp[i] * h
+        rhs(P, d, m, tmp, Kx[s], ws)
+    for r in range(4):
+        _combine(_D, _D_COLS, r, Kx, F[3 + r])
+        for i in range(n):
+            F[3 + r, i] = h * F[3 + r, i]
     for i in range(n):
         dy = ynew[i] - y[i]
         F[0, i] = dy
