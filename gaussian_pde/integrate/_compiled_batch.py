@@ -783,8 +783,6 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     Compiled without reference counting, as the driver and the helpers are (see
     :func:`_core`).
     """
-    rank_gap, initial_step = _at(fns, RANK_GAP), _at(fns, INITIAL_STEP)
-    accepted = _at(fns, ACCEPTED)
     n = d * m
     ws = fbuf[:opt.ws_size]
     o = opt.ws_size
@@ -824,10 +822,10 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        ev[1] = rank_gap(y, d, m, first, opt.rank_tol)
+        ev[1] = _at(fns, RANK_GAP)(y, d, m, first, opt.rank_tol)
     imp = method == 2
-    h_abs = initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
-                         -0.25 if imp else -0.125, tmp, tmp2, ws)
+    h_abs = _at(fns, INITIAL_STEP)(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
+                                   -0.25 if imp else -0.125, tmp, tmp2, ws)
     nfev += 1
     t, base, tau = t0, 0.0, t0
     # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
@@ -855,7 +853,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
             fres[F_T] = t
             break
         if acc:
-            code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = accepted(
+            code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _at(fns, ACCEPTED)(
                 rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
                 xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
                 limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
@@ -864,8 +862,8 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
                 break
             if code == RESTART:          # the event loop's next segment, from the crossing
                 code = -1
-                h_abs = initial_step(rhs, P, d, m, y, f, 0.0, t1 - base, atol, rtol,
-                                     max_step, -0.125, tmp, tmp2, ws)
+                h_abs = _at(fns, INITIAL_STEP)(rhs, P, d, m, y, f, 0.0, t1 - base, atol,
+                                               rtol, max_step, -0.125, tmp, tmp2, ws)
                 nfev += 1
                 rejected, iasti, nonsti = False, 0, 0
                 rej[:] = 0
@@ -905,10 +903,6 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     (see :func:`_drive`), a step with an event's sign change, a state out of range
     or no room left to record it is not taken: ``HAND`` from its start.
     """
-    rank_gap, dense_at = _at(fns, RANK_GAP), _at(fns, DENSE_AT)
-    blowup_look, refactor = _at(fns, BLOWUP_LOOK), _at(fns, REFACTOR)
-    located, crossing = _at(fns, LOCATED), _at(fns, CROSSING)
-    restart_at_crossing = _at(fns, RESTART_AT_CROSSING)
     t1 = opt.t1
     tau_new = tau + h
     t_new = base + tau_new
@@ -932,7 +926,7 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
             g0 = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
             cross = ev[0] >= 0 and g0 <= 0
         if not cross and opt.rank_tol >= 0 and first < d:
-            g1 = rank_gap(ynew, d, m, first, opt.rank_tol)
+            g1 = _at(fns, RANK_GAP)(ynew, d, m, first, opt.rank_tol)
             cross = ev[1] >= 0 and g1 <= 0
         if cross or full:
             fres[F_T], fres[F_STEP] = t, h
@@ -945,14 +939,14 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     have[0] = 0
     kind, stop_t, xc = 0, np.inf, 1.0
     if not hand:
-        kind, stop_t, extra = located(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F,
-                                      U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
+        kind, stop_t, extra = _at(fns, LOCATED)(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx,
+                                                F, U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
         nfev += extra
     elif _log_trace(ynew, d, m) - math.log(limit * tr0) >= 0:
         # the blow-up threshold's crossing, located on the dense output as the event
         # loop locates it (to rounding), where the run restarts as the event loop does
-        xc, extra = crossing(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa,
-                             imp, math.log(limit * tr0))
+        xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
+                                       tmp, ws, xa, imp, math.log(limit * tr0))
         nfev += extra
         kind, stop_t = 3, t + xc * h
     if t_eval.size:
@@ -963,8 +957,8 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
                 _copy(xa, ynew)
             else:
                 x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-                nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws,
-                                 xa, have)
+                nfev += _at(fns, DENSE_AT)(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d,
+                                           m, tmp, ws, xa, have)
             if hand:
                 rec_t[j] = t_eval[j]
                 _copy(rec_y[j], xa)
@@ -973,19 +967,19 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
             j += 1
         p_out[0] = j
     if kind == 3:
-        return restart_at_crossing(rhs, fns, P, d, m, t, h, xc, y, ynew, f, imp, K, Kx, F, U,
-                                   have, xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on,
-                                   limit, susp, s0, s1, nfev, nsteps, fresh, fres,
-                                   t_eval.size == 0, rec_t, rec_y, nrec)
+        return _at(fns, RESTART_AT_CROSSING)(
+            rhs, fns, P, d, m, t, h, xc, y, ynew, f, imp, K, Kx, F, U, have, xa, xb, tmp, tmp2,
+            ws, ev, first, opt, steady_on, limit, susp, s0, s1, nfev, nsteps, fresh, fres,
+            t_eval.size == 0, rec_t, rec_y, nrec)
     if kind > 0:
-        nfev += dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m,
-                         tmp, ws, xa, have)
+        nfev += _at(fns, DENSE_AT)(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, fns,
+                                   P, d, m, tmp, ws, xa, have)
         _copy(y, xa)
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
     if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
-        tstar, finite = blowup_look(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
+        tstar, finite = _at(fns, BLOWUP_LOOK)(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
@@ -1003,7 +997,7 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
-        refactor(fns, y, f, d, m, opt.atol, opt.rtol)
+        _at(fns, REFACTOR)(fns, y, f, d, m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
