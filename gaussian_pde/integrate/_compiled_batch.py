@@ -1275,7 +1275,9 @@ def _core():
     the small helpers are linked into their callers, those in :data:`_INLINED`
     inlined. The driver releases the GIL. The pieces and the helpers that are not
     inlined are called from compiled code only: they are compiled without the wrappers
-    that would let Python or C call them (a tenth of the compilation).
+    that would let Python or C call them (a tenth of the compilation), but for those
+    that allocate: Numba compiles the overloads they call (``np.linalg``, ``np.empty``)
+    once for each set of flags, and with the wrappers theirs are the other modules'.
 
     :func:`_run` spreads a batch's trajectories over threads that each call it on a
     slice of the rows (each trajectory the same code, the same bits, whichever thread
@@ -1315,7 +1317,8 @@ def _core():
             if not hasattr(g[name], "py_func"):
                 args = tuple(types[a] for a in inspect.signature(g[name]).parameters)
                 g[name] = numba.njit([args], cache=True, error_model="numpy",
-                                     _nrt=name in _ALLOCATING, **no_wrappers)(g[name])
+                                     _nrt=name in _ALLOCATING,
+                                     **({} if name in _ALLOCATING else no_wrappers))(g[name])
             fns[place], _PIECE_SIGNATURES[place] = _piece_address(g[name])
         vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
         sig = T.void(types["rhs"], types["jac"], ivec, mat, T.int64, T.int64, mat, vec,
