@@ -22,7 +22,10 @@ each on a slice of the rows); each trajectory takes the steps of
 
 The field is the attention type's :class:`~gaussian_pde.attention._compiled_fields.CompiledField`:
 ``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
-integrator is compiled once (cached on disk) for every type. The state is
+integrator is compiled once (cached on disk) for every type. Its large pieces (the
+steppers, the dense output, the events, an accepted step, a trajectory) are compiled
+once each too and called through their addresses (:func:`_at`): a callee called by
+name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
 
 The trajectory's outcome comes back as codes and numbers; :func:`run` words the
@@ -540,23 +543,24 @@ def _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step, err_exp, tmp
     return _nmin(_nmin(_nmin(100 * h0, h1), t1 - t0), max_step)
 
 
-def _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, out, have):
+def _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, out, have):
     """The state at fraction ``x`` of the step; returns the evaluations it cost."""
     if imp:
         _ros_eval(y, ynew, U, x, out)
         return 0
     extra = 0
     if have[0] == 0:        # three more evaluations, only when output or an event needs it
-        _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws)
+        _at(fns, DOP_DENSE)(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws)
         have[0] = 1
         extra = 3
     _dop_eval(F, y, x, out)
     return extra
 
 
-def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, xb, tmp, ws,
+def _located(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, xb, tmp, ws,
              ev, first, opt, steady_on):
     """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
+    rank_gap, dense_at = _at(fns, RANK_GAP), _at(fns, DENSE_AT)
     stop_t = np.inf
     kind = 0
     extra = 0
@@ -566,8 +570,8 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
-                                   ws, xa, have)
+                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp,
+                                  ws, xa, have)
                 rhs(P, d, m, xa, xb, ws)
                 extra += 1
                 if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
@@ -578,15 +582,15 @@ def _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, x
             kind = 1
         ev[0] = g_new
     if opt.rank_tol >= 0:
-        g_new = _rank_gap(ynew, d, m, first, opt.rank_tol)
+        g_new = rank_gap(ynew, d, m, first, opt.rank_tol)
         if ev[1] > 0 and g_new <= 0 and first < d:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp,
-                                   ws, xa, have)
+                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp,
+                                  ws, xa, have)
                 extra += 1
-                if _rank_gap(xa, d, m, first, opt.rank_tol) > 0:
+                if rank_gap(xa, d, m, first, opt.rank_tol) > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -632,7 +636,7 @@ def _blowup_look(rhs, P, d, m, t, ynew, fnew, tmp, tmp2, ws):
     return tstar, finite
 
 
-def _refactor(y, f, d, m, atol, rtol):
+def _refactor(fns, y, f, d, m, atol, rtol):
     """Re-factor ``L -> LW`` (rate too) where the columns cancel; True where it did."""
     Z = y.reshape((d, m))
     for i in range(d):
@@ -646,7 +650,7 @@ def _refactor(y, f, d, m, atol, rtol):
         top = max(top, math.sqrt(_col_sq(Z, j, d)))
     if atol > 0 and not _EPS * top / atol > REFACTOR_ABOVE:
         return False
-    return _refactor_svd(Z, f.reshape((d, m)), d, atol, rtol)
+    return _at(fns, REFACTOR_SVD)(Z, f.reshape((d, m)), d, atol, rtol)
 
 
 def _refactor_svd(Z, dZ, d, atol, rtol):
@@ -708,7 +712,7 @@ def _col_sq(L, j, rows):
     return acc
 
 
-def _attempt(rhs, jac, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
+def _attempt(rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
              ws, atol, rtol):
     r"""One attempted step of size ``h`` from ``y`` (``f = f(y)``) with the current method.
 
@@ -718,15 +722,17 @@ def _attempt(rhs, jac, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, 
     (0 for RODAS4), the evaluations spent, the step-size rule's exponent and largest
     factor, and whether ``J`` is the Jacobian at ``y``.
     """
+    jacobian, dop_attempt = _at(fns, JACOBIAN), _at(fns, DOP_ATTEMPT)
+    ros_attempt = _at(fns, ROS_ATTEMPT)
     if imp:
         nfev = 0
         if not fresh:
-            nfev += _jacobian(rhs, jac, P, d, m, y, J, ws, tmp, xa, xb)
+            nfev += jacobian(rhs, jac, P, d, m, y, J, ws, tmp, xa, xb)
             fresh = True
-        err = _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, xa, ws, atol, rtol)
+        err = ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, xa, ws, atol, rtol)
         return err, 0.0, nfev + 5, -0.25, 6.0, fresh
     _copy(K[0], f)
-    err, hlamb = _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
+    err, hlamb = dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
     return err, hlamb, _NS, -0.125, 10.0, fresh
 
 
@@ -768,14 +774,14 @@ def _stiffness_counts(acc, hlamb, iasti, nonsti):
     return iasti, nonsti
 
 
-def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, mean_out,
+def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, mean_out,
            rec_t, rec_y, nrec, fbuf, ibuf):
     """:func:`_drive`'s work for one trajectory, in the scratch ``fbuf`` and ``ibuf``.
 
     The scratch (sizes from :func:`_scratch_sizes`) is cut into the views below;
     ``ibuf`` arrives zeroed but for the first output index ``ibuf[0]``.
-    Inlined into the driver, which is compiled without reference counting, as the
-    helpers are (see :func:`_core`).
+    Compiled without reference counting, as the driver and the helpers are (see
+    :func:`_core`).
     """
     n = d * m
     ws = fbuf[:opt.ws_size]
@@ -816,10 +822,10 @@ def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, m
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        ev[1] = _rank_gap(y, d, m, first, opt.rank_tol)
+        ev[1] = _at(fns, RANK_GAP)(y, d, m, first, opt.rank_tol)
     imp = method == 2
-    h_abs = _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
-                          -0.25 if imp else -0.125, tmp, tmp2, ws)
+    h_abs = _at(fns, INITIAL_STEP)(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
+                                   -0.25 if imp else -0.125, tmp, tmp2, ws)
     nfev += 1
     t, base, tau = t0, 0.0, t0
     # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
@@ -836,7 +842,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, m
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
         err, hlamb, spent, err_exp, max_factor, fresh = _attempt(
-            rhs, jac, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
+            rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
             ws, atol, rtol)
         nfev += spent
         acc = err < 1
@@ -847,8 +853,8 @@ def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, m
             fres[F_T] = t
             break
         if acc:
-            code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _accepted(
-                rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
+            code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _at(fns, ACCEPTED)(
+                rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
                 xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
                 limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
                 hand, rec_t, rec_y, nrec)
@@ -856,8 +862,8 @@ def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, m
                 break
             if code == RESTART:          # the event loop's next segment, from the crossing
                 code = -1
-                h_abs = _initial_step(rhs, P, d, m, y, f, 0.0, t1 - base, atol, rtol,
-                                      max_step, -0.125, tmp, tmp2, ws)
+                h_abs = _at(fns, INITIAL_STEP)(rhs, P, d, m, y, f, 0.0, t1 - base, atol,
+                                               rtol, max_step, -0.125, tmp, tmp2, ws)
                 nfev += 1
                 rejected, iasti, nonsti = False, 0, 0
                 rej[:] = 0
@@ -887,7 +893,7 @@ def _steps(rhs, jac, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, m
     ires[I_CODE], ires[I_NFEV], ires[I_NSTEPS], ires[I_IMPLICIT] = code, nfev, nsteps, imp
 
 
-def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
+def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
               xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
               limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
               hand, rec_t, rec_y, nrec):
@@ -920,7 +926,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
             g0 = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
             cross = ev[0] >= 0 and g0 <= 0
         if not cross and opt.rank_tol >= 0 and first < d:
-            g1 = _rank_gap(ynew, d, m, first, opt.rank_tol)
+            g1 = _at(fns, RANK_GAP)(ynew, d, m, first, opt.rank_tol)
             cross = ev[1] >= 0 and g1 <= 0
         if cross or full:
             fres[F_T], fres[F_STEP] = t, h
@@ -933,14 +939,14 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     have[0] = 0
     kind, stop_t, xc = 0, np.inf, 1.0
     if not hand:
-        kind, stop_t, extra = _located(rhs, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F,
-                                       U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
+        kind, stop_t, extra = _at(fns, LOCATED)(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx,
+                                                F, U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
         nfev += extra
     elif _log_trace(ynew, d, m) - math.log(limit * tr0) >= 0:
         # the blow-up threshold's crossing, located on the dense output as the event
         # loop locates it (to rounding), where the run restarts as the event loop does
-        xc, extra = _crossing(rhs, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa,
-                              imp, math.log(limit * tr0))
+        xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
+                                       tmp, ws, xa, imp, math.log(limit * tr0))
         nfev += extra
         kind, stop_t = 3, t + xc * h
     if t_eval.size:
@@ -951,8 +957,8 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
                 _copy(xa, ynew)
             else:
                 x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-                nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws,
-                                  xa, have)
+                nfev += _at(fns, DENSE_AT)(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d,
+                                           m, tmp, ws, xa, have)
             if hand:
                 rec_t[j] = t_eval[j]
                 _copy(rec_y[j], xa)
@@ -961,19 +967,19 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
             j += 1
         p_out[0] = j
     if kind == 3:
-        return _restart_at_crossing(rhs, P, d, m, t, h, xc, y, ynew, f, imp, K, Kx, F, U,
-                                    have, xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on,
-                                    limit, susp, s0, s1, nfev, nsteps, fresh, fres,
-                                    t_eval.size == 0, rec_t, rec_y, nrec)
+        return _at(fns, RESTART_AT_CROSSING)(
+            rhs, fns, P, d, m, t, h, xc, y, ynew, f, imp, K, Kx, F, U, have, xa, xb, tmp, tmp2,
+            ws, ev, first, opt, steady_on, limit, susp, s0, s1, nfev, nsteps, fresh, fres,
+            t_eval.size == 0, rec_t, rec_y, nrec)
     if kind > 0:
-        nfev += _dense_at(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m,
-                          tmp, ws, xa, have)
+        nfev += _at(fns, DENSE_AT)(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, fns,
+                                   P, d, m, tmp, ws, xa, have)
         _copy(y, xa)
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
     if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
-        tstar, finite = _blowup_look(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
+        tstar, finite = _at(fns, BLOWUP_LOOK)(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
@@ -991,7 +997,7 @@ def _accepted(rhs, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U,
     if hand and t_eval.size == 0 and rec_t.size > 0:
         _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
-        _refactor(y, f, d, m, opt.atol, opt.rtol)
+        _at(fns, REFACTOR)(fns, y, f, d, m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
@@ -1059,20 +1065,21 @@ def _log_trace(y, d, m):
     return math.log(max(_l_trace(y.reshape((d, m)), d), 1e-300))
 
 
-def _crossing(rhs, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, imp, level):
+def _crossing(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, imp, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
     Bisection on the dense output to rounding (the event loop's root to 4 eps); the
     state there has passed the level.
     """
+    dense_at = _at(fns, DENSE_AT)
     lo, hi = 0.0, 1.0
     extra = 0
     for _ in range(_BISECT_FINE):
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        extra += _dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa,
-                           have)
+        extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, xa,
+                          have)
         if _log_trace(xa, d, m) - level >= 0:
             hi = mid
         else:
@@ -1080,7 +1087,7 @@ def _crossing(rhs, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, imp, 
     return hi, extra
 
 
-def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, have, xa, xb,
+def _restart_at_crossing(rhs, fns, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, have, xa, xb,
                          tmp, tmp2, ws, ev, first, opt, steady_on, limit, susp, s0, s1, nfev,
                          nsteps, fresh, fres, steps, rec_t, rec_y, nrec):
     """Handing back: the blow-up look where the trace passed its threshold, as the event loop.
@@ -1093,8 +1100,10 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     or ``GROWTH``, or go on from the crossing with the next limit, the clock restarted
     there and a fresh first step (code ``RESTART``), as the event loop's next segment.
     """
+    rank_gap, dense_at = _at(fns, RANK_GAP), _at(fns, DENSE_AT)
+    blowup_look = _at(fns, BLOWUP_LOOK)
     t_c = t + x * h
-    nfev += _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, P, d, m, tmp, ws, xa, have)
+    nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, xa, have)
     rhs(P, d, m, xa, xb, ws)
     nfev += 1
     _copy(y, xa)
@@ -1105,7 +1114,7 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     if fres.size > F_CROSS + n_cross:
         fres[F_CROSS + n_cross] = t_c
         fres[F_NCROSS] = n_cross + 1
-    tstar, finite = _blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
+    tstar, finite = blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
     nfev += 1
     out = (t_c, 0.0, t_c)
     code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_c, limit, susp, s0, s1,
@@ -1115,11 +1124,11 @@ def _restart_at_crossing(rhs, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, ha
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        ev[1] = _rank_gap(y, d, m, first, opt.rank_tol)
+        ev[1] = rank_gap(y, d, m, first, opt.rank_tol)
     return (RESTART,) + out + (limit_, susp_, s0_, s1_, nfev, nsteps, False)
 
 
-def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
+def _drive(rhs, jac, fns, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
            cov_out, mean_out, rec_t, rec_y, nrec, lo, hi, fbuf, ibuf):
     r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
 
@@ -1127,7 +1136,7 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
 
     ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, used by
     each trajectory in turn (allocated by the caller: the driver allocates nothing, so
-    it is compiled without reference counting, with :func:`_steps` inlined).
+    it is compiled without reference counting; :func:`_steps` runs each trajectory).
 
     ``opt``: the solver options, a :class:`CoreOptions`. Writes ``ires`` (code, nfev,
     nsteps, implicit; indices ``I_*``) and ``fres`` (t_final, t_blowup, and the numbers
@@ -1146,14 +1155,14 @@ def _drive(rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
     at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
     at ``t_eval``; ``nrec[0]`` counts them.
     """
+    steps = _at(fns, STEPS)
     for b in range(lo, hi):
         row = b if params.shape[0] > 1 else 0
         for i in range(ibuf.size):
             ibuf[i] = 0
         ibuf[0] = p0
-        _steps(rhs, jac, params[row], d, m, Y[b], t_eval, tr0[b], first[b], opt, ires[b],
-               fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b], nrec[b:b + 1], fbuf,
-               ibuf)
+        steps(rhs, jac, fns, params[row], d, m, Y[b], t_eval, tr0[b], first[b], opt, ires[b],
+              fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b], nrec[b:b + 1], fbuf, ibuf)
 
 
 def _scratch_sizes(n, opt):
@@ -1164,21 +1173,111 @@ def _scratch_sizes(n, opt):
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_steps")
+            "_stiffness_counts")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
-_HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap", "_rank_gap",
-            "_lu", "_lu_solve", "_jacobian", "_combine", "_dop_errors", "_dop_attempt",
-            "_dop_dense", "_dop_eval", "_ros_attempt", "_ros_eval", "_nmin", "_initial_step",
-            "_dense_at", "_located", "_store", "_blowup_look", "_refactor", "_refactor_svd",
-            "_col_sq", "_look_verdict", "_record", "_rejections", "_log_trace", "_crossing",
-            "_restart_at_crossing", "_accepted", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_steps")
+#: the engine's large pieces, each compiled once and called through its address (see
+#: :func:`_at`), callees before their callers
+_PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_step",
+           "_dop_dense", "_dense_at", "_blowup_look", "_refactor_svd", "_refactor",
+           "_located", "_crossing", "_restart_at_crossing", "_accepted", "_steps")
+#: their places in the table of addresses ``fns``
+(RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
+ REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, RESTART_AT_CROSSING, ACCEPTED,
+ STEPS) = range(len(_PIECES))
+#: the helpers the pieces and the driver call as compiled globals (linked into each caller)
+_HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap",
+            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
+            "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
+            "_record", "_rejections", "_log_trace", "_attempt", "_next_step_size",
+            "_stiffness_counts")
+
+
+def _at(fns, which):
+    """The piece ``_PIECES[which]`` of the engine, called through its address ``fns[which]``.
+
+    Compiled (:func:`_core`), an intrinsic: the first-class function of the piece's
+    signature at that address, called with Numba's calling convention (its exceptions
+    reach the caller). A piece is compiled once, in its own library; a callee called
+    by name would be linked into each caller's library and optimised again there.
+    The address comes from the caller (an argument, not a constant), so every caller
+    stays in Numba's disk cache. In plain Python: the function itself.
+    """
+    return globals()[_PIECES[which]]
+
+
+#: the signature of each piece (its place in ``fns``), known once it is compiled
+_PIECE_SIGNATURES = {}
+
+
+def _piece_intrinsic():
+    """:func:`_at` compiled: an intrinsic of the table and a constant place in it."""
+    from numba import types as T
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def at(typingctx, fns, which):
+        if not isinstance(which, T.IntegerLiteral):
+            return None
+        place = which.literal_value
+        fnty = T.FunctionType(_PIECE_SIGNATURES[place])
+
+        def codegen(context, builder, sig, args):
+            table = context.make_array(fns)(context, builder, args[0])
+            addr = builder.load(builder.gep(table.data, [context.get_constant(T.intp, place)]))
+            fn = cgutils.create_struct_proxy(fnty)(context, builder)
+            fn.jit_addr = builder.inttoptr(addr, context.get_value_type(T.voidptr))
+            return fn._getvalue()
+
+        return fnty(fns, which), codegen
+
+    return at
+
+
+def _argument_types(rhs_sig, jac_sig):
+    """The Numba type of each argument of the pieces, by its name."""
+    from numba import types as T
+
+    scalar = {float: T.float64, int: T.int64, bool: T.boolean}
+    kinds = {
+        T.FunctionType(rhs_sig): "rhs",
+        T.FunctionType(jac_sig): "jac",
+        T.NamedTuple([scalar[kind] for kind in typing.get_type_hints(CoreOptions).values()],
+                     CoreOptions): "opt",
+        T.float64: ("h t tau base x tr0 limit s0 s1 atol rtol t0 t1 max_step err_exp level "
+                    "rank_tol"),
+        T.int64: "d m first nfev nsteps",
+        T.boolean: "imp steady_on susp fresh hand steps",
+        T.float64[::1]: ("P y ynew f fnew ws tmp tmp2 xa xb ev fres t_eval rec_t up fu fd rr "
+                         "out fbuf"),
+        T.float64[:, ::1]: "K Kx F U J W S mean_out rec_y Z dZ",
+        T.float64[:, :, ::1]: "cov_out",
+        T.int64[::1]: "have piv p_out nrec fns ires ibuf",
+    }
+    return {name: ty for ty, names in kinds.items() for name in names.split()}
+
+
+def _piece_address(disp):
+    """The address of a compiled piece (Numba's calling convention), and its signature."""
+    (sig,) = disp.nopython_signatures
+    cres = disp.get_compile_result(sig)
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), sig
 
 
 @functools.cache
 def _core():
-    """The compiled driver :func:`_drive` (Numba, cached on disk; it releases the GIL).
+    """The compiled driver :func:`_drive` and its table of pieces (Numba, cached on disk).
+
+    Returns ``(drive, fns)``: ``fns`` holds the addresses of the :data:`_PIECES`, each
+    compiled once with the argument types of :func:`_argument_types` and called
+    through its address (:func:`_at`), so that no caller compiles its code again;
+    the small helpers are linked into their callers, those in :data:`_INLINED`
+    inlined. The driver releases the GIL. The pieces and the helpers that are not
+    inlined are called from compiled code only: they are compiled without the wrappers
+    that would let Python or C call them (a tenth of the compilation), but for those
+    that allocate: Numba compiles the overloads they call (``np.linalg``, ``np.empty``)
+    once for each set of flags, and with the wrappers theirs are the other modules'.
 
     :func:`_run` spreads a batch's trajectories over threads that each call it on a
     slice of the rows (each trajectory the same code, the same bits, whichever thread
@@ -1191,29 +1290,43 @@ def _core():
     the counting would cost an atomic increment and decrement per array, view and call:
     measured, about 40 % of a step at d = 3. A helper without it that allocated would fail to compile, not leak.
     """
+    import inspect
+
     import numba
     from numba import types as T
 
     from ..attention import compiled_signatures as signatures
 
+    # called from compiled code only: no wrapper for calls from Python or C
+    no_wrappers = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
     g = globals()
     for name in _HELPERS:
         if not hasattr(g[name], "py_func"):
             inline = "always" if name in _INLINED else "never"
             g[name] = numba.njit(cache=True, error_model="numpy", inline=inline,
-                                 _nrt=name in _ALLOCATING)(g[name])
-    rhs_sig, jac_sig = signatures()
-    vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
-    scalar = {float: T.float64, int: T.int64, bool: T.boolean}
-    opt = T.NamedTuple([scalar[kind] for kind in typing.get_type_hints(CoreOptions).values()],
-                       CoreOptions)
-    sig = T.void(T.FunctionType(rhs_sig), T.FunctionType(jac_sig), mat, T.int64, T.int64,
-                 mat, vec, T.int64, vec, ivec, opt, T.int64[:, ::1], mat,
-                 T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
-                 ivec, T.int64, T.int64, vec, ivec)
+                                 _nrt=name in _ALLOCATING,
+                                 **({} if name in _INLINED else no_wrappers))(g[name])
+    if numba.config.DISABLE_JIT:     # plain Python throughout: _at gives the functions
+        return _drive, np.zeros(len(_PIECES), dtype=np.int64)
+    types = _argument_types(*signatures())
+    g["_at"] = _piece_intrinsic()
+    fns = np.zeros(len(_PIECES), dtype=np.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
-        return numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False)(_drive)
+        for place, name in enumerate(_PIECES):
+            if not hasattr(g[name], "py_func"):
+                args = tuple(types[a] for a in inspect.signature(g[name]).parameters)
+                g[name] = numba.njit([args], cache=True, error_model="numpy",
+                                     _nrt=name in _ALLOCATING,
+                                     **({} if name in _ALLOCATING else no_wrappers))(g[name])
+            fns[place], _PIECE_SIGNATURES[place] = _piece_address(g[name])
+        vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
+        sig = T.void(types["rhs"], types["jac"], ivec, mat, T.int64, T.int64, mat, vec,
+                     T.int64, vec, ivec, types["opt"], T.int64[:, ::1], mat,
+                     T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
+                     ivec, T.int64, T.int64, vec, ivec)
+        drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False)(_drive)
+    return drive, fns
 
 
 def compile_kernels():
@@ -1555,9 +1668,9 @@ def _run(nb, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, *out):
     :func:`_threads` threads, each taking the next slice of rows until none is left;
     each thread with scratch of its own.
     """
-    drive = _core()
+    drive, fns = _core()
     rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
-    args = (params, d, m, Y, t_eval, p0, tr0, first, opt, *out)
+    args = (fns, params, d, m, Y, t_eval, p0, tr0, first, opt, *out)
     fsize, isize = _scratch_sizes(d * m, opt)
     workers = 1 if nb < SERIAL_BELOW else min(_threads(), nb)
     if workers == 1:

@@ -557,6 +557,27 @@ print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
 """
 
 
+_PIECES_CACHED = """
+from gaussian_pde.integrate import _compiled_batch as cb
+drive, fns = cb._core()
+disps = [drive] + [getattr(cb, name) for name in cb._PIECES]
+print(sum(sum(d.stats.cache_misses.values()) for d in disps),
+      sum(sum(d.stats.cache_hits.values()) for d in disps),
+      max(len(d.signatures) for d in disps), int((fns > 0).all()))
+"""
+
+
+def test_the_integrators_pieces_are_compiled_once_and_loaded_from_the_disk_cache():
+    """Each large piece of the compiled integrator is compiled once, for one signature,
+    into an entry of its own in Numba's disk cache, and the driver's table holds its
+    address: a second process loads every piece and compiles none."""
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    _python(_PIECES_CACHED)
+    misses, hits, signatures, addressed = _python(_PIECES_CACHED).split()
+    assert (misses, hits, signatures, addressed) == ("0", str(len(cb._PIECES) + 1), "1", "1")
+
+
 def test_kernels_of_a_shape_are_loaded_from_the_disk_cache():
     """A shape's kernel is compiled once on a machine: a second process loads it from
     Numba's cache (its closure holds only integers, whose pickles are the cache key)."""
@@ -677,7 +698,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options, rejects):
     assert (opt.method, opt.ws_size, opt.hand) == (2, 17, rejects is not None)
     assert (opt.reject_count, opt.reject_window, opt.reject_level, opt.reject_probe) == (
         (0, 0, 0.0, 0) if rejects is None else rejects)
-    drive = cb._core()
+    drive, _ = cb._core()
     (sig,) = drive.signatures
     at = list(inspect.signature(cb._drive).parameters).index("opt")
     assert numba.typeof(opt) == sig[at]
