@@ -1,11 +1,11 @@
 r"""The compiled batch integrator: every trajectory's steps, events and output in Numba.
 
-The loop over trajectories runs in compiled code, in parallel over trajectories (threads,
-each on a slice of the rows); each trajectory takes the steps of
-:func:`gaussian_pde.solve_batch`'s vectorised loop (:mod:`gaussian_pde.integrate._batch`) for one row:
+The one integrator of :func:`gaussian_pde.solve_batch` and of :func:`gaussian_pde.solve`'s
+default (:func:`integrate_one`): the loop over trajectories runs in compiled code, in
+parallel over trajectories (threads, each on a slice of the rows); each trajectory takes
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
-  :mod:`gaussian_pde.integrate._steppers`), Hairer's stiffness test
+  :mod:`gaussian_pde.integrate._tableaux`), Hairer's stiffness test
   (:math:`h|\lambda| > 6.1` on 15 accepted steps) and, with ``method="auto"``, the
   hand-over for good to RODAS4 (the same coefficients, the Jacobian from the field's
   closed form where it holds, column-scaled central differences otherwise; the
@@ -28,8 +28,8 @@ once each too and called through their addresses (:func:`_at`): a callee called 
 name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
 
-The trajectory's outcome comes back as codes and numbers; :func:`run` words the
-statuses and messages exactly as the NumPy loop does (through
+The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
+statuses and messages as :func:`gaussian_pde.solve`'s event loop does (through
 :func:`~gaussian_pde.integrate._events.blowup_verdict` for the blow-up).
 """
 
@@ -71,16 +71,17 @@ F_T, F_T_BLOWUP = 0, 1
 #: the time an event, the budget or an overflow stopped the run at (the message's), and
 #: for an overflow the end of the step that left the range
 F_T_STOP, F_T_NEXT = 2, 3
-#: handing back: the step to take from the state returned (NaN: none)
-F_STEP = 3
 #: the last blow-up look: the estimate t*, its time, the limit passed, the suspicion
 #: ``(s0, s1)`` to confirm, and whether t* is finite (1.0 or 0.0); written over by the
-#: slots above that share their places
+#: stop's slots above, which share their places (a run that stops needs no next look)
 F_TSTAR, F_T_LOOK, F_LIMIT, F_S0, F_S1, F_FINITE = range(2, 8)
-F_SIZE = 8
+#: handing back: the step to take from the state returned (NaN: none); a slot of its
+#: own, as the last look's slots are read after a hand-back
+F_STEP = 8
+F_SIZE = 9
 #: handing back (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up crossings,
 #: and their times from ``F_CROSS`` on
-F_NCROSS, F_CROSS = 8, 9
+F_NCROSS, F_CROSS = 9, 10
 
 _NS = _dop.N_STAGES
 _A = np.ascontiguousarray(_dop.A)
@@ -180,7 +181,7 @@ _RC_ = np.ascontiguousarray(_RC)
 _RH_ = np.ascontiguousarray(_RH)
 _EPS = float(np.finfo(float).eps)
 _EPS3 = _EPS ** (1.0 / 3.0)
-#: the events' constants (gaussian_pde.integrate._events, _refactor, _batch)
+#: the events' constants (gaussian_pde.integrate._events, _refactor)
 from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH  # noqa: E402
 from ._refactor import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
 
@@ -209,14 +210,6 @@ def _copy(dst, src):
     """``dst[:] = src`` (1-D) as a loop: no temporary, so no allocation."""
     for i in range(src.size):
         dst[i] = src[i]
-
-
-def _rms(x, sc):
-    acc = 0.0
-    for i in range(x.size):
-        v = x[i] / sc[i]
-        acc += v * v
-    return math.sqrt(acc / x.size)
 
 
 def _l_trace(Z, d):
@@ -742,7 +735,7 @@ def _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor):
     Accepted: :math:`|h|\min(f_{\max}, 0.9\,\mathrm{err}^{e})` (no growth right after a
     rejection), rejected: :math:`|h|\max(0.2, 0.9\,\mathrm{err}^{e})`, with the exponent
     :math:`e` = ``err_exp`` and :math:`f_{\max}` = ``max_factor`` (``SAFETY`` and
-    ``MIN_FACTOR`` of :mod:`gaussian_pde.integrate._steppers`).
+    ``MIN_FACTOR`` of :mod:`gaussian_pde.integrate._tableaux`).
     """
     if err == 0:
         fac = max_factor
@@ -1186,7 +1179,7 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, RESTART_AT_CROSSING, ACCEPTED,
  STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
-_HELPERS = ("_copy", "_finite", "_rms", "_l_trace", "_l_dot", "_guard", "_steady_gap",
+_HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_rejections", "_log_trace", "_attempt", "_next_step_size",
@@ -1440,7 +1433,7 @@ def compiled_fields(attentions, n=1):
 
 
 def _messages(code, fres, t0, max_nfev):
-    """Status and message of one trajectory from its outcome (the NumPy loop's words)."""
+    """Status and message of one trajectory from its outcome (the event loop's words)."""
     from ._events import blowup_verdict
     from ._results import Status, overflow_message
 

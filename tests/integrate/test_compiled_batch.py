@@ -702,3 +702,13 @@ def test_core_options_reach_the_driver_by_name_and_type(options, rejects):
     (sig,) = drive.signatures
     at = list(inspect.signature(cb._drive).parameters).index("opt")
     assert numba.typeof(opt) == sig[at]
+
+
+def test_the_hand_back_step_has_a_slot_of_its_own():
+    """After a blow-up look that left a suspicion, a later hand-back reads the look's slots
+    (its time and estimate) and the step to take: they must not share a place."""
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    look = {cb.F_TSTAR, cb.F_T_LOOK, cb.F_LIMIT, cb.F_S0, cb.F_S1, cb.F_FINITE}
+    assert cb.F_STEP not in look | {cb.F_T}
+    assert cb.F_STEP < cb.F_SIZE <= cb.F_NCROSS < cb.F_CROSS
