@@ -47,8 +47,7 @@ from .._common.validation import (
     validate_vector,
 )
 from ..attention import Attention, has_hook
-from ..integrate import MomentSolution, integrate_system, run_options, solve
-from ..integrate._options import validate_method
+from ..integrate import MomentSolution, integrate_system, run_options, solve, validate_method
 from ._quadrature import gauss_hermite_gaussian
 
 __all__ = [

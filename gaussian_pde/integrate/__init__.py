@@ -34,7 +34,7 @@ from ._events import (
     steady_gap,
 )
 from ._exact import blowup_time, exact_covariance, scalar_solution
-from ._options import METHODS, run_options
+from ._options import METHODS, run_options, validate_method
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
 from ._tableaux import RODAS4
@@ -44,6 +44,6 @@ __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "bl
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
            "blowup_verdict", "event_options",
-           "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap",
+           "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap", "validate_method",
            # the compiled kernels, compiled now (before a fork)
            "compile_kernels"]

@@ -16,7 +16,7 @@ parallel over trajectories (threads, each on a slice of the rows); each trajecto
   restarted there), steady state and rank collapse (bisection on the dense output to
   ``2**-30`` of the step), the evaluation budget, a step below rounding, overflow;
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
-  (:mod:`gaussian_pde.integrate._refactor`);
+  (:mod:`gaussian_pde.integrate._factor_rotation`);
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
   a step that needs it; RODAS4's order-3 continuous extension).
 
@@ -181,9 +181,9 @@ _RC_ = np.ascontiguousarray(_RC)
 _RH_ = np.ascontiguousarray(_RH)
 _EPS = float(np.finfo(float).eps)
 _EPS3 = _EPS ** (1.0 / 3.0)
-#: the events' constants (gaussian_pde.integrate._events, _refactor)
+#: the events' constants (gaussian_pde.integrate._events, _factor_rotation)
 from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH  # noqa: E402
-from ._refactor import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
+from ._factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
 
 _BISECT = 30
 #: handing back: the blow-up crossing is located to rounding
@@ -1577,12 +1577,12 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
 
     ``mean_units``: hold the mean in the units of :func:`gaussian_pde.solve`
-    (:func:`~gaussian_pde.integrate._record.mean_scale`; only where the mean's equation
+    (:func:`~gaussian_pde.integrate._batch_record.mean_scale`; only where the mean's equation
     is linear and homogeneous, ``Attention.mean_is_linear``); otherwise in its own units.
     """
     from .._common.linalg import psd_factor
+    from ._batch_record import BatchRecord, mean_scales
     from ._events import rank_first
-    from ._record import BatchRecord, mean_scales
 
     rhs, jac, params, ws_size = fields
     nb, d = cov0s.shape[0], cov0s.shape[-1]

@@ -47,6 +47,7 @@ from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
 from ..attention import require_mean, validate_attention
 from ._batch import solve_batch
+from ._batch_record import max_abs, mean_scale
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -57,10 +58,9 @@ from ._events import (
     steady_gap,
 )
 from ._exact import linear_mean
+from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
 from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._record import max_abs, mean_scale
-from ._refactor import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._results import MomentSolution, Status
 from ._scipy_loop import (
     REJECT_STIFF,
@@ -90,7 +90,7 @@ class _System:
     (:func:`gaussian_pde.integrate._fused.moment_field`) gives both rates. The mean's
     equation is linear and homogeneous, so the scaled mean obeys the same equation;
     ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
-    tolerances apply to it (see :func:`~gaussian_pde.integrate._record.mean_scale`).
+    tolerances apply to it (see :func:`~gaussian_pde.integrate._batch_record.mean_scale`).
     """
 
     def __init__(self, attention, with_mean, mean_scale=1.0, zero_mean=False):
@@ -186,14 +186,14 @@ class _System:
         return mean, L @ L.T
 
     def cancellation(self, y, atol, rtol, level):
-        """:func:`~gaussian_pde.integrate._refactor.cancellation_exceeds` of the factor."""
+        """:func:`~gaussian_pde.integrate._factor_rotation.cancellation_exceeds` of the factor."""
         Z = y.reshape(self.d, self.m)
         return cancellation_exceeds(Z[:, :self.d], atol, rtol, level, fro2=self.trace(y))
 
     def refactor(self, y):
         r"""The same covariance (and mean) with the factor's columns made orthogonal.
 
-        :math:`L \mapsto LW` (:func:`gaussian_pde.integrate._refactor.rotation`), an
+        :math:`L \mapsto LW` (:func:`gaussian_pde.integrate._factor_rotation.rotation`), an
         exact symmetry of the factor-form flow; the mean's column is left as it is.
         """
         Z = np.array(y, dtype=float).reshape(self.d, self.m)
@@ -403,7 +403,7 @@ class _EventLoop:
         self.solver_cls, self.stiff, self.jac = solver_cls, stiff, jac
         self.user_events = user_events
         self.fortran = use_fortran(method, opts.t_eval, opts.t0)
-        # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._refactor):
+        # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._factor_rotation):
         # looked at every REFACTOR_EVERY-th step end (the cancellation builds up over many
         # steps; an SVD at every step would cost as much as the step), the run then goes
         # on from the rotated factor

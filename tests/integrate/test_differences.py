@@ -17,8 +17,8 @@ from gaussian_pde.integrate._differences import (
     closed_form_holds,
     column_steps,
 )
+from gaussian_pde.integrate._factor_rotation import rotation
 from gaussian_pde.integrate._fused import _closed_form_jacobian, moment_field, moment_jacobian
-from gaussian_pde.integrate._refactor import rotation
 
 
 def two_l2_heads():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from gaussian_pde.integrate import _refactor
-from gaussian_pde.integrate._refactor import cancellation_exceeds, cancellation_excess
+from gaussian_pde.integrate import _factor_rotation as rotation
+from gaussian_pde.integrate._factor_rotation import cancellation_exceeds, cancellation_excess
 
 
 def _graded_factor(rng, d, spread, scale):
@@ -37,7 +37,7 @@ def test_cancellation_exceeds_skips_the_svd_only_where_the_bound_decides(rng, mo
         calls.append(1)
         return svd(*args, **kwargs)
 
-    monkeypatch.setattr(_refactor.np.linalg, "svd", counting)
+    monkeypatch.setattr(rotation.np.linalg, "svd", counting)
     L = rng.standard_normal((5, 5))          # |L|_F ~ 5: eps |L|_F / atol ~ 1e-3
     assert not cancellation_exceeds(L, 1e-12, 1e-10, 0.1)
     assert not calls
