@@ -174,8 +174,17 @@ def _field(data, k, d, m, y, out, ws):
 
 @cf.compiled_later(counted=True)
 def _field_parts(data, k, d, m, Z, A, C, M, N, r):
-    r"""Softmax's parts with :math:`r = K^T(Q\alpha + q)` (:func:`._softmax.softmax_parts`)."""
-    return _softmax.softmax_parts(data, k, d, m, Z, A, C, M, N, r, 1 + (d + 2 * k) * d)
+    r"""Softmax's parts (:func:`._softmax.softmax_parts`) with :math:`r = K^T(Q\alpha + q)`."""
+    if not _softmax.softmax_parts(data, k, d, m, Z, A, C, M, N, r):
+        return False
+    if m > d:                                  # r += K^T q
+        q = data[1 + (d + 2 * k) * d:]
+        for i in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += data[1 + (d + p) * d + i] * q[p]
+            r[i] += acc
+    return True
 
 
 #: the compiled field of a softmax head with a query offset

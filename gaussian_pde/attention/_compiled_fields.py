@@ -30,20 +30,25 @@ module as plain Python, and wraps it in a :class:`HeadKernel`:
 
 The functions a body calls are marked by :func:`compiled_later` (plain Python until a
 field is first compiled, so the tests also run them uncompiled). This module makes the
-kernels of any sequence of such heads from templates (:func:`_kernels_for`), and
-assembles the Jacobian from the parts once for every type:
+kernels from templates (copies of its functions calling the heads' compiled functions,
+:func:`_instance`), and assembles the Jacobian from the parts once for every type
+(:func:`assemble`):
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
 :math:`\partial\alpha'_i/\partial L_{ab} = A_{ia}(L^Tr)_b + (AL)_{ib}r_a`,
-:math:`\partial\alpha'/\partial\alpha = N`, each head added in place in the heads' order.
+:math:`\partial\alpha'/\partial\alpha = N`.
 
-**The packed vector** of a sum of heads holds runs of heads of one kernel, in the
-heads' order: ``[R, (n, (k, size, data...) * n) * R]`` (``R`` runs, ``n`` heads in a
-run). A kernel pair is compiled for the sequence of the runs' kernels (heads of one
-kernel are summed by one loop; a single type is one run), and the field is summed head
-by head in order: :math:`Z' = (\dots(Z'_1 + Z'_2) + \dots) + Z'_H`. A type of another
-package brings its own ``rhs`` and ``jac`` (:func:`compiled_signatures`' signatures);
-in a sum (:func:`add`) it is one head whose data is its own packed vector.
+**The packed vectors.** One head: ``[1, size, k, data...]`` (``size`` entries of
+data), its kernels the body and parts inlined into :func:`_head_rhs` and
+:func:`_head_jac` (one pair per head kernel, :func:`_head_kernels`). A sum of heads
+(:func:`add`): runs of adjacent heads of one kernel, in the heads' order,
+``[R, (n, (size, pack...) * n) * R]`` (``R`` runs of ``n`` heads, each head its own
+pack); its kernels are compiled for the sequence of the runs' kernels
+(:func:`_sum_kernels`) and call each head's field on its pack. The field is summed
+head by head in order, :math:`Z' = (\dots(Z'_1 + Z'_2) + \dots) + Z'_H`, and the
+Jacobian likewise, each head added in place. A type of another package brings its own
+``rhs`` and ``jac`` (:func:`signatures`); in a sum it is one head whose pack is its
+own packed vector.
 
 Numba is imported when a type first asks for its compiled field, not with the package.
 The kernels are cached on disk under names that carry a digest of the sources of every
@@ -66,8 +71,6 @@ import numpy as np
 __all__ = ["CompiledField", "HeadKernel", "compiled_later", "head_field", "add", "kernels",
            "signatures"]
 
-#: a head's header in the packed vector: ``(k, size)``
-_HEADER = 2
 #: ||B||_F^2 below which the L2 gain takes the Cholesky solve (linalg.GAIN_SOLVE_MAX)
 _GAIN_SOLVE_MAX = 1e3
 #: the closed-form Jacobian of a head whose parts hold only while the column norms of
@@ -115,11 +118,11 @@ class CompiledField:
         own kernels (another package's), and a body that allocates (called, not
         inlined, so compiled in for nothing) keep the generic kernels (returned as they are).
         """
-        if len(self.heads) != 1 or self.params[0] != 1.0 or self.params[1] != 1.0:
+        if len(self.heads) != 1 or not isinstance(self.heads[0], HeadKernel):
             return self
         head = self.heads[0]
-        if head.counted or not _numba():
-            return self
+        if self.rhs is not head.kernels()[0] or head.counted:
+            return self                         # a sum of heads, or a body that allocates
         rhs = _shape_rhs(head, self.d, int(self.params[2]))
         return dataclasses.replace(self, rhs=rhs)
 
@@ -176,10 +179,11 @@ def _dispatcher(fn):
 
 @functools.cache
 def _inlined(fn):
-    """A dispatcher of the plain ``fn`` inlined in Numba's IR into its callers."""
+    """A dispatcher of the plain ``fn`` (marked) inlined in Numba's IR into its callers."""
     from numba import njit
 
-    return njit(cache=False, error_model="numpy", inline="always", _nrt=False)(fn)
+    return njit(cache=False, error_model="numpy", inline="always",
+                _nrt=fn.compile_options["_nrt"])(fn)
 
 
 # ----------------------------------------------------------------------------------------
@@ -209,7 +213,7 @@ class HeadKernel:
 
     @property
     def counted(self):
-        """Whether the body allocates (then it is called, not inlined, by a shape's kernel)."""
+        """Whether the body allocates (then a shape's kernel keeps the generic one)."""
         return self.body.compile_options["_nrt"]
 
     @property
@@ -222,17 +226,17 @@ class HeadKernel:
     def sources(self):
         return {inspect.getfile(fn) for fn in _MARKED}
 
-    def rhs_body(self):
-        return _dispatcher(self.body)
-
-    def inlined_body(self):
-        return _inlined(self.body)
+    def kernels(self):
+        """``(rhs, jac)`` of one head, its pack ``[1, size, k, data...]`` (:func:`_head_kernels`)."""
+        return _head_kernels(self)
 
     def jac_add(self):
+        """``add(P, d, m, y, J, ws) -> bool``: the head's Jacobian added to ``J`` (its pack ``P``)."""
         if self.parts is None:
-            return _no_jacobian_add
-        return _jit_inline(_instance(_parts_jac_add, "parts_jac_add_" + _digest([self]),
-                                     _parts=_dispatcher(self.parts)))
+            return None
+        add = _instance(_parts_jac_add, f"parts_jac_add_{_digest([self])}",
+                        _parts=_inlined(self.parts))
+        return _jit(add, inline=False)
 
 
 #: every :class:`HeadKernel` created (the types of this package, at import)
@@ -243,13 +247,12 @@ _HEAD_KERNELS = []
 class _ForeignHead:
     """A type's own kernels (another package's) as one head of a sum.
 
-    Its data is its own packed vector; its Jacobian (where it has one) is added to the sum's.
+    Its pack is its own packed vector; its Jacobian (where it has one) is added to the sum's.
     """
 
     rhs: object
     jac: object
     exact: bool
-    counted = True
 
     def name(self):
         return ",".join(f"{f.py_func.__module__}.{f.py_func.__qualname__}"
@@ -258,15 +261,14 @@ class _ForeignHead:
     def sources(self):
         return {inspect.getfile(f.py_func) for f in (self.rhs, self.jac)}
 
-    def rhs_body(self):
-        return _jit_inline(_instance(_foreign_body, "foreign_body_" + _digest([self]),
-                                     _rhs=self.rhs))
+    def kernels(self):
+        return self.rhs, self.jac
 
     def jac_add(self):
         if not self.exact:
-            return _no_jacobian_add
-        return _jit_inline(_instance(_foreign_jac_add, "foreign_jac_add_" + _digest([self]),
-                                     _jac=self.jac))
+            return None
+        return _jit(_instance(_foreign_jac_add, "foreign_jac_add_" + _digest([self]),
+                              _jac=self.jac), True)
 
 
 @functools.cache
@@ -304,10 +306,14 @@ def _instance(template, name, **bound):
     return fn
 
 
-def _jit_inline(fn):
+def _jit(fn, inline=True):
+    """``fn`` (glue between the kernels and the heads' bodies) compiled at first use.
+
+    Inlined into its callers, or called (``inline`` False).
+    """
     from numba import njit
 
-    return njit(cache=False, error_model="numpy", inline="always")(fn)
+    return njit(cache=False, error_model="numpy", inline="always" if inline else "never")(fn)
 
 
 # ----------------------------------------------------------------------------------------
@@ -499,103 +505,15 @@ def spread_ok(Z, d):
     return not (cmax > SPREAD_MAX * cmin)
 
 
-def head_ws(k, d):
-    """Scratch entries a head of inner size ``k`` may need at dimension ``d``."""
-    m = d + 1
-    return 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
+@compiled_later(counted=True)
+def assemble(A, C, M, N, r, Z, d, m, J):
+    r"""Add the Jacobian of one head with parts ``A, C, M, N, r`` at ``Z`` to ``J``.
 
-
-# ----------------------------------------------------------------------------------------
-# templates: the kernels of a sequence of runs of heads are copies of these (_instance)
-# ----------------------------------------------------------------------------------------
-
-def _fields_rhs(P, d, m, y, out, ws):
-    """``out = Z'``: the sum of the packed heads' fields at the flat state ``y``."""
-    n = d * m
-    acc = ws[:n]
-    tmp = ws[n:2 * n]
-    rest = ws[2 * n:]
-    single = P[0] == 1.0 and P[1] == 1.0
-    _runs(P, 1, 0, single, d, m, y, out, acc, tmp, rest)   # noqa: F821 (bound by _instance)
-    if not single:
-        for i in range(n):
-            out[i] = acc[i]
-
-
-def _run_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
-    """The heads of one run (kernel ``_body``) from ``P[o]``, then the next run's."""
-    n = d * m
-    count = int(P[o])
-    o += 1
-    for _ in range(count):
-        k, size = int(P[o]), int(P[o + 1])
-        data = P[o + _HEADER:o + _HEADER + size]
-        if single:
-            _body(data, k, d, m, y, out, rest)   # noqa: F821 (bound by _instance)
-        else:
-            _body(data, k, d, m, y, tmp, rest)   # noqa: F821
-            for i in range(n):
-                acc[i] = tmp[i] if h == 0 else acc[i] + tmp[i]
-        h += 1
-        o += _HEADER + size
-    _next(P, o, h, single, d, m, y, out, acc, tmp, rest)   # noqa: F821
-
-
-def _end_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
-    """After the last run: nothing."""
-
-
-def _fields_jac(P, d, m, y, J, ws):
-    """The closed-form Jacobian of the packed heads into ``J``; False where none holds."""
-    n = d * m
-    for i in range(n):
-        for j in range(n):
-            J[i, j] = 0.0
-    if not _runs(P, 1, d, m, y, J, ws):          # noqa: F821
-        return False
-    for i in range(n):
-        for j in range(n):
-            if not math.isfinite(J[i, j]):
-                return False
-    return True
-
-
-def _run_jac(P, o, d, m, y, J, ws):
-    """Add the Jacobians of one run's heads (``_add``) from ``P[o]``, then the next run's."""
-    count = int(P[o])
-    o += 1
-    for _ in range(count):
-        k, size = int(P[o]), int(P[o + 1])
-        if not _add(P[o + _HEADER:o + _HEADER + size], k, d, m, y, J, ws):   # noqa: F821
-            return False
-        o += _HEADER + size
-    return _next(P, o, d, m, y, J, ws)        # noqa: F821
-
-
-def _end_jac(P, o, d, m, y, J, ws):
-    """After the last run: every head had a closed form."""
-    return True
-
-
-def _no_jacobian(P, d, m, y, J, ws):
-    """The Jacobian of a field with a head without a closed form: none (differences)."""
-    return False
-
-
-def _no_jacobian_add(data, k, d, m, y, J, ws):
-    return False
-
-
-def _parts_jac_add(data, k, d, m, y, J, ws):
-    """Add one head's Jacobian, assembled from its ``_parts`` (module docstring), to ``J``."""
-    Z = y.reshape((d, m))
-    A = np.empty((d, d))
-    C = np.empty((d, d))
-    M = np.empty((d, d))
-    N = np.empty((d, d))
-    r = np.empty(d)
-    if not _parts(data, k, d, m, Z, A, C, M, N, r):    # noqa: F821
-        return False
+    :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
+    :math:`B = CL`; with the mean (``m = d + 1``)
+    :math:`\partial\alpha'_i/\partial L_{ab} \mathrel{+}= A_{ia}(L^Tr)_b + (AL)_{ib}r_a` and
+    :math:`\partial\alpha'/\partial\alpha \mathrel{+}= N`.
+    """
     B = np.empty((d, d))
     LtB = np.empty((d, d))
     AL = np.empty((d, d))
@@ -624,19 +542,57 @@ def _parts_jac_add(data, k, d, m, y, J, ws):
                 for b in range(d):
                     J[row, a * m + b] += A[i, a] * Ltr[b] + AL[i, b] * r[a]
                 J[row, a * m + d] += N[i, a]
+
+
+def head_ws(k, d):
+    """Scratch entries a head of inner size ``k`` may need at dimension ``d``."""
+    m = d + 1
+    return 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
+
+
+# ----------------------------------------------------------------------------------------
+# templates: the kernels of a sequence of runs of heads are copies of these (_instance)
+# ----------------------------------------------------------------------------------------
+
+def _head_rhs(P, d, m, y, out, ws):
+    """One head's field: its pack ``P = [1, size, k, data...]``, its body ``_body`` inlined."""
+    _body(P[3:3 + int(P[1])], int(P[2]), d, m, y, out, ws[2 * d * m:])   # noqa: F821
+
+
+def _head_jac(P, d, m, y, J, ws):
+    """One head's closed-form Jacobian (``_add``) into ``J``; False where none holds."""
+    n = d * m
+    for i in range(n):
+        for j in range(n):
+            J[i, j] = 0.0
+    if not _add(P, d, m, y, J, ws):              # noqa: F821 (bound by _instance)
+        return False
+    for i in range(n):
+        for j in range(n):
+            if not math.isfinite(J[i, j]):
+                return False
     return True
 
 
-def _foreign_body(data, k, d, m, y, out, ws):
-    """A type's own field (``_rhs``, another package's) as a head: its data is its pack."""
-    _rhs(data, d, m, y, out, ws)                   # noqa: F821
+def _parts_jac_add(P, d, m, y, J, ws):
+    """Add one head's Jacobian (pack ``P``), assembled from its ``_parts``, to ``J``."""
+    Z = y.reshape((d, m))
+    A = np.empty((d, d))
+    C = np.empty((d, d))
+    M = np.empty((d, d))
+    N = np.empty((d, d))
+    r = np.empty(d)
+    if not _parts(P[3:3 + int(P[1])], int(P[2]), d, m, Z, A, C, M, N, r):   # noqa: F821
+        return False
+    assemble(A, C, M, N, r, Z, d, m, J)
+    return True
 
 
-def _foreign_jac_add(data, k, d, m, y, J, ws):
-    """Add a type's own Jacobian (``_jac``) to ``J``; False where it has none there."""
+def _foreign_jac_add(P, d, m, y, J, ws):
+    """Add a type's own Jacobian (``_jac``, pack ``P``) to ``J``; False where it has none there."""
     n = d * m
     Jh = np.empty((n, n))
-    if not _jac(data, d, m, y, Jh, ws):            # noqa: F821
+    if not _jac(P, d, m, y, Jh, ws):             # noqa: F821
         return False
     for i in range(n):
         for j in range(n):
@@ -644,9 +600,80 @@ def _foreign_jac_add(data, k, d, m, y, J, ws):
     return True
 
 
+def _no_jacobian(P, d, m, y, J, ws):
+    """The Jacobian of a field with a head without a closed form: none (differences)."""
+    return False
+
+
+def _fields_rhs(P, d, m, y, out, ws):
+    """``out = Z'``: the sum of the packed heads' fields at the flat state ``y``."""
+    n = d * m
+    acc = ws[:n]
+    tmp = ws[n:2 * n]
+    rest = ws[2 * n:]
+    single = P[0] == 1.0 and P[1] == 1.0
+    _runs(P, 1, 0, single, d, m, y, out, acc, tmp, rest)   # noqa: F821 (bound by _instance)
+    if not single:
+        for i in range(n):
+            out[i] = acc[i]
+
+
+def _run_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
+    """The heads of one run (each its pack, field ``_rhs``) from ``P[o]``, then the next run's."""
+    n = d * m
+    count = int(P[o])
+    o += 1
+    for _ in range(count):
+        size = int(P[o])
+        target = out if single else tmp
+        _rhs(P[o + 1:o + 1 + size], d, m, y, target, rest)   # noqa: F821
+        if not single:
+            for i in range(n):
+                acc[i] = tmp[i] if h == 0 else acc[i] + tmp[i]
+        h += 1
+        o += 1 + size
+    _next(P, o, h, single, d, m, y, out, acc, tmp, rest)   # noqa: F821
+
+
+def _end_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
+    """After the last run: nothing."""
+
+
+def _fields_jac(P, d, m, y, J, ws):
+    """The closed-form Jacobian of the packed heads into ``J``; False where none holds."""
+    n = d * m
+    for i in range(n):
+        for j in range(n):
+            J[i, j] = 0.0
+    if not _runs(P, 1, d, m, y, J, ws):          # noqa: F821
+        return False
+    for i in range(n):
+        for j in range(n):
+            if not math.isfinite(J[i, j]):
+                return False
+    return True
+
+
+def _run_jac(P, o, d, m, y, J, ws):
+    """Add the Jacobians of one run's heads (``_add``) from ``P[o]``, then the next run's."""
+    count = int(P[o])
+    o += 1
+    for _ in range(count):
+        size = int(P[o])
+        if not _add(P[o + 1:o + 1 + size], d, m, y, J, ws):   # noqa: F821
+            return False
+        o += 1 + size
+    return _next(P, o, d, m, y, J, ws)           # noqa: F821
+
+
+def _end_jac(P, o, d, m, y, J, ws):
+    """After the last run: every head had a closed form."""
+    return True
+
+
 def _shape_rhs_template(P, d, m, y, out, ws):
     """One head's field with its shape ``_D``, ``_K`` compiled in (``m`` is ``_D`` or ``_M1``)."""
-    data = P[2 + _HEADER:]
+    data = P[3:]
     rest = ws[2 * d * m:]
     if m == _D:                                    # noqa: F821
         _body(data, _K, _D, _D, y, out, rest)      # noqa: F821
@@ -679,31 +706,65 @@ def _numba():
     return True
 
 
-@functools.cache
-def _kernels_for(heads):
-    """``(rhs, jac)`` compiled for the runs of heads of kernels ``heads`` (a tuple), in order.
+_OPTS = dict(cache=True, error_model="numpy", boundscheck=False)
 
-    Cached on disk under names with :func:`_digest` of ``heads``; a run is a copy of
-    :func:`_run_rhs` (and :func:`_run_jac`) calling its head's body, then the next run.
+
+@functools.cache
+def _head_kernels(head):
+    """``(rhs, jac)`` of one head of kernel ``head`` (a :class:`HeadKernel`).
+
+    Its pack is ``[1, size, k, data...]``. Copies of :func:`_head_rhs` and
+    :func:`_head_jac` with the body and the parts inlined, cached on disk under names
+    with :func:`_digest`.
+    """
+    from numba import njit
+
+    _compile_marked()
+    key = _digest([head])
+    rhs_sig, jac_sig = signatures()
+    rhs = njit(rhs_sig, _nrt=head.counted, **_OPTS)(
+        _instance(_head_rhs, f"head_rhs_{key}", _body=_inlined(head.body)))
+    if not head.exact:
+        return rhs, _no_jacobian_kernel()
+    jac = njit(jac_sig, **_OPTS)(_instance(_head_jac, f"head_jac_{key}", _add=_jac_add(head)))
+    return rhs, jac
+
+
+@functools.cache
+def _sum_kernels(heads):
+    """``(rhs, jac)`` of the runs of heads of kernels ``heads`` (a tuple), in order.
+
+    A run is a copy of :func:`_run_rhs` (and :func:`_run_jac`) calling its heads'
+    fields (each on its own pack), then the next run; cached on disk under names with
+    :func:`_digest` of ``heads``.
     """
     from numba import njit
 
     _compile_marked()
     key = _digest(heads)
-    runs, jruns = _jit_inline(_end_rhs), _jit_inline(_end_jac)
+    runs, jruns = _jit(_end_rhs), _jit(_end_jac)
+    exact = all(head.exact for head in heads)
     for i in range(len(heads) - 1, -1, -1):
-        runs = _jit_inline(_instance(_run_rhs, f"run_rhs_{key}_{i}",
-                                     _body=heads[i].rhs_body(), _next=runs))
-        jruns = _jit_inline(_instance(_run_jac, f"run_jac_{key}_{i}",
-                                      _add=heads[i].jac_add(), _next=jruns))
+        runs = _jit(_instance(_run_rhs, f"run_rhs_{key}_{i}", _rhs=heads[i].kernels()[0],
+                              _next=runs))
+        if exact:
+            jruns = _jit(_instance(_run_jac, f"run_jac_{key}_{i}",
+                                   _add=_jac_add(heads[i]), _next=jruns))
     rhs_sig, jac_sig = signatures()
-    opts = dict(cache=True, error_model="numpy", boundscheck=False)
-    rhs = njit(rhs_sig, _nrt=False, **opts)(_instance(_fields_rhs, f"fields_rhs_{key}", _runs=runs))
-    if all(head.exact for head in heads):
-        jac = njit(jac_sig, **opts)(_instance(_fields_jac, f"fields_jac_{key}", _runs=jruns))
-    else:
-        jac = _no_jacobian_kernel()
-    return rhs, jac
+    rhs = njit(rhs_sig, _nrt=False, **_OPTS)(_instance(_fields_rhs, f"fields_rhs_{key}",
+                                                       _runs=runs))
+    if not exact:
+        return rhs, _no_jacobian_kernel()
+    return rhs, njit(jac_sig, **_OPTS)(_instance(_fields_jac, f"fields_jac_{key}", _runs=jruns))
+
+
+@functools.cache
+def _jac_add(head):
+    """The function that adds ``head``'s Jacobian to ``J``, compiled once.
+
+    Called by the head's own kernel and by every sum's.
+    """
+    return head.jac_add()
 
 
 @functools.cache
@@ -725,47 +786,39 @@ def _shape_rhs(head, d, k):
 
     _compile_marked()
     fn = _instance(_shape_rhs_template, f"shape_rhs_{_digest([head])}_{int(d)}_{int(k)}",
-                   _body=head.inlined_body(), _D=int(d), _K=int(k), _M1=int(d) + 1)
-    return njit(signatures()[0], cache=True, error_model="numpy", boundscheck=False,
-                _nrt=False)(fn)
+                   _body=_inlined(head.body), _D=int(d), _K=int(k), _M1=int(d) + 1)
+    return njit(signatures()[0], _nrt=False, **_OPTS)(fn)
 
 
-def _runs_of(fields):
-    """The heads' kernels and packed runs of ``fields``, adjacent runs of one kernel merged."""
-    heads, runs = [], []
-    for f in fields:
-        if f.heads:
-            P, o, parts = f.params, 1, []
-            for _ in range(int(P[0])):
-                count = int(P[o])
-                end = o + 1
-                for _ in range(count):
-                    end += _HEADER + int(P[end + 1])
-                parts.append((count, P[o + 1:end]))
-                o = end
-        else:
-            parts = [(1, np.concatenate([(0.0, float(f.params.size)), f.params]))]
-            f = dataclasses.replace(f, heads=(_foreign(f.rhs, f.jac, f.exact_jacobian),))
-        for head, (count, packed) in zip(f.heads, parts):
-            if heads and heads[-1] is head:
-                runs[-1] = (runs[-1][0] + count, runs[-1][1] + [packed])
-            else:
-                heads.append(head)
-                runs.append((count, [packed]))
-    return tuple(heads), runs
+def _heads_of(field):
+    """``[(head, pack), ...]``: the heads of ``field`` in order, each with its own pack."""
+    if not field.heads:                         # a type's own kernels: one head
+        return [(_foreign(field.rhs, field.jac, field.exact_jacobian), field.params)]
+    if len(field.heads) == 1 and field.rhs is field.heads[0].kernels()[0]:
+        return [(field.heads[0], field.params)]
+    P, o, out = field.params, 1, []
+    for head in field.heads:
+        count = int(P[o])
+        o += 1
+        for _ in range(count):
+            size = int(P[o])
+            out.append((head, P[o + 1:o + 1 + size]))
+            o += 1 + size
+    return out
 
 
 def head_field(head, k, d, data):
     """The :class:`CompiledField` of one head of kernel ``head`` (a :class:`HeadKernel`).
 
-    ``data``: the head's weights, in the layout its body reads (flattened and joined).
-    None without Numba (the callers then take their NumPy paths).
+    ``data``: the head's weights, in the layout its body reads (flattened and joined);
+    packed as ``[1, size, k, data...]``. None without Numba (the callers then take
+    their NumPy paths).
     """
     if not _numba():
         return None
-    params = np.concatenate([(1.0, 1.0, float(k), 0.0), *data], axis=None)
-    params[3] = params.size - 2 - _HEADER          # the head's size, after [1, 1, k, size]
-    rhs, jac = _kernels_for((head,))
+    params = np.concatenate([(1.0, 0.0, float(k)), *data], axis=None)
+    params[1] = params.size - 3                 # the size of the data
+    rhs, jac = head.kernels()
     return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
                          ws_size=int(head_ws(k, d) + 2 * d * (d + 1)),
                          exact_jacobian=head.exact, heads=(head,))
@@ -774,19 +827,31 @@ def head_field(head, k, d, data):
 def add(fields):
     """The :class:`CompiledField` of a sum of fields, or None (one of them is None).
 
-    The heads keep their order; a field of a type's own kernels (another package's) is
-    one head of the sum, its data its packed vector.
+    The heads keep their order, adjacent heads of one kernel in one run:
+    ``[R, (n, (size, pack...) * n) * R]``, each head's pack that of its field alone. A
+    field of a type's own kernels (another package's) is one head of the sum.
     """
     if not fields or any(f is None for f in fields) or not _numba():
         return None
-    heads, runs = _runs_of(fields)
-    params = np.concatenate([[float(len(runs))],
-                             *[np.concatenate([[float(c)], *packed]) for c, packed in runs]])
-    rhs, jac = _kernels_for(heads)
+    heads, runs = [], []
+    for f in fields:
+        for head, pack in _heads_of(f):
+            if heads and heads[-1] is head:
+                runs[-1].append(pack)
+            else:
+                heads.append(head)
+                runs.append([pack])
+    parts = [[float(len(runs))]]
+    for packs in runs:
+        parts.append([float(len(packs))])
+        for pack in packs:
+            parts += [[float(pack.size)], pack]
+    rhs, jac = _sum_kernels(tuple(heads))
     d = fields[0].d
-    return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
+    return CompiledField(rhs=rhs, jac=jac, params=np.concatenate(parts), d=d,
                          ws_size=max(f.ws_size for f in fields) + 2 * d * d + 2 * d,
-                         exact_jacobian=all(f.exact_jacobian for f in fields), heads=heads)
+                         exact_jacobian=all(f.exact_jacobian for f in fields),
+                         heads=tuple(heads))
 
 
 def kernels():
@@ -797,4 +862,4 @@ def kernels():
     """
     if not _numba():
         return None
-    return tuple(_kernels_for((head,)) for head in _HEAD_KERNELS)
+    return tuple(head.kernels() for head in _HEAD_KERNELS)

@@ -236,7 +236,7 @@ def _lambertw_exp(z):
 # the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
 # ----------------------------------------------------------------------------------------
 
-@cf.compiled_later(counted=True)
+@cf.compiled_later(inline=True, counted=True)
 def _blocks(data, k, d):
     """The weights ``c, s, sV, sK, Q, V, K`` of ``data`` (views)."""
     c, s = data[0], data[1]

@@ -300,12 +300,12 @@ def softmax_products(data, k, d, m, y, out, ws, bias):
             out[i * m + d] += ws[pm + i] / c
 
 
-@cf.compiled_later(counted=True)
-def softmax_parts(data, k, d, m, Z, A, C, M, N, r, bias):
+@cf.compiled_later(inline=True, counted=True)
+def softmax_parts(data, k, d, m, Z, A, C, M, N, r):
     r"""The Jacobian's parts (:mod:`._compiled_fields`) of :func:`softmax_products`.
 
     :math:`A = cV`, :math:`C = K^TQ`, :math:`M = A\Sigma C`, :math:`N = A/c + M = V + M`,
-    :math:`r = C\alpha` (:math:`+ K^Tq` with the query bias at ``data[bias:]``).
+    :math:`r = C\alpha`; ``data = [c, cV, K, Q, ...]``.
     """
     L = np.ascontiguousarray(Z[:, :d])
     S = np.empty((d, d))
@@ -328,13 +328,6 @@ def softmax_parts(data, k, d, m, Z, A, C, M, N, r, bias):
             for p in range(d):
                 acc += C[i, p] * Z[p, d]
             r[i] = acc
-        if bias >= 0:                          # r = K^T (Q alpha + q)
-            q = data[bias:]
-            for i in range(d):
-                acc = 0.0
-                for p in range(k):
-                    acc += Kt[i, p] * q[p]
-                r[i] += acc
     return True
 
 
@@ -344,11 +337,5 @@ def _field(data, k, d, m, y, out, ws):
     softmax_products(data, k, d, m, y, out, ws, -1)
 
 
-@cf.compiled_later(counted=True)
-def _field_parts(data, k, d, m, Z, A, C, M, N, r):
-    """The Jacobian's parts (:func:`softmax_parts`, no bias)."""
-    return softmax_parts(data, k, d, m, Z, A, C, M, N, r, -1)
-
-
 #: the compiled field of a softmax head
-FIELD = cf.HeadKernel(_field, _field_parts)
+FIELD = cf.HeadKernel(_field, softmax_parts)

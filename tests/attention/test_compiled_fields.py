@@ -33,13 +33,24 @@ def uncompiled(monkeypatch):
     return plain
 
 
-def _python_kernels(heads):
-    """The templates of :func:`cf._kernels_for`, bound as plain Python (nothing compiled)."""
+def _python_head(head):
+    """A head's kernels, :func:`cf._head_rhs` and :func:`cf._head_jac` bound as plain
+    Python (nothing compiled), its Jacobian assembled from its parts."""
+    add = (cf._instance(cf._parts_jac_add, "add", _parts=head.parts)
+           if head.parts is not None else None)
+    return (cf._instance(cf._head_rhs, "rhs", _body=head.body),
+            cf._instance(cf._head_jac, "jac", _add=add) if add is not None else cf._no_jacobian)
+
+
+def _python_sum(heads):
+    """The templates of :func:`cf._sum_kernels` bound as plain Python, the heads' own
+    kernels too."""
     runs, jruns = cf._end_rhs, cf._end_jac
     for i in range(len(heads) - 1, -1, -1):
+        rhs, _ = _python_head(heads[i])
         add = (cf._instance(cf._parts_jac_add, "add", _parts=heads[i].parts)
-               if heads[i].parts is not None else cf._no_jacobian_add)
-        runs = cf._instance(cf._run_rhs, "run", _body=heads[i].body, _next=runs)
+               if heads[i].parts is not None else cf._no_jacobian)
+        runs = cf._instance(cf._run_rhs, "run", _rhs=rhs, _next=runs)
         jruns = cf._instance(cf._run_jac, "jrun", _add=add, _next=jruns)
     return (cf._instance(cf._fields_rhs, "rhs", _runs=runs),
             cf._instance(cf._fields_jac, "jac", _runs=jruns))
@@ -69,8 +80,8 @@ def test_each_head_body_uncompiled_is_the_types_numpy_field(name, rng, uncompile
     uncompiled()
     head, = field.heads
     P = field.params
-    k, size = int(P[2]), int(P[3])
-    data = P[4:4 + size]
+    size, k = int(P[1]), int(P[2])
+    data = P[3:3 + size]
     assert not hasattr(head.body, "py_func")
     for Z in _states(att, d, rng):
         m = Z.shape[1]
@@ -88,7 +99,7 @@ def test_each_jacobian_uncompiled_against_central_differences(name, rng, uncompi
     att = gp.ATTENTIONS[name].example(d, rng)
     field = att.compiled_field()
     uncompiled()
-    rhs, jac = _python_kernels(field.heads)
+    rhs, jac = _python_head(field.heads[0])
     assert field.exact_jacobian == (field.heads[0].parts is not None)
     for Z in _states(att, d, rng):
         m = Z.shape[1]
@@ -107,30 +118,43 @@ def test_each_jacobian_uncompiled_against_central_differences(name, rng, uncompi
                                        err_msg=name)
 
 
-def test_a_sum_of_heads_uncompiled_is_the_sum_of_the_fields(rng, uncompiled):
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_sum_of_heads_uncompiled_is_the_sum_of_the_fields(rng, uncompiled, exact):
     """The shared templates that sum heads (runs of one kernel and different kernels, in
-    the heads' order), as plain Python: the sum of the heads' NumPy fields, and its
-    Jacobian against central differences; the compiled kernels give the same."""
-    d = 3
-    names = [n for n in _package_heads() if not gp.ATTENTIONS[n].field_sees_mean]
+    the heads' order), as plain Python: the sum of the heads' NumPy fields, and, where
+    every head has a closed form, its Jacobian against central differences; the
+    compiled kernels give the same bits."""
+    d, m = 3, 4
+    names = [n for n in _package_heads() if not gp.ATTENTIONS[n].field_sees_mean
+             and (not exact or gp.ATTENTIONS[n].example(2, 0).compiled_field().exact_jacobian)]
     heads = [gp.ATTENTIONS[n].example(d, rng) for n in names + names[:1]]
     heads.insert(1, gp.ATTENTIONS[names[0]].example(d, rng))     # a run of two
     att = gp.MultiHead(heads)
     field = att.compiled_field()
     assert len(field.heads) == len(names) + 1 and field.params[1] == 2.0
+    assert field.exact_jacobian == exact
     Z = np.column_stack([rng.standard_normal((d, d)) / 2, rng.standard_normal(d)])
-    m = d + 1
     ws = np.zeros(field.ws_size)
-    out, compiled = np.empty(d * m), np.empty(d * m)
+    compiled, J_compiled = np.empty(d * m), np.empty((d * m, d * m))
     field.rhs(field.params, d, m, Z.ravel(), compiled, ws)
+    assert field.jac(field.params, d, m, Z.ravel(), J_compiled, ws) == exact
     uncompiled()
-    rhs, jac = _python_kernels(field.heads)
-    rhs(field.params, d, m, Z.ravel(), out, ws)
-    expect = sum(_expected(h, Z, d) for h in heads)
-    np.testing.assert_allclose(out.reshape(d, m), expect, rtol=1e-12, atol=1e-12)
-    np.testing.assert_array_equal(out, compiled)
-    J = np.zeros((d * m, d * m))
-    assert jac(field.params, d, m, Z.ravel(), J, ws) == field.exact_jacobian
+    rhs, jac = _python_sum(field.heads)
+
+    def f(Zp):
+        out = np.empty(d * m)
+        rhs(field.params, d, m, np.ascontiguousarray(Zp).ravel(), out, ws)
+        return out.reshape(d, m)
+
+    np.testing.assert_allclose(f(Z), sum(_expected(h, Z, d) for h in heads), rtol=1e-12,
+                               atol=1e-12)
+    np.testing.assert_array_equal(f(Z).ravel(), compiled)
+    J = np.empty((d * m, d * m))
+    assert jac(field.params, d, m, Z.ravel(), J, ws) == exact
+    if exact:
+        ref = central_jacobian(f, Z)
+        np.testing.assert_allclose(J, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
+        np.testing.assert_array_equal(J, J_compiled)
 
 
 def test_a_foreign_head_with_a_jacobian_in_a_sum(rng):
@@ -168,6 +192,6 @@ def test_specialised_needs_one_head_of_the_packages_kernels(rng):
     soft = gp.Softmax.example(3, rng).compiled_field()
     assert soft.specialised().rhs is not soft.rhs
     two = gp.MultiHead([gp.Softmax.example(3, rng)] * 2).compiled_field()
-    assert two.rhs is soft.rhs and two.specialised() is two
+    assert two.rhs is not soft.rhs and two.specialised() is two
     foreign = dataclasses.replace(soft, heads=())
     assert foreign.specialised() is foreign
