@@ -221,7 +221,8 @@ class HeadKernel:
         return self.parts is not None
 
     def name(self):
-        return f"{self.body.__module__}.{self.body.__qualname__}"
+        return ",".join(f"{fn.__module__}.{fn.__qualname__}"
+                        for fn in (self.body, self.parts) if fn is not None)
 
     def sources(self):
         return {inspect.getfile(fn) for fn in _MARKED}
@@ -829,10 +830,13 @@ def add(fields):
 
     The heads keep their order, adjacent heads of one kernel in one run:
     ``[R, (n, (size, pack...) * n) * R]``, each head's pack that of its field alone. A
-    field of a type's own kernels (another package's) is one head of the sum.
+    field of a type's own kernels (another package's) is one head of the sum. The sum of
+    a single head is that head's own field.
     """
     if not fields or any(f is None for f in fields) or not _numba():
         return None
+    if len(fields) == 1 and len(_heads_of(fields[0])) == 1:
+        return fields[0]                        # one head: its own field
     heads, runs = [], []
     for f in fields:
         for head, pack in _heads_of(f):
