@@ -39,8 +39,9 @@ kernels from templates (copies of its functions calling the heads' compiled func
 :math:`\partial\alpha'/\partial\alpha = N`.
 
 **The packed vectors.** One head: ``[1, size, k, data...]`` (``size`` entries of
-data), its kernels the body and parts inlined into :func:`_head_rhs` and
-:func:`_head_jac` (one pair per head kernel, :func:`_head_kernels`). A sum of heads
+data; the first 0 for a head of a sum, whose Jacobian is added), its kernels the body
+and parts inlined into :func:`_head_rhs` and :func:`_head_jac` (one pair per head
+kernel, :func:`_head_kernels`). A sum of heads
 (:func:`add`): runs of adjacent heads of one kernel, in the heads' order,
 ``[R, (n, (size, pack...) * n) * R]`` (``R`` runs of ``n`` heads, each head its own
 pack); its kernels are compiled for the sequence of the runs' kernels
@@ -232,12 +233,11 @@ class HeadKernel:
         return _head_kernels(self)
 
     def jac_add(self):
-        """``add(P, d, m, y, J, ws) -> bool``: the head's Jacobian added to ``J`` (its pack ``P``)."""
-        if self.parts is None:
-            return None
-        add = _instance(_parts_jac_add, f"parts_jac_add_{_digest([self])}",
-                        _parts=_inlined(self.parts))
-        return _jit(add, inline=False)
+        """``add(P, d, m, y, J, ws) -> bool``: the head's Jacobian added to ``J``.
+
+        Its own Jacobian kernel, given its pack with ``P[0] = 0`` (:func:`_head_jac`).
+        """
+        return self.kernels()[1] if self.exact else None
 
 
 #: every :class:`HeadKernel` created (the types of this package, at import)
@@ -561,22 +561,17 @@ def _head_rhs(P, d, m, y, out, ws):
 
 
 def _head_jac(P, d, m, y, J, ws):
-    """One head's closed-form Jacobian (``_add``) into ``J``; False where none holds."""
+    """One head's closed-form Jacobian, assembled from its ``_parts``; False where none holds.
+
+    ``P[0] == 1``: the head alone, its Jacobian into ``J``; ``P[0] == 0``: a head of a
+    sum, its Jacobian added to ``J`` (the sum zeroes ``J`` first and checks it last).
+    """
     n = d * m
-    for i in range(n):
-        for j in range(n):
-            J[i, j] = 0.0
-    if not _add(P, d, m, y, J, ws):              # noqa: F821 (bound by _instance)
-        return False
-    for i in range(n):
-        for j in range(n):
-            if not math.isfinite(J[i, j]):
-                return False
-    return True
-
-
-def _parts_jac_add(P, d, m, y, J, ws):
-    """Add one head's Jacobian (pack ``P``), assembled from its ``_parts``, to ``J``."""
+    alone = P[0] == 1.0
+    if alone:
+        for i in range(n):
+            for j in range(n):
+                J[i, j] = 0.0
     Z = y.reshape((d, m))
     A = np.empty((d, d))
     C = np.empty((d, d))
@@ -586,6 +581,11 @@ def _parts_jac_add(P, d, m, y, J, ws):
     if not _parts(P[3:3 + int(P[1])], int(P[2]), d, m, Z, A, C, M, N, r):   # noqa: F821
         return False
     assemble(A, C, M, N, r, Z, d, m, J)
+    if alone:
+        for i in range(n):
+            for j in range(n):
+                if not math.isfinite(J[i, j]):
+                    return False
     return True
 
 
@@ -727,7 +727,8 @@ def _head_kernels(head):
         _instance(_head_rhs, f"head_rhs_{key}", _body=_inlined(head.body)))
     if not head.exact:
         return rhs, _no_jacobian_kernel()
-    jac = njit(jac_sig, **_OPTS)(_instance(_head_jac, f"head_jac_{key}", _add=_jac_add(head)))
+    jac = njit(jac_sig, **_OPTS)(_instance(_head_jac, f"head_jac_{key}",
+                                           _parts=_inlined(head.parts)))
     return rhs, jac
 
 
@@ -750,22 +751,13 @@ def _sum_kernels(heads):
                               _next=runs))
         if exact:
             jruns = _jit(_instance(_run_jac, f"run_jac_{key}_{i}",
-                                   _add=_jac_add(heads[i]), _next=jruns))
+                                   _add=heads[i].jac_add(), _next=jruns))
     rhs_sig, jac_sig = signatures()
     rhs = njit(rhs_sig, _nrt=False, **_OPTS)(_instance(_fields_rhs, f"fields_rhs_{key}",
                                                        _runs=runs))
     if not exact:
         return rhs, _no_jacobian_kernel()
     return rhs, njit(jac_sig, **_OPTS)(_instance(_fields_jac, f"fields_jac_{key}", _runs=jruns))
-
-
-@functools.cache
-def _jac_add(head):
-    """The function that adds ``head``'s Jacobian to ``J``, compiled once.
-
-    Called by the head's own kernel and by every sum's.
-    """
-    return head.jac_add()
 
 
 @functools.cache
@@ -846,9 +838,11 @@ def add(fields):
                 heads.append(head)
                 runs.append([pack])
     parts = [[float(len(runs))]]
-    for packs in runs:
+    for head, packs in zip(heads, runs):
         parts.append([float(len(packs))])
         for pack in packs:
+            if isinstance(head, HeadKernel):    # a head of a sum: its Jacobian is added
+                pack = np.concatenate([[0.0], pack[1:]])
             parts += [[float(pack.size)], pack]
     rhs, jac = _sum_kernels(tuple(heads))
     d = fields[0].d

@@ -36,10 +36,9 @@ def uncompiled(monkeypatch):
 def _python_head(head):
     """A head's kernels, :func:`cf._head_rhs` and :func:`cf._head_jac` bound as plain
     Python (nothing compiled), its Jacobian assembled from its parts."""
-    add = (cf._instance(cf._parts_jac_add, "add", _parts=head.parts)
-           if head.parts is not None else None)
     return (cf._instance(cf._head_rhs, "rhs", _body=head.body),
-            cf._instance(cf._head_jac, "jac", _add=add) if add is not None else cf._no_jacobian)
+            cf._instance(cf._head_jac, "jac", _parts=head.parts) if head.parts is not None
+            else cf._no_jacobian)
 
 
 def _python_sum(heads):
@@ -47,11 +46,9 @@ def _python_sum(heads):
     kernels too."""
     runs, jruns = cf._end_rhs, cf._end_jac
     for i in range(len(heads) - 1, -1, -1):
-        rhs, _ = _python_head(heads[i])
-        add = (cf._instance(cf._parts_jac_add, "add", _parts=heads[i].parts)
-               if heads[i].parts is not None else cf._no_jacobian)
+        rhs, jac = _python_head(heads[i])
         runs = cf._instance(cf._run_rhs, "run", _rhs=rhs, _next=runs)
-        jruns = cf._instance(cf._run_jac, "jrun", _add=add, _next=jruns)
+        jruns = cf._instance(cf._run_jac, "jrun", _add=jac, _next=jruns)
     return (cf._instance(cf._fields_rhs, "rhs", _runs=runs),
             cf._instance(cf._fields_jac, "jac", _runs=jruns))
 
