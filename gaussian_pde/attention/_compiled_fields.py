@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 import inspect
 import math
 import os
@@ -212,6 +213,10 @@ class HeadKernel:
     def __post_init__(self):
         _HEAD_KERNELS.append(self)
 
+    def __reduce__(self):
+        # by the name of its body: its functions are replaced by their dispatchers
+        return _head_kernel, (self.body.__module__, self.body.__qualname__)
+
     @property
     def counted(self):
         """Whether the body allocates (then a shape's kernel keeps the generic one)."""
@@ -244,6 +249,15 @@ class HeadKernel:
 _HEAD_KERNELS = []
 
 
+def _head_kernel(module, qualname):
+    """The :class:`HeadKernel` whose body is ``module.qualname`` (an unpickled one)."""
+    importlib.import_module(module)
+    for head in _HEAD_KERNELS:
+        if (head.body.__module__, head.body.__qualname__) == (module, qualname):
+            return head
+    raise LookupError(f"no head kernel with the body {module}.{qualname}")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class _ForeignHead:
     """A type's own kernels (another package's) as one head of a sum.
@@ -254,6 +268,9 @@ class _ForeignHead:
     rhs: object
     jac: object
     exact: bool
+
+    def __reduce__(self):
+        return _foreign, (self.rhs, self.jac, self.exact)
 
     def name(self):
         return ",".join(f"{f.py_func.__module__}.{f.py_func.__qualname__}"

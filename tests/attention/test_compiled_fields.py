@@ -192,3 +192,18 @@ def test_specialised_needs_one_head_of_the_packages_kernels(rng):
     assert two.rhs is not soft.rhs and two.specialised() is two
     foreign = dataclasses.replace(soft, heads=())
     assert foreign.specialised() is foreign
+
+
+def test_a_compiled_field_pickles_to_the_same_kernels(rng):
+    """A compiled field (one head, and a sum with a field of kernels of its own) goes
+    through pickle: the same kernels, heads and packed weights."""
+    import dataclasses
+    import pickle
+
+    soft = gp.Softmax.example(3, rng).compiled_field()
+    foreign = dataclasses.replace(gp.L2.example(3, rng).compiled_field(), heads=())
+    for field in (soft, cf.add([soft, foreign, soft])):
+        back = pickle.loads(pickle.dumps(field))
+        assert back.rhs is field.rhs and back.jac is field.jac
+        assert all(a is b for a, b in zip(back.heads, field.heads))
+        np.testing.assert_array_equal(back.params, field.params)
