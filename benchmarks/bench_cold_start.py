@@ -66,12 +66,13 @@ raise SystemExit(code)
 #: run in the child: the generic kernels (loaded), then one shape's kernel, timed
 _SHAPE = """
 import sys, time
+import gaussian_pde as gp
 from gaussian_pde.attention import _compiled_fields as cf
 cf.kernels()
-cf._inlined_bodies()
-code, d, k = (int(x) for x in sys.argv[1:4])
+head = gp.ATTENTIONS[sys.argv[1]].example(2, 0).compiled_field().heads[0]
+d, k = (int(x) for x in sys.argv[2:4])
 t = time.perf_counter()
-cf._specialised_rhs(code, d, k)
+cf._shape_rhs(head, d, k)
 print(time.perf_counter() - t)
 """
 
@@ -115,20 +116,16 @@ def job_times(job, repeat, tmp):
 
 def new_shape_times(repeat, tmp):
     """Seconds to compile one shape's kernel per type, in a cache with the generic kernels."""
-    from gaussian_pde.attention import _compiled_fields as cf
-
     rows = []
-    shapes = [(cf.SOFTMAX, 3, 2), (cf.SOFTMAX_OFFSET, 4, 3), (cf.LINEAR, 5, 2)]
-    for code, d, k in shapes:
+    for name, d, k in [("softmax", 3, 2), ("biased_softmax", 4, 3), ("linear", 5, 2)]:
         best = float("inf")
         for r in range(repeat):
-            cache = Path(tmp) / f"shape-{code}-{r}"
+            cache = Path(tmp) / f"shape-{name}-{r}"
             cache.mkdir()
             _child(["-c", "from gaussian_pde.attention import _compiled_fields as cf; "
-                    "cf.kernels(); cf._inlined_bodies()"], cache)
-            best = min(best, float(_child(["-c", _SHAPE, str(code), str(d), str(k)],
-                                          cache)[2]))
-        rows.append([cf._BODIES[code].strip("_").replace("_rhs", ""), d, k, round(best, 3)])
+                    "cf.kernels()"], cache)
+            best = min(best, float(_child(["-c", _SHAPE, name, str(d), str(k)], cache)[2]))
+        rows.append([name, d, k, round(best, 3)])
     return rows
 
 

@@ -69,3 +69,34 @@ def test_the_check_finds_a_mention(tmp_path):
     p = tmp_path / "m.py"
     p.write_text('"""Softmax and "l2" in prose."""\nfrom x import Softmax\nk = "l2"\n')
     assert mentions(p) == {"Softmax", "'l2'"}
+
+
+def _type_modules():
+    """The modules of the package that hold a registered type (``_softmax``, ...)."""
+    return {cls.__module__.rsplit(".", 1)[-1] for cls in gp.ATTENTIONS.values()
+            if cls.__module__.startswith("gaussian_pde.attention.")}
+
+
+def test_the_compiled_fields_module_names_no_type():
+    """``attention/_compiled_fields.py`` compiles every type's field from the type's own
+    head body: it names no type, no type's module, and has no list of them (a new type
+    is one new module, nothing here edited)."""
+    path = ROOT / "attention" / "_compiled_fields.py"
+    assert not mentions(path)
+    modules = _type_modules()
+    assert {"_softmax", "_l2"} <= modules
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in modules:
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in modules:
+            found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and (
+                {(node.module or "").rsplit(".", 1)[-1]} | {a.name for a in node.names}) & modules:
+            found.add(node.module)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in skip and any(m in node.value for m in modules)):
+            found.add(repr(node.value))
+    assert not found, f"_compiled_fields.py names types' modules: {sorted(found)}"

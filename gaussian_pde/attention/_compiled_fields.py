@@ -1,4 +1,4 @@
-r"""Compiled (Numba) factor fields of the attention types, for the compiled integrators.
+r"""Compiled (Numba) factor fields: the shared machinery, which names no attention type.
 
 A type's :meth:`~gaussian_pde.Attention.compiled_field` returns a :class:`CompiledField`:
 two compiled kernels with fixed signatures and the type's weights packed into one
@@ -16,62 +16,68 @@ so it serves every type that supplies kernels, without knowing which type it is.
     ``False`` where no closed form holds there (the integrator takes central
     differences of ``rhs`` instead).
 
-The packed vector holds a sum of heads, ``[H, (code, k, size, data...) * H]``, so that
-a multi-head attention is the concatenation of its heads' packs and one kernel pair
-serves every type and sum of types. The per-head formulas are those of
-:mod:`gaussian_pde.integrate._fused`:
+**A type's field, written once.** A type of this package states its field in its own
+module as plain Python, and wraps it in a :class:`HeadKernel`:
 
-* softmax (data ``c, [cV; K; Q]``): :math:`Z' = \big((cVL)(KL)^T\big)(QZ)`, and
-  :math:`V\alpha` added to the mean's column;
-* L2 (data ``c, s = \sqrt{2c}, sV, sK, Q, V, K``): :math:`L' = sVL\,\Gamma\,QL`,
-  :math:`\alpha' = V\alpha + sVL\,\Gamma(Q - K)\alpha`, with the gain
-  :math:`\Gamma = (I + B^TB)^{-1}B^T` of :math:`B = sKL` (a Cholesky solve with
-  :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3`, Householder QR of :math:`[B; I_d]`
-  beyond, as :func:`gaussian_pde._common.linalg.l2_gain`);
-* Sinkhorn (data ``A = cK^TQ, V``): :math:`L' = VL\,B\varphi(B^TB)`,
-  :math:`B = L^TAL`, from the SVD (:func:`gaussian_pde._common.linalg.sinkhorn_cross`),
-  :math:`\alpha' = V\alpha`;
-* softmax with a query offset (data ``c, [cV; K; Q], q``; score
-  :math:`c(Qx + q)^TKy`): softmax's products with :math:`q` added to the mean's column
-  of :math:`QZ`: :math:`\alpha' = V\alpha +
-  (cVL)(KL)^T(Q\alpha + q) = V\alpha + M\alpha + V\Sigma g`, :math:`g = cK^Tq` (the key
-  bias of a score :math:`c(Qx + q)^T(Ky + k_b)` cancels); the covariance is softmax's;
-* linear (data ``c, [cV; K; Q]``, as softmax): :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`
-  over the whole state :math:`Z = [L \mid \alpha]` (:math:`ZZ^T = \Sigma + \alpha\alpha^T`),
-  no offset; it needs the mean in its own units (``m = d + 1``, mean units 1: the
-  field is not homogeneous in the mean).
+``body(data, k, d, m, y, out, ws)``
+    one head's :math:`Z'` from its weights ``data`` (the type's own layout) and its
+    inner size ``k``;
+``parts(data, k, d, m, Z, A, C, M, N, r) -> bool`` (optional)
+    the pieces of its closed-form Jacobian, where :math:`dM[d\Sigma] = A\,d\Sigma\,C`
+    (:func:`gaussian_pde.integrate._field.analytic_jacobian`) and, with the mean,
+    :math:`\partial\alpha'/\partial\alpha = N`, ``r`` the vector of the mean rows below;
+    False where the closed form does not hold.
 
-The Jacobian (softmax heads, with or without the offset, and L2 heads; Sinkhorn and
-linear have none) follows
-:math:`dM[d\Sigma] = A\,d\Sigma\,C` (:func:`gaussian_pde.integrate._field.analytic_jacobian`):
+The functions a body calls are marked by :func:`compiled_later` (plain Python until a
+field is first compiled, so the tests also run them uncompiled). This module makes the
+kernels from templates (copies of its functions calling the heads' compiled functions,
+:func:`_instance`), and assembles the Jacobian from the parts once for every type
+(:func:`assemble`):
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
 :math:`\partial\alpha'_i/\partial L_{ab} = A_{ia}(L^Tr)_b + (AL)_{ib}r_a`,
-:math:`\partial\alpha'/\partial\alpha = N`. With an L2 head it holds only while the
-factor's column norms span less than
-:data:`gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX` (``1e4``).
+:math:`\partial\alpha'/\partial\alpha = N`.
+
+**The packed vectors.** One head: ``[1, size, k, data...]`` (``size`` entries of
+data; the first 0 for a head of a sum, whose Jacobian is added), its kernels the body
+and parts inlined into :func:`_head_rhs` and :func:`_head_jac` (one pair per head
+kernel, :func:`_head_kernels`). A sum of heads
+(:func:`add`): runs of adjacent heads of one kernel, in the heads' order,
+``[R, (n, (size, pack...) * n) * R]`` (``R`` runs of ``n`` heads, each head its own
+pack); its kernels are compiled for the sequence of the runs' kernels
+(:func:`_sum_kernels`) and call each head's field on its pack. The field is summed
+head by head in order, :math:`Z' = (\dots(Z'_1 + Z'_2) + \dots) + Z'_H`, and the
+Jacobian likewise, each head added in place. A type of another package brings its own
+``rhs`` and ``jac`` (:func:`signatures`); in a sum it is one head whose pack is its
+own packed vector.
 
 Numba is imported when a type first asks for its compiled field, not with the package.
+The kernels are cached on disk under names that carry a digest of the sources of every
+module they are compiled from, so an edit of a type's module compiles them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import importlib
+import inspect
 import math
+import os
+import sys
+import types
 
 import numpy as np
 
-__all__ = ["CompiledField", "kernels", "pack_head", "combine", "head_field", "add"]
+__all__ = ["CompiledField", "HeadKernel", "compiled_later", "head_field", "add", "kernels",
+           "signatures"]
 
-#: head codes of the packed vector
-SOFTMAX, L2, SINKHORN, LINEAR, SOFTMAX_OFFSET = 0, 1, 2, 3, 4
-_HEADER = 3
-#: the closed-form L2 Jacobian holds while the column norms of L span less than this
-#: (gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX)
-_SPREAD_MAX = 1e4
 #: ||B||_F^2 below which the L2 gain takes the Cholesky solve (linalg.GAIN_SOLVE_MAX)
 _GAIN_SOLVE_MAX = 1e3
+#: the closed-form Jacobian of a head whose parts hold only while the column norms of
+#: ``L`` span less than this (gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX)
+SPREAD_MAX = 1e4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,9 @@ class CompiledField:
         Scratch the kernels need, for ``m = d + 1`` (enough for ``m = d``).
     exact_jacobian : bool
         Whether ``jac`` can return a closed form (otherwise it always returns False).
+    heads : tuple of HeadKernel
+        The kernels of the runs of heads of ``params`` (a field made by this module);
+        empty for a type's own kernels (another package's).
     """
 
     rhs: object
@@ -98,76 +107,239 @@ class CompiledField:
     d: int
     ws_size: int
     exact_jacobian: bool
+    heads: tuple = ()
 
     def specialised(self):
-        """The same field with ``rhs`` compiled for its one head's type, ``d`` and ``k``.
+        """The same field with ``rhs`` compiled for its one head's kernel, ``d`` and ``k``.
 
         The constants let the compiler unroll the small loops: at ``d = k = 3`` the
         softmax field costs a third of the generic kernel's time, with the same
-        operations in the same order (the same bits). The kernels are compiled at the
-        first request of a type and shape (about a second, cached on disk), so the
-        integrator asks for them only where a batch is large enough to repay that. A
-        sum of heads, and a type whose body allocates (:data:`_COUNTED`: called, not
-        inlined, so compiled in for nothing), keep the generic kernels (returned as they are).
+        operations in the same order (the same bits). The kernel is compiled at the
+        first request of a kernel and shape (cached on disk), so the integrator asks for
+        it only where a batch is large enough to repay that. A sum of heads, a type's
+        own kernels (another package's), and a body that allocates (called, not
+        inlined, so compiled in for nothing) keep the generic kernels (returned as they are).
         """
-        if kernels() is None or self.rhs is not kernels()[0] or int(self.params[0]) != 1:
-            return self         # a sum of heads, or a type's own kernels (another package's)
-        if _BODIES[int(self.params[1])] in _COUNTED:
-            return self         # a body that is called, not inlined: nothing to gain
-        rhs = _specialised_rhs(int(self.params[1]), self.d, int(self.params[2]))
+        if len(self.heads) != 1 or not isinstance(self.heads[0], HeadKernel):
+            return self
+        head = self.heads[0]
+        if self.rhs is not head.kernels()[0] or head.counted:
+            return self                         # a sum of heads, or a body that allocates
+        rhs = _shape_rhs(head, self.d, int(self.params[2]))
         return dataclasses.replace(self, rhs=rhs)
 
 
-def pack_head(code, k, d, data):
-    """One head's pack ``[code, k, size, data...]``, its scratch size and closed-form flag."""
-    pack = np.concatenate([(float(code), float(k), 0.0), *data], axis=None)
-    pack[2] = pack.size - _HEADER
-    return pack, _head_ws(k, d), _closed_form(code)
+# ----------------------------------------------------------------------------------------
+# functions compiled at first use
+# ----------------------------------------------------------------------------------------
+
+#: the functions marked by :func:`compiled_later`, in the order of their definition
+_MARKED = []
+#: plain function -> its dispatcher, once compiled
+_DISPATCHERS = {}
 
 
-def _head_ws(k, d):
-    m = d + 1
-    return 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
+def compiled_later(inline=False, counted=False):
+    """Mark a plain-Python kernel function, compiled by Numba when a field first needs it.
 
-
-def _closed_form(code):
-    """Whether a head of type ``code`` has a closed-form Jacobian."""
-    return code not in (SINKHORN, LINEAR)
-
-
-def _field(d, params, head_ws, exact):
-    """The :class:`CompiledField` of packed ``params`` (None without Numba)."""
-    if kernels() is None:
-        return None
-    rhs, jac = kernels()
-    return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
-                         ws_size=int(head_ws + 2 * d * (d + 1)), exact_jacobian=exact)
-
-
-def head_field(code, k, d, data):
-    """The :class:`CompiledField` of one head: ``combine(d, [pack_head(code, k, d, data)])``.
-
-    The same field, packed in one pass (a batch packs one per trajectory).
+    The function stays plain Python (the tests run it so) until :func:`_compile_marked`
+    replaces it, in its module, by its Numba dispatcher; the kernels that call it then
+    call the compiled code. ``inline``: inlined in Numba's IR into its callers (their
+    constants reach its loops); ``counted``: it allocates or returns arrays, so it is
+    compiled with Numba's reference counting (the others are compiled without it).
     """
-    params = np.concatenate([(1.0, float(code), float(k), 0.0), *data], axis=None)
-    params[3] = params.size - 1 - _HEADER      # the head's size, after [heads, code, k]
-    return _field(d, params, _head_ws(k, d), _closed_form(code))
+    def mark(fn):
+        fn.compile_options = dict(inline="always" if inline else "never", _nrt=bool(counted))
+        _MARKED.append(fn)
+        return fn
+    return mark
 
 
-def combine(d, parts):
-    """A :class:`CompiledField` of the sum of heads ``parts`` (from :func:`pack_head`).
+def _compile_marked():
+    """Replace every marked function in its module by its Numba dispatcher.
 
-    None without Numba (the callers then take their NumPy paths).
+    Lazy: each is compiled at its first call from a kernel. Not cached on disk: the
+    kernels that call them are, with the sources of their modules in their names
+    (:func:`_digest`).
     """
-    params = np.concatenate([(float(len(parts)),), *(p for p, _, _ in parts)])
-    return _field(d, params, max(w for _, w, _ in parts), all(e for _, _, e in parts))
+    from numba import njit
+
+    for fn in _MARKED:
+        if fn in _DISPATCHERS:
+            continue
+        disp = njit(cache=False, error_model="numpy", **fn.compile_options)(fn)
+        _DISPATCHERS[fn] = disp
+        namespace = sys.modules[fn.__module__].__dict__
+        if namespace.get(fn.__name__) is fn:
+            namespace[fn.__name__] = disp
+
+
+def _dispatcher(fn):
+    """The compiled ``fn`` (marked by :func:`compiled_later`), or ``fn`` if already one."""
+    return _DISPATCHERS.get(fn, fn)
+
+
+@functools.cache
+def _inlined(fn):
+    """A dispatcher of the plain ``fn`` (marked) inlined in Numba's IR into its callers."""
+    from numba import njit
+
+    return njit(cache=False, error_model="numpy", inline="always",
+                _nrt=fn.compile_options["_nrt"])(fn)
 
 
 # ----------------------------------------------------------------------------------------
-# the loops (plain Python here, compiled by kernels())
+# the heads' kernels
 # ----------------------------------------------------------------------------------------
 
-def _mm(A, B, C):
+@dataclasses.dataclass(frozen=True, eq=False)
+class HeadKernel:
+    """The compiled field of one kind of head: its ``body``, and its Jacobian's ``parts``.
+
+    Parameters
+    ----------
+    body : function
+        ``body(data, k, d, m, y, out, ws)``, marked by :func:`compiled_later`.
+    parts : function or None
+        ``parts(data, k, d, m, Z, A, C, M, N, r) -> bool``, marked by
+        :func:`compiled_later`; None: no closed-form Jacobian.
+
+    A type of this package creates one at import; :func:`kernels` compiles those.
+    """
+
+    body: object
+    parts: object = None
+
+    def __post_init__(self):
+        _HEAD_KERNELS.append(self)
+
+    def __reduce__(self):
+        # by the name of its body: its functions are replaced by their dispatchers
+        return _head_kernel, (self.body.__module__, self.body.__qualname__)
+
+    @property
+    def counted(self):
+        """Whether the body allocates (then a shape's kernel keeps the generic one)."""
+        return self.body.compile_options["_nrt"]
+
+    @property
+    def exact(self):
+        return self.parts is not None
+
+    def name(self):
+        return ",".join(f"{fn.__module__}.{fn.__qualname__}"
+                        for fn in (self.body, self.parts) if fn is not None)
+
+    def sources(self):
+        return {inspect.getfile(fn) for fn in _MARKED}
+
+    def kernels(self):
+        """``(rhs, jac)`` of one head, its pack ``[1, size, k, data...]`` (:func:`_head_kernels`)."""
+        return _head_kernels(self)
+
+    def jac_add(self):
+        """``add(P, d, m, y, J, ws) -> bool``: the head's Jacobian added to ``J``.
+
+        Its own Jacobian kernel, given its pack with ``P[0] = 0`` (:func:`_head_jac`).
+        """
+        return self.kernels()[1] if self.exact else None
+
+
+#: every :class:`HeadKernel` created (the types of this package, at import)
+_HEAD_KERNELS = []
+
+
+def _head_kernel(module, qualname):
+    """The :class:`HeadKernel` whose body is ``module.qualname`` (an unpickled one)."""
+    importlib.import_module(module)
+    for head in _HEAD_KERNELS:
+        if (head.body.__module__, head.body.__qualname__) == (module, qualname):
+            return head
+    raise LookupError(f"no head kernel with the body {module}.{qualname}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ForeignHead:
+    """A type's own kernels (another package's) as one head of a sum.
+
+    Its pack is its own packed vector; its Jacobian (where it has one) is added to the sum's.
+    """
+
+    rhs: object
+    jac: object
+    exact: bool
+
+    def __reduce__(self):
+        return _foreign, (self.rhs, self.jac, self.exact)
+
+    def name(self):
+        return ",".join(f"{f.py_func.__module__}.{f.py_func.__qualname__}"
+                        for f in (self.rhs, self.jac))
+
+    def sources(self):
+        return {inspect.getfile(f.py_func) for f in (self.rhs, self.jac)}
+
+    def kernels(self):
+        return self.rhs, self.jac
+
+    def jac_add(self):
+        if not self.exact:
+            return None
+        return _jit(_instance(_foreign_jac_add, "foreign_jac_add_" + _digest([self]),
+                              _jac=self.jac), True)
+
+
+@functools.cache
+def _foreign(rhs, jac, exact):
+    return _ForeignHead(rhs, jac, exact)
+
+
+def _digest(heads):
+    """A digest of the heads' kernels' names and of their modules' sources (size, mtime).
+
+    In the names of the compiled kernels: Numba's disk cache checks the source of the
+    module that defines a function, not those of the functions it calls.
+    """
+    h = hashlib.sha1()
+    files = set()
+    for head in heads:
+        h.update(head.name().encode())
+        files |= head.sources()
+    for path in sorted(files):
+        st = os.stat(path)
+        h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _instance(template, name, **bound):
+    """A copy of the function ``template`` named ``name``, with the globals ``bound`` added.
+
+    The kernels of a sequence of heads are such copies: the same code (of this module),
+    calling the heads' compiled functions as globals, which Numba compiles in.
+    """
+    namespace = dict(template.__globals__)
+    namespace.update(bound)
+    fn = types.FunctionType(template.__code__, namespace, name)
+    fn.__qualname__ = name
+    return fn
+
+
+def _jit(fn, inline=True):
+    """``fn`` (glue between the kernels and the heads' bodies) compiled at first use.
+
+    Inlined into its callers, or called (``inline`` False).
+    """
+    from numba import njit
+
+    return njit(cache=False, error_model="numpy", inline="always" if inline else "never")(fn)
+
+
+# ----------------------------------------------------------------------------------------
+# shared numerics (plain Python here, compiled at first use)
+# ----------------------------------------------------------------------------------------
+
+@compiled_later()
+def mm(A, B, C):
     """``C = A @ B`` for small 2-D arrays."""
     r, q = A.shape
     c = B.shape[1]
@@ -179,7 +351,8 @@ def _mm(A, B, C):
             C[i, j] = acc
 
 
-def _copy2(dst, src):
+@compiled_later()
+def copy2(dst, src):
     """``dst[:, :] = src`` (2-D) as loops.
 
     An array assignment would compile its shape check's error message, and with it
@@ -190,7 +363,8 @@ def _copy2(dst, src):
             dst[i, j] = src[i, j]
 
 
-def _cholesky_solve(H, X):
+@compiled_later()
+def cholesky_solve(H, X):
     """Solve ``H Y = X`` in place (``H`` symmetric positive definite, overwritten)."""
     k = H.shape[0]
     for j in range(k):
@@ -221,14 +395,17 @@ def _cholesky_solve(H, X):
     return True
 
 
-def _finite(A):
+@compiled_later(counted=True)
+def finite(A):
+    """Whether every entry of ``A`` is finite."""
     for x in A.ravel():
         if not math.isfinite(x):
             return False
     return True
 
 
-def _upper_solve(R, X):
+@compiled_later()
+def upper_solve(R, X):
     """Solve ``R Y = X`` in place, ``R`` upper triangular (square)."""
     n = R.shape[0]
     for col in range(X.shape[1]):
@@ -239,7 +416,8 @@ def _upper_solve(R, X):
             X[i, col] = t / R[i, i]
 
 
-def _gain_qr(B, G):
+@compiled_later(counted=True)
+def gain_qr(B, G):
     """``G = R^{-1} Q_1^T`` from the QR of ``[B; I_d]`` (any finite scale)."""
     k, d = B.shape
     Bh = np.zeros((k + d, d))
@@ -250,11 +428,12 @@ def _gain_qr(B, G):
         Bh[k + i, i] = 1.0
     Q, R = np.linalg.qr(Bh)
     Y = np.ascontiguousarray(Q[:k].T)
-    _upper_solve(R, Y)
-    _copy2(G, Y)
+    upper_solve(R, Y)
+    copy2(G, Y)
 
 
-def _inverse_gram_qr(B, E):
+@compiled_later(counted=True)
+def inverse_gram_qr(B, E):
     """``E = (I_k + BB^T)^{-1} = R_2^{-1}R_2^{-T}`` from the QR of ``[B^T; I_k]``."""
     k, d = B.shape
     Bh = np.zeros((d + k, k))
@@ -265,18 +444,24 @@ def _inverse_gram_qr(B, E):
         Bh[d + i, i] = 1.0
     _, R = np.linalg.qr(Bh)
     Ri = np.eye(k)
-    _upper_solve(R, Ri)
-    _mm(Ri, np.ascontiguousarray(Ri.T), E)
+    upper_solve(R, Ri)
+    mm(Ri, np.ascontiguousarray(Ri.T), E)
 
 
-def _gain(B, G, H, X, E, want_E):
-    """The L2 gain ``G`` (``d x k``) of ``B`` (and ``E``); False where ``B`` is not finite."""
+@compiled_later(inline=True, counted=True)
+def gain(B, G, H, X, E, want_E):
+    r"""The L2 gain :math:`G = (I + B^TB)^{-1}B^T` (``d x k``) of ``B``, and :math:`E`.
+
+    :math:`E = (I_k + BB^T)^{-1}`; False where ``B`` is not finite. A Cholesky solve
+    with :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3`, Householder QR of
+    :math:`[B; I_d]` beyond, as :func:`gaussian_pde._common.linalg.l2_gain`.
+    """
     k, d = B.shape
     n2 = 0.0
     for x in B.ravel():
         n2 += x * x
     if not math.isfinite(n2):
-        if not _finite(B):
+        if not finite(B):
             return False
     if k == 1 and n2 < 1e300 and not want_E:
         for i in range(d):
@@ -293,7 +478,7 @@ def _gain(B, G, H, X, E, want_E):
             for i in range(k):
                 for j in range(k):
                     E[i, j] = 1.0 if i == j else 0.0
-            if _cholesky_solve(H, E):
+            if cholesky_solve(H, E):
                 for i in range(d):
                     for j in range(k):
                         acc = 0.0
@@ -302,241 +487,28 @@ def _gain(B, G, H, X, E, want_E):
                         G[i, j] = acc
                 return True
         else:                             # X = H^{-1} B, G = X^T
-            _copy2(X, B)
-            if _cholesky_solve(H, X):
+            copy2(X, B)
+            if cholesky_solve(H, X):
                 for i in range(d):
                     for j in range(k):
                         G[i, j] = X[j, i]
                 return True
-    _gain_qr(np.ascontiguousarray(B), G)
+    gain_qr(np.ascontiguousarray(B), G)
     if want_E:
-        _inverse_gram_qr(np.ascontiguousarray(B), E)
+        inverse_gram_qr(np.ascontiguousarray(B), E)
     return True
 
 
-def _nan(out):
+@compiled_later()
+def fill_nan(out):
+    """``out[:] = NaN``: a field that does not exist there (the integrator rejects the step)."""
     for i in range(out.size):
         out[i] = np.nan
 
 
-def _softmax_rhs(data, k, d, m, y, out, ws):
-    _softmax_core(data, k, d, m, y, out, ws, -1)
-
-
-def _softmax_offset_rhs(data, k, d, m, y, out, ws):
-    # the query bias q follows [cV; K; Q] in the data
-    _softmax_core(data, k, d, m, y, out, ws, 1 + (d + 2 * k) * d)
-
-
-def _softmax_core(data, k, d, m, y, out, ws, bias):
-    # the products in the order of the NumPy loop's (integrate._compiled's
-    # softmax_apply_stack): A = (cVL)(KL)^T first, then A (QZ); near a blow-up, where the
-    # factor's entries pass 1e20, the order decides which cancellations round. Flat
-    # indices: W = [cV; K; Q] row-major from data[1]; P = W Z with its factor block in
-    # ws[:r d] (rows of d), its mean column in ws[r d:r d + r], A after it. Every entry
-    # is one sum over p in increasing order, whichever loop runs innermost.
-    # ``bias`` >= 0: the offset in ``data`` of a query bias added to the mean's column
-    # of QZ (a score c (Qx + q)^T K y); -1: none
-    c = data[0]
-    r = d + 2 * k
-    pm = r * d
-    pa = pm + r
-    for i in range(r):                         # P = W Z
-        wi = 1 + i * d
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[wi + p] * y[p * m + j]
-            ws[i * d + j] = acc
-    if m > d:
-        # the mean's column, summed over p in the outer loop: one accumulator per row,
-        # independent of each other, where a dot product per row waits on each add
-        for i in range(r):
-            ws[pm + i] = 0.0
-        for p in range(d):
-            yp = y[p * m + d]
-            for i in range(r):
-                ws[pm + i] += data[1 + i * d + p] * yp
-    q0 = (d + k) * d
-    qm = pm + d + k
-    if bias >= 0 and m > d:                    # Q alpha + q
-        for p in range(k):
-            ws[qm + p] += data[bias + p]
-    for i in range(d):                         # A = (cVL)(KL)^T
-        for j in range(k):
-            acc = 0.0
-            for p in range(d):
-                acc += ws[i * d + p] * ws[(d + j) * d + p]
-            ws[pa + i * k + j] = acc
-    for i in range(d):                         # Z' = A (QZ), + V alpha in the mean's column
-        for j in range(d):
-            acc = 0.0
-            for p in range(k):
-                acc += ws[pa + i * k + p] * ws[q0 + p * d + j]
-            out[i * m + j] = acc
-    if m > d:
-        for i in range(d):
-            out[i * m + d] = 0.0
-        for p in range(k):
-            qp = ws[qm + p]
-            for i in range(d):
-                out[i * m + d] += ws[pa + i * k + p] * qp
-        for i in range(d):
-            out[i * m + d] += ws[pm + i] / c
-
-
-def _linear_rhs(data, k, d, m, y, out, ws):
-    # softmax's products over the whole state: A = (cVZ)(KZ)^T sums over all m columns
-    # (Z Z^T = Sigma + alpha alpha^T), then Z' = A (QZ), with no offset
-    r = d + 2 * k
-    pa = r * m
-    for i in range(r):                         # P = W Z
-        wi = 1 + i * d
-        for j in range(m):
-            acc = 0.0
-            for p in range(d):
-                acc += data[wi + p] * y[p * m + j]
-            ws[i * m + j] = acc
-    for i in range(d):                         # A = (cVZ)(KZ)^T
-        for j in range(k):
-            acc = 0.0
-            for p in range(m):
-                acc += ws[i * m + p] * ws[(d + j) * m + p]
-            ws[pa + i * k + j] = acc
-    q0 = (d + k) * m
-    for i in range(d):                         # Z' = A (QZ)
-        for j in range(m):
-            acc = 0.0
-            for p in range(k):
-                acc += ws[pa + i * k + p] * ws[q0 + p * m + j]
-            out[i * m + j] = acc
-
-
-def _l2_blocks(data, k, d):
-    c, s = data[0], data[1]
-    o = 2
-    sV = data[o:o + d * d].reshape((d, d))
-    o += d * d
-    sK = data[o:o + k * d].reshape((k, d))
-    o += k * d
-    Q = data[o:o + k * d].reshape((k, d))
-    o += k * d
-    V = data[o:o + d * d].reshape((d, d))
-    o += d * d
-    K = data[o:o + k * d].reshape((k, d))
-    return c, s, sV, sK, Q, V, K
-
-
-def _l2_rhs(data, k, d, m, y, out, ws):
-    c, s, sV, sK, Q, V, K = _l2_blocks(data, k, d)
-    Z = y.reshape((d, m))
-    o = 0
-    X = ws[o:o + d * m].reshape((d, m))        # sV Z
-    o += d * m
-    B = ws[o:o + k * d].reshape((k, d))        # sK L
-    o += k * d
-    QZ = ws[o:o + k * m].reshape((k, m))       # [QL | (Q - K) alpha]
-    o += k * m
-    G = ws[o:o + d * k].reshape((d, k))
-    o += d * k
-    Gd = ws[o:o + d * m].reshape((d, m))
-    o += d * m
-    H = ws[o:o + k * k].reshape((k, k))
-    o += k * k
-    Xs = ws[o:o + k * d].reshape((k, d))
-    _mm(sV, Z, X)
-    for i in range(k):
-        for j in range(d):
-            acc = 0.0
-            acq = 0.0
-            for p in range(d):
-                acc += sK[i, p] * Z[p, j]
-                acq += Q[i, p] * Z[p, j]
-            B[i, j] = acc
-            QZ[i, j] = acq
-        if m > d:
-            acc = 0.0
-            for p in range(d):
-                acc += (Q[i, p] - K[i, p]) * Z[p, d]
-            QZ[i, d] = acc
-    if not _gain(B, G, H, Xs, H, False):
-        _nan(out)
-        return
-    _mm(G, QZ, Gd)
-    for i in range(d):
-        for j in range(m):
-            acc = 0.0
-            for p in range(d):
-                acc += X[i, p] * Gd[p, j]
-            if j == d:
-                acc += X[i, d] / s
-            out[i * m + j] = acc
-
-
-def _sinkhorn_rhs(data, k, d, m, y, out, ws):
-    A = data[:d * d].reshape((d, d))
-    V = data[d * d:2 * d * d].reshape((d, d))
-    Z = y.reshape((d, m))
-    L = np.ascontiguousarray(Z[:, :d])
-    AL = ws[:d * d].reshape((d, d))
-    Bm = np.empty((d, d))
-    _mm(A, L, AL)
-    _mm(np.ascontiguousarray(L.T), AL, Bm)
-    if not _finite(Bm):
-        _nan(out)
-        return
-    U, sv, Wt = np.linalg.svd(Bm)
-    for j in range(d):
-        f = 2.0 * sv[j] / (1.0 + math.sqrt(1.0 + 4.0 * sv[j] * sv[j]))
-        for i in range(d):
-            U[i, j] *= f
-    C = np.zeros((m, m))
-    _mm(U, Wt, C[:d, :d])
-    if m > d:
-        C[d, d] = 1.0                       # alpha' = V alpha
-    VZ = ws[d * d:d * d + d * m].reshape((d, m))
-    _mm(V, Z, VZ)
-    for i in range(d):
-        for j in range(m):
-            acc = 0.0
-            for p in range(m):
-                acc += VZ[i, p] * C[p, j]
-            out[i * m + j] = acc
-
-
-def heads_rhs(P, d, m, y, out, ws):
-    """``out = Z'``: the sum of the packed heads' fields at the flat state ``y``."""
-    H = int(P[0])
-    n = d * m
-    acc = ws[:n]
-    tmp = ws[n:2 * n]
-    rest = ws[2 * n:]
-    o = 1
-    for h in range(H):
-        code, k, size = int(P[o]), int(P[o + 1]), int(P[o + 2])
-        data = P[o + _HEADER:o + _HEADER + size]
-        target = out if H == 1 else tmp
-        if code == SOFTMAX:
-            _softmax_rhs(data, k, d, m, y, target, rest)
-        elif code == L2:
-            _l2_rhs(data, k, d, m, y, target, rest)
-        elif code == LINEAR:
-            _linear_rhs(data, k, d, m, y, target, rest)
-        elif code == SOFTMAX_OFFSET:
-            _softmax_offset_rhs(data, k, d, m, y, target, rest)
-        else:
-            _sinkhorn_rhs(data, k, d, m, y, target, rest)
-        if H > 1:
-            for i in range(n):
-                acc[i] = tmp[i] if h == 0 else acc[i] + tmp[i]
-        o += _HEADER + size
-    if H > 1:
-        for i in range(n):
-            out[i] = acc[i]
-
-
-def _spread_ok(Z, d):
-    """Whether the non-zero column norms of ``L`` span less than ``_SPREAD_MAX``."""
+@compiled_later()
+def spread_ok(Z, d):
+    """Whether the non-zero column norms of ``L = Z[:, :d]`` span less than :data:`SPREAD_MAX`."""
     cmax = 0.0
     cmin = np.inf
     for j in range(d):
@@ -548,149 +520,151 @@ def _spread_ok(Z, d):
             cmax = c
         if c > 0 and c < cmin:
             cmin = c
-    return not (cmax > _SPREAD_MAX * cmin)
+    return not (cmax > SPREAD_MAX * cmin)
 
 
-def _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
-    """``A, C, M`` (and ``N, r`` with the mean) of one head at ``Z`` (see the module)."""
-    L = np.ascontiguousarray(Z[:, :d])
-    S = np.empty((d, d))
-    _mm(L, np.ascontiguousarray(L.T), S)
-    if code == SOFTMAX or code == SOFTMAX_OFFSET:
-        c = data[0]
-        W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
-        Kt = np.ascontiguousarray(W[d:d + k].T)
-        Q = W[d + k:d + 2 * k]
-        _copy2(A, W[:d])
-        _mm(Kt, Q, C)
-        T1 = np.empty((d, d))
-        _mm(A, S, T1)
-        _mm(T1, C, M)
-        if m > d:
-            for i in range(d):
-                for j in range(d):
-                    N[i, j] = A[i, j] / c + M[i, j]
-            for i in range(d):
-                acc = 0.0
-                for p in range(d):
-                    acc += C[i, p] * Z[p, d]
-                r[i] = acc
-            if code == SOFTMAX_OFFSET:         # r = K^T (Q alpha + q)
-                q = data[1 + (d + 2 * k) * d:]
-                for i in range(d):
-                    acc = 0.0
-                    for p in range(k):
-                        acc += Kt[i, p] * q[p]
-                    r[i] += acc
-        return True
-    c, s, sV, sK, Q, V, K = _l2_blocks(data, k, d)
-    B = np.empty((k, d))
-    _mm(sK, L, B)
-    G = np.empty((d, k))
-    E = np.empty((k, k))
-    H = np.empty((k, k))
-    if not _gain(B, G, H, H, E, True):
-        return False
-    LG = np.empty((d, k))
-    _mm(L, G, LG)
-    Xi = np.empty((d, d))
-    _mm(LG, np.ascontiguousarray(K), Xi)
-    for i in range(d):
-        for j in range(d):
-            Xi[i, j] = (1.0 if i == j else 0.0) - s * Xi[i, j]
-    Pm = np.empty((d, d))
-    _mm(LG, np.ascontiguousarray(Q), Pm)
-    _mm(V, Xi, A)
-    _mm(V, Pm, M)
-    for i in range(d):
-        for j in range(d):
-            A[i, j] *= 2.0 * c
-            M[i, j] *= 2.0 * c / s
-    EQ = np.empty((k, d))
-    _mm(E, np.ascontiguousarray(Q), EQ)
-    _mm(np.ascontiguousarray(K.T), EQ, C)
-    if m > d:
-        for i in range(d):
-            for j in range(d):
-                N[i, j] = A[i, j] / (2.0 * c) + M[i, j]
-        qka = np.empty((k, 1))
-        for i in range(k):
-            acc = 0.0
-            for p in range(d):
-                acc += (Q[i, p] - K[i, p]) * Z[p, d]
-            qka[i, 0] = acc
-        Eq = np.empty((k, 1))
-        _mm(E, qka, Eq)
-        for i in range(d):
-            acc = 0.0
-            for p in range(k):
-                acc += K[p, i] * Eq[p, 0]
-            r[i] = acc
-    return True
+@compiled_later(counted=True)
+def assemble(A, C, M, N, r, Z, d, m, J):
+    r"""Add the Jacobian of one head with parts ``A, C, M, N, r`` at ``Z`` to ``J``.
 
-
-def heads_jac(P, d, m, y, J, ws):
-    """The closed-form Jacobian of :func:`heads_rhs` into ``J``; False where none holds."""
-    H = int(P[0])
-    Z = y.reshape((d, m))
-    o = 1
-    codes_ok = True
-    has_l2 = False
-    for _ in range(H):
-        code, size = int(P[o]), int(P[o + 2])
-        if code == SINKHORN or code == LINEAR:
-            codes_ok = False
-        if code == L2:
-            has_l2 = True
-        o += _HEADER + size
-    if not codes_ok:
-        return False
-    if has_l2 and not _spread_ok(Z, d):
-        return False
-    n = d * m
-    for i in range(n):
-        for j in range(n):
-            J[i, j] = 0.0
-    A = np.empty((d, d))
-    C = np.empty((d, d))
-    M = np.empty((d, d))
-    N = np.empty((d, d))
-    r = np.empty(d)
+    :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
+    :math:`B = CL`; with the mean (``m = d + 1``)
+    :math:`\partial\alpha'_i/\partial L_{ab} \mathrel{+}= A_{ia}(L^Tr)_b + (AL)_{ib}r_a` and
+    :math:`\partial\alpha'/\partial\alpha \mathrel{+}= N`.
+    """
     B = np.empty((d, d))
     LtB = np.empty((d, d))
     AL = np.empty((d, d))
     L = np.ascontiguousarray(Z[:, :d])
     Lt = np.ascontiguousarray(L.T)
-    o = 1
-    for _ in range(H):
-        code, k, size = int(P[o]), int(P[o + 1]), int(P[o + 2])
-        data = P[o + _HEADER:o + _HEADER + size]
-        o += _HEADER + size
-        if not _head_parts(code, data, k, d, m, Z, A, C, M, N, r, ws):
-            return False
-        _mm(C, L, B)
-        _mm(Lt, B, LtB)
-        _mm(A, L, AL)
+    mm(C, L, B)
+    mm(Lt, B, LtB)
+    mm(A, L, AL)
+    for i in range(d):
+        for j in range(d):
+            row = i * m + j
+            for a in range(d):
+                for b in range(d):
+                    J[row, a * m + b] += A[i, a] * LtB[b, j] + AL[i, b] * B[a, j]
+                J[row, a * m + j] += M[i, a]
+    if m > d:
+        Ltr = np.empty(d)
+        for b in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += L[p, b] * r[p]
+            Ltr[b] = acc
         for i in range(d):
-            for j in range(d):
-                row = i * m + j
-                for a in range(d):
-                    for b in range(d):
-                        J[row, a * m + b] += A[i, a] * LtB[b, j] + AL[i, b] * B[a, j]
-                    J[row, a * m + j] += M[i, a]
-        if m > d:
-            Ltr = np.empty(d)
-            for b in range(d):
-                acc = 0.0
-                for p in range(d):
-                    acc += L[p, b] * r[p]
-                Ltr[b] = acc
-            for i in range(d):
-                row = i * m + d
-                for a in range(d):
-                    for b in range(d):
-                        J[row, a * m + b] += A[i, a] * Ltr[b] + AL[i, b] * r[a]
-                    J[row, a * m + d] += N[i, a]
+            row = i * m + d
+            for a in range(d):
+                for b in range(d):
+                    J[row, a * m + b] += A[i, a] * Ltr[b] + AL[i, b] * r[a]
+                J[row, a * m + d] += N[i, a]
+
+
+def head_ws(k, d):
+    """Scratch entries a head of inner size ``k`` may need at dimension ``d``."""
+    m = d + 1
+    return 8 * (d + 2 * k + m + 2) * (m + k + 2) + 4 * (d + k) * (d + k)
+
+
+# ----------------------------------------------------------------------------------------
+# templates: the kernels of a sequence of runs of heads are copies of these (_instance)
+# ----------------------------------------------------------------------------------------
+
+def _head_rhs(P, d, m, y, out, ws):
+    """One head's field: its pack ``P = [1, size, k, data...]``, its body ``_body`` inlined."""
+    _body(P[3:3 + int(P[1])], int(P[2]), d, m, y, out, ws[2 * d * m:])   # noqa: F821
+
+
+def _head_jac(P, d, m, y, J, ws):
+    """One head's closed-form Jacobian, assembled from its ``_parts``; False where none holds.
+
+    ``P[0] == 1``: the head alone, its Jacobian into ``J``; ``P[0] == 0``: a head of a
+    sum, its Jacobian added to ``J`` (the sum zeroes ``J`` first and checks it last).
+    """
+    n = d * m
+    alone = P[0] == 1.0
+    if alone:
+        for i in range(n):
+            for j in range(n):
+                J[i, j] = 0.0
+    Z = y.reshape((d, m))
+    A = np.empty((d, d))
+    C = np.empty((d, d))
+    M = np.empty((d, d))
+    N = np.empty((d, d))
+    r = np.empty(d)
+    if not _parts(P[3:3 + int(P[1])], int(P[2]), d, m, Z, A, C, M, N, r):   # noqa: F821
+        return False
+    assemble(A, C, M, N, r, Z, d, m, J)
+    if alone:
+        for i in range(n):
+            for j in range(n):
+                if not math.isfinite(J[i, j]):
+                    return False
+    return True
+
+
+def _foreign_jac_add(P, d, m, y, J, ws):
+    """Add a type's own Jacobian (``_jac``, pack ``P``) to ``J``; False where it has none there."""
+    n = d * m
+    Jh = np.empty((n, n))
+    if not _jac(P, d, m, y, Jh, ws):             # noqa: F821
+        return False
+    for i in range(n):
+        for j in range(n):
+            J[i, j] += Jh[i, j]
+    return True
+
+
+def _no_jacobian(P, d, m, y, J, ws):
+    """The Jacobian of a field with a head without a closed form: none (differences)."""
+    return False
+
+
+def _fields_rhs(P, d, m, y, out, ws):
+    """``out = Z'``: the sum of the packed heads' fields at the flat state ``y``."""
+    n = d * m
+    acc = ws[:n]
+    tmp = ws[n:2 * n]
+    rest = ws[2 * n:]
+    single = P[0] == 1.0 and P[1] == 1.0
+    _runs(P, 1, 0, single, d, m, y, out, acc, tmp, rest)   # noqa: F821 (bound by _instance)
+    if not single:
+        for i in range(n):
+            out[i] = acc[i]
+
+
+def _run_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
+    """The heads of one run (each its pack, field ``_rhs``) from ``P[o]``, then the next run's."""
+    n = d * m
+    count = int(P[o])
+    o += 1
+    for _ in range(count):
+        size = int(P[o])
+        target = out if single else tmp
+        _rhs(P[o + 1:o + 1 + size], d, m, y, target, rest)   # noqa: F821
+        if not single:
+            for i in range(n):
+                acc[i] = tmp[i] if h == 0 else acc[i] + tmp[i]
+        h += 1
+        o += 1 + size
+    _next(P, o, h, single, d, m, y, out, acc, tmp, rest)   # noqa: F821
+
+
+def _end_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
+    """After the last run: nothing."""
+
+
+def _fields_jac(P, d, m, y, J, ws):
+    """The closed-form Jacobian of the packed heads into ``J``; False where none holds."""
+    n = d * m
+    for i in range(n):
+        for j in range(n):
+            J[i, j] = 0.0
+    if not _runs(P, 1, d, m, y, J, ws):          # noqa: F821
+        return False
     for i in range(n):
         for j in range(n):
             if not math.isfinite(J[i, j]):
@@ -698,19 +672,36 @@ def heads_jac(P, d, m, y, J, ws):
     return True
 
 
-_HELPERS = ("_mm", "_copy2", "_cholesky_solve", "_finite", "_upper_solve", "_gain_qr",
-            "_inverse_gram_qr", "_gain", "_nan", "_softmax_core", "_softmax_rhs",
-            "_softmax_offset_rhs", "_l2_blocks", "_l2_rhs",
-            "_sinkhorn_rhs", "_linear_rhs", "_spread_ok", "_head_parts")
+def _run_jac(P, o, d, m, y, J, ws):
+    """Add the Jacobians of one run's heads (``_add``) from ``P[o]``, then the next run's."""
+    count = int(P[o])
+    o += 1
+    for _ in range(count):
+        size = int(P[o])
+        if not _add(P[o + 1:o + 1 + size], d, m, y, J, ws):   # noqa: F821
+            return False
+        o += 1 + size
+    return _next(P, o, d, m, y, J, ws)           # noqa: F821
 
 
-#: helpers inlined at the Numba IR level into their callers
-_INLINED = ("_softmax_core", "_gain")
-#: the helpers that allocate, or return arrays: compiled with Numba's reference counting;
-#: the rest, and the kernels, without it (see :func:`kernels`)
-_COUNTED = ("_finite", "_gain_qr", "_inverse_gram_qr", "_gain", "_l2_blocks", "_l2_rhs", "_sinkhorn_rhs",
-            "_head_parts")
+def _end_jac(P, o, d, m, y, J, ws):
+    """After the last run: every head had a closed form."""
+    return True
 
+
+def _shape_rhs_template(P, d, m, y, out, ws):
+    """One head's field with its shape ``_D``, ``_K`` compiled in (``m`` is ``_D`` or ``_M1``)."""
+    data = P[3:]
+    rest = ws[2 * d * m:]
+    if m == _D:                                    # noqa: F821
+        _body(data, _K, _D, _D, y, out, rest)      # noqa: F821
+    else:
+        _body(data, _K, _D, _M1, y, out, rest)     # noqa: F821
+
+
+# ----------------------------------------------------------------------------------------
+# compiling, packing, adding
+# ----------------------------------------------------------------------------------------
 
 @functools.cache
 def signatures():
@@ -723,118 +714,167 @@ def signatures():
 
 
 @functools.cache
-def kernels():
-    """``(rhs, jac)``: :func:`heads_rhs` and :func:`heads_jac` compiled (cached on disk).
-
-    None without Numba.
-    """
+def _numba():
+    """Whether Numba is there (then the marked functions are compiled at first use)."""
     try:
-        from numba import njit
+        import numba  # noqa: F401
     except ImportError:         # pragma: no cover - numba is a dependency
-        return None
+        return False
+    _compile_marked()
+    return True
 
-    g = globals()
-    for name in _HELPERS:     # the helpers first: the kernels call them as compiled globals
-        if not hasattr(g[name], "py_func"):
-            # the shared softmax body is inlined into its two callers, so that the kernels
-            # compiled for a shape see its loop bounds as constants
-            inline = "always" if name in _INLINED else "never"
-            g[name] = njit(cache=True, error_model="numpy", inline=inline,
-                           _nrt=name in _COUNTED)(g[name])
+
+_OPTS = dict(cache=True, error_model="numpy", boundscheck=False)
+
+
+@functools.cache
+def _head_kernels(head):
+    """``(rhs, jac)`` of one head of kernel ``head`` (a :class:`HeadKernel`).
+
+    Its pack is ``[1, size, k, data...]``. Copies of :func:`_head_rhs` and
+    :func:`_head_jac` with the body and the parts inlined, cached on disk under names
+    with :func:`_digest`.
+    """
+    from numba import njit
+
+    _compile_marked()
+    key = _digest([head])
     rhs_sig, jac_sig = signatures()
-    opts = dict(cache=True, error_model="numpy", boundscheck=False)
-    return (njit(rhs_sig, _nrt=False, **opts)(heads_rhs),
-            njit(jac_sig, **opts)(heads_jac))
+    rhs = njit(rhs_sig, _nrt=head.counted, **_OPTS)(
+        _instance(_head_rhs, f"head_rhs_{key}", _body=_inlined(head.body)))
+    if not head.exact:
+        return rhs, _no_jacobian_kernel()
+    jac = njit(jac_sig, **_OPTS)(_instance(_head_jac, f"head_jac_{key}",
+                                           _parts=_inlined(head.parts)))
+    return rhs, jac
 
 
 @functools.cache
-def _specialised_rhs(code, d, k):
-    """:func:`heads_rhs` of one head of type ``code`` with ``d`` and ``k`` compiled in.
+def _sum_kernels(heads):
+    """``(rhs, jac)`` of the runs of heads of kernels ``heads`` (a tuple), in order.
 
-    The body is the generic kernel's (``_softmax_rhs``, ``_l2_rhs``, ...)
-    called with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``) and inlined
-    (:func:`_inlined_bodies`), so the compiler sees its loop bounds; the signature is
-    :func:`signatures`' (the integrator takes it as it takes the generic one).
-
-    The closure holds integers only, and the bodies are module globals: Numba keys its
-    disk cache on the closure's values, so each type and shape is compiled once per
-    installation, not once per process. The branches on ``CODE`` are pruned at compile
-    time (a constant of the closure): each kernel holds one body. Hence the calls written
-    out per type and ``m``: behind one shared dispatch helper the branches are not pruned,
-    and every kernel compiles all five bodies (several times the first compile).
+    A run is a copy of :func:`_run_rhs` (and :func:`_run_jac`) calling its heads'
+    fields (each on its own pack), then the next run; cached on disk under names with
+    :func:`_digest` of ``heads``.
     """
     from numba import njit
 
-    kernels()                 # the bodies compiled first (they are called as globals)
-    _inlined_bodies()
-    CODE, D, K, M1 = int(code), int(d), int(k), int(d) + 1
-
-    def rhs(P, d, m, y, out, ws):
-        data = P[1 + _HEADER:]
-        rest = ws[2 * d * m:]
-        if CODE == SOFTMAX:
-            if m == D:
-                _softmax_rhs_inlined(data, K, D, D, y, out, rest)
-            else:
-                _softmax_rhs_inlined(data, K, D, M1, y, out, rest)
-        elif CODE == L2:
-            if m == D:
-                _l2_rhs_inlined(data, K, D, D, y, out, rest)
-            else:
-                _l2_rhs_inlined(data, K, D, M1, y, out, rest)
-        elif CODE == SINKHORN:
-            if m == D:
-                _sinkhorn_rhs_inlined(data, K, D, D, y, out, rest)
-            else:
-                _sinkhorn_rhs_inlined(data, K, D, M1, y, out, rest)
-        elif CODE == LINEAR:
-            if m == D:
-                _linear_rhs_inlined(data, K, D, D, y, out, rest)
-            else:
-                _linear_rhs_inlined(data, K, D, M1, y, out, rest)
-        elif m == D:
-            _softmax_offset_rhs_inlined(data, K, D, D, y, out, rest)
-        else:
-            _softmax_offset_rhs_inlined(data, K, D, M1, y, out, rest)
-
-    rhs_sig, _ = signatures()
-    return njit(rhs_sig, cache=True, error_model="numpy", boundscheck=False, _nrt=False)(rhs)
-
-
-#: the single-head bodies by type code (:data:`SOFTMAX` ...), as :func:`_specialised_rhs`
-#: calls them: ``<name>_inlined``, defined by :func:`_inlined_bodies`
-_BODIES = ("_softmax_rhs", "_l2_rhs", "_sinkhorn_rhs", "_linear_rhs", "_softmax_offset_rhs")
-_softmax_rhs_inlined = _l2_rhs_inlined = _sinkhorn_rhs_inlined = None
-_linear_rhs_inlined = _softmax_offset_rhs_inlined = None
+    _compile_marked()
+    key = _digest(heads)
+    runs, jruns = _jit(_end_rhs), _jit(_end_jac)
+    exact = all(head.exact for head in heads)
+    for i in range(len(heads) - 1, -1, -1):
+        runs = _jit(_instance(_run_rhs, f"run_rhs_{key}_{i}", _rhs=heads[i].kernels()[0],
+                              _next=runs))
+        if exact:
+            jruns = _jit(_instance(_run_jac, f"run_jac_{key}_{i}",
+                                   _add=heads[i].jac_add(), _next=jruns))
+    rhs_sig, jac_sig = signatures()
+    rhs = njit(rhs_sig, _nrt=False, **_OPTS)(_instance(_fields_rhs, f"fields_rhs_{key}",
+                                                       _runs=runs))
+    if not exact:
+        return rhs, _no_jacobian_kernel()
+    return rhs, njit(jac_sig, **_OPTS)(_instance(_fields_jac, f"fields_jac_{key}", _runs=jruns))
 
 
 @functools.cache
-def _inlined_bodies():
-    """Define the globals ``<body>_inlined`` of :data:`_BODIES` that the kernels of a shape call.
+def _no_jacobian_kernel():
+    from numba import njit
 
-    Inlined in Numba's IR, a body sees the shape as constants (its loops unrolled and
-    vectorised where they can be, each sum in the same order: the same bits); a body
-    that needs reference counting (:data:`_COUNTED`) is called instead.
+    return njit(signatures()[1], cache=True, _nrt=False)(_no_jacobian)
+
+
+@functools.cache
+def _shape_rhs(head, d, k):
+    """The field of one head of kernel ``head`` with ``d`` and ``k`` compiled in.
+
+    The body is inlined with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``), so
+    the compiler sees its loop bounds; the signature is :func:`signatures`' (the
+    integrator takes it as it takes the generic one). Cached on disk per kernel and shape.
     """
     from numba import njit
 
-    g = globals()
-    for name in _BODIES:
-        body = g[name]
-        if name not in _COUNTED:
-            body = njit(cache=True, error_model="numpy", inline="always", _nrt=False)(body.py_func)
-        g[name + "_inlined"] = body
+    _compile_marked()
+    fn = _instance(_shape_rhs_template, f"shape_rhs_{_digest([head])}_{int(d)}_{int(k)}",
+                   _body=_inlined(head.body), _D=int(d), _K=int(k), _M1=int(d) + 1)
+    return njit(signatures()[0], _nrt=False, **_OPTS)(fn)
+
+
+def _heads_of(field):
+    """``[(head, pack), ...]``: the heads of ``field`` in order, each with its own pack."""
+    if not field.heads:                         # a type's own kernels: one head
+        return [(_foreign(field.rhs, field.jac, field.exact_jacobian), field.params)]
+    if len(field.heads) == 1 and field.rhs is field.heads[0].kernels()[0]:
+        return [(field.heads[0], field.params)]
+    P, o, out = field.params, 1, []
+    for head in field.heads:
+        count = int(P[o])
+        o += 1
+        for _ in range(count):
+            size = int(P[o])
+            out.append((head, P[o + 1:o + 1 + size]))
+            o += 1 + size
+    return out
+
+
+def head_field(head, k, d, data):
+    """The :class:`CompiledField` of one head of kernel ``head`` (a :class:`HeadKernel`).
+
+    ``data``: the head's weights, in the layout its body reads (flattened and joined);
+    packed as ``[1, size, k, data...]``. None without Numba (the callers then take
+    their NumPy paths).
+    """
+    if not _numba():
+        return None
+    params = np.concatenate([(1.0, 0.0, float(k)), *data], axis=None)
+    params[1] = params.size - 3                 # the size of the data
+    rhs, jac = head.kernels()
+    return CompiledField(rhs=rhs, jac=jac, params=params, d=d,
+                         ws_size=int(head_ws(k, d) + 2 * d * (d + 1)),
+                         exact_jacobian=head.exact, heads=(head,))
 
 
 def add(fields):
-    """The :class:`CompiledField` of a sum of fields, or None (one is None, or other kernels)."""
-    if not fields or any(f is None for f in fields) or kernels() is None:
+    """The :class:`CompiledField` of a sum of fields, or None (one of them is None).
+
+    The heads keep their order, adjacent heads of one kernel in one run:
+    ``[R, (n, (size, pack...) * n) * R]``, each head's pack that of its field alone. A
+    field of a type's own kernels (another package's) is one head of the sum. The sum of
+    a single head is that head's own field.
+    """
+    if not fields or any(f is None for f in fields) or not _numba():
         return None
-    rhs, jac = kernels()
-    if any(f.rhs is not rhs or f.jac is not jac for f in fields):
+    if len(fields) == 1 and len(_heads_of(fields[0])) == 1:
+        return fields[0]                        # one head: its own field
+    heads, runs = [], []
+    for f in fields:
+        for head, pack in _heads_of(f):
+            if heads and heads[-1] is head:
+                runs[-1].append(pack)
+            else:
+                heads.append(head)
+                runs.append([pack])
+    parts = [[float(len(runs))]]
+    for head, packs in zip(heads, runs):
+        parts.append([float(len(packs))])
+        for pack in packs:
+            if isinstance(head, HeadKernel):    # a head of a sum: its Jacobian is added
+                pack = np.concatenate([[0.0], pack[1:]])
+            parts += [[float(pack.size)], pack]
+    rhs, jac = _sum_kernels(tuple(heads))
+    d = fields[0].d
+    return CompiledField(rhs=rhs, jac=jac, params=np.concatenate(parts), d=d,
+                         ws_size=max(f.ws_size for f in fields) + 2 * d * d + 2 * d,
+                         exact_jacobian=all(f.exact_jacobian for f in fields),
+                         heads=tuple(heads))
+
+
+def kernels():
+    """The generic kernels ``(rhs, jac)`` of every head kernel of this package, compiled now.
+
+    Or loaded from the disk cache: a tuple of pairs; None without Numba. For a caller
+    about to fork workers: the forked processes inherit them.
+    """
+    if not _numba():
         return None
-    heads = sum(int(f.params[0]) for f in fields)
-    params = np.concatenate([[float(heads)], *[f.params[1:] for f in fields]])
-    return CompiledField(rhs=rhs, jac=jac, params=params, d=fields[0].d,
-                         ws_size=max(f.ws_size for f in fields) + 2 * fields[0].d ** 2 + 2 * fields[0].d,
-                         exact_jacobian=all(f.exact_jacobian for f in fields))
+    return tuple(head.kernels() for head in _HEAD_KERNELS)

@@ -22,6 +22,7 @@ from scipy.special import lambertw
 
 from .._common.linalg import closed_form_holds, l2_gain, l2_gain_parts
 from .._generated import l2 as _gen
+from . import _compiled_fields as cf
 from ._base import SingleHeadAttention, normalized_definition_field
 from ._kernels import ParticleDiagnostics, l2_features, normalized_average
 from ._scores import QuadraticScore
@@ -142,14 +143,12 @@ class L2(SingleHeadAttention):
         return dict(attention=cls(Q, -Q, np.eye(2)), mean0=mean0, cov0=cov0)
 
     def compiled_field(self):
-        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, s, sV, sK, Q, V, K``."""
-        from . import _compiled_fields as cf
-
+        """The compiled field (:data:`FIELD`): weights ``c, s, sV, sK, Q, V, K``, ``s = sqrt(2c)``."""
         Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
         c = float(c)
         s = float(np.sqrt(2.0 * c))
         data = (c, s, s * V, s * K, Q, V, K)
-        return cf.head_field(cf.L2, self.k, self.d, data)
+        return cf.head_field(FIELD, self.k, self.d, data)
 
     def particle_kernel(self, x, opts):
         r"""Particle velocity :math:`V\sum_j w_{ij}x_j`, :math:`w_{ij}\propto e^{-c|Qx_i - Kx_j|^2}`."""
@@ -231,3 +230,141 @@ def _lambertw_exp(z):
             w -= (w + np.log(w) - z[~small]) / (1.0 + 1.0 / w)
         out[~small] = w
     return out
+
+
+# ----------------------------------------------------------------------------------------
+# the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
+# ----------------------------------------------------------------------------------------
+
+@cf.compiled_later(inline=True, counted=True)
+def _blocks(data, k, d):
+    """The weights ``c, s, sV, sK, Q, V, K`` of ``data`` (views)."""
+    c, s = data[0], data[1]
+    o = 2
+    sV = data[o:o + d * d].reshape((d, d))
+    o += d * d
+    sK = data[o:o + k * d].reshape((k, d))
+    o += k * d
+    Q = data[o:o + k * d].reshape((k, d))
+    o += k * d
+    V = data[o:o + d * d].reshape((d, d))
+    o += d * d
+    K = data[o:o + k * d].reshape((k, d))
+    return c, s, sV, sK, Q, V, K
+
+
+@cf.compiled_later(counted=True)
+def _field(data, k, d, m, y, out, ws):
+    r"""The head's :math:`Z'`: :math:`L' = sVL\,\Gamma\,QL`, :math:`\alpha' = V\alpha + sVL\,\Gamma(Q - K)\alpha`.
+
+    :math:`\Gamma = (I + B^TB)^{-1}B^T` is the gain of :math:`B = sKL`
+    (:func:`._compiled_fields.gain`); ``data = [c, s, sV, sK, Q, V, K]``,
+    :math:`s = \sqrt{2c}`. NaN where :math:`B` is not finite.
+    """
+    c, s, sV, sK, Q, V, K = _blocks(data, k, d)
+    Z = y.reshape((d, m))
+    o = 0
+    X = ws[o:o + d * m].reshape((d, m))        # sV Z
+    o += d * m
+    B = ws[o:o + k * d].reshape((k, d))        # sK L
+    o += k * d
+    QZ = ws[o:o + k * m].reshape((k, m))       # [QL | (Q - K) alpha]
+    o += k * m
+    G = ws[o:o + d * k].reshape((d, k))
+    o += d * k
+    Gd = ws[o:o + d * m].reshape((d, m))
+    o += d * m
+    H = ws[o:o + k * k].reshape((k, k))
+    o += k * k
+    Xs = ws[o:o + k * d].reshape((k, d))
+    cf.mm(sV, Z, X)
+    for i in range(k):
+        for j in range(d):
+            acc = 0.0
+            acq = 0.0
+            for p in range(d):
+                acc += sK[i, p] * Z[p, j]
+                acq += Q[i, p] * Z[p, j]
+            B[i, j] = acc
+            QZ[i, j] = acq
+        if m > d:
+            acc = 0.0
+            for p in range(d):
+                acc += (Q[i, p] - K[i, p]) * Z[p, d]
+            QZ[i, d] = acc
+    if not cf.gain(B, G, H, Xs, H, False):
+        cf.fill_nan(out)
+        return
+    cf.mm(G, QZ, Gd)
+    for i in range(d):
+        for j in range(m):
+            acc = 0.0
+            for p in range(d):
+                acc += X[i, p] * Gd[p, j]
+            if j == d:
+                acc += X[i, d] / s
+            out[i * m + j] = acc
+
+
+@cf.compiled_later(counted=True)
+def _field_parts(data, k, d, m, Z, A, C, M, N, r):
+    r"""The Jacobian's parts (:mod:`._compiled_fields`) of :func:`_field`.
+
+    With :math:`G` the gain of :math:`B = sKL`,
+    :math:`E = (I_k + BB^T)^{-1}` and :math:`\Xi = I - sLGK`,
+    :math:`A = 2cV\Xi`, :math:`M = (2c/s)\,VLGQ`, :math:`C = K^TEQ`,
+    :math:`N = A/(2c) + M`, :math:`r = K^TE(Q - K)\alpha`. False where the column norms
+    of :math:`L` span :data:`._compiled_fields.SPREAD_MAX` or more (the closed form loses
+    its digits) or :math:`B` is not finite.
+    """
+    if not cf.spread_ok(Z, d):
+        return False
+    L = np.ascontiguousarray(Z[:, :d])
+    c, s, sV, sK, Q, V, K = _blocks(data, k, d)
+    B = np.empty((k, d))
+    cf.mm(sK, L, B)
+    G = np.empty((d, k))
+    E = np.empty((k, k))
+    H = np.empty((k, k))
+    if not cf.gain(B, G, H, H, E, True):
+        return False
+    LG = np.empty((d, k))
+    cf.mm(L, G, LG)
+    Xi = np.empty((d, d))
+    cf.mm(LG, np.ascontiguousarray(K), Xi)
+    for i in range(d):
+        for j in range(d):
+            Xi[i, j] = (1.0 if i == j else 0.0) - s * Xi[i, j]
+    Pm = np.empty((d, d))
+    cf.mm(LG, np.ascontiguousarray(Q), Pm)
+    cf.mm(V, Xi, A)
+    cf.mm(V, Pm, M)
+    for i in range(d):
+        for j in range(d):
+            A[i, j] *= 2.0 * c
+            M[i, j] *= 2.0 * c / s
+    EQ = np.empty((k, d))
+    cf.mm(E, np.ascontiguousarray(Q), EQ)
+    cf.mm(np.ascontiguousarray(K.T), EQ, C)
+    if m > d:
+        for i in range(d):
+            for j in range(d):
+                N[i, j] = A[i, j] / (2.0 * c) + M[i, j]
+        qka = np.empty((k, 1))
+        for i in range(k):
+            acc = 0.0
+            for p in range(d):
+                acc += (Q[i, p] - K[i, p]) * Z[p, d]
+            qka[i, 0] = acc
+        Eq = np.empty((k, 1))
+        cf.mm(E, qka, Eq)
+        for i in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += K[p, i] * Eq[p, 0]
+            r[i] = acc
+    return True
+
+
+#: the compiled field of an L2 head
+FIELD = cf.HeadKernel(_field, _field_parts)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._generated import linear as _gen
+from . import _compiled_fields as cf
 from ._base import SingleHeadAttention
 from ._examples import example_data
 from ._kernels import ParticleDiagnostics
@@ -138,11 +139,9 @@ class Linear(SingleHeadAttention):
         return self.velocity(mean, second - np.outer(mean, mean), x)
 
     def compiled_field(self):
-        """The compiled field (:mod:`~gaussian_pde.attention._compiled_fields`): ``c, [cV; K; Q]``."""
-        from . import _compiled_fields as cf
-
+        """The compiled field (:data:`FIELD`): weights ``c, [cV; K; Q]``."""
         c = float(self.scale)
-        return cf.head_field(cf.LINEAR, self.k, self.d, (c, c * self.V, self.K, self.Q))
+        return cf.head_field(FIELD, self.k, self.d, (c, c * self.V, self.K, self.Q))
 
     @classmethod
     def example_setting(cls):
@@ -155,3 +154,44 @@ class Linear(SingleHeadAttention):
         Q, K, _, _, mean0, cov0 = example_data()
         return dict(attention=cls(Q, K, np.eye(2)), mean0=mean0, cov0=cov0, horizon=3.0,
                     t_end=0.3)
+
+
+# ----------------------------------------------------------------------------------------
+# the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
+# ----------------------------------------------------------------------------------------
+
+@cf.compiled_later()
+def _field(data, k, d, m, y, out, ws):
+    r"""The head's :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`, no offset.
+
+    Over the whole state :math:`Z = [L \mid \alpha]` (:math:`ZZ^T = \Sigma + \alpha\alpha^T`);
+    ``data = [c, cV, K, Q]`` (as softmax's). It needs the mean in its own units
+    (``m = d + 1``, mean units 1: the field is not homogeneous in the mean). Softmax's
+    products, the sum of :math:`A = (cVZ)(KZ)^T` over all ``m`` columns.
+    """
+    r = d + 2 * k
+    pa = r * m
+    for i in range(r):                         # P = W Z
+        wi = 1 + i * d
+        for j in range(m):
+            acc = 0.0
+            for p in range(d):
+                acc += data[wi + p] * y[p * m + j]
+            ws[i * m + j] = acc
+    for i in range(d):                         # A = (cVZ)(KZ)^T
+        for j in range(k):
+            acc = 0.0
+            for p in range(m):
+                acc += ws[i * m + p] * ws[(d + j) * m + p]
+            ws[pa + i * k + j] = acc
+    q0 = (d + k) * m
+    for i in range(d):                         # Z' = A (QZ)
+        for j in range(m):
+            acc = 0.0
+            for p in range(k):
+                acc += ws[pa + i * k + p] * ws[q0 + p * m + j]
+            out[i * m + j] = acc
+
+
+#: the compiled field of a linear head (no closed-form Jacobian: differences)
+FIELD = cf.HeadKernel(_field)

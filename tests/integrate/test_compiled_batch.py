@@ -302,11 +302,9 @@ def _compiled_heads(d, rng):
 
 
 def _summable(heads):
-    """The heads whose compiled fields add up in one (the package's packed kernel)."""
-    from gaussian_pde.attention import compiled_field_kernels
-
-    rhs = compiled_field_kernels()[0]
-    return [h for h in heads if h.compiled_field().rhs is rhs]
+    """The heads whose compiled fields add up in a sum: all of them (a type's own kernels,
+    another package's, are one head of the sum)."""
+    return [h for h in heads if h.compiled_field() is not None]
 
 
 def _compiled_rhs(cf, d, m):
@@ -472,13 +470,13 @@ def test_path_input_and_types_without_a_compiled_field(rng):
 
 
 def _single_compiled_names():
-    from gaussian_pde.attention import compiled_field_kernels, has_hook, names_with
+    from gaussian_pde.attention import has_hook, names_with
 
-    # the types of the package's packed kernel (which compiles a kernel per shape)
+    # the types whose fields this package compiles (a kernel per shape too)
     return [name for name in names_with(gaussian_preserving=True)
             if issubclass(gp.ATTENTIONS[name], gp.SingleHeadAttention)
             and has_hook(gp.ATTENTIONS[name], "compiled_field")
-            and gp.ATTENTIONS[name].example(2, 0).compiled_field().rhs is compiled_field_kernels()[0]]
+            and gp.ATTENTIONS[name].example(2, 0).compiled_field().heads]
 
 
 @pytest.mark.parametrize("kind", _single_compiled_names())
@@ -487,7 +485,6 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
     operations in the same order as the generic kernel, so the same states, steps,
     evaluations and statuses, bit for bit (with a mean too). A type whose body is
     called rather than inlined (it allocates) keeps the generic kernel."""
-    from gaussian_pde.attention import _compiled_fields as cf
     from gaussian_pde.integrate import _compiled_batch as cb
 
     d, k = 3, 2
@@ -499,7 +496,7 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
     monkeypatch.setattr(cb, "_DEMAND", collections.Counter())   # the shape not asked yet
     generic = cb.compiled_fields(atts, 1)[0]
     special = cb.compiled_fields(atts, cb.SPECIALISE_FROM)[0]
-    called = cf._BODIES[int(atts[0].compiled_field().params[1])] in cf._COUNTED
+    called = atts[0].compiled_field().heads[0].counted
     assert (special is generic) == called
     # another shape in the batch: the generic kernel serves both
     mixed = atts + [cls.example(d, rng)]
@@ -536,7 +533,8 @@ def test_a_loop_of_solves_takes_the_kernel_of_its_shape(rng, monkeypatch):
     assert cb.compiled_fields(other)[0] is generic
     assert cb.compiled_fields([other] * 5, 5)[0] is not generic
     two = gp.MultiHead([gp.Softmax.example(3, rng), gp.Softmax.example(3, rng)])
-    assert all(cb.compiled_fields(two)[0] is generic for _ in range(6))
+    summed = two.compiled_field().rhs
+    assert all(cb.compiled_fields(two)[0] is summed for _ in range(6))
 
 
 def _python(code, *args, **env):
@@ -551,8 +549,9 @@ def _python(code, *args, **env):
 
 
 _CACHED = """
+import gaussian_pde as gp
 from gaussian_pde.attention import _compiled_fields as cf
-rhs = cf._specialised_rhs(cf.SOFTMAX, 2, 3)
+rhs = cf._shape_rhs(gp.Softmax.example(2, 0).compiled_field().heads[0], 2, 3)
 print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
 """
 
@@ -580,7 +579,7 @@ def test_the_integrators_pieces_are_compiled_once_and_loaded_from_the_disk_cache
 
 def test_kernels_of_a_shape_are_loaded_from_the_disk_cache():
     """A shape's kernel is compiled once on a machine: a second process loads it from
-    Numba's cache (its closure holds only integers, whose pickles are the cache key)."""
+    Numba's cache (under a name that carries its shape and a digest of its sources)."""
     runs = [_python(_CACHED).split() for _ in range(2)]
     assert runs[1] == ["1", "0"], runs
 

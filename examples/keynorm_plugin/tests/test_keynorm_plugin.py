@@ -4,7 +4,8 @@ The closed form of ``keynorm_plugin.derivation`` against a quadrature of the def
 the one kernel (run uncompiled and compiled) against the closed form; ``gamma = 0``
 against softmax; particles against the moment equations (errors shrinking like
 n^-1/2); ``solve`` and ``solve_batch`` with means on the compiled path against an
-independent integration of the closed-form moment equations; the registration through
+independent integration of the closed-form moment equations, alone and summed with a
+softmax head in a ``MultiHead``; the registration through
 the entry-point group when the distribution is installed.
 """
 
@@ -217,3 +218,44 @@ def test_a_batch_of_several_types_runs_each_kernel_compiled():
         np.testing.assert_array_equal(sol.mean[b], alone.mean[0])
         assert sol.nfev[b] == alone.nfev[0] and sol.message[b] == alone.message[0]
         assert str(sol.status[b]) == str(alone.status[0])
+
+
+def test_a_sum_with_the_packages_heads_runs_compiled():
+    """A MultiHead of a key-norm head and a softmax head has one compiled field.
+
+    It is the sum of the two NumPy fields (with and without the mean); ``solve_batch``
+    on the compiled path agrees with ``solve`` and with the closed-form moment equations
+    integrated by SciPy.
+    """
+    d = 3
+    rng = np.random.default_rng(6)
+    Q = rng.standard_normal((2, d))
+    att = gp.MultiHead([_att(d, 0.9, seed=3), gp.Softmax(Q, -Q, 0.5 * np.eye(d))])  # no blow-up
+    cf = att.compiled_field()
+    assert cf is not None and not cf.exact_jacobian
+    L = np.linalg.cholesky(_spd(d, 8))
+    mean = rng.standard_normal(d)
+    for Z in (L, np.column_stack([L, mean])):
+        m = Z.shape[1]
+        out = np.empty(d * m)
+        cf.rhs(cf.params, d, m, np.ascontiguousarray(Z).ravel(), out, np.empty(cf.ws_size))
+        expect = sum(h.factor_rhs(L) for h in att.heads)
+        if m > d:
+            cov = L @ L.T
+            dmean = sum(h.field_matrix(cov) @ mean + h.field_offset(mean, cov) for h in att.heads)
+            expect = np.column_stack([expect, dmean])
+        np.testing.assert_allclose(out.reshape(d, m), expect, rtol=1e-12, atol=1e-13)
+    t_eval = np.array([0.5, 1.0])
+    means = 0.5 * rng.standard_normal((2, d))
+    covs = np.stack([_spd(d, s) for s in (9, 10)])
+    bat = gp.solve_batch(att, covs, (0.0, 1.0), mean0s=means, t_eval=t_eval)
+    assert bat.path == "compiled"
+    for i in range(2):
+        one = gp.solve(att, means[i], covs[i], (0.0, 1.0), t_eval=t_eval, rtol=1e-12,
+                       atol=1e-14)
+        ref_mean, ref_cov = _reference(att, means[i], covs[i], t_eval)
+        assert str(bat.status[i]) == str(one.status) == "finished"
+        np.testing.assert_allclose(bat.cov[i], one.cov, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(bat.mean[i], one.mean, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(one.cov, ref_cov, rtol=1e-8, atol=1e-11)
+        np.testing.assert_allclose(one.mean, ref_mean, rtol=1e-8, atol=1e-11)
