@@ -1388,7 +1388,7 @@ def _resolved(kernel, which):
 #: cache in milliseconds; a shape asked for less takes the generic kernel
 SPECIALISE_FROM = 64
 
-#: trajectories asked of each single-head shape ``(d, heads, code, k)`` in this process
+#: trajectories asked of each single-head shape ``(kernel, d, heads, size, k)`` in this process
 _DEMAND = collections.Counter()
 
 
@@ -1423,9 +1423,9 @@ def compiled_fields(attentions, n=1):
         params[i, :cf.params.size] = cf.params
     if not single and len(seen) == 1:
         params = params[:1]
-    # (heads, type, k): one shape for all
+    # one kernel (the type), and (heads, size, k): one shape for all
     if np.all(params[:, :3] == params[0, :3]):
-        shape = (fields[0].d, *params[0, :3].tolist())
+        shape = (id(rhs), fields[0].d, *params[0, :3].tolist())
         _DEMAND[shape] += n
         if _DEMAND[shape] >= SPECIALISE_FROM:
             rhs = fields[0].specialised().rhs
