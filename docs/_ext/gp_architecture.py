@@ -137,6 +137,7 @@ ARROWS = [
     Arrow("nb", "solve", ("integrate_one",), label="auto", label_at=0.72),
     Arrow("ev", "solve", ("integrate_system",)),
     Arrow("ev", "closure", ("integrate_system",)),
+    Arrow("nb", "closure", ("solve",), label="attention", label_at=0.7),
     Arrow("ev", "mixture", ("integrate_system",)),
     Arrow("ev", "depth", ("solve_closure",)),
     Arrow("cert", "certified", ("integrate_log_time_compiled",)),
