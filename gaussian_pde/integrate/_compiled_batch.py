@@ -794,8 +794,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     W = fbuf[o:o + n * n].reshape((n, n))
     o += n * n
     ev = fbuf[o:o + 2]
-    ev[0] = 0.0
-    ev[1] = 0.0
+    ev[0], ev[1] = 0.0, 0.0
     p_out, have, counts = ibuf[0:1], ibuf[1:2], ibuf[2:5]
     piv = ibuf[5:5 + n]
     rej = ibuf[5 + n:5 + n + max(opt.reject_window, 1)]
@@ -804,9 +803,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
     rhs(P, d, m, y, f, ws)
     nfev = 1
-    fres[F_T] = t1
-    fres[F_T_BLOWUP] = np.nan
-    fres[F_STEP] = np.nan
+    fres[F_T], fres[F_T_BLOWUP], fres[F_STEP] = t1, np.nan, np.nan
     if not _finite(f):
         ires[I_CODE], ires[I_NFEV], fres[F_T] = HAND if hand else FIELD0, nfev, t0
         return
@@ -842,8 +839,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
         h_abs = _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor)
         rejected = not acc
         if not acc and not h_abs >= min_step:
-            code = HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW
-            fres[F_T] = t
+            code, fres[F_T] = (HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW), t
             break
         if acc:
             code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _at(fns, ACCEPTED)(
@@ -862,9 +858,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
                 rej[:] = 0
                 counts[:] = 0
                 if max_nfev >= 0 and nfev > max_nfev:
-                    code = NFEV
-                    fres[F_T] = t
-                    fres[F_T_STOP] = t
+                    code, fres[F_T], fres[F_T_STOP] = NFEV, t, t
                 continue
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
@@ -880,9 +874,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
                 fres[F_T], fres[F_STEP] = t, h
                 break
         if max_nfev >= 0 and nfev > max_nfev:
-            code = NFEV
-            fres[F_T] = t
-            fres[F_T_STOP] = t
+            code, fres[F_T], fres[F_T_STOP] = NFEV, t, t
     ires[I_CODE], ires[I_NFEV], ires[I_NSTEPS], ires[I_IMPLICIT] = code, nfev, nsteps, imp
 
 
