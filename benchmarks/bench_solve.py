@@ -38,7 +38,7 @@ Run:  python benchmarks/bench_solve.py [--seeds 10] [--first-seed 0] [--repeat 9
 
 ``--first-seed 1000 --seeds 20 --no-short`` is the check on fresh seeds (settings never
 used to tune the defaults); the paper table is written through ``_record.py``
-(``bench_solve_paper.json``).
+(``bench_solve_paper.json``; with ``--json PATH``, beside ``PATH`` as ``<stem>_paper.json``).
 """
 
 from __future__ import annotations
@@ -358,6 +358,11 @@ def grid_tables():
     print(f"\nlargest error of any timed solve on the paper workload: {worst:.1e}")
 
 
+#: where the paper table's record goes when ``--json PATH`` sends the run's record elsewhere
+#: (``PATH`` with ``_paper`` added to its stem); None: ``docs/_static/results/benchmarks/``
+_PAPER_JSON = None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=10, help="paper seeds: how many (default 10)")
@@ -409,7 +414,8 @@ def paper_table(a):
 
     write_record("bench_solve_paper", {"seeds": [r["seed"] for r in rows], "rows": rows,
                                        "min_ratio": float(ratios.min()),
-                                       "median_ratio": float(np.median(ratios))}, a.json)
+                                       "median_ratio": float(np.median(ratios))},
+                 a.json or _PAPER_JSON)
 
 
 def short_tables(seeds=40):
@@ -447,6 +453,12 @@ def short_tables(seeds=40):
 
 
 if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
     from _record import recorded_main
 
+    if "--json" in sys.argv[1:-1]:      # the paper record beside the run's own
+        out = Path(sys.argv[sys.argv.index("--json") + 1])
+        _PAPER_JSON = str(out.with_name(out.stem + "_paper" + out.suffix))
     recorded_main("bench_solve", main)
