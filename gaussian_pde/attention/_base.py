@@ -182,9 +182,6 @@ class Attention(abc.ABC):
         no closed-form Jacobian, the stiff solvers take differences;
     ``jacobian_holds(L)`` (classmethod)
         where the closed form keeps its digits (default: everywhere);
-    ``stack_kernel()`` (classmethod)
-        optional compiled ``kernel(W, L, out)`` of the stacked factor field on the
-        weight products of ``generated.factor_weights``, or ``None``;
     ``compiled_field()``
         optional, the Numba kernel of the factor field for the compiled batch integrator
         (default ``None``);
@@ -379,15 +376,6 @@ class Attention(abc.ABC):
     def jacobian_holds(cls, L):
         """Where :meth:`jacobian_parts` keeps its digits: a boolean per factor (default all)."""
         return np.ones(np.shape(L)[:-2], dtype=bool)
-
-    @classmethod
-    def stack_kernel(cls):
-        """Optional compiled ``kernel(W, L, out)`` of the stacked factor field, or ``None``.
-
-        ``W`` is the first of the generated ``factor_weights`` products, ``L`` a
-        ``(B, d, d)`` float64 stack.
-        """
-        return None
 
     def riccati_matrix(self):
         r"""Optional :math:`S` with :math:`\Sigma' = \Sigma S\Sigma` exactly, or ``None``.

@@ -1,7 +1,6 @@
 r"""The softmax factor field compiled (Numba).
 
-It serves the Fortran steppers' right-hand side (:func:`softmax_field`) and stacks of
-factors in ``solve_batch`` (:func:`softmax_apply_stack`).
+It serves the Fortran steppers' right-hand side (:func:`softmax_field`).
 
 A single softmax head's field on the flattened state :math:`Z = [L \mid \alpha]`
 (``d x m``, row-major; ``m = d`` without the mean) is three products,
@@ -23,8 +22,6 @@ Numba (about 0.1 s); the compilation is cached on disk (``cache=True``).
 """
 
 import functools
-
-import numpy as np
 
 
 @functools.cache
@@ -67,37 +64,3 @@ def softmax_field(y, W, ws, out):
             for p in range(m):
                 acc += ws[i, p] * ws[r + p, j]
             out[i * m + j] = acc
-
-
-def softmax_apply_stack(W, L, out):
-    """``out[b] = ((cV L_b)(K L_b)^T)(Q L_b)`` for a stack of factors ``L`` (``(B, d, d)``).
-
-    ``W`` holds ``[cV; K; Q]`` per row (``(B, d + 2k, d)``) or once for all (``(1, ...)``);
-    the products run in the order of the generated ``factor_apply``. Used by
-    :class:`gaussian_pde.integrate._field.Field`, whose stacks of small factors cost
-    NumPy about 0.15 us of overhead per matrix and product.
-    """
-    nw, r, d = W.shape
-    k = (r - d) // 2
-    P = np.empty((r, d))
-    A = np.empty((d, k))
-    for b in range(L.shape[0]):
-        w = 0 if nw == 1 else b
-        for i in range(r):                  # P = W L
-            for j in range(d):
-                acc = 0.0
-                for p in range(d):
-                    acc += W[w, i, p] * L[b, p, j]
-                P[i, j] = acc
-        for i in range(d):                  # A = (cV L)(K L)^T
-            for j in range(k):
-                acc = 0.0
-                for p in range(d):
-                    acc += P[i, p] * P[d + j, p]
-                A[i, j] = acc
-        for i in range(d):                  # L' = A (Q L)
-            for j in range(d):
-                acc = 0.0
-                for p in range(k):
-                    acc += A[i, p] * P[d + k + p, j]
-                out[b, i, j] = acc

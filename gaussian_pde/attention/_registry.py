@@ -37,7 +37,7 @@ ATTENTIONS: dict[str, type[Attention]] = {
 DEFAULT_ATTENTION = "softmax"
 
 #: the contract's optional hooks, whose implementation is a capability
-_HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs", "stack_kernel",
+_HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs",
           "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
           "mixture_field", "gaussian_closure_field", "definition_field", "example_setting",
           "field_matrix_with_mean", "from_heads")
@@ -56,14 +56,12 @@ def capabilities(cls):
     -------
     dict
         ``gaussian_preserving``, ``uses_positions`` (declared booleans), the derived
-        ``exact_jacobian``, ``closure`` and ``field_sees_mean``, ``batched`` (a generated module and weights:
-        ``solve_batch`` stacks it) and, per optional hook of the contract, whether the
-        class implements it.
+        ``exact_jacobian``, ``closure`` and ``field_sees_mean``, and, per optional hook of
+        the contract, whether the class implements it.
     """
     caps = dict(gaussian_preserving=cls.gaussian_preserving, uses_positions=cls.uses_positions,
                 exact_jacobian=cls.exact_jacobian, closure=cls.closure,
-                field_sees_mean=cls.field_sees_mean,
-                batched=getattr(cls, "generated", None) is not None)
+                field_sees_mean=cls.field_sees_mean)
     caps.update({hook: has_hook(cls, hook) for hook in _HOOKS})
     return caps
 

@@ -93,11 +93,6 @@ class Softmax(SingleHeadAttention):
             return M, A, KtQ, None, None
         return M, A, KtQ, V + M, KtQ @ mean
 
-    @classmethod
-    def stack_kernel(cls):
-        """The compiled ``softmax_apply_stack`` (:mod:`._compiled`), or None without Numba."""
-        return compiled_kernel("softmax_apply_stack")
-
     def riccati_matrix(self):
         r""":math:`S = A + A^T` when :math:`V = I` (:math:`\Sigma' = \Sigma(A + A^T)\Sigma`), else None."""
         if not np.array_equal(self.V, np.eye(self.d)):
@@ -244,8 +239,8 @@ def softmax_products(data, k, d, m, y, out, ws, bias):
     query bias :math:`q` added to the mean's column of :math:`QZ` (a score
     :math:`c(Qx + q)^TKy`); -1: none.
 
-    The products in the order of the NumPy loop's (:mod:`._compiled`'s
-    ``softmax_apply_stack``): :math:`A = (cVL)(KL)^T` first, then :math:`A(QZ)`; near a
+    The products in the order of the generated ``factor_apply`` (the derivation's):
+    :math:`A = (cVL)(KL)^T` first, then :math:`A(QZ)`; near a
     blow-up, where the factor's entries pass 1e20, the order decides which cancellations
     round. Flat indices: :math:`W = [cV; K; Q]` row-major from ``data[1]``; :math:`P = WZ`
     with its factor block in ``ws[:r d]`` (rows of ``d``), its mean column in
