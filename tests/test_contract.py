@@ -36,24 +36,32 @@ def _docstrings(tree):
     return ids
 
 
-def mentions(path):
-    """The concrete type names and class names that ``path``'s code mentions."""
-    classes = {cls.__name__ for cls in gp.ATTENTIONS.values()}
-    names = set(gp.ATTENTIONS)
+def _names(path, identifiers, in_string):
+    """The ``identifiers`` that ``path``'s code uses (names, attributes, imports), and its
+    string constants, docstrings aside, for which ``in_string`` holds."""
     tree = ast.parse(path.read_text())
     skip = _docstrings(tree)
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in classes:
+        if isinstance(node, ast.Name) and node.id in identifiers:
             found.add(node.id)
-        elif isinstance(node, ast.Attribute) and node.attr in classes:
+        elif isinstance(node, ast.Attribute) and node.attr in identifiers:
             found.add(node.attr)
-        elif isinstance(node, ast.alias) and (node.asname or node.name).split(".")[-1] in classes:
+        elif isinstance(node, ast.alias) and (node.asname or node.name).split(".")[-1] in identifiers:
             found.add(node.name)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").rsplit(".", 1)[-1] in identifiers:
+            found.add(node.module)
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
-              and id(node) not in skip and node.value.lower() in names):
+              and id(node) not in skip and in_string(node.value)):
             found.add(repr(node.value))
     return found
+
+
+def mentions(path):
+    """The concrete type names and class names that ``path``'s code mentions."""
+    names = set(gp.ATTENTIONS)
+    return _names(path, {cls.__name__ for cls in gp.ATTENTIONS.values()},
+                  lambda s: s.lower() in names)
 
 
 @pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(REPO)))
@@ -85,18 +93,5 @@ def test_the_compiled_fields_module_names_no_type():
     assert not mentions(path)
     modules = _type_modules()
     assert {"_softmax", "_l2"} <= modules
-    tree = ast.parse(path.read_text())
-    skip = _docstrings(tree)
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in modules:
-            found.add(node.id)
-        elif isinstance(node, ast.Attribute) and node.attr in modules:
-            found.add(node.attr)
-        elif isinstance(node, ast.ImportFrom) and (
-                {(node.module or "").rsplit(".", 1)[-1]} | {a.name for a in node.names}) & modules:
-            found.add(node.module)
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
-              and id(node) not in skip and any(m in node.value for m in modules)):
-            found.add(repr(node.value))
+    found = _names(path, modules, lambda s: any(m in s for m in modules))
     assert not found, f"_compiled_fields.py names types' modules: {sorted(found)}"
