@@ -370,8 +370,6 @@ def main(argv=None):
                    help="the first paper seed (default 0; seeds FIRST..FIRST+N-1): fresh "
                         "seeds measure the defaults on settings nobody tuned for")
     p.add_argument("--no-short", action="store_true", help="skip the short-run tables")
-    p.add_argument("--json", default=None,
-                   help="where the paper table's record goes (default: docs/_static/...)")
     p.add_argument("--repeat", type=int, default=9, help="timing repeats (best of)")
     p.add_argument("--grid", action="store_true", help="also the work-precision tables")
     p.add_argument("--short", action="store_true",
@@ -415,7 +413,7 @@ def paper_table(a):
     write_record("bench_solve_paper", {"seeds": [r["seed"] for r in rows], "rows": rows,
                                        "min_ratio": float(ratios.min()),
                                        "median_ratio": float(np.median(ratios))},
-                 a.json or _PAPER_JSON)
+                 _PAPER_JSON)
 
 
 def short_tables(seeds=40):
