@@ -52,7 +52,7 @@ import numpy as np
 import gaussian_pde as gp
 from gaussian_pde._common import linalg
 from gaussian_pde.integrate._exact import blowup_time, exact_covariance
-from gaussian_pde.integrate._fused import moment_field
+from gaussian_pde.integrate._fused import reference_field
 
 
 def euler_psd(att, cov0, h, t_end=None, steady_tol=None, max_steps=10_000_000):
@@ -298,7 +298,7 @@ class _qr_gain:
 
 
 def l2_evaluation_cost(seed, d=5, calls=2000, repeat=9):
-    """CPU time of one evaluation of the L2 field (``solve``'s kernel), solve vs QR gain.
+    """CPU time of one evaluation of the L2 NumPy reference field, solve vs QR gain.
 
     ``example`` weights (k = d) and a random covariance, as in :func:`mean_cost`; the two
     paths are timed on interleaved samples of ``calls`` evaluations (best of ``repeat``),
@@ -311,7 +311,7 @@ def l2_evaluation_cost(seed, d=5, calls=2000, repeat=9):
     Z = np.column_stack([L, rng.standard_normal(d)])
     out = {}
     for with_mean, state in ((False, L), (True, Z)):
-        field = moment_field(att, with_mean)
+        field = reference_field(att, with_mean)
         best = {"solve": np.inf, "qr": np.inf}
         for _ in range(repeat):
             for key in ("solve", "qr"):
@@ -440,7 +440,8 @@ def short_tables(seeds=40):
         print(f"| {kind} | {np.median(cost):.2f} | {cost.max():.2f} "
               f"(seed {rows[int(cost.argmax())]['seed']}) | {(cost > 1.2).sum()}/{seeds} | "
               f"{np.median(nf):.2f} | {nf.max():.2f} | {(nf > 1).sum()}/{seeds} |", flush=True)
-    print("\nOne evaluation of the L2 field (d = k = 5, ``example`` weights), the gain by a "
+    print("\nOne evaluation of the L2 NumPy reference field (d = k = 5, ``example`` weights), "
+          "the gain by a "
           "Cholesky solve (default while |B|_F^2 < 1e3) against its QR path, interleaved:\n")
     print("| seed | mean | solve (us) | QR (us) | QR / solve | rel. difference |")
     print("|---|---|---|---|---|---|")

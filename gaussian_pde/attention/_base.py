@@ -22,6 +22,8 @@ The moment equations (docs/math.md section 3) then follow for every type alike:
 from __future__ import annotations
 
 import abc
+import warnings
+import weakref
 
 import numpy as np
 from scipy.special import logsumexp
@@ -29,7 +31,8 @@ from scipy.special import logsumexp
 from .._common.validation import validate_matrix, validate_positive
 from ._kernels import make_options
 
-__all__ = ["Attention", "SingleHeadAttention", "CLOSURES", "has_hook", "normalized_definition_field"]
+__all__ = ["Attention", "SingleHeadAttention", "CLOSURES", "DEPRECATED_HOOKS", "has_hook",
+           "normalized_definition_field"]
 
 
 #: the values of :attr:`Attention.closure` for types that do not preserve Gaussians
@@ -44,16 +47,46 @@ def has_hook(cls, hook):
 
 
 class _ExactJacobian:
-    """Derived capability: whether the type implements ``jacobian_parts``.
+    """Derived capability: whether the type's compiled field has a closed-form Jacobian.
 
-    On an instance: whether every one of its heads does.
+    On an instance: whether its :meth:`~Attention.compiled_field` exists and its
+    Jacobian kernel has a closed form (``CompiledField.exact_jacobian``; for a sum of
+    heads, every head's). On the class: what holds for every instance, read off the
+    compiled field of its ``example`` (once per class; it compiles the kernels, or loads
+    them from the disk cache), and False for a type that sums heads (it depends on the
+    heads) or that does not preserve Gaussians.
     """
 
     def __get__(self, obj, owner=None):
-        if obj is None:
-            return has_hook(owner, "jacobian_parts")
-        return all(has_hook(type(h), "jacobian_parts") if h is obj else h.exact_jacobian
-                   for h in obj.heads)
+        if obj is not None:
+            field = obj.compiled_field()
+            return bool(field is not None and field.exact_jacobian)
+        return _class_exact_jacobian(owner)
+
+
+#: class -> its exact_jacobian (the compiled field of its example)
+_EXACT_JACOBIAN = weakref.WeakKeyDictionary()
+
+
+def _class_exact_jacobian(cls):
+    """:class:`_ExactJacobian` on the class ``cls``."""
+    if (not cls.gaussian_preserving or not has_hook(cls, "compiled_field")
+            or has_hook(cls, "from_heads")):
+        return False
+    if cls not in _EXACT_JACOBIAN:
+        try:
+            att = cls.example(2, 0)
+        except (NotImplementedError, TypeError):     # no example to read it off
+            _EXACT_JACOBIAN[cls] = False
+        else:
+            _EXACT_JACOBIAN[cls] = _ExactJacobian().__get__(att)
+    return _EXACT_JACOBIAN[cls]
+
+
+#: hooks that the event loop no longer calls: the field and its Jacobian come from
+#: ``compiled_field`` (else from ``factor_rhs`` and ``moment_rhs``)
+DEPRECATED_HOOKS = ("fused_term", "fused_rhs", "factor_kernel", "jacobian_parts",
+                    "jacobian_holds")
 
 
 class _FieldSeesMean:
@@ -106,11 +139,12 @@ class Attention(abc.ABC):
         :func:`gaussian_pde.solve` accept the type. Otherwise those hooks raise
         ``TypeError`` and :attr:`closure` says what replaces them. Default ``True``.
     exact_jacobian : bool
-        Derived, not declared: whether the type implements :meth:`jacobian_parts`, the
-        closed-form Jacobian of its factor field that the stiff integrators of
+        Derived, not declared: whether the Jacobian kernel of the type's
+        :meth:`compiled_field` has a closed form, which the stiff integrators of
         :mod:`gaussian_pde.integrate` use instead of differences. Read on an instance
-        it holds iff every one of its :attr:`heads` has it (:class:`~gaussian_pde.MultiHead`
-        on the class: ``False``, what holds for every instance).
+        it holds iff its compiled field has one (a sum of heads: every head's);
+        on the class, what holds for every instance (:class:`~gaussian_pde.MultiHead`:
+        ``False``).
     closure : {None, "quadrature", "block_causal"}
         Derived, not declared: how the type is handled when it does not preserve
         Gaussians (``"block_causal"`` where it uses positions, ``"quadrature"`` where it
@@ -136,7 +170,7 @@ class Attention(abc.ABC):
         depends on the mean (linear attention, :math:`M = V(\Sigma + \alpha\alpha^T)A`).
         Then the covariance equation involves the mean: the solvers require a mean
         (``mean0``, ``mean0s``), and the mean-free hooks (:meth:`field_matrix`,
-        :meth:`cov_rhs`, :meth:`factor_rhs`, ``fused_term(False)``) raise ``TypeError``.
+        :meth:`cov_rhs`, :meth:`factor_rhs`) raise ``TypeError``.
         On an instance it holds iff one of its :attr:`heads` has it.
 
     Notes
@@ -164,27 +198,14 @@ class Attention(abc.ABC):
         the arrays the generated module's functions take, and that module
         (``derivations/<name>.py`` writes it; ``None`` for a type without one): with
         both, ``solve_batch`` stacks the type;
-    ``factor_kernel()``
-        optional fast closure ``L -> L'`` (default :meth:`factor_rhs`);
-    ``fused_term(with_mean, out=None)``
-        ``Z -> Z'`` for one state ``Z = L`` or ``[L | mean]`` (the integrator's
-        right-hand side); the default is built from ``factor_kernel``,
-        ``field_offset`` and ``field_matrix_with_mean``;
-    ``fused_rhs(with_mean, out, counter)``
-        optional one-call ``rhs(t, y)`` of the flattened state for the Fortran codes,
-        or ``None`` (default: the integrator wraps ``fused_term``);
     ``mean_is_linear()``
         whether :math:`\alpha' = N(\Sigma)\alpha` (a zero mean stays zero); default False;
-    ``jacobian_parts(weights, L, mean=None)`` (classmethod)
-        ``(M, A, C, N, r)`` with :math:`dM[d\Sigma] = A\,d\Sigma\,C`,
-        :math:`N = \partial_\alpha\alpha'`, :math:`d(N\alpha) = A\,d\Sigma\,r`
-        (``N, r`` None without a mean), weights stacked or not; or ``None`` (default):
-        no closed-form Jacobian, the stiff solvers take differences;
-    ``jacobian_holds(L)`` (classmethod)
-        where the closed form keeps its digits (default: everywhere);
     ``compiled_field()``
-        optional, the Numba kernel of the factor field for the compiled batch integrator
-        (default ``None``);
+        optional, the Numba kernels of the factor field and of its Jacobian: the one
+        source of the field that every integrator evaluates (the compiled batch
+        integrator, and the event loop of :func:`gaussian_pde.solve`); without one the
+        event loop evaluates ``factor_rhs`` and ``moment_rhs`` and its stiff steps take
+        differences (default ``None``);
     ``mean_generator()``
         optional constant :math:`N` of :math:`\alpha' = N\alpha` (Sinkhorn), or ``None``;
     ``riccati_matrix()``
@@ -232,6 +253,13 @@ class Attention(abc.ABC):
         for a type that sums heads (:class:`MultiHead`): the instance whose field is
         :math:`\sum_h\Gamma_h`; ``None`` (the default) for a single head. Samplers that
         build a sum of heads (sweeps) ask the registry for a type implementing it.
+
+    Deprecated: ``fused_term``, ``fused_rhs``, ``factor_kernel``, ``jacobian_parts`` and
+    ``jacobian_holds`` (:data:`DEPRECATED_HOOKS`), the NumPy right-hand sides and
+    Jacobian pieces of an earlier contract. No integrator calls them: the field and its
+    Jacobian come from ``compiled_field`` (else from ``factor_rhs`` and ``moment_rhs``,
+    which those hooks had to agree with). A class that still defines one is accepted,
+    with a ``DeprecationWarning`` at its definition.
     """
 
     #: registry name, e.g. ``"softmax"``
@@ -244,6 +272,17 @@ class Attention(abc.ABC):
     uses_positions: bool = False
     #: derived: whether the field matrix depends on the mean (implements field_matrix_with_mean)
     field_sees_mean = _FieldSeesMean()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        stale = [hook for hook in DEPRECATED_HOOKS if hook in vars(cls)]
+        if stale:
+            warnings.warn(
+                f"{cls.__name__} defines {', '.join(f'`{h}`' for h in stale)}, which no "
+                "integrator calls any more: the field and its Jacobian come from "
+                "`compiled_field()` (else from `factor_rhs` and `moment_rhs`); remove "
+                "them (see docs/adding_an_attention_type.md).",
+                DeprecationWarning, stacklevel=2)
 
     @property
     @abc.abstractmethod
@@ -282,65 +321,12 @@ class Attention(abc.ABC):
     def factor_rhs(self, L):
         r"""Unchecked :math:`L'` of the factor form :math:`\Sigma = LL^T` (keeps rank and PSD)."""
 
-    def factor_kernel(self):
-        r"""A fast closure ``kernel(L) -> L'`` for one unbatched ``(d, d)`` factor.
-
-        Same numbers as :meth:`factor_rhs` up to rounding; used by :func:`solve`, where
-        the right-hand side is called thousands of times on one small matrix. The default
-        calls :meth:`factor_rhs`; generated types hoist the weight-only products.
-        """
-        return self.factor_rhs
-
     @property
     def heads(self):
         """The heads whose fields add up to this one: ``(self,)`` for a single head."""
         return (self,)
 
     exact_jacobian = _ExactJacobian()
-
-    def fused_term(self, with_mean, out=None):
-        r"""``term(Z) -> Z'`` for one state ``Z = L`` (``(d, d)``) or ``[L | mean]`` (``(d, d + 1)``).
-
-        The default: :meth:`factor_kernel` for the factor and
-        ``field_offset + field_matrix_with_mean @ mean`` for the mean; a non-finite trial state
-        gives NaN (the step is then rejected). With ``out`` (C-contiguous, the state's
-        shape) the result is written there.
-        """
-        kernel = self.factor_kernel()
-        d = self.d
-        m = d + 1 if with_mean else d
-
-        def value(Z):
-            try:
-                if not with_mean:
-                    return np.asarray(kernel(Z), dtype=float)
-                L = np.ascontiguousarray(Z[:, :d])
-                mean = Z[:, d].copy()
-                cov = L @ L.T
-                res = np.empty((d, d + 1))
-                res[:, :d] = kernel(L)
-                res[:, d] = (self.field_offset(mean, cov)
-                             + self.field_matrix_with_mean(cov, mean) @ mean)
-                return res
-            except np.linalg.LinAlgError:    # a non-finite trial state: reject the step
-                return np.full((d, m), np.nan)
-
-        if out is None:
-            return value
-
-        def term(Z):
-            out[...] = value(Z)
-            return out
-
-        return term
-
-    def fused_rhs(self, with_mean, out, counter):
-        r"""Optional one-call ``rhs(t, y)`` of the flat state (adds one to ``counter.nfev``).
-
-        ``rhs.field`` is the matching :meth:`fused_term` writing into ``out``. ``None``
-        (the default): the integrator wraps :meth:`fused_term`.
-        """
-        return None
 
     def mean_is_linear(self):
         r"""Whether :math:`\alpha' = N(\Sigma)\alpha` (linear, homogeneous in the mean).
@@ -349,33 +335,6 @@ class Attention(abc.ABC):
         ``False`` (not known).
         """
         return False
-
-    @classmethod
-    def jacobian_parts(cls, weights, L, mean=None):
-        r"""Closed-form pieces of the Jacobian of the factor field, or ``None``.
-
-        Parameters
-        ----------
-        weights : tuple of ndarray
-            :meth:`weights`, each with optional leading stack axes.
-        L : ndarray, shape (..., d, d)
-            Factor(s).
-        mean : ndarray, shape (d,), optional
-            The mean (unstacked states only).
-
-        Returns
-        -------
-        (M, A, C, N, r) or None
-            :math:`dM[d\Sigma] = A\,d\Sigma\,C` with :math:`M` the field matrix,
-            :math:`N = \partial_\alpha\alpha'` and :math:`d(N\alpha) = A\,d\Sigma\,r`
-            (``None, None`` without a mean). ``None`` (default): no closed form.
-        """
-        return None
-
-    @classmethod
-    def jacobian_holds(cls, L):
-        """Where :meth:`jacobian_parts` keeps its digits: a boolean per factor (default all)."""
-        return np.ones(np.shape(L)[:-2], dtype=bool)
 
     def riccati_matrix(self):
         r"""Optional :math:`S` with :math:`\Sigma' = \Sigma S\Sigma` exactly, or ``None``.
@@ -639,10 +598,6 @@ class SingleHeadAttention(Attention):
 
     def factor_rhs(self, L):
         return self.generated.factor_rhs(*self.weights(), L)
-
-    def factor_kernel(self):
-        make = getattr(self.generated, "factor_kernel", None)
-        return self.factor_rhs if make is None else make(*self.weights())
 
     def score_matrix(self, X, Y):
         r"""Scores ``S[i, j] = s(x_i, y_j)``; the default is the bilinear :math:`y_j^TAx_i`."""

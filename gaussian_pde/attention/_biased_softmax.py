@@ -33,7 +33,6 @@ from ._examples import example_data
 from ._kernels import ParticleDiagnostics, normalized_average, softmax_features
 from ._registry import register_attention
 from ._scores import QuadraticScore
-from ._softmax import Softmax
 
 __all__ = ["BiasedSoftmax"]
 
@@ -87,14 +86,6 @@ class BiasedSoftmax(SingleHeadAttention):
 
     def weights(self):
         return self.Q, self.K, self.V, self.scale, self.q[:, None], self.k_b[:, None]
-
-    @classmethod
-    def jacobian_parts(cls, weights, L, mean=None):
-        r"""Plain softmax's :math:`M, A, C, N`; the mean's :math:`r = K^TQ\alpha + K^Tq`."""
-        M, A, C, N, r = Softmax.jacobian_parts(weights[:4], L, mean)
-        if mean is None:
-            return M, A, C, None, None
-        return M, A, C, N, r + np.swapaxes(weights[1], -1, -2) @ weights[4][..., 0]
 
     def field_matrix(self, cov):
         r""":math:`M = cV\Sigma K^TQ` (the generated expression) as :math:`c\,(V(\Sigma K^T))Q`.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import lambertw
 
-from .._common.linalg import closed_form_holds, l2_gain, l2_gain_parts
 from .._generated import l2 as _gen
 from . import _compiled_fields as cf
 from ._base import SingleHeadAttention, normalized_definition_field
@@ -50,56 +49,6 @@ class L2(SingleHeadAttention):
     def mean_is_linear(self):
         r"""True: :math:`b = VP^{-1}\alpha` is linear in the mean."""
         return True
-
-    def fused_term(self, with_mean, out=None):
-        r""":math:`ML = \sqrt{2c}\,VL\,G\,QL` by the push-through identity.
-
-        :math:`G = (I + B^TB)^{-1}B^T` is the gain of :math:`B = \sqrt{2c}\,KL`
-        (:func:`~gaussian_pde._common.linalg.l2_gain`: a Cholesky solve with
-        :math:`I_k + BB^T` while :math:`\|B\|_F^2 < 10^3`, Householder QR of
-        :math:`[B; I_d]` beyond, where a solve's errors of order the condition number
-        times rounding would stall the step control once the covariance spreads over many
-        orders of magnitude); with the mean,
-        :math:`N\alpha = V\alpha + \sqrt{2c}\,VL\,G(Q - K)\alpha`.
-        """
-        return _fused(self, with_mean, out)
-
-    @classmethod
-    def jacobian_parts(cls, weights, L, mean=None):
-        r""":math:`A = 2cVP^{-1}`, :math:`C = K^T(I_k + 2cK\Sigma K^T)^{-1}Q`, :math:`M = 2cVP^{-1}\Sigma K^TQ`.
-
-        All from the gain :math:`G = (I + B^TB)^{-1}B^T` of :math:`B = \sqrt{2c}\,KL` and
-        :math:`E = (I_k + BB^T)^{-1}` (:func:`~gaussian_pde._common.linalg.l2_gain_parts`:
-        one factorisation, no inverse): :math:`P^{-1} = I - \sqrt{2c}\,LGK`,
-        :math:`P^{-1}\Sigma K^TQ = LGQ/\sqrt{2c}` and :math:`C = K^TEQ`, whose entries
-        (down to :math:`1/s^2`) the difference :math:`K^TQ - 2cK^TKP^{-1}\Sigma K^TQ`
-        would bury under its rounding. With the mean :math:`N = VP^{-1} + M` and
-        :math:`r = K^TE(Q - K)\alpha`.
-        """
-        Q, K, V, c = weights
-        d = L.shape[-1]
-        s = np.sqrt(2 * c)
-        B = s * (K @ L)
-        G, E = _gain_parts(B) if B.ndim == 2 else l2_gain_parts(B)
-        LG = L @ G
-        Xi = np.eye(d) - s * (LG @ K)                    # P^{-1}
-        P = (LG @ Q) / s
-        A = (2 * c) * (V @ Xi)
-        M = (2 * c) * (V @ P)
-        Kt = np.swapaxes(K, -1, -2)
-        C = Kt @ (E @ Q)
-        if mean is None:
-            return M, A, C, None, None
-        return M, A, C, V @ Xi + M, Kt @ (E @ ((Q - K) @ mean))
-
-    @classmethod
-    def jacobian_holds(cls, L):
-        """While the factor's column norms span less than ``JACOBIAN_SPREAD_MAX``.
-
-        Beyond, the closed form loses digits like the spread squared
-        (:mod:`gaussian_pde.integrate._differences`).
-        """
-        return closed_form_holds(L)
 
     def scalar_solution(self, mean0, var0, t):
         r"""``d = 1``: :math:`s' = 4vas^2/(1 + 2\kappa s)`, solved by the Lambert W function.
@@ -157,65 +106,6 @@ class L2(SingleHeadAttention):
         avg, ess = normalized_average(a, b, x, chunk_size=opts.chunk_size, dtype=opts.dtype,
                                       want_ess=opts.want_ess)
         return avg @ self.V.T, ParticleDiagnostics(ess=ess)
-
-
-def _fused(head, with_mean, out=None):
-    """:meth:`L2.fused_term`."""
-    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
-    d, k = head.d, head.k
-    m = d + 1 if with_mean else d
-    s = np.sqrt(2.0 * c)
-    # [sVZ; sKZ; QZ] and, with the mean, (Q - K)Z, whose last column (Q - K) alpha
-    # replaces that of QZ: one assignment per evaluation instead of a copy and a
-    # difference
-    blocks = [s * V, s * K, Q] + ([Q - K] if with_mean else [])
-    W = np.ascontiguousarray(np.vstack(blocks))
-    P = np.empty((W.shape[0], m))
-    G = np.zeros((m, m))
-    if with_mean:
-        G[d, d] = 1.0 / s      # s V alpha / s = V alpha
-    X, B, QZ, Gd = P[:d], P[d:d + k, :d], P[d + k:d + 2 * k], G[:d]
-    qka, QKa = (QZ[:, d], P[d + 2 * k:, d]) if with_mean else (None, None)
-
-    def gain():
-        """``B^T (I_k + B B^T)^{-1} = (I_d + B^T B)^{-1} B^T`` (:func:`l2_gain`).
-
-        NaN for a non-finite trial state (the step is then rejected) instead of
-        LAPACK's convergence error.
-        """
-        if k == 1:
-            b = B[0]
-            n2 = float(b.dot(b))
-            return (b / (1.0 + n2))[:, None] if n2 < 1e300 else _gain(B)
-        return _gain(B)
-
-    w_dot, x_dot, dot = W.dot, X.dot, np.dot
-
-    def term(Z):
-        w_dot(Z, out=P)
-        if with_mean:
-            qka[...] = QKa                       # [QL | (Q - K) alpha]
-        dot(gain(), QZ, out=Gd)
-        return x_dot(G, out=out)
-
-    return term
-
-
-def _gain(B):
-    """:func:`l2_gain`; NaN for a non-finite trial state (the step is rejected)."""
-    try:
-        return l2_gain(B)
-    except np.linalg.LinAlgError:
-        return np.full(B.shape[::-1], np.nan)
-
-
-def _gain_parts(B):
-    """:func:`l2_gain_parts`; NaN for a non-finite state."""
-    try:
-        return l2_gain_parts(B)
-    except np.linalg.LinAlgError:
-        k, d = B.shape
-        return np.full((d, k), np.nan), np.full((k, k), np.nan)
 
 
 def _lambertw_exp(z):

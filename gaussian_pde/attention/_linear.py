@@ -71,23 +71,6 @@ class Linear(SingleHeadAttention):
     def moment_rhs(self, mean, cov):
         return _gen.moment_rhs(*self.weights(), mean, cov)
 
-    def fused_term(self, with_mean, out=None):
-        r""":math:`Z' = (cVZ)\,\big((KZ)^T(QZ)\big)` of :math:`Z = [L \mid \alpha]` (the mean is required)."""
-        if not with_mean:
-            self._refuse()
-        d, k = self.d, self.k
-        W = np.ascontiguousarray(np.vstack([self.scale * self.V, self.K, self.Q]))
-
-        def term(Z):
-            P = W @ Z
-            res = P[:d] @ (P[d:d + k].T @ P[d + k:])
-            if out is None:
-                return res
-            out[...] = res
-            return out
-
-        return term
-
     def scalar_solution(self, mean0, var0, t):
         r"""``d = 1``: :math:`p = s + m^2` obeys :math:`p' = 2vap^2`, so with :math:`D = 1 - 2vap_0t`
 

@@ -104,19 +104,6 @@ class MultiHead(Attention):
     def factor_rhs(self, L):
         return sum(h.factor_rhs(L) for h in self.heads)
 
-    def factor_kernel(self):
-        kernels = [h.factor_kernel() for h in self.heads]
-        if len(kernels) == 1:
-            return kernels[0]
-
-        def kernel(L):
-            out = kernels[0](L)
-            for ker in kernels[1:]:
-                out = out + ker(L)
-            return out
-
-        return kernel
-
     def mean_is_linear(self):
         r"""Whether every head's mean equation is linear in the mean (then so is the sum)."""
         return all(h.mean_is_linear() for h in self.heads)

@@ -3,7 +3,7 @@
 The CLI, sweeps and tests iterate over :data:`ATTENTIONS`. A new type registers itself
 with :func:`register_attention` (see docs/adding_an_attention_type.md). What a type can
 do is read off what it implements (:func:`capabilities`), never declared beside it:
-``exact_jacobian`` is "implements ``jacobian_parts``", ``closure`` is ``"quadrature"``
+``exact_jacobian`` is "its compiled field has a closed-form Jacobian", ``closure`` is ``"quadrature"``
 for a type that implements ``gaussian_closure_field`` and ``"block_causal"`` for one
 that uses positions. Code that needs types with a given capability filters the registry,
 e.g. :func:`names_with`.
@@ -37,14 +37,13 @@ ATTENTIONS: dict[str, type[Attention]] = {
 DEFAULT_ATTENTION = "softmax"
 
 #: the contract's optional hooks, whose implementation is a capability
-_HOOKS = ("jacobian_parts", "jacobian_holds", "fused_term", "fused_rhs",
-          "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
+_HOOKS = ("compiled_field", "mean_generator", "riccati_matrix", "scalar_solution", "quadratic_score",
           "mixture_field", "gaussian_closure_field", "definition_field", "example_setting",
           "field_matrix_with_mean", "from_heads")
 
 
 #: capabilities read off the class, and what a type implements to have them
-_DERIVED = {"exact_jacobian": "implement `jacobian_parts`",
+_DERIVED = {"exact_jacobian": "supply a `compiled_field` whose Jacobian kernel has a closed form",
             "closure": "implement `gaussian_closure_field`, or set `uses_positions`",
             "field_sees_mean": "implement `field_matrix_with_mean`"}
 
@@ -86,8 +85,8 @@ def _check_capabilities(cls):
     if cls.field_sees_mean and not cls.gaussian_preserving:
         raise ValueError(f"{where}: `field_matrix_with_mean` needs exact moment equations "
                          "(`gaussian_preserving = True`).")
-    if cls.exact_jacobian and not cls.gaussian_preserving:
-        raise ValueError(f"{where}: `jacobian_parts` needs exact moment equations "
+    if has_hook(cls, "compiled_field") and not cls.gaussian_preserving:
+        raise ValueError(f"{where}: `compiled_field` needs exact moment equations "
                          "(`gaussian_preserving = True`).")
     if not has_hook(cls, "particle_kernel"):
         raise TypeError(f"{where} has no particle kernel: define "
@@ -99,7 +98,7 @@ def register_attention(cls):
 
     The class must subclass :class:`~gaussian_pde.Attention`, have booleans
     ``gaussian_preserving`` and ``uses_positions``, a particle kernel
-    ``particle_kernel``, and implement ``jacobian_parts`` only with exact moment
+    ``particle_kernel``, and implement ``compiled_field`` only with exact moment
     equations (:func:`capabilities`).
     """
     if not (isinstance(cls, type) and issubclass(cls, Attention)):
@@ -117,12 +116,19 @@ def names_with(**wanted):
     >>> names_with(gaussian_preserving=False)
     ['sigmoid', 'masked']
     """
+    unknown = set(wanted) - set(_HOOKS) - set(_DERIVED) - {"gaussian_preserving",
+                                                           "uses_positions"}
+    if unknown:
+        raise ValueError(f"unknown capabilities {sorted(unknown)}: expected keys of "
+                         "`capabilities(cls)`.")
+    # each capability asked for only (exact_jacobian reads a compiled field)
     return [name for name, cls in ATTENTIONS.items()
-            if all(capabilities(cls)[k] == v for k, v in wanted.items())]
+            if all((has_hook(cls, k) if k in _HOOKS else getattr(cls, k)) == v
+                   for k, v in wanted.items())]
 
 
 #: modules of this package that are not attention types
-_INFRASTRUCTURE = {"_base", "_compiled", "_compiled_fields", "_examples", "_kernels", "_moments",
+_INFRASTRUCTURE = {"_base", "_compiled_fields", "_examples", "_kernels", "_moments",
                    "_registry", "_scores", "_studies", "_transformer"}
 
 

@@ -21,7 +21,6 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import logsumexp
 
-from .._common.linalg import sinkhorn_cross
 from .._generated import sinkhorn as _gen
 from . import _compiled_fields as cf
 from ._base import SingleHeadAttention
@@ -49,28 +48,6 @@ class Sinkhorn(SingleHeadAttention):
     def mean_is_linear(self):
         r"""True: :math:`\alpha' = V\alpha`."""
         return True
-
-    def fused_term(self, with_mean, out=None):
-        r""":math:`L' = VL\,B\varphi(B^TB)`, :math:`B = L^TAL`, and :math:`\alpha' = V\alpha`."""
-        K, Q, V, c = self.K, self.Q, self.V, float(self.scale)
-        d = self.d
-        A = c * (K.T @ Q)
-        V = np.ascontiguousarray(V)
-        dot = np.dot
-        if not with_mean:
-            def term(L):
-                return dot(V, dot(L, _cross(dot(L.T, dot(A, L)))), out=out)
-
-            return term
-        C = np.zeros((d + 1, d + 1))
-        C[d, d] = 1.0              # alpha' = V alpha
-
-        def term(Z):
-            L = Z[:, :d]
-            C[:d, :d] = _cross(dot(L.T, dot(A, L)))
-            return dot(V, dot(Z, C), out=out)
-
-        return term
 
     def scalar_solution(self, mean0, var0, t):
         r"""``d = 1``: :math:`s' = 2vas^2\varphi(a^2s^2)`, :math:`\alpha(t) = \alpha_0e^{vt}`.
@@ -147,14 +124,6 @@ class Sinkhorn(SingleHeadAttention):
             want_ess=opts.want_ess, warn=opts.warn)
         state["f"], state["g"] = f, g
         return avg @ self.V.T, diag
-
-
-def _cross(B):
-    """:func:`sinkhorn_cross`; NaN for a non-finite trial state (the step is rejected)."""
-    try:
-        return sinkhorn_cross(B)
-    except np.linalg.LinAlgError:
-        return np.full_like(B, np.nan)
 
 
 def _sinkhorn_potential(S, logw, tol=1e-13, max_iter=20_000):

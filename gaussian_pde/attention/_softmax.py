@@ -21,7 +21,6 @@ import numpy as np
 from .._generated import softmax as _gen
 from . import _compiled_fields as cf
 from ._base import SingleHeadAttention, normalized_definition_field
-from ._compiled import kernel as compiled_kernel
 from ._kernels import ParticleDiagnostics, normalized_average, softmax_features
 from ._scores import QuadraticScore
 
@@ -64,34 +63,6 @@ class Softmax(SingleHeadAttention):
         wide model (:math:`k = d/H`) stay cheap.
         """
         return self.scale * ((self.V @ (cov @ self.K.T)) @ self.Q)
-
-    def fused_term(self, with_mean, out=None):
-        r""":math:`Z' = (cVZ)\,G`, :math:`G = [(KL)^T(QZ);\ e_{d+1}^T/c]`: three products.
-
-        With ``Z = [L | alpha]`` the last row of :math:`G` turns the last column of
-        :math:`cVZ` into :math:`V\alpha`, so that :math:`Z' = [ML \mid M\alpha + V\alpha]`;
-        near a steady state (``QL -> 0``) the field stays accurate to rounding.
-        """
-        return _fused(self, with_mean, out)
-
-    def fused_rhs(self, with_mean, out, counter):
-        """The three products on the flat state by one compiled call (:mod:`._compiled`).
-
-        Without Numba the three ``ndarray.dot`` calls run in one Python frame.
-        """
-        return _fused(self, with_mean, out, counter)
-
-    @classmethod
-    def jacobian_parts(cls, weights, L, mean=None):
-        r""":math:`A = cV`, :math:`C = K^TQ`, :math:`M = A\Sigma C`; :math:`N = V + M`, :math:`r = C\alpha`."""
-        Q, K, V, c = weights
-        KtQ = np.swapaxes(K, -1, -2) @ Q
-        S = L @ np.swapaxes(L, -1, -2)
-        A = c * V
-        M = A @ S @ KtQ
-        if mean is None:
-            return M, A, KtQ, None, None
-        return M, A, KtQ, V + M, KtQ @ mean
 
     def riccati_matrix(self):
         r""":math:`S = A + A^T` when :math:`V = I` (:math:`\Sigma' = \Sigma(A + A^T)\Sigma`), else None."""
@@ -145,86 +116,6 @@ def _scalar_softmax(va, v, m0, s0, t):
     if np.any(denom <= 0):
         raise ValueError("`t` reaches the blow-up time.")
     return m0 * np.exp(v * t) / np.sqrt(denom), s0 / denom
-
-
-def _fused(head, with_mean, out=None, counter=None):
-    """:meth:`Softmax.fused_term` (``counter`` None) or :meth:`Softmax.fused_rhs`."""
-    Q, K, V, c = head.Q, head.K, head.V, float(head.scale)
-    d, k = head.d, head.k
-    m = d + 1 if with_mean else d
-    W = np.ascontiguousarray(np.vstack([c * V, K, Q]))
-    # fused_rhs: the same products on the flat state, counted, by one compiled call
-    # (._compiled), which needs none of the NumPy work arrays below
-    kernel = compiled_kernel("softmax_field") if counter is not None else None
-    if kernel is not None:
-        return _compiled_rhs(kernel, W, c, m, out, counter)
-    # work arrays and their views, made once: an evaluation is three products, called as
-    # bound ndarray.dot methods (numpy's module-level dot adds a dispatch layer that costs
-    # about as much as the product of these small matrices)
-    P = np.empty((d + 2 * k, m))                 # [cVZ; KZ; QZ]
-    G = np.empty((m, m))                         # (KZ)^T QZ, last row replaced below
-    X, KZt, QZ = P[:d], P[d:d + k].T, P[d + k:]  # contiguous blocks: no copies in dot
-    w_dot, kzt_dot, x_dot = W.dot, KZt.dot, X.dot
-    if not with_mean:
-        def term(L):
-            w_dot(L, out=P)
-            kzt_dot(QZ, out=G)
-            return x_dot(G, out=out)
-    else:
-        # the last row of (KZ)^T QZ is (K alpha)^T QZ; [0, ..., 0, 1/c] instead turns the
-        # last column of cVZ into V alpha, the offset b: Z' = (cVZ) G = [ML | M alpha + V alpha]
-        last, offset = G[d], np.zeros(m)
-        offset[d] = 1.0 / c
-
-        def term(Z):
-            w_dot(Z, out=P)
-            kzt_dot(QZ, out=G)
-            last[...] = offset
-            return x_dot(G, out=out)
-
-    if counter is None:
-        return term
-    # without Numba: the three ndarray.dot calls in one Python frame
-    flat = out.reshape(-1)
-    if not with_mean:
-        def rhs(t, y):
-            counter.nfev += 1
-            w_dot(y.reshape(d, m), out=P)
-            kzt_dot(QZ, out=G)
-            x_dot(G, out=out)
-            return flat
-    else:
-        def rhs(t, y):
-            counter.nfev += 1
-            w_dot(y.reshape(d, m), out=P)
-            kzt_dot(QZ, out=G)
-            last[...] = offset
-            x_dot(G, out=out)
-            return flat
-
-    rhs.field = term
-    return rhs
-
-
-def _compiled_rhs(kernel, W, c, m, out, counter):
-    """:meth:`Softmax.fused_rhs` by the compiled ``softmax_field``."""
-    d = out.shape[0]
-    flat = out.reshape(-1)
-    ws = np.zeros((W.shape[0] + m + 1, m))
-    if m > d:
-        ws[-1, d] = 1.0 / c        # the mean's row of G (see ._compiled)
-
-    def rhs(t, y):
-        counter.nfev += 1
-        kernel(y, W, ws, flat)
-        return flat
-
-    def field(Z):
-        kernel(np.ascontiguousarray(Z, dtype=float).reshape(-1), W, ws, flat)
-        return out
-
-    rhs.field = field
-    return rhs
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-r"""Right-hand side and exact Jacobian of one trajectory of :func:`gaussian_pde.solve`.
+r"""Right-hand side and Jacobian of one trajectory of :func:`gaussian_pde.solve`'s event loop.
 
 The state of one trajectory is the factor :math:`L` alone (covariance only) or the
 ``d x (d + 1)`` matrix :math:`Z = [L \mid \alpha]` (with the mean), stored row-major,
@@ -12,31 +12,31 @@ and homogeneous in :math:`\alpha` for every Gaussian-preserving type
 
 A type whose field matrix depends on the mean (``field_sees_mean``: linear attention,
 :math:`M = V(\Sigma + \alpha\alpha^T)A`, a mean equation cubic in the mean) has the
-same state and its own term, :math:`Z' = MZ`; it has no covariance-only state.
+same state, :math:`Z' = MZ`; it has no covariance-only state.
 
-Each head supplies its own term, :meth:`~gaussian_pde.Attention.fused_term` (the
-generated types hoist the weight-only products: one product ``P = W Z`` gives every
-projection that the field needs), and optionally a one-call right-hand side for the
-Fortran codes, :meth:`~gaussian_pde.Attention.fused_rhs`; the terms of the
-:attr:`~gaussian_pde.Attention.heads` add up.
-
-The exact Jacobian (heads that implement :meth:`~gaussian_pde.Attention.jacobian_parts`)
+**One source.** The field and its Jacobian are the attention's
+:meth:`~gaussian_pde.Attention.compiled_field` wherever it has one (every type of the
+package, sums of heads, and plugins that bring kernels): the kernels that
+:func:`gaussian_pde.solve_batch` and the compiled steps of :func:`gaussian_pde.solve`
+integrate, written once in the type's module as plain Python
+(:mod:`gaussian_pde.attention._compiled_fields`). The Jacobian kernel's closed form
 follows from :math:`dM[d\Sigma] = A\,d\Sigma\,C` and, for the mean rows, from
-:math:`d(N\alpha) = A\,d\Sigma\,r`.
+:math:`d(N\alpha) = A\,d\Sigma\,r`; where it does not hold (an L2 head once the
+factor's columns spread past
+:data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite state)
+column-scaled central differences of the same field replace it. A type without a
+compiled field is integrated on its NumPy reference, :func:`reference_field` (the
+derivation's ``factor_rhs`` and ``moment_rhs``), and its stiff steps take differences.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..attention import has_hook
 from ._differences import central_jacobian
 
-__all__ = ["moment_field", "fortran_rhs", "moment_jacobian", "mean_is_linear"]
-
-
-def _heads(attention):
-    return attention.heads
+__all__ = ["reference_field", "compiled_field_values", "fortran_rhs", "moment_jacobian",
+           "mean_is_linear"]
 
 
 def mean_is_linear(attention):
@@ -47,75 +47,78 @@ def mean_is_linear(attention):
     return attention.mean_is_linear()
 
 
-def moment_field(attention, with_mean, out=None):
-    r"""``field(Z) -> Z'`` for one state ``Z`` of shape ``(d, d)`` or ``(d, d + 1)``.
+def _compiled(attention):
+    """The attention's :class:`~gaussian_pde.attention.CompiledField`, or None."""
+    hook = getattr(attention, "compiled_field", None)
+    return hook() if hook is not None else None
 
-    ``Z = L`` (covariance only) or ``[L | mean]``. The result is a new C-contiguous
-    array of the same shape (``.ravel()`` is a view) or, with ``out`` (a C-contiguous
-    float array of that shape), ``out`` itself, overwritten at every call: the Fortran
-    steppers copy what the right-hand side returns, and a product written into its
-    place spares an allocation per evaluation (a fifth of an evaluation of the paper
-    workload's field, d = 5).
+
+def reference_field(attention, with_mean):
+    r"""``field(Z) -> Z'`` by the attention's NumPy hooks, for one ``(d, m)`` state.
+
+    The factor's rows are :meth:`~gaussian_pde.Attention.factor_rhs` (the derivation's
+    :math:`L' = M(\Sigma)L`; :math:`M(\alpha, \Sigma)L` from
+    :meth:`~gaussian_pde.Attention.field_matrix_with_mean` for a type whose field matrix
+    sees the mean), the mean's column the first part of
+    :meth:`~gaussian_pde.Attention.moment_rhs`, :math:`\alpha' = b + M\alpha`. Returns a
+    new array; a non-finite trial state gives NaN (the step is then rejected).
     """
-    heads = _heads(attention)
-    terms = [h.fused_term(with_mean, out if i == 0 else None) for i, h in enumerate(heads)]
-    if len(terms) == 1:
-        return terms[0]
-    rest = terms[1:]
+    d = attention.d
+    m = d + 1 if with_mean else d
+    sees_mean = attention.field_sees_mean
 
-    if out is None:
-        def field(Z):
-            res = terms[0](Z)
-            for term in rest:
-                res = res + term(Z)
+    def field(Z):
+        Z = np.asarray(Z, dtype=float)
+        L = Z[:, :d]
+        try:
+            if not with_mean:
+                return np.array(attention.factor_rhs(L), dtype=float)
+            mean = Z[:, d].copy()
+            cov = L @ L.T
+            res = np.empty((d, m))
+            res[:, :d] = (attention.field_matrix_with_mean(cov, mean) @ L if sees_mean
+                          else attention.factor_rhs(L))
+            res[:, d] = attention.moment_rhs(mean, cov)[0]
             return res
-    else:
-        def field(Z):
-            terms[0](Z)
-            for term in rest:
-                np.add(out, term(Z), out=out)
-            return out
+        except np.linalg.LinAlgError:    # a non-finite trial state: reject the step
+            return np.full((d, m), np.nan)
 
     return field
 
 
 def fortran_rhs(attention, with_mean, counter):
-    r"""``rhs(t, y)`` of the flattened state for Hairer's Fortran codes.
+    r"""``rhs(t, y)`` of the flattened state for Hairer's Fortran codes (and SciPy's).
 
     Each call adds one to ``counter.nfev`` and returns the field in one buffer,
-    overwritten at the next call (the Fortran codes copy it at once; see
-    :func:`moment_field`). ``rhs.field`` is the :func:`moment_field` of ``(d, m)``
-    states that writes into the same buffer (one set of work arrays for both). A single
-    head's own :meth:`~gaussian_pde.Attention.fused_rhs` is used where it has one (a
-    softmax head: the three products in one call compiled by Numba, 0.6 us an
-    evaluation of the d = 5 field instead of 1.0 us; its sums run in another order than
-    BLAS's, so the field agrees with :func:`moment_field` to rounding, not bit for bit).
-    Otherwise the attention's :meth:`~gaussian_pde.Attention.compiled_field` where it
-    has one (every other type of the package, and sums of heads): one compiled call an
-    evaluation instead of the NumPy products of :func:`moment_field`, which remain for a
-    type without either (``benchmarks/bench_solve_fields.py`` measures the two).
+    overwritten at the next call (the Fortran codes copy it at once; a product written
+    into its place spares an allocation per evaluation). ``rhs.field`` is the field of
+    ``(d, m)`` states, written into the same buffer. The field is the attention's
+    :meth:`~gaussian_pde.Attention.compiled_field` where it has one (one compiled call
+    an evaluation), else :func:`reference_field`
+    (``benchmarks/bench_solve_fields.py`` measures the two).
     """
     d = attention.d
     m = d + 1 if with_mean else d
+    if attention.field_sees_mean and not with_mean:
+        raise TypeError(f"the field matrix of {attention.name!r} attention depends on the "
+                        "mean: its state must hold the mean (`with_mean`).")
     out = np.empty((d, m))
-    heads = _heads(attention)
-    if len(heads) == 1:
-        fast = heads[0].fused_rhs(with_mean, out, counter)
-        if fast is not None:
-            return fast
-    hook = getattr(attention, "compiled_field", None)
-    compiled = hook() if hook is not None else None
+    compiled = _compiled(attention)
     if compiled is not None:
         return _compiled_field_rhs(compiled, d, m, out, counter)
-    field = moment_field(attention, with_mean, out=out)
+    field = reference_field(attention, with_mean)
     flat = out.reshape(-1)
 
     def rhs(t, y):
         counter.nfev += 1
-        field(y.reshape(d, m))
+        out[...] = field(y.reshape(d, m))
         return flat
 
-    rhs.field = field
+    def into(Z):
+        out[...] = field(Z)
+        return out
+
+    rhs.field = into
     return rhs
 
 
@@ -124,8 +127,7 @@ def _compiled_field_rhs(compiled, d, m, out, counter):
 
     The kernel is the generic one of :meth:`~gaussian_pde.Attention.compiled_field`
     (compiled once for every type and shape, cached on disk), the field
-    :func:`gaussian_pde.solve_batch` integrates; it agrees with :func:`moment_field` to
-    rounding.
+    :func:`gaussian_pde.solve_batch` integrates.
     """
     kernel, params = compiled.rhs, compiled.params
     ws = np.zeros(compiled.ws_size)
@@ -145,96 +147,59 @@ def _compiled_field_rhs(compiled, d, m, out, counter):
     return rhs
 
 
-# ----------------------------------------------------------------------------------------
-# exact Jacobians (heads that implement jacobian_parts)
-# ----------------------------------------------------------------------------------------
+def compiled_field_values(compiled, with_mean):
+    """``field(Z) -> Z'`` by the compiled kernel, a new array at every call.
+
+    For differences and checks, which keep several values at once.
+    """
+    d = compiled.d
+    m = d + 1 if with_mean else d
+    kernel, params = compiled.rhs, compiled.params
+    ws = np.zeros(compiled.ws_size)
+
+    def field(Z):
+        res = np.empty(d * m)
+        kernel(params, d, m, np.ascontiguousarray(Z, dtype=float).reshape(-1), res, ws)
+        return res.reshape(d, m)
+
+    return field
+
 
 def moment_jacobian(attention, with_mean):
-    r"""Exact Jacobian ``jac(t, y)`` of :func:`moment_field` (flattened state), or ``None``.
+    r"""Exact Jacobian ``jac(t, y)`` of :func:`fortran_rhs`'s field (flattened state), or ``None``.
 
-    Available when every head implements :meth:`~gaussian_pde.Attention.jacobian_parts`.
-    With :math:`B = CL` and :math:`U = AL`, the factor rows are
+    The Jacobian kernel of the attention's
+    :meth:`~gaussian_pde.Attention.compiled_field` where it has a closed form
+    (``exact_jacobian``): with :math:`B = CL` and :math:`U = AL`, the factor rows
     :math:`\partial L'_{ij}/\partial L_{ab} = M_{ia}\delta_{jb} + A_{ia}(B^TL)_{jb} +
     U_{ib}B_{aj}`, the mean rows :math:`\partial\alpha'_i/\partial L_{ab} =
     A_{ia}(L^Tr)_b + U_{ib}r_a` and :math:`\partial\alpha'/\partial\alpha = N`;
-    :math:`\partial L'/\partial\alpha = 0`. Where a head's closed form loses its digits
-    (:meth:`~gaussian_pde.Attention.jacobian_holds`: an L2 head once the factor's
-    columns spread past
-    :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`), column-scaled
-    central differences of the field replace it.
+    :math:`\partial L'/\partial\alpha = 0`. At a state where the kernel has no closed
+    form (it returns False: an L2 head past
+    :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite
+    state), column-scaled central differences of the same field
+    (:func:`~gaussian_pde.integrate._differences.central_jacobian`). ``None`` where the
+    attention has no compiled closed form: the solvers then take their own differences.
     """
-    if not all(has_hook(type(h), "jacobian_parts") for h in _heads(attention)):
+    compiled = _compiled(attention)
+    if compiled is None or not compiled.exact_jacobian:
         return None
-    closed = _closed_form_jacobian(attention, with_mean)
-    limited = _limited_classes(attention)
-    if not limited:
-        return closed
-    # differences of the field where the closed form loses its digits, built on first
-    # need (most runs never get there)
-    d = attention.d
-    m = d + 1 if with_mean else d
-    field = []
-
-    def jac(t, y):
-        Z = np.asarray(y, dtype=float).reshape(d, m)
-        if all(cls.jacobian_holds(Z[:, :d]) for cls in limited):
-            return closed(t, y)
-        if not field:
-            field.append(moment_field(attention, with_mean))
-        return central_jacobian(field[0], Z)
-
-    return jac
-
-
-def _limited_classes(attention):
-    """The head classes whose closed-form Jacobian holds only in part of the state space."""
-    out = []
-    for h in _heads(attention):
-        cls = type(h)
-        if has_hook(cls, "jacobian_holds") and cls not in out:
-            out.append(cls)
-    return out
-
-
-def _closed_form_jacobian(attention, with_mean):
-    """The closed-form Jacobian of :func:`moment_jacobian`."""
-    heads = _heads(attention)
     d = attention.d
     m = d + 1 if with_mean else d
     n = d * m
-    eye = np.eye(d)
-    parts = [(type(h).jacobian_parts, h.weights()) for h in heads]
-
-    outer = np.multiply.outer
+    kernel, params = compiled.jac, compiled.params
+    ws = np.zeros(compiled.ws_size)
+    field = []
 
     def jac(t, y):
-        Z = np.asarray(y, dtype=float).reshape(d, m)
-        L = Z[:, :d]
-        mean = Z[:, d] if with_mean else None
-        JL = None                  # (i, a, j, b) and (i, b, a, j) parts of dL'_ij/dL_ab
-        for head_parts, weights in parts:
-            M, A, C, N, r = head_parts(weights, L, mean)
-            B = C @ L
-            U = A @ L
-            iajb = outer(A, B.T @ L) + outer(M, eye)
-            ibaj = outer(U, B)
-            if JL is None:
-                JL, JL2 = iajb, ibaj
-                if with_mean:
-                    JmL = outer(A, L.T @ r) + outer(U, r).transpose(0, 2, 1)
-                    Jmm = N
-            else:
-                JL, JL2 = JL + iajb, JL2 + ibaj
-                if with_mean:
-                    JmL = JmL + outer(A, L.T @ r) + outer(U, r).transpose(0, 2, 1)
-                    Jmm = Jmm + N
-        factor = JL.transpose(0, 2, 1, 3) + JL2.transpose(0, 3, 2, 1)
-        if not with_mean:
-            return factor.reshape(n, n)
-        J = np.zeros((d, m, d, m))
-        J[:, :d, :, :d] = factor
-        J[:, d, :, :d] = JmL
-        J[:, d, :, d] = Jmm
-        return J.reshape(n, n)
+        y = np.ascontiguousarray(y, dtype=float)
+        J = np.empty((n, n))
+        if kernel(params, d, m, y, J, ws):
+            return J
+        # differences of the field where the closed form loses its digits, built on
+        # first need (most runs never get there)
+        if not field:
+            field.append(compiled_field_values(compiled, with_mean))
+        return central_jacobian(field[0], y.reshape(d, m))
 
     return jac

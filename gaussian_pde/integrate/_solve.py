@@ -86,8 +86,9 @@ class _System:
     The interface :func:`integrate_system` needs from any state: ``fun(t, y)`` (counting
     ``nfev``), ``trace(y)``, ``cov_and_rate(y)`` and ``mean_and_cov(y)``. The state is
     the factor ``L`` (covariance only) or the ``d x (d + 1)`` matrix
-    ``[L | mean / mean_scale]``, flattened row-major, so that one fused kernel
-    (:func:`gaussian_pde.integrate._fused.moment_field`) gives both rates. The mean's
+    ``[L | mean / mean_scale]``, flattened row-major, so that one kernel (the
+    attention's compiled field, :func:`gaussian_pde.integrate._fused.fortran_rhs`)
+    gives both rates. The mean's
     equation is linear and homogeneous, so the scaled mean obeys the same equation;
     ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
     tolerances apply to it (see :func:`~gaussian_pde.integrate._batch_record.mean_scale`).
@@ -217,7 +218,7 @@ def _factor_entries(d):
 def _factor_jacobian(attention, with_mean=False):
     """Exact Jacobian ``jac(t, y)`` of :class:`_System`'s right-hand side, or ``None``.
 
-    Available when every head is softmax or L2
+    Available where the attention's compiled field has a closed-form Jacobian
     (:func:`gaussian_pde.integrate._fused.moment_jacobian`); the implicit methods
     (``Radau``, ``BDF``, ``LSODA``) then need no finite differences.
     """

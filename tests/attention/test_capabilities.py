@@ -30,10 +30,13 @@ def test_example_is_reproducible_and_sized(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_capabilities_are_what_the_type_implements(name):
-    """``exact_jacobian`` and ``closure`` are read off the hooks, never declared."""
+    """``exact_jacobian`` and ``closure`` are read off what the type implements, never
+    declared; ``exact_jacobian`` off its compiled field (a sum of heads: per instance)."""
     cls = gp.ATTENTIONS[name]
     caps = capabilities(cls)
-    assert caps["exact_jacobian"] == has_hook(cls, "jacobian_parts") == cls.exact_jacobian
+    field = cls.example(2, 0).compiled_field() if cls.gaussian_preserving else None
+    exact = (field is not None and field.exact_jacobian and not has_hook(cls, "from_heads"))
+    assert caps["exact_jacobian"] == exact == cls.exact_jacobian
     expected = ("block_causal" if cls.uses_positions else
                 "quadrature" if has_hook(cls, "gaussian_closure_field") else None)
     assert caps["closure"] == cls.closure == expected
@@ -131,7 +134,7 @@ def _closure_field(self, mean, cov, x, tol):
     (dict(gaussian_closure_field=_closure_field), ValueError,
      "Gaussian-preserving type has exact"),
     (dict(gaussian_preserving=False, gaussian_closure_field=_closure_field), ValueError,
-     "`jacobian_parts` needs exact moment equations"),
+     "`compiled_field` needs exact moment equations"),
     (dict(uses_positions=1), TypeError, "`uses_positions` must be True or False"),
 ])
 def test_register_checks_declared_capabilities(attrs, exc, match):
@@ -149,3 +152,28 @@ def test_register_requires_a_particle_kernel():
     with pytest.raises(TypeError, match="no particle kernel"):
         gp.register_attention(NoKernel)
     assert gp.ATTENTIONS == before
+
+
+def test_the_deprecated_field_hooks_warn_and_are_not_called(rng):
+    """A class that still defines the NumPy right-hand sides or Jacobian pieces of the
+    earlier contract is accepted with a DeprecationWarning, and ``gp.solve`` integrates
+    its compiled field (hooks that raise are never reached)."""
+    def never(*args, **kwargs):
+        raise AssertionError("a deprecated hook was called")
+
+    with pytest.warns(DeprecationWarning, match="`fused_term`, `jacobian_parts`"):
+        Old = type("Old", (gp.Softmax,), {"fused_term": never,
+                                          "jacobian_parts": classmethod(never)})
+    assert capabilities(Old)["exact_jacobian"] is True
+    att = Old.example(2, rng)
+    ref = gp.Softmax(att.Q, att.K, att.V)
+    for method in ("RK45", "Radau"):
+        a = gp.solve(att, None, 0.3 * np.eye(2), (0.0, 0.5), method=method)
+        b = gp.solve(ref, None, 0.3 * np.eye(2), (0.0, 0.5), method=method)
+        assert a.status == b.status == "finished"
+        np.testing.assert_array_equal(a.cov_final, b.cov_final)
+
+
+def test_names_with_refuses_an_unknown_capability():
+    with pytest.raises(ValueError, match="unknown capabilities"):
+        names_with(jacobian_parts=True)

@@ -11,6 +11,7 @@ import pytest
 
 import gaussian_pde as gp
 from gaussian_pde._common import linalg
+from gaussian_pde.attention import _compiled_fields as cf
 from gaussian_pde.integrate._differences import (
     JACOBIAN_SPREAD_MAX,
     central_jacobian,
@@ -18,7 +19,7 @@ from gaussian_pde.integrate._differences import (
     column_steps,
 )
 from gaussian_pde.integrate._factor_rotation import rotation
-from gaussian_pde.integrate._fused import _closed_form_jacobian, moment_field, moment_jacobian
+from gaussian_pde.integrate._fused import compiled_field_values, moment_jacobian, reference_field
 
 
 def two_l2_heads():
@@ -72,7 +73,8 @@ def test_the_field_keeps_each_column_at_its_own_precision(graded):
     with mp.workdps(40):
         ref = np.array(field_mp(att, mp.matrix(L.tolist())).tolist(), dtype=float)
     tol = column_tolerance(L)
-    err = np.sqrt(((moment_field(att, False)(L) - ref) ** 2).sum(axis=0))
+    err = np.sqrt(((compiled_field_values(att.compiled_field(), False)(L) - ref) ** 2)
+                  .sum(axis=0))
     assert (err / tol).max() < 1e-3
 
     def svd_gain(B):                   # the bidiagonalising SVD holds s only to eps s_max
@@ -105,7 +107,30 @@ def test_the_jacobian_beyond_the_limit_is_accurate_where_the_closed_form_is_not(
         return np.max(np.abs(J - J_ref) * tol[None, :] / tol[:, None])
 
     assert error(moment_jacobian(att, False)(0.0, L.ravel())) < 1e-6
-    assert error(_closed_form_jacobian(att, False)(0.0, L.ravel())) > 1.0
+    # the compiled closed form declines there, and would have been wrong: its parts
+    # assembled as plain Python with the spread check switched off
+    field = att.compiled_field()
+    J = np.empty((d * d, d * d))
+    assert not field.jac(field.params, d, d, L.ravel(), J, np.zeros(field.ws_size))
+    assert error(closed_form_regardless(att, L)) > 1.0
+
+
+def closed_form_regardless(att, L):
+    """The sum of the heads' closed-form Jacobians at ``L``, past the spread limit too."""
+    d = att.d
+    J = np.zeros((d * d, d * d))
+    for h in att.heads:
+        field = h.compiled_field()
+        head, = field.heads
+        jac = cf._instance(cf._head_jac, "jac", _parts=head.parts)
+        spread_ok, cf.spread_ok = cf.spread_ok, lambda Z, d: True
+        try:
+            Jh = np.zeros_like(J)
+            assert jac(field.params, d, d, L.ravel(), Jh, np.zeros(field.ws_size))
+        finally:
+            cf.spread_ok = spread_ok
+        J += Jh
+    return J
 
 
 def test_central_differences_match_the_closed_form_where_it_holds():
@@ -118,7 +143,7 @@ def test_central_differences_match_the_closed_form_where_it_holds():
         Z = rng.standard_normal((d, m))
         assert closed_form_holds(Z[:, :d])
         J_closed = moment_jacobian(att, with_mean)(0.0, Z.ravel())
-        J_diff = central_jacobian(moment_field(att, with_mean), Z)
+        J_diff = central_jacobian(reference_field(att, with_mean), Z)
         np.testing.assert_allclose(J_diff, J_closed, rtol=0,
                                    atol=1e-8 * np.abs(J_closed).max())
 

@@ -175,54 +175,103 @@ def test_exact_jacobian_matches_finite_differences(kind, with_mean, rng):
         assert _factor_jacobian(_instance(name, rng, d, k), with_mean) is None, name
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
-@pytest.mark.parametrize("kind", MEAN_FREE + ["generic"])
-def test_fused_field_matches_the_generated_equations(kind, k, rng):
-    """moment_field (one fused kernel for [L | mean]) against factor_rhs and moment_rhs,
-    to rounding; "generic" is the fallback for types without a fused kernel."""
-    from gaussian_pde.integrate._fused import fortran_rhs, moment_field
+#: every type of the package with exact moment equations (a field that sees the mean
+#: included, with the mean only)
+BUILT_IN = [name for name, cls in gp.ATTENTIONS.items()
+            if cls.gaussian_preserving and cls.__module__.startswith("gaussian_pde.")]
 
-    def _generic(att, with_mean, out=None):
-        return gp.Attention.fused_term(att, with_mean, out)
+
+def _without_compiled_field(att):
+    """``att`` as an instance of a subclass without a compiled field (the reference path)."""
+    cls = type(att)
+    bare = type(cls.__name__, (cls,), {"compiled_field": lambda self: None})
+    clone = object.__new__(bare)
+    clone.__dict__.update(att.__dict__)
+    return clone
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("kind", BUILT_IN)
+def test_event_loop_field_is_the_compiled_kernel_and_the_numpy_reference(kind, k, rng):
+    """The event loop's right-hand side is the type's compiled kernel, bit for bit, and
+    agrees with the derivation's NumPy reference (``factor_rhs``, ``moment_rhs``) to
+    1e-12 relative; its Jacobian is the compiled Jacobian kernel's; a type without a
+    compiled field gets the reference itself."""
+    from gaussian_pde.integrate._fused import (
+        compiled_field_values,
+        fortran_rhs,
+        moment_jacobian,
+        reference_field,
+    )
 
     d = 4
-    # "generic": the first type's instance through the contract's default fused term
-    att = _instance(MEAN_FREE[0] if kind == "generic" else kind, rng, d, k)
+    att = _instance(kind, rng, d, k)
+    compiled = att.compiled_field()
+    assert compiled is not None
     L, mean = rng.standard_normal((d, d)), rng.standard_normal(d)
-    dm, _ = gp.moment_rhs(att, mean, L @ L.T)
-    dL = att.factor_rhs(L)
-    for with_mean in (False, True):
-        make = _generic if kind == "generic" else moment_field
-        field = make(att, with_mean)
-        out = field(np.column_stack([L, mean]) if with_mean else L.copy())
-        np.testing.assert_allclose(out[:, :d], dL, rtol=1e-12, atol=1e-13 * np.abs(dL).max())
-        if with_mean:
-            np.testing.assert_allclose(out[:, d], dm, rtol=1e-12,
-                                       atol=1e-13 * np.abs(dm).max())
-        # with a buffer (the Fortran steppers' right-hand side): the same numbers, bit
-        # for bit, written into it and overwritten at the next call
-        buf = np.full(out.shape, np.nan)
-        into = make(att, with_mean, out=buf)
+    for with_mean in (False, True) if not att.field_sees_mean else (True,):
+        m = d + 1 if with_mean else d
         Z = np.column_stack([L, mean]) if with_mean else L.copy()
-        assert into(Z) is buf
-        np.testing.assert_array_equal(buf, out)
-        assert into(2.0 * Z) is buf and not np.array_equal(buf, out)
-        if kind != "generic":
-            # the Fortran codes' right-hand side: the flat state, counted, one buffer
-            counter = types.SimpleNamespace(nfev=0)
-            rhs = fortran_rhs(att, with_mean, counter)
-            first = rhs(0.0, Z.ravel())
-            # a single softmax head's is compiled (attention._compiled): the same products
-            # in another order of summation
-            np.testing.assert_allclose(first, out.ravel(), rtol=1e-14,
-                                       atol=1e-15 * np.abs(out).max())
-            assert rhs(0.0, 2.0 * Z.ravel()) is first and counter.nfev == 2
-            assert np.shares_memory(rhs.field(Z), first)    # one buffer for both
-            np.testing.assert_array_equal(rhs.field(Z).ravel(), rhs(0.0, Z.ravel()))
+        # the derivation's equations, independently of reference_field's assembly
+        ref = np.empty((d, m))
+        if with_mean:
+            cov = L @ L.T
+            ref[:, :d] = att.field_matrix_with_mean(cov, mean) @ L
+            ref[:, d] = gp.moment_rhs(att, mean, cov)[0]
+        else:
+            ref[:] = att.factor_rhs(L)
+        np.testing.assert_allclose(reference_field(att, with_mean)(Z), ref, rtol=1e-13,
+                                   atol=1e-14 * np.abs(ref).max())
+        counter = types.SimpleNamespace(nfev=0)
+        rhs = fortran_rhs(att, with_mean, counter)
+        first = rhs(0.0, Z.ravel())
+        np.testing.assert_array_equal(first, compiled_field_values(compiled, with_mean)(Z).ravel())
+        np.testing.assert_allclose(first, ref.ravel(), rtol=1e-12,
+                                   atol=1e-12 * np.abs(ref).max())
+        # one buffer, overwritten at the next call, shared with rhs.field
+        assert rhs(0.0, 2.0 * Z.ravel()) is first and counter.nfev == 2
+        assert np.shares_memory(rhs.field(Z), first)
+        np.testing.assert_array_equal(rhs.field(Z).ravel(), rhs(0.0, Z.ravel()))
+        # the Jacobian: the compiled kernel's, where it has a closed form
+        jac = moment_jacobian(att, with_mean)
+        assert (jac is not None) == compiled.exact_jacobian == att.exact_jacobian
+        if jac is not None:
+            J = np.empty((d * m, d * m))
+            assert compiled.jac(compiled.params, d, m, Z.ravel(), J, np.zeros(compiled.ws_size))
+            np.testing.assert_array_equal(jac(0.0, Z.ravel()), J)
+        # without a compiled field: the reference, and no closed-form Jacobian
+        bare = _without_compiled_field(att)
+        rhs = fortran_rhs(bare, with_mean, counter)
+        np.testing.assert_array_equal(rhs(0.0, Z.ravel()), reference_field(att, with_mean)(Z).ravel())
+        assert moment_jacobian(bare, with_mean) is None and not bare.exact_jacobian
     # a non-finite trial state gives NaN (a rejected step), never a LAPACK error
     with np.errstate(all="ignore"):
-        bad = moment_field(att, True)(np.full((d, d + 1), np.inf))
-    assert bad.shape == (d, d + 1)
+        for field in (reference_field(att, True), compiled_field_values(compiled, True)):
+            bad = field(np.full((d, d + 1), np.inf))
+            assert bad.shape == (d, d + 1)
+
+
+@pytest.mark.parametrize("with_mean", [False, True])
+@pytest.mark.parametrize("kind", BUILT_IN)
+def test_event_loop_jacobian_against_central_differences(kind, with_mean, rng):
+    """``moment_jacobian`` (the compiled closed form) against central differences of the
+    NumPy reference field, for every built-in type that has one."""
+    from gaussian_pde.integrate._differences import central_jacobian
+    from gaussian_pde.integrate._fused import moment_jacobian, reference_field
+
+    d = 3
+    att = _instance(kind, rng, d, 2)
+    if att.field_sees_mean and not with_mean:
+        pytest.skip("no covariance-only state")
+    jac = moment_jacobian(att, with_mean)
+    if not att.exact_jacobian:
+        assert jac is None
+        return
+    m = d + 1 if with_mean else d
+    Z = rng.standard_normal((d, m)) / 2
+    ref = central_jacobian(reference_field(att, with_mean), Z)
+    np.testing.assert_allclose(jac(0.0, Z.ravel()), ref, rtol=1e-6,
+                               atol=1e-7 * np.abs(ref).max())
 
 
 def stiff_linear(t, y):
