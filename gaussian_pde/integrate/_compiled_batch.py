@@ -1,13 +1,14 @@
-r"""The compiled batch integrator: every trajectory's steps, events and output in Numba.
+r"""The compiled engine: every trajectory's steps, events and output in Numba.
 
 The one integrator of :func:`gaussian_pde.solve_batch` and of :func:`gaussian_pde.solve`'s
-default (:func:`integrate_one`): the loop over trajectories runs in compiled code, in
-parallel over trajectories (threads, each on a slice of the rows); each trajectory takes
+default (:func:`integrate_one`, one trajectory, the same code and bits): the loop over
+trajectories runs in compiled code, in parallel over trajectories (threads, each on a
+slice of the rows); each trajectory takes
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
   :mod:`gaussian_pde.integrate._tableaux`), Hairer's stiffness test
   (:math:`h|\lambda| > 6.1` on 15 accepted steps) and, with ``method="auto"``, the
-  hand-over for good to RODAS4 (the same coefficients, the Jacobian from the field's
+  switch for good to RODAS4 (the same coefficients, the Jacobian from the field's
   closed form where it holds, column-scaled central differences otherwise; the
   :math:`n \times n` matrix :math:`I/(\gamma h) - J` by LU with partial pivoting);
 * the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
@@ -18,7 +19,9 @@ parallel over trajectories (threads, each on a slice of the rows); each trajecto
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
   (:mod:`gaussian_pde.integrate._factor_rotation`);
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
-  a step that needs it; RODAS4's order-3 continuous extension).
+  a step that needs it; RODAS4's order-3 continuous extension): the covariance (and
+  mean) of a batch, the state of a single trajectory, which also records every step
+  end without ``t_eval`` and locates where the trace passed each blow-up threshold.
 
 The field is the attention type's :class:`~gaussian_pde.attention._compiled_fields.CompiledField`:
 ``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
@@ -29,8 +32,8 @@ name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
 
 The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
-statuses and messages as :func:`gaussian_pde.solve`'s event loop does (through
-:func:`~gaussian_pde.integrate._events.blowup_verdict` for the blow-up).
+statuses and messages (through :func:`~gaussian_pde.integrate._events.blowup_verdict`
+for the blow-up), for both callers.
 """
 
 from __future__ import annotations

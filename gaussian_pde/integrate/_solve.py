@@ -19,19 +19,21 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
 * **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
   above ``rank_tol`` falls below it.
 
-The steps are taken by :mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a
-lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; the default
-``"auto"`` takes DOP853 steps and hands a run that turns stiff over to LSODA with the
-exact Jacobian (:mod:`gaussian_pde.integrate._stiffness`); event semantics are those of
-:func:`scipy.integrate.solve_ivp`. Where the attention has a compiled field, ``"auto"``
-first runs :func:`~gaussian_pde.solve_batch`'s compiled core for the one trajectory
-(:func:`_solve_compiled`), which records every step and hands the run to the event loop
-at the first step with an event's sign change or a sign of stiffness. The event loop's
-right-hand side is one fused kernel for the factor and the mean
-(:mod:`gaussian_pde.integrate._fused`): compiled where the attention supplies a compiled
-field, the one :func:`~gaussian_pde.solve_batch` integrates. :func:`integrate_system` is
-that event loop for any state with a covariance: the closure solvers run it too, so that
-every solver stops at the same events with the same verdicts.
+The default ``"auto"``, where the attention has a compiled field (and without user
+``events`` or ``first_step``), runs the compiled engine of :func:`~gaussian_pde.solve_batch`
+on the one trajectory (:func:`_solve_compiled`,
+:func:`gaussian_pde.integrate._compiled_batch.integrate_one`): DOP853 steps with Hairer's
+stiffness test, RODAS4 for good once it fires, the events above, the evaluation budget
+and overflow, all located and worded by the engine, the same steps and verdicts as
+``solve_batch``'s. Every other run takes the event loop :func:`integrate_system` over
+:mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a lean loop, or
+Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; its ``"auto"`` (user events,
+``first_step``, a field without a compiled kernel) takes DOP853 steps and continues a run
+that turns stiff with LSODA (:mod:`gaussian_pde.integrate._stiffness`); event semantics
+are those of :func:`scipy.integrate.solve_ivp`. The event loop's right-hand side is one
+fused kernel for the factor and the mean (:mod:`gaussian_pde.integrate._fused`).
+:func:`integrate_system` serves any state with a covariance: the closure solvers run it
+too, so that every solver stops at the same events with the same verdicts.
 """
 
 from __future__ import annotations
@@ -611,26 +613,21 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        ``"auto"`` (default): the method is picked per problem
-        (:mod:`gaussian_pde.integrate._stiffness`). DOP853 steps with Hairer's stiffness
-        test after every step: those of :func:`~gaussian_pde.solve_batch`'s compiled
-        core for one trajectory where the attention has a compiled field (without user
-        ``events`` or ``first_step``), up to the first step at which an event changes
-        sign or the run shows stiffness, from which the event loop below goes on
-        (Hairer's Fortran code under the conditions below, SciPy's otherwise); once the
-        run turns stiff (the test fires, or, on the Fortran path, frequent
-        rejected steps with :math:`h\rho(J) \ge 2` for the exact Jacobian :math:`J`),
-        the same trajectory continues with LSODA, given the exact Jacobian of the factor
-        form and of the mean for softmax and L2 heads (LSODA's own differences
-        otherwise). On the Fortran path with an exact Jacobian the first sign of
-        stiffness only turns on DOP853's stabilised step-size control, and LSODA takes
-        over at the second on trial: it stays if within 200 steps its cost per unit time
-        falls below DOP853's, otherwise DOP853 resumes (and a long stabilised run held at
-        its stability bound is looked at again every 200 steps)
-        (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`). Events behave as with any
-        other method; the ``message`` ends with ``"; stiff from t = ... on: LSODA ..."``
-        when LSODA finished the run. Non-stiff runs without events take exactly the
-        steps of ``solve_batch`` (on the compiled path) or of ``"DOP853"``.
+        ``"auto"`` (default): DOP853 steps with Hairer's stiffness test after every
+        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires, RODAS4
+        (L-stable, order 4) takes the steps to the end, with the closed-form Jacobian of
+        the field where the type has one and central differences otherwise; the
+        ``message`` then ends with ``"; stiff from t = ... on: RODAS4"``. Where the
+        attention has a compiled field and neither user ``events`` nor ``first_step``
+        are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
+        trajectory, in the same compiled engine: the same steps, events, verdicts and
+        messages (``t_events["blowup"]`` also holds where the trace passed each
+        threshold, located on the dense output, which costs three more evaluations at
+        a step without one). Otherwise the event loop does the same with SciPy's and
+        Hairer's DOP853 (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its
+        stiff solver, given the exact Jacobian of the factor form and of the mean for
+        softmax and L2 heads (LSODA's own differences otherwise), on trial against the
+        explicit steps' cost (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`).
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._scipy_loop``), several times
