@@ -21,7 +21,8 @@ slice of the rows); each trajectory takes
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
   a step that needs it; RODAS4's order-3 continuous extension): the covariance (and
   mean) of a batch, the state of a single trajectory, which also records every step
-  end without ``t_eval`` and locates where the trace passed each blow-up threshold.
+  end without ``t_eval`` and keeps where the trace passed each blow-up threshold
+  (located on the dense output to rounding at every blow-up look).
 
 The field is the attention type's :class:`~gaussian_pde.attention._compiled_fields.CompiledField`:
 ``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
@@ -905,11 +906,12 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
     if _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
-        if fres.size > F_CROSS:     # a single trajectory: where the trace passed the limit
-            xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
-                                           tmp, ws, xa, imp, math.log(limit * tr0))
-            nfev += extra
-            _note_crossing(fres, t + xc * h)
+        # where the trace passed the limit (kept by a single trajectory; located in a
+        # batch too, so that both count the same evaluations)
+        xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
+                                       tmp, ws, xa, imp, math.log(limit * tr0))
+        nfev += extra
+        _note_crossing(fres, t + xc * h)
         tstar, finite = _at(fns, BLOWUP_LOOK)(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
@@ -966,7 +968,12 @@ def _record(t, y, rec_t, rec_y, nrec):
 
 
 def _note_crossing(fres, t_c):
-    """Keep a blow-up crossing's time in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``)."""
+    """Keep a blow-up crossing's time in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``).
+
+    Only where the row has that room (a single trajectory's).
+    """
+    if fres.size <= F_CROSS:
+        return
     k = int(fres[F_NCROSS])
     if F_CROSS + k < fres.size:
         fres[F_CROSS + k] = t_c
@@ -1388,11 +1395,10 @@ MAX_CROSSINGS = 128
 def integrate_one(fields, y0, d, m, tr0, first, opts):
     r"""One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
 
-    The steps, events and verdicts of :func:`gaussian_pde.solve_batch`'s ``"auto"``
-    for that trajectory, bit for bit; besides, the states at every step end (or at
-    ``t_eval``) and the times where the trace passed each blow-up threshold, located
-    on the dense output to rounding (three more evaluations where the step had no dense
-    output yet). ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's
+    The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
+    ``"auto"`` for that trajectory, bit for bit; besides, the states at every step end
+    (or at ``t_eval``) and the times where the trace passed each blow-up threshold,
+    located on the dense output to rounding. ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's
     units; ``tr0``, ``first``: the initial trace and the first eigenvalue index of the
     rank event. Returns a :class:`Trajectory`.
     """

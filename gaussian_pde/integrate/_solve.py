@@ -620,10 +620,9 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         ``message`` then ends with ``"; stiff from t = ... on: RODAS4"``. Where the
         attention has a compiled field and neither user ``events`` nor ``first_step``
         are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
-        trajectory, in the same compiled engine: the same steps, events, verdicts and
-        messages (``t_events["blowup"]`` also holds where the trace passed each
-        threshold, located on the dense output, which costs three more evaluations at
-        a step without one). Otherwise the event loop does the same with SciPy's and
+        trajectory, in the same compiled engine: the same steps, events, verdicts,
+        evaluations and messages (``t_events["blowup"]`` holds where the trace passed
+        each threshold, located on the dense output to rounding). Otherwise the event loop does the same with SciPy's and
         Hairer's DOP853 (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its
         stiff solver, given the exact Jacobian of the factor form and of the mean for
         softmax and L2 heads (LSODA's own differences otherwise), on trial against the
