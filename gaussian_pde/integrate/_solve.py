@@ -622,9 +622,9 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
         trajectory, in the same compiled engine: the same steps, events, verdicts,
         evaluations and messages (``t_events["blowup"]`` holds where the trace passed
-        each threshold, located on the dense output to rounding). Otherwise the event loop does the same with SciPy's and
-        Hairer's DOP853 (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its
-        stiff solver, given the exact Jacobian of the factor form and of the mean for
+        each threshold, located on the dense output to rounding). Otherwise the event
+        loop does the same with SciPy's and Hairer's DOP853
+        (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its stiff solver, given the exact Jacobian of the factor form and of the mean for
         softmax and L2 heads (LSODA's own differences otherwise), on trial against the
         explicit steps' cost (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`).
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
