@@ -624,9 +624,10 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         evaluations and messages (``t_events["blowup"]`` holds where the trace passed
         each threshold, located on the dense output to rounding). Otherwise the event
         loop does the same with SciPy's and Hairer's DOP853
-        (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its stiff solver, given the exact Jacobian of the factor form and of the mean for
-        softmax and L2 heads (LSODA's own differences otherwise), on trial against the
-        explicit steps' cost (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`).
+        (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its stiff solver,
+        given the exact Jacobian of the factor form and of the mean for softmax and L2
+        heads (LSODA's own differences otherwise), on trial against the explicit
+        steps' cost (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`).
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._scipy_loop``), several times
