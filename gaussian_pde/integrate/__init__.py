@@ -7,17 +7,17 @@ Below the drivers, one module per concept, with no import back up:
 * ``_events``: the one definition of blow-up (its time and confirmation), steady state
   and rank collapse, used by every solver of the package;
 * ``_options``: the one validation of solver options;
-* ``_scipy_loop``: :func:`solve`'s step loops (SciPy's solver classes, Hairer's Fortran
-  codes), ``_stiffness``: DOP853 with Hairer's stiffness test and the stiff solver it
-  hands over to;
+* ``_scipy_loop``: the event loop's step loops (SciPy's solver classes, Hairer's Fortran
+  codes), ``_stiffness``: its ``"auto"``, DOP853 with Hairer's stiffness test and the
+  stiff solver it continues with;
 * ``_tableaux``: the DOP853 and RODAS4 coefficients and the step-size rule, written once
   for every loop;
 * ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
   the closure solvers run too) and :func:`solve_batch` (its input, and the runs of the
   compiled integrator);
-* ``_compiled_batch``: the compiled integrator (Numba, parallel over trajectories), for
+* ``_compiled_batch``: the compiled engine (Numba, parallel over trajectories), for
   every type whose ``compiled_field()`` supplies the kernels: all of
-  :func:`solve_batch`, and the explicit steps of :func:`solve`'s default, one trajectory;
+  :func:`solve_batch`, and :func:`solve`'s default, one trajectory to its end;
 * ``_exact``: closed-form solutions, the reference problems of the tests.
 """
 

@@ -1,13 +1,14 @@
-r"""The compiled batch integrator: every trajectory's steps, events and output in Numba.
+r"""The compiled engine: every trajectory's steps, events and output in Numba.
 
 The one integrator of :func:`gaussian_pde.solve_batch` and of :func:`gaussian_pde.solve`'s
-default (:func:`integrate_one`): the loop over trajectories runs in compiled code, in
-parallel over trajectories (threads, each on a slice of the rows); each trajectory takes
+default (:func:`integrate_one`, one trajectory, the same code and bits): the loop over
+trajectories runs in compiled code, in parallel over trajectories (threads, each on a
+slice of the rows); each trajectory takes
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
   :mod:`gaussian_pde.integrate._tableaux`), Hairer's stiffness test
   (:math:`h|\lambda| > 6.1` on 15 accepted steps) and, with ``method="auto"``, the
-  hand-over for good to RODAS4 (the same coefficients, the Jacobian from the field's
+  switch for good to RODAS4 (the same coefficients, the Jacobian from the field's
   closed form where it holds, column-scaled central differences otherwise; the
   :math:`n \times n` matrix :math:`I/(\gamma h) - J` by LU with partial pivoting);
 * the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
@@ -18,7 +19,10 @@ parallel over trajectories (threads, each on a slice of the rows); each trajecto
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
   (:mod:`gaussian_pde.integrate._factor_rotation`);
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
-  a step that needs it; RODAS4's order-3 continuous extension).
+  a step that needs it; RODAS4's order-3 continuous extension): the covariance (and
+  mean) of a batch, the state of a single trajectory, which also records every step
+  end without ``t_eval`` and keeps where the trace passed each blow-up threshold
+  (located on the dense output to rounding at every blow-up look).
 
 The field is the attention type's :class:`~gaussian_pde.attention._compiled_fields.CompiledField`:
 ``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
@@ -29,8 +33,8 @@ name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
 
 The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
-statuses and messages as :func:`gaussian_pde.solve`'s event loop does (through
-:func:`~gaussian_pde.integrate._events.blowup_verdict` for the blow-up).
+statuses and messages (through :func:`~gaussian_pde.integrate._events.blowup_verdict`
+for the blow-up), for both callers.
 """
 
 from __future__ import annotations
@@ -55,18 +59,16 @@ __all__ = ["integrate_compiled"]
 
 # outcome codes
 FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH, NFEV = range(10)
-#: hand-back codes of a single trajectory for :func:`gaussian_pde.solve` (:func:`integrate_one`):
-#: go on from the returned state with the event loop; the run turned stiff (Hairer's
-#: test); rejected steps came often (``REJECT_STIFF`` among ``REJECT_WINDOW`` accepted)
-HAND, HAND_STIFF, HAND_REJECTS = 10, 11, 12
+#: a single trajectory's record of states is full (:func:`integrate_one` runs it again
+#: with more room)
+FULL = 10
 
 # a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
 #: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
 #: ended on RODAS4 (0 or 1)
 I_CODE, I_NFEV, I_NSTEPS, I_IMPLICIT = range(4)
 I_SIZE = 4
-#: ``fres``: the time the run stopped at (handing back, that of the state returned) and
-#: the blow-up time (NaN: none)
+#: ``fres``: the time the run stopped at and the blow-up time (NaN: none)
 F_T, F_T_BLOWUP = 0, 1
 #: the time an event, the budget or an overflow stopped the run at (the message's), and
 #: for an overflow the end of the step that left the range
@@ -75,12 +77,11 @@ F_T_STOP, F_T_NEXT = 2, 3
 #: ``(s0, s1)`` to confirm, and whether t* is finite (1.0 or 0.0); written over by the
 #: stop's slots above, which share their places (a run that stops needs no next look)
 F_TSTAR, F_T_LOOK, F_LIMIT, F_S0, F_S1, F_FINITE = range(2, 8)
-#: handing back: the step to take from the state returned (NaN: none); a slot of its
-#: own, as the last look's slots are read after a hand-back
-F_STEP = 8
+#: the time from which RODAS4 took the steps (``method="auto"``; NaN: never)
+F_STIFF_FROM = 8
 F_SIZE = 9
-#: handing back (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up crossings,
-#: and their times from ``F_CROSS`` on
+#: a single trajectory (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up
+#: crossings, and their times from ``F_CROSS`` on
 F_NCROSS, F_CROSS = 9, 10
 
 _NS = _dop.N_STAGES
@@ -114,8 +115,6 @@ class CoreOptions(typing.NamedTuple):
         The rank-collapse event's tolerance (negative: no such event).
     t0, t1 : float
         The start and the end of the time span.
-    reject_level : float
-        The rejection test's least Hairer estimate :math:`h|\lambda|` (handing back).
     max_nfev : int
         The budget of right-hand-side evaluations (negative: none).
     method : int
@@ -124,12 +123,6 @@ class CoreOptions(typing.NamedTuple):
         Whether the steady-state event is on.
     ws_size : int
         The field's scratch size (floats).
-    hand : bool
-        Hand the trajectory back to the event loop (:func:`integrate_one`).
-    reject_count, reject_window, reject_probe : int
-        The rejection test: hand back once ``reject_count`` steps (0: no test) were
-        rejected among the last ``reject_window`` accepted ones, or at every
-        ``reject_probe``-th accepted step, each where ``reject_level`` is reached.
     """
 
     atol: float
@@ -141,15 +134,10 @@ class CoreOptions(typing.NamedTuple):
     rank_tol: float
     t0: float
     t1: float
-    reject_level: float
     max_nfev: int
     method: int
     steady_on: bool
     ws_size: int
-    hand: bool
-    reject_count: int
-    reject_window: int
-    reject_probe: int
 
 
 def _columns(C, last, keep=()):
@@ -186,10 +174,8 @@ from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFI
 from ._factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
 
 _BISECT = 30
-#: handing back: the blow-up crossing is located to rounding
+#: a single trajectory's blow-up crossings are located to rounding
 _BISECT_FINE = 64
-#: :func:`_accepted`: go on from a blow-up crossing with a fresh first step
-RESTART = -2
 #: :func:`_combine` runs along the rows of ``K`` from this state size on
 _ROWS_FROM = 16
 _STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
@@ -795,19 +781,17 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     o += n * n
     ev = fbuf[o:o + 2]
     ev[0], ev[1] = 0.0, 0.0
-    p_out, have, counts = ibuf[0:1], ibuf[1:2], ibuf[2:5]
-    piv = ibuf[5:5 + n]
-    rej = ibuf[5 + n:5 + n + max(opt.reject_window, 1)]
+    p_out, have, piv = ibuf[0:1], ibuf[1:2], ibuf[2:2 + n]
     atol, rtol, max_step, t0, t1 = opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1
-    max_nfev, method, steady_on, hand = opt.max_nfev, opt.method, opt.steady_on, opt.hand
+    max_nfev, method, steady_on = opt.max_nfev, opt.method, opt.steady_on
     f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
     rhs(P, d, m, y, f, ws)
     nfev = 1
-    fres[F_T], fres[F_T_BLOWUP], fres[F_STEP] = t1, np.nan, np.nan
+    fres[F_T], fres[F_T_BLOWUP], fres[F_STIFF_FROM] = t1, np.nan, np.nan
     if not _finite(f):
-        ires[I_CODE], ires[I_NFEV], fres[F_T] = HAND if hand else FIELD0, nfev, t0
+        ires[I_CODE], ires[I_NFEV], fres[F_T] = FIELD0, nfev, t0
         return
-    if hand and t_eval.size == 0 and rec_t.size > 0:
+    if t_eval.size == 0 and rec_t.size > 0:
         _record(t0, y, rec_t, rec_y, nrec)
     if steady_on:
         ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
@@ -839,40 +823,22 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
         h_abs = _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor)
         rejected = not acc
         if not acc and not h_abs >= min_step:
-            code, fres[F_T] = (HAND if hand else SMALL if _finite(ynew) else SMALL_OVERFLOW), t
+            code, fres[F_T] = (SMALL if _finite(ynew) else SMALL_OVERFLOW), t
             break
         if acc:
             code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _at(fns, ACCEPTED)(
                 rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
                 xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
                 limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
-                hand, rec_t, rec_y, nrec)
+                rec_t, rec_y, nrec)
             if code >= 0:
                 break
-            if code == RESTART:          # the event loop's next segment, from the crossing
-                code = -1
-                h_abs = _at(fns, INITIAL_STEP)(rhs, P, d, m, y, f, 0.0, t1 - base, atol,
-                                               rtol, max_step, -0.125, tmp, tmp2, ws)
-                nfev += 1
-                rejected, iasti, nonsti = False, 0, 0
-                rej[:] = 0
-                counts[:] = 0
-                if max_nfev >= 0 and nfev > max_nfev:
-                    code, fres[F_T], fres[F_T_STOP] = NFEV, t, t
-                continue
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
-            if iasti >= _STIFF_STEPS:
-                if hand:
-                    code = HAND_STIFF
-                    fres[F_T], fres[F_STEP] = t, h
-                    break
+            if iasti >= _STIFF_STEPS:    # RODAS4 from here on, for good
                 imp = True
                 fresh = False
-            if hand and opt.reject_count > 0 and _rejections(acc, hlamb, rej, counts, opt):
-                code = HAND_REJECTS
-                fres[F_T], fres[F_STEP] = t, h
-                break
+                fres[F_STIFF_FROM] = t
         if max_nfev >= 0 and nfev > max_nfev:
             code, fres[F_T], fres[F_T_STOP] = NFEV, t, t
     ires[I_CODE], ires[I_NFEV], ires[I_NSTEPS], ires[I_IMPLICIT] = code, nfev, nsteps, imp
@@ -881,12 +847,13 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
 def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
               xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
               limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
-              hand, rec_t, rec_y, nrec):
+              rec_t, rec_y, nrec):
     """An accepted step: its rate, events, output, blow-up look, advance and re-factoring.
 
-    Returns the outcome code (negative: go on) and the updated scalars. Handing back
-    (see :func:`_drive`), a step with an event's sign change, a state out of range
-    or no room left to record it is not taken: ``HAND`` from its start.
+    Returns the outcome code (negative: go on) and the updated scalars. The output goes
+    into ``cov_out``/``mean_out`` at ``t_eval`` (a batch) or, where ``rec_t`` has room
+    (a single trajectory, :func:`integrate_one`), as states into ``rec_y`` at ``rec_t``:
+    at ``t_eval``, or at every step end without it (``FULL`` where no room is left).
     """
     t1 = opt.t1
     tau_new = tau + h
@@ -902,84 +869,67 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     else:
         _copy(fnew, K[_NS])
     out = (t, tau, base, limit, susp, s0, s1)
-    if hand:
-        # the event loop's sign tests, as it would make them at this step's end
-        cross = not (_finite(fnew) and _finite(ynew))
-        full = t_eval.size == 0 and rec_t.size > 0 and nrec[0] >= rec_t.size
-        g0, g1 = ev[0], ev[1]
-        if not cross and steady_on:
-            g0 = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
-            cross = ev[0] >= 0 and g0 <= 0
-        if not cross and opt.rank_tol >= 0 and first < d:
-            g1 = _at(fns, RANK_GAP)(ynew, d, m, first, opt.rank_tol)
-            cross = ev[1] >= 0 and g1 <= 0
-        if cross or full:
-            fres[F_T], fres[F_STEP] = t, h
-            return (HAND,) + out + (nfev, nsteps, fresh)
-        ev[0], ev[1] = g0, g1
-    elif not (_finite(fnew) and _finite(ynew)):
+    if not (_finite(fnew) and _finite(ynew)):
         fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
         return (OVERFLOW,) + out + (nfev, nsteps, fresh)
+    record = rec_t.size > 0
+    steps = record and t_eval.size == 0        # every step end is recorded
+    if steps and nrec[0] >= rec_t.size:
+        fres[F_T] = t
+        return (FULL,) + out + (nfev, nsteps, fresh)
     nsteps += 1
     have[0] = 0
-    kind, stop_t, xc = 0, np.inf, 1.0
-    if not hand:
-        kind, stop_t, extra = _at(fns, LOCATED)(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx,
-                                                F, U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
-        nfev += extra
-    elif _log_trace(ynew, d, m) - math.log(limit * tr0) >= 0:
-        # the blow-up threshold's crossing, located on the dense output as the event
-        # loop locates it (to rounding), where the run restarts as the event loop does
-        xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
-                                       tmp, ws, xa, imp, math.log(limit * tr0))
-        nfev += extra
-        kind, stop_t = 3, t + xc * h
+    kind, stop_t, extra = _at(fns, LOCATED)(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx,
+                                            F, U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
+    nfev += extra
     if t_eval.size:
         t_end = min(t_new, stop_t)
         j = p_out[0]
         while j < t_eval.size and t_eval[j] <= t_end:
-            if hand and t_eval[j] == t_new:
-                _copy(xa, ynew)
-            else:
-                x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-                nfev += _at(fns, DENSE_AT)(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d,
-                                           m, tmp, ws, xa, have)
-            if hand:
+            x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
+            nfev += _at(fns, DENSE_AT)(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d,
+                                       m, tmp, ws, xa, have)
+            if record:
                 rec_t[j] = t_eval[j]
                 _copy(rec_y[j], xa)
             else:
                 _store(xa, d, m, cov_out, mean_out, j)
             j += 1
         p_out[0] = j
-    if kind == 3:
-        return _at(fns, RESTART_AT_CROSSING)(
-            rhs, fns, P, d, m, t, h, xc, y, ynew, f, imp, K, Kx, F, U, have, xa, xb, tmp, tmp2,
-            ws, ev, first, opt, steady_on, limit, susp, s0, s1, nfev, nsteps, fresh, fres,
-            t_eval.size == 0, rec_t, rec_y, nrec)
     if kind > 0:
         nfev += _at(fns, DENSE_AT)(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, fns,
                                    P, d, m, tmp, ws, xa, have)
         _copy(y, xa)
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
+        if steps:
+            _record(stop_t, y, rec_t, rec_y, nrec)
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
-    if not hand and _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
+    if _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
+        # where the trace passed the limit (kept by a single trajectory; located in a
+        # batch too, so that both count the same evaluations)
+        xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
+                                       tmp, ws, xa, imp, math.log(limit * tr0))
+        nfev += extra
+        _note_crossing(fres, t + xc * h)
         tstar, finite = _at(fns, BLOWUP_LOOK)(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
         if code >= 0:
             _copy(y, ynew)
+            if steps:
+                _record(t_new, y, rec_t, rec_y, nrec)
             return (code,) + out + (nfev, nsteps, fresh)
         limit, susp, s0, s1 = limit_, susp_, s0_, s1_
         looked = True
     t, tau = t_new, tau_new
     _copy(y, ynew)
     _copy(f, fnew)
-    if looked:      # a blow-up look restarts the clock (as solve restarts there)
+    if looked:      # a blow-up look restarts the clock
         base, tau = t_new, 0.0
     fresh = False
-    if hand and t_eval.size == 0 and rec_t.size > 0:
+    if steps:
         _record(t, y, rec_t, rec_y, nrec)
     if nsteps % REFACTOR_EVERY == 0:
         _at(fns, REFACTOR)(fns, y, f, d, m, opt.atol, opt.rtol)
@@ -1010,39 +960,24 @@ def _look_verdict(tstar, finite, t, limit, susp, s0, s1, fres):
 
 
 def _record(t, y, rec_t, rec_y, nrec):
-    """Append the state ``y`` at ``t`` to the record (handing back, every step)."""
+    """Append the state ``y`` at ``t`` to a single trajectory's record of step ends."""
     k = nrec[0]
     rec_t[k] = t
     _copy(rec_y[k], y)
     nrec[0] = k + 1
 
 
-def _rejections(acc, hlamb, rej, counts, opt):
-    r"""Handing back, the rejection test after a step: whether to hand the run back.
+def _note_crossing(fres, t_c):
+    """Keep a blow-up crossing's time in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``).
 
-    ``rej``: the rejected steps before each of the last ``rej.size`` accepted ones;
-    ``counts``: their sum, the accepted steps, and the rejected ones since the last
-    accepted. True after an accepted step where ``opt.reject_count`` of those were rejected, or
-    at every ``opt.reject_probe``-th accepted step (a run held at its stability bound rejects
-    little), with Hairer's :math:`h|\lambda|` at least ``opt.reject_level``: the event loop's
-    exact check follows. Fast growth rejects as often with :math:`h|\lambda|` far
-    below that range: the count starts afresh, as the event loop's after its check.
+    Only where the row has that room (a single trajectory's).
     """
-    if not acc:
-        counts[2] += 1
-        return False
-    i = counts[1] % rej.size
-    counts[0] += counts[2] - rej[i]
-    rej[i] = counts[2]
-    counts[2] = 0
-    counts[1] += 1
-    frequent = counts[0] >= opt.reject_count
-    if (frequent or counts[1] % opt.reject_probe == 0) and hlamb >= opt.reject_level:
-        return True
-    if frequent:
-        rej[:] = 0
-        counts[0] = 0
-    return False
+    if fres.size <= F_CROSS:
+        return
+    k = int(fres[F_NCROSS])
+    if F_CROSS + k < fres.size:
+        fres[F_CROSS + k] = t_c
+        fres[F_NCROSS] = k + 1
 
 
 def _log_trace(y, d, m):
@@ -1053,8 +988,8 @@ def _log_trace(y, d, m):
 def _crossing(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, imp, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
-    Bisection on the dense output to rounding (the event loop's root to 4 eps); the
-    state there has passed the level.
+    Bisection on the dense output to rounding (the time of the blow-up event in the
+    trajectory's ``t_events``); the state there has passed the level.
     """
     dense_at = _at(fns, DENSE_AT)
     lo, hi = 0.0, 1.0
@@ -1072,47 +1007,6 @@ def _crossing(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, 
     return hi, extra
 
 
-def _restart_at_crossing(rhs, fns, P, d, m, t, h, x, y, ynew, f, imp, K, Kx, F, U, have, xa, xb,
-                         tmp, tmp2, ws, ev, first, opt, steady_on, limit, susp, s0, s1, nfev,
-                         nsteps, fresh, fres, steps, rec_t, rec_y, nrec):
-    """Handing back: the blow-up look where the trace passed its threshold, as the event loop.
-
-    At the fraction ``x`` of the step from ``t`` (the crossing ``t_c = t + x h``), the
-    state is recorded as a step end where ``steps`` (every step is recorded), its time
-    kept in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``, where ``fres`` has room);
-    :func:`_blowup_look` at it, then
-    the verdict of :func:`~gaussian_pde.integrate._events.blowup_verdict`: ``BLOWUP``
-    or ``GROWTH``, or go on from the crossing with the next limit, the clock restarted
-    there and a fresh first step (code ``RESTART``), as the event loop's next segment.
-    """
-    rank_gap, dense_at = _at(fns, RANK_GAP), _at(fns, DENSE_AT)
-    blowup_look = _at(fns, BLOWUP_LOOK)
-    t_c = t + x * h
-    nfev += dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, xa, have)
-    rhs(P, d, m, xa, xb, ws)
-    nfev += 1
-    _copy(y, xa)
-    _copy(f, xb)
-    if steps and nrec[0] < rec_t.size:
-        _record(t_c, y, rec_t, rec_y, nrec)
-    n_cross = int(fres[F_NCROSS]) if fres.size > F_CROSS else 0
-    if fres.size > F_CROSS + n_cross:
-        fres[F_CROSS + n_cross] = t_c
-        fres[F_NCROSS] = n_cross + 1
-    tstar, finite = blowup_look(rhs, P, d, m, t_c, y, f, tmp, tmp2, ws)
-    nfev += 1
-    out = (t_c, 0.0, t_c)
-    code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_c, limit, susp, s0, s1,
-                                                  fres)
-    if code >= 0:
-        return (code,) + out + (limit, susp, s0, s1, nfev, nsteps, fresh)
-    if steady_on:
-        ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
-    if opt.rank_tol >= 0:
-        ev[1] = rank_gap(y, d, m, first, opt.rank_tol)
-    return (RESTART,) + out + (limit_, susp_, s0_, s1_, nfev, nsteps, False)
-
-
 def _drive(rhs, jac, fns, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
            cov_out, mean_out, rec_t, rec_y, nrec, lo, hi, fbuf, ibuf):
     r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
@@ -1127,18 +1021,10 @@ def _drive(rhs, jac, fns, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fr
     nsteps, implicit; indices ``I_*``) and ``fres`` (t_final, t_blowup, and the numbers
     the message needs; indices ``F_*``).
 
-    Handing back (one trajectory of :func:`gaussian_pde.solve`, ``method="auto"``): the
-    explicit steps run here until the end, the budget, or the first step at which the
-    event loop of :func:`~gaussian_pde.integrate._solve.integrate_system` has work: a
-    steady-state or rank-collapse sign change, a state out of range, a step below
-    rounding, a full record (code ``HAND``: ``y`` is that step's start, ``fres[F_T]`` its
-    time, ``fres[F_STEP]`` its size), Hairer's stiffness test (``HAND_STIFF``) or, where the
-    rejection test is on, frequent rejections or the periodic probe with Hairer's
-    :math:`h|\lambda|` in the stiff range (``HAND_REJECTS``; both at the end of the last
-    accepted step, ``fres[F_STEP]`` its size). The blow-up threshold is handled here as the
-    event loop handles it (:func:`_restart_at_crossing`). The states go into ``rec_y``
-    at ``rec_t``: at every step end (with the initial one and the blow-up crossings), or
-    at ``t_eval``; ``nrec[0]`` counts them.
+    A single trajectory (:func:`integrate_one`, ``B = 1``) also writes its states into
+    ``rec_y`` at ``rec_t``: at every step end (the initial one first, an event's stop
+    last), or at ``t_eval``; ``nrec[0]`` counts the step ends. A batch passes ``rec_t``
+    of no columns.
     """
     steps = _at(fns, STEPS)
     for b in range(lo, hi):
@@ -1153,7 +1039,7 @@ def _drive(rhs, jac, fns, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fr
 def _scratch_sizes(n, opt):
     """The float and integer scratch (entries) :func:`_drive` needs at state size ``n``."""
     return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2,
-            5 + n + max(opt.reject_window, 1))
+            2 + n)
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
@@ -1165,16 +1051,15 @@ _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 #: :func:`_at`), callees before their callers
 _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_step",
            "_dop_dense", "_dense_at", "_blowup_look", "_refactor_svd", "_refactor",
-           "_located", "_crossing", "_restart_at_crossing", "_accepted", "_steps")
+           "_located", "_crossing", "_accepted", "_steps")
 #: their places in the table of addresses ``fns``
 (RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
- REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, RESTART_AT_CROSSING, ACCEPTED,
- STEPS) = range(len(_PIECES))
+ REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
 _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
-            "_record", "_rejections", "_log_trace", "_attempt", "_next_step_size",
+            "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
             "_stiffness_counts")
 
 
@@ -1233,7 +1118,7 @@ def _argument_types(rhs_sig, jac_sig):
         T.float64: ("h t tau base x tr0 limit s0 s1 atol rtol t0 t1 max_step err_exp level "
                     "rank_tol"),
         T.int64: "d m first nfev nsteps",
-        T.boolean: "imp steady_on susp fresh hand steps",
+        T.boolean: "imp steady_on susp fresh",
         T.float64[::1]: ("P y ynew f fnew ws tmp tmp2 xa xb ev fres t_eval rec_t up fu fd rr "
                          "out fbuf"),
         T.float64[:, ::1]: "K Kx F U J W S mean_out rec_y Z dZ",
@@ -1453,116 +1338,109 @@ def _messages(code, fres, t0, max_nfev):
                            f"t = {fres[F_T_STOP]:.10g} (stiff or nearly singular dynamics)")
 
 
-def _core_options(opts, method, ws_size, hand=False, rejects=None):
-    """The :class:`CoreOptions` of validated solver options (see :func:`integrate_one`)."""
+def _core_options(opts, method, ws_size):
+    """The :class:`CoreOptions` of validated solver options."""
     ev = opts.events
-    count, window, level, probe = (0, 0, 0.0, 0) if rejects is None else rejects
     return CoreOptions(
         atol=float(opts.atol), rtol=float(opts.rtol), max_step=float(opts.max_step),
         blowup_threshold=float(ev.blowup_threshold),
         steady_tol=0.0 if ev.steady_tol is None else float(ev.steady_tol),
         steady_atol=float(ev.steady_atol),
         rank_tol=-1.0 if ev.rank_tol is None else float(ev.rank_tol),
-        t0=float(opts.t0), t1=float(opts.t1), reject_level=float(level),
+        t0=float(opts.t0), t1=float(opts.t1),
         max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
         method=("auto", "DOP853", "rosenbrock").index(method),
-        steady_on=bool(ev.steady_on), ws_size=int(ws_size), hand=bool(hand),
-        reject_count=int(count), reject_window=int(window), reject_probe=int(probe))
+        steady_on=bool(ev.steady_on), ws_size=int(ws_size))
 
 
 @dataclasses.dataclass
-class Handed:
-    """What :func:`integrate_one` returns: where the core stopped, and the states it kept."""
+class Trajectory:
+    """What :func:`integrate_one` returns: the run's outcome and the states it kept."""
 
-    code: int
+    status: object         # Status
+    message: str           # as solve_batch words it (:func:`_messages`)
     nfev: int
-    t: float               # the time of ``y``
-    y: np.ndarray          # the final state, or the state from which the event loop goes on
-    h: float               # the step to take from there (NaN: none)
+    t: float               # where the run stopped (t_span's end where it finished)
+    y: np.ndarray          # the state there
     t_rec: np.ndarray      # the recorded times (every step end, or ``t_eval`` up to ``t``)
     y_rec: np.ndarray      # and states, (T, n)
-    t_blowup: float        # the blow-up time (BLOWUP), else NaN
+    t_blowup: float | None
     crossings: np.ndarray  # the times where the trace passed a blow-up threshold
-    message: tuple         # (Status, message) of a blow-up look's verdict (BLOWUP, GROWTH)
-    limit: float           # the blow-up threshold (times tr(Sigma_0)) in force at ``t``
-    suspected: tuple       # ``(t*, t)`` of the last finite blow-up estimate, or None
+    stiff_from: float | None   # where RODAS4 took over (``method="auto"``), or None
 
 
 def record_rows(opts, n):
-    """Rows :func:`integrate_one` needs to record a run, or None where they would not fit.
+    """Rows :func:`integrate_one` first allots to the record of a run's states.
 
-    Every step end costs at least 12 evaluations (one DOP853 step), so a run within
-    ``max_nfev`` records at most ``max_nfev // 12 + 2`` of them; with ``t_eval``, its
-    times. None without a budget, or past :data:`RECORD_BYTES`.
+    With ``t_eval``, its times. Otherwise every step end: an accepted step costs at
+    least 7 evaluations (RODAS4: a closed-form Jacobian, 5 stages and the rate at the
+    step end; DOP853 12), so a run within ``max_nfev`` records at most
+    ``max_nfev // 7 + 3`` states (the initial one and the step that spends the budget
+    among them); at most :data:`RECORD_BYTES` of them, or that without a budget
+    (:func:`integrate_one` runs a trajectory again with 4 times the room where it fills).
     """
     if opts.t_eval is not None:
-        rows = opts.t_eval.size
-    elif opts.max_nfev is None:
-        return None
-    else:
-        rows = int(opts.max_nfev) // 12 + 2
-    return rows if rows * n * 8 <= RECORD_BYTES else None
+        return opts.t_eval.size
+    cap = max(RECORD_BYTES // (8 * n), 16)
+    return cap if opts.max_nfev is None else min(int(opts.max_nfev) // 7 + 3, cap)
 
 
-#: the most memory :func:`integrate_one` takes for its record of states
+#: the most memory :func:`integrate_one` first takes for its record of states
 RECORD_BYTES = 64 * 2**20
 #: room for this many blow-up crossings (each passes a limit at least 100 times the last
 #: one, up to ``MAX_GROWTH``)
 MAX_CROSSINGS = 128
 
 
-def integrate_one(fields, y0, d, m, tr0, first, opts, *, rejects):
+def integrate_one(fields, y0, d, m, tr0, first, opts):
     r"""One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
 
-    ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's units; ``tr0``,
-    ``first``: the initial trace and the first eigenvalue index of the rank event;
-    ``rejects``: ``(count, window, level, probe)``, hand back once ``count`` steps were
-    rejected among the last ``window`` accepted ones, or at every ``probe``-th accepted
-    step, where Hairer's estimate of :math:`h|\lambda|` at the last one is at least
-    ``level`` (or None: no such test). The explicit steps run here until the core
-    finishes, spends the budget, or hands the run back (see :func:`_drive`).
-    Returns :class:`Handed`.
+    The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
+    ``"auto"`` for that trajectory, bit for bit; besides, the states at every step end
+    (or at ``t_eval``) and the times where the trace passed each blow-up threshold,
+    located on the dense output to rounding. ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's
+    units; ``tr0``, ``first``: the initial trace and the first eigenvalue index of the
+    rank event. Returns a :class:`Trajectory`.
     """
+    from ._results import Status
+
     rhs, jac, params, ws_size = fields
     n = d * m
     rows = record_rows(opts, n)
     t_eval = opts.t_eval
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
-    # written before they are read (the first ``kept`` rows): not zeroed, since the
-    # room for a whole budget's steps is megabytes at d = 8
-    rec_t = np.empty((1, rows))
-    rec_y = np.empty((1, rows, n))
-    nrec = np.zeros(1, dtype=np.int64)
     p0 = int(np.searchsorted(te, opts.t0, side="right"))
-    if t_eval is not None:       # the output times at t0 hold the initial state
-        rec_t[0, :p0] = te[:p0]
-        rec_y[0, :p0] = y0
-    opt = _core_options(opts, "auto", ws_size, hand=True, rejects=rejects)
-    Y = np.array(y0, dtype=float).reshape(1, n)
-    ires = np.zeros((1, I_SIZE), dtype=np.int64)
-    fres = np.zeros((1, F_CROSS + MAX_CROSSINGS))
-    _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
-         np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, ires, fres,
-         np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
-    code = int(ires[0, I_CODE])
+    opt = _core_options(opts, "auto", ws_size)
+    while True:
+        # written before they are read (the first ``kept`` rows): not zeroed, since the
+        # room for a whole budget's steps is megabytes at d = 8
+        rec_t = np.empty((1, rows))
+        rec_y = np.empty((1, rows, n))
+        nrec = np.zeros(1, dtype=np.int64)
+        if t_eval is not None:       # the output times at t0 hold the initial state
+            rec_t[0, :p0] = te[:p0]
+            rec_y[0, :p0] = y0
+        Y = np.array(y0, dtype=float).reshape(1, n)
+        ires = np.zeros((1, I_SIZE), dtype=np.int64)
+        fres = np.zeros((1, F_CROSS + MAX_CROSSINGS))
+        _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
+             np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, ires, fres,
+             np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
+        code = int(ires[0, I_CODE])
+        if code != FULL:
+            break
+        rows *= 4        # the same steps again (the same bits), with room for them
     t = float(fres[0, F_T]) if code != FINISHED else float(opts.t1)
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
-    looked = code in (BLOWUP, GROWTH)
-    crossings = fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()
-    limit, suspected = opts.events.blowup_threshold, None
-    if crossings.size and not looked:     # where the last look left the next one
-        from ._events import blowup_verdict
-
-        tstar, t_look, last, _, _, finite = fres[0, F_TSTAR:F_FINITE + 1]
-        _, (suspected, limit) = blowup_verdict(float(tstar), bool(finite), float(t_look),
-                                               float(last), None)
-    return Handed(code=code, nfev=int(ires[0, I_NFEV]), t=t, y=Y[0],
-                  h=float(fres[0, F_STEP]),
-                  t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
-                  t_blowup=float(fres[0, F_T_BLOWUP]) if code == BLOWUP else np.nan,
-                  crossings=crossings, limit=limit, suspected=suspected,
-                  message=_messages(code, fres[0], opts.t0, -1) if looked else None)
+    status, message = _messages(code, fres[0], opts.t0, opt.max_nfev)
+    stiff_from = float(fres[0, F_STIFF_FROM])
+    return Trajectory(status=status, message=message, nfev=int(ires[0, I_NFEV]), t=t,
+                      y=Y[0], t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
+                      t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
+                                else None),
+                      crossings=fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy(),
+                      stiff_from=None if math.isnan(stiff_from) else stiff_from)
 
 
 def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):

@@ -63,7 +63,7 @@ class Segment:
 
 def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf, first_step=None,
               jac=None, t_eval=None, events=(), budget=None, stiff=None, give_up=None,
-              t_offset=0.0, stiff_now=False):
+              t_offset=0.0):
     """Integrate ``y' = fun(t, y)`` over ``(t0, t1)`` with a SciPy ``OdeSolver`` class.
 
     Parameters
@@ -100,10 +100,6 @@ def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     t_offset : float
         The time at which this run's clock reads 0 (``t`` here is time since then), for
         the times written in messages only.
-    stiff_now : bool
-        With ``stiff``: the run is already known to be stiff (the compiled core's
-        stiffness test fired, :func:`gaussian_pde.integrate._compiled_batch.integrate_one`):
-        ``stiff`` takes the steps from ``t0``, its first step ``first_step``.
 
     Returns
     -------
@@ -111,7 +107,7 @@ def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     """
     solver, stiff_cls, stiff_kwargs, stiff_from = _first_solver(
         fun, solver_cls, t0, t1, y0, rtol=rtol, atol=atol, max_step=max_step,
-        first_step=first_step, jac=jac, stiff=stiff, stiff_now=stiff_now)
+        first_step=first_step, jac=jac, stiff=stiff)
     ts, ys, i_eval = _stored_start(t0, y0, t_eval)
     g_old = [float(g(t0, y0)) for g in events]
     dirs = [getattr(g, "direction", 0.0) for g in events]
@@ -158,14 +154,13 @@ def integrate_scipy(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                     y_final, fired, stiff_from)
 
 
-def _first_solver(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step, first_step, jac, stiff,
-                  stiff_now):
+def _first_solver(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step, first_step, jac, stiff):
     """The solver of :func:`integrate_scipy`'s first step, and the stiff one's settings.
 
     Returns ``(solver, stiff_cls, stiff_kwargs, stiff_from)``: with ``stiff``
     (``method="auto"``) the explicit steps are :class:`StiffnessDOP853`'s, and
     ``stiff_cls(fun, t, y, t1, **stiff_kwargs, first_step=...)`` takes over once the
-    run is stiff: at once with ``stiff_now`` (then ``stiff_from`` is ``t0``).
+    run is stiff (``stiff_from`` is None: not yet).
     """
     kwargs = dict(rtol=rtol, atol=atol, max_step=max_step)
     stiff_cls = stiff_kwargs = None
@@ -180,10 +175,6 @@ def _first_solver(fun, solver_cls, t0, t1, y0, *, rtol, atol, max_step, first_st
         kwargs["first_step"] = first_step
     if jac is not None and accepts_jac(solver_cls):
         kwargs["jac"] = jac
-    if stiff is not None and stiff_now:
-        solver = stiff_cls(fun, t0, y0, t1, **stiff_kwargs,
-                           first_step=handover_step(first_step, t0, t1))
-        return solver, stiff_cls, stiff_kwargs, t0
     return solver_cls(fun, t0, y0, t1, **kwargs), stiff_cls, stiff_kwargs, None
 
 
@@ -670,7 +661,7 @@ def _fortran_stop(watch, solver, method, t1):
 
 def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
                        first_step=None, t_eval=None, events=(), budget=None, stiff=None,
-                       jac=None, nfev=None, t_offset=0.0, fortran_fun=None, stiff_now=False):
+                       jac=None, nfev=None, t_offset=0.0, fortran_fun=None):
     """:func:`integrate_scipy` with the steps taken by Hairer's Fortran DOP853 or DOPRI5.
 
     The Fortran code (``scipy.integrate.ode``) runs the Runge-Kutta stages without
@@ -692,10 +683,7 @@ def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
     ``stiff`` (given ``jac``) finishes the run; ``Segment.stiff_from`` records where.
     With ``stiff``, ``jac`` and ``nfev`` (a callable giving the evaluation count),
     frequent rejected steps (``REJECT_STIFF`` among ``REJECT_WINDOW``) with
-    ``h rho(jac) >= STIFF_H_RHO`` hand over too. ``stiff_now`` (with ``stiff``): the run
-    already showed its first sign of stiffness (the compiled core's test fired,
-    :func:`gaussian_pde.integrate._compiled_batch.integrate_one`); it starts with the
-    stabilised control from ``first_step``.
+    ``h rho(jac) >= STIFF_H_RHO`` hand over too.
     """
     n = np.size(y0)
     t_events = [[] for _ in events]
@@ -714,7 +702,7 @@ def integrate_fortran(fun, method, t0, t1, y0, *, rtol, atol, max_step=np.inf,
         jac = _counted(jac, njev)
 
     failed_trials = 0
-    stabilized = auto and stiff_now
+    stabilized = False
     resume_step = None   # the first step of the stabilised restart
     k = 0
     while status is None:

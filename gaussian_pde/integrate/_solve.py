@@ -19,19 +19,21 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
 * **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
   above ``rank_tol`` falls below it.
 
-The steps are taken by :mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a
-lean loop, or Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; the default
-``"auto"`` takes DOP853 steps and hands a run that turns stiff over to LSODA with the
-exact Jacobian (:mod:`gaussian_pde.integrate._stiffness`); event semantics are those of
-:func:`scipy.integrate.solve_ivp`. Where the attention has a compiled field, ``"auto"``
-first runs :func:`~gaussian_pde.solve_batch`'s compiled core for the one trajectory
-(:func:`_solve_compiled`), which records every step and hands the run to the event loop
-at the first step with an event's sign change or a sign of stiffness. The event loop's
-right-hand side is one fused kernel for the factor and the mean
-(:mod:`gaussian_pde.integrate._fused`): compiled where the attention supplies a compiled
-field, the one :func:`~gaussian_pde.solve_batch` integrates. :func:`integrate_system` is
-that event loop for any state with a covariance: the closure solvers run it too, so that
-every solver stops at the same events with the same verdicts.
+The default ``"auto"``, where the attention has a compiled field (and without user
+``events`` or ``first_step``), runs the compiled engine of :func:`~gaussian_pde.solve_batch`
+on the one trajectory (:func:`_solve_compiled`,
+:func:`gaussian_pde.integrate._compiled_batch.integrate_one`): DOP853 steps with Hairer's
+stiffness test, RODAS4 for good once it fires, the events above, the evaluation budget
+and overflow, all located and worded by the engine, the same steps and verdicts as
+``solve_batch``'s. Every other run takes the event loop :func:`integrate_system` over
+:mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a lean loop, or
+Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; its ``"auto"`` (user events,
+``first_step``, a field without a compiled kernel) takes DOP853 steps and continues a run
+that turns stiff with LSODA (:mod:`gaussian_pde.integrate._stiffness`); event semantics
+are those of :func:`scipy.integrate.solve_ivp`. The event loop's right-hand side is one
+fused kernel for the factor and the mean (:mod:`gaussian_pde.integrate._fused`).
+:func:`integrate_system` serves any state with a covariance: the closure solvers run it
+too, so that every solver stops at the same events with the same verdicts.
 """
 
 from __future__ import annotations
@@ -62,17 +64,7 @@ from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellati
 from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._results import MomentSolution, Status
-from ._scipy_loop import (
-    REJECT_STIFF,
-    REJECT_WINDOW,
-    STABILIZED_PROBE,
-    STIFF_H_RHO,
-    accepts_jac,
-    integrate_fortran,
-    integrate_scipy,
-    step_radius_at_least,
-    use_fortran,
-)
+from ._scipy_loop import accepts_jac, integrate_fortran, integrate_scipy, use_fortran
 from ._stiffness import STIFF_SOLVER
 
 __all__ = ["solve", "integrate_system", "Run"]
@@ -284,7 +276,7 @@ class Run:
     stiff_from: float | None = None   # method="auto": where the stiff solver took over
 
 
-def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resume=None):
+def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
     """Integrate ``system`` from ``y0`` with the package's events, in one event loop.
 
     Parameters
@@ -306,14 +298,6 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resu
         ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
     jac : callable, optional
         Exact Jacobian for implicit methods (and for the stiff solver of ``"auto"``).
-    resume : tuple, optional
-        ``(t, y, h, stiff, limit, suspected)``: go on from the state ``y`` at time ``t``,
-        where the compiled core handed the run back (:func:`_solve_compiled`), with a
-        first step ``h`` (NaN: none), stiff from the start if ``stiff``, the blow-up
-        threshold at ``limit`` times the initial trace and ``suspected`` the blow-up
-        estimate awaiting confirmation (or None); ``y0`` is still the initial state (the
-        events are relative to it). The states up to ``t`` are the caller's: ``Run``
-        holds those after it.
 
     Returns
     -------
@@ -341,9 +325,6 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resu
     ts, ys, t_events, stiff_from = [], [], {}, None
     t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
     suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
-    if resume is not None:
-        t_start, y_start, h, stiff_now, limit, suspected = resume
-        loop.start = (h if h > 0 else None, stiff_now)
     while True:
         # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
         # dynamics are autonomous): near a blow-up at t*, the steps that resolve the time
@@ -353,11 +334,10 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None, resu
         evs = loop.events(limit, base)
         # a restarted segment stores only times strictly after the restart time
         seg_eval = None if t_eval is None else t_eval[
-            (t_eval > t_start) | ((t_eval == t_start) & (not ts) & (resume is None))]
+            (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
         res = loop.segment(evs, t_start, y_start, base, seg_eval)
-        # no repeated restart (nor the state the run was resumed from)
-        keep = (slice(1, None) if t_eval is None and (ts or resume is not None)
-                else slice(None))
+        # no repeated restart
+        keep = slice(1, None) if t_eval is None and ts else slice(None)
         if seg_eval is not None:
             seg_t = seg_eval[:res.t.size]     # the output times themselves, not base + tau
         else:
@@ -416,8 +396,6 @@ class _EventLoop:
         # every REFACTOR_EVERY steps
         self.due = {"refactor": False, "steps": 0, "range": None, "every": REFACTOR_EVERY}
         self.tr0 = max(system.trace(y0), _TINY)
-        #: the first segment's first step and whether it starts stiff (a resumed run)
-        self.start = (None, False)
         self.first = self.d = None
         rank_tol = opts.events.rank_tol
         if rank_tol is not None:
@@ -479,14 +457,10 @@ class _EventLoop:
     def segment(self, evs, t_start, y_start, base, seg_eval):
         """Integrate from ``t_start`` until ``t1`` or an event (a ``Segment`` of ``_scipy_loop``)."""
         opts, system = self.opts, self.system
-        (first_step, stiff_now), self.start = self.start, (None, False)
         tau1 = opts.t1 - base
-        if first_step is not None:      # within the interval left (SciPy checks it)
-            first_step = min(first_step, tau1 - (t_start - base))
-            first_step = first_step if first_step > 0 else None
         kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step,
-                  first_step=opts.first_step if first_step is None else first_step,
-                  events=evs, budget=self.budget, t_offset=base, stiff_now=stiff_now,
+                  first_step=opts.first_step,
+                  events=evs, budget=self.budget, t_offset=base,
                   t_eval=None if seg_eval is None else seg_eval - base)
         try:
             with warnings.catch_warnings():
@@ -544,28 +518,19 @@ def _gave_up(max_nfev, t, implicit):
             f"(stiff or nearly singular dynamics; try {advice})")
 
 
-def _solve_compiled(system, y0, opts, jac):
-    r"""``method="auto"`` with its explicit steps in the compiled core; None where it does not apply.
+def _solve_compiled(system, y0, opts):
+    r"""``method="auto"`` in the compiled engine; None where it does not apply.
 
-    The core (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
-    trajectory of :func:`~gaussian_pde.solve_batch`'s integrator) takes DOP853 steps and
-    records the states until the end of ``t_span``, the evaluation budget, or a step at
-    which the event loop has work (a steady-state or rank-collapse sign change, a step
-    below rounding, a state out of range): :func:`integrate_system` goes on from there
-    with the same events. The blow-up threshold the core handles as the event loop
-    does: the crossing located on the dense output to rounding, the estimate there, the
-    verdict of :func:`~gaussian_pde.integrate._events.blowup_verdict`, and a restart
-    from the crossing. Where Hairer's stiffness test fires (or frequent rejected steps,
-    or a periodic look, find Hairer's :math:`h|\lambda|` and then
-    :math:`h\rho(J)` at least 2), the event loop goes on as after its own first sign
-    of stiffness: DOP853 with the stabilised step-size control, and LSODA on trial. Applies where the attention has
-    a compiled field and the run has a budget whose record of states fits
-    (:func:`~gaussian_pde.integrate._compiled_batch.record_rows`), without user events
-    or ``first_step``.
+    The engine (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
+    trajectory of :func:`~gaussian_pde.solve_batch`'s ``"auto"``) runs the whole
+    trajectory: DOP853 steps with Hairer's stiffness test, RODAS4 for good once it fires
+    (``Run.stiff_from``), the blow-up looks, steady state, rank collapse, the budget,
+    overflow, with the statuses and messages of ``solve_batch``. Applies where the
+    attention has a compiled field, without user events or ``first_step``.
     """
     from . import _compiled_batch as core
 
-    if opts.first_step is not None or core.record_rows(opts, y0.size) is None:
+    if opts.first_step is not None:
         return None
     fields = core.compiled_fields(system.att)
     if fields is None:
@@ -574,42 +539,23 @@ def _solve_compiled(system, y0, opts, jac):
     first = (system.d if ev.rank_tol is None
              else int(rank_first(system.mean_and_cov(y0)[1], ev.rank_tol)))
     out = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
-                             first, opts,
-                             rejects=None if jac is None
-                             else (REJECT_STIFF, REJECT_WINDOW, STIFF_H_RHO,
-                                   STABILIZED_PROBE))
+                             first, opts)
     system.nfev = out.nfev
-    if out.code in (core.HAND, core.HAND_STIFF, core.HAND_REJECTS):
-        # frequent rejected steps (or the periodic look) are a first sign of stiffness
-        # where h rho(J) >= 2 at the step end (the event loop's own test); otherwise
-        # the event loop goes on with its own tests
-        stiff = out.code == core.HAND_STIFF or (
-            out.code == core.HAND_REJECTS
-            and step_radius_at_least(jac(out.t, out.y), out.h, STIFF_H_RHO))
-        run = integrate_system(system, y0, opts, "auto", jac=jac,
-                               resume=(out.t, out.y, out.h, stiff, out.limit, out.suspected))
-        t_events = dict(run.t_events)
-        t_events["blowup"] = np.concatenate([out.crossings, t_events["blowup"]])
-        t, y = _strictly_increasing(np.concatenate([out.t_rec, run.t]),
-                                    np.concatenate([out.y_rec, run.y]))
-        return dataclasses.replace(run, t=t, y=y, t_events=t_events)
     names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
         ["rank_collapse"] if first < system.d else [])
     t_events = {k: np.empty(0) for k in names}
     t_events["blowup"] = out.crossings
-    t_blowup = None
-    if out.code == core.FINISHED:
-        status, message = Status.FINISHED, "reached the end of t_span"
-    elif out.message is not None:   # a blow-up look's verdict
-        status, message = out.message
-        t_blowup = out.t_blowup if status == Status.BLOWUP else None
-    else:   # the budget
-        status, message = Status.FAILED, _gave_up(opts.max_nfev, out.t, True)
-    # past a blow-up look the clock runs from the crossing: near t* its steps can fall
-    # below the rounding of t itself, and a stored time repeats
+    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
+        t_events[str(out.status)] = np.array([out.t])
+    message = out.message
+    if out.stiff_from is not None:
+        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4"
+    # past a blow-up look the clock runs from there: near t* its steps can fall below
+    # the rounding of t itself, and a stored time repeats
     t, y = _strictly_increasing(out.t_rec, out.y_rec)
-    return Run(t=t, y=y, status=status, message=message, t_blowup=t_blowup,
-               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev)
+    return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
+               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
+               stiff_from=out.stiff_from)
 
 
 def _strictly_increasing(t, y):
@@ -668,26 +614,21 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        ``"auto"`` (default): the method is picked per problem
-        (:mod:`gaussian_pde.integrate._stiffness`). DOP853 steps with Hairer's stiffness
-        test after every step: those of :func:`~gaussian_pde.solve_batch`'s compiled
-        core for one trajectory where the attention has a compiled field (without user
-        ``events`` or ``first_step``), up to the first step at which an event changes
-        sign or the run shows stiffness, from which the event loop below goes on
-        (Hairer's Fortran code under the conditions below, SciPy's otherwise); once the
-        run turns stiff (the test fires, or, on the Fortran path, frequent
-        rejected steps with :math:`h\rho(J) \ge 2` for the exact Jacobian :math:`J`),
-        the same trajectory continues with LSODA, given the exact Jacobian of the factor
-        form and of the mean for softmax and L2 heads (LSODA's own differences
-        otherwise). On the Fortran path with an exact Jacobian the first sign of
-        stiffness only turns on DOP853's stabilised step-size control, and LSODA takes
-        over at the second on trial: it stays if within 200 steps its cost per unit time
-        falls below DOP853's, otherwise DOP853 resumes (and a long stabilised run held at
-        its stability bound is looked at again every 200 steps)
-        (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`). Events behave as with any
-        other method; the ``message`` ends with ``"; stiff from t = ... on: LSODA ..."``
-        when LSODA finished the run. Non-stiff runs without events take exactly the
-        steps of ``solve_batch`` (on the compiled path) or of ``"DOP853"``.
+        ``"auto"`` (default): DOP853 steps with Hairer's stiffness test after every
+        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires, RODAS4
+        (L-stable, order 4) takes the steps to the end, with the closed-form Jacobian of
+        the field where the type has one and central differences otherwise; the
+        ``message`` then ends with ``"; stiff from t = ... on: RODAS4"``. Where the
+        attention has a compiled field and neither user ``events`` nor ``first_step``
+        are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
+        trajectory, in the same compiled engine: the same steps, events, verdicts,
+        evaluations and messages (``t_events["blowup"]`` holds where the trace passed
+        each threshold, located on the dense output to rounding). Otherwise the event
+        loop does the same with SciPy's and Hairer's DOP853
+        (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its stiff solver,
+        given the exact Jacobian of the factor form and of the mean for softmax and L2
+        heads (LSODA's own differences otherwise), on trial against the explicit
+        steps' cost (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`).
         Or any :func:`scipy.integrate.solve_ivp` method. The strings
         ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
         :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._scipy_loop``), several times
@@ -771,14 +712,14 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
                      else 1.0)
     with_mean = system.with_mean
     y0 = system.pack(mean0, psd_factor(cov0))
-    if auto:
-        jac = moment_jacobian(attention, with_mean)
-    else:
-        solver_cls = METHODS[method] if isinstance(method, str) else method
-        jac = (None if with_mean or not accepts_jac(solver_cls)
-               else _factor_jacobian(attention))
-    run = _solve_compiled(system, y0, opts, jac) if auto and not events else None
+    run = _solve_compiled(system, y0, opts) if auto and not events else None
     if run is None:
+        if auto:
+            jac = moment_jacobian(attention, with_mean)
+        else:
+            solver_cls = METHODS[method] if isinstance(method, str) else method
+            jac = (None if with_mean or not accepts_jac(solver_cls)
+                   else _factor_jacobian(attention))
         run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
     means, Ls = system.split(run.y)
     covs = Ls @ np.swapaxes(Ls, -1, -2)

@@ -1,6 +1,9 @@
-r"""``method="auto"`` of :func:`gaussian_pde.solve`: explicit steps until the run turns stiff.
+r"""``method="auto"`` of the event loop: explicit steps until the run turns stiff.
 
-A run starts with DOP853 (Hairer's Fortran code where ``gaussian_pde.integrate._scipy_loop``
+The event loop (:func:`gaussian_pde.integrate._solve.integrate_system`) runs
+:func:`gaussian_pde.solve`'s ``"auto"`` where the compiled engine does not (user events,
+``first_step``, a field without a compiled kernel: a mixture, a closure of a type
+without one). A run starts with DOP853 (Hairer's Fortran code where ``gaussian_pde.integrate._scipy_loop``
 can use it, SciPy's Python DOP853 otherwise) and applies Hairer's stiffness test after
 every accepted step: :math:`h|\lambda| > 6.1` on 15 accepted steps, the count reset by
 6 non-stiff steps in a row, with :math:`|\lambda|` estimated from the last two stages

@@ -666,13 +666,13 @@ def test_compiled_code_frees_what_it_allocates():
     assert lines["held"] == [1, 1]
 
 
-@pytest.mark.parametrize("options, rejects", [
-    ({}, None),
-    ({"max_nfev": None, "steady_tol": 1e-6, "rank_tol": 1e-8, "t_eval": [0.0, 1.0]}, None),
-    ({"rtol": np.float64(1e-7), "atol": 1, "max_step": 0.5, "max_nfev": np.int32(900),
-      "blowup_threshold": 1e4, "steady_atol": 1e-9}, (2, 5, 3.3, 7)),
+@pytest.mark.parametrize("options", [
+    {},
+    {"max_nfev": None, "steady_tol": 1e-6, "rank_tol": 1e-8, "t_eval": [0.0, 1.0]},
+    {"rtol": np.float64(1e-7), "atol": 1, "max_step": 0.5, "max_nfev": np.int32(900),
+     "blowup_threshold": 1e4, "steady_atol": 1e-9},
 ])
-def test_core_options_reach_the_driver_by_name_and_type(options, rejects):
+def test_core_options_reach_the_driver_by_name_and_type(options):
     """The driver's options: each field holds its solver option (the offs as documented),
     and the Numba type of any set of them is the driver's explicit signature's, so every
     call dispatches to the one compiled driver without converting."""
@@ -685,7 +685,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options, rejects):
 
     opts = solver_options((0.0, 2.0), **options)
     ev = opts.events
-    opt = cb._core_options(opts, "rosenbrock", 17, hand=rejects is not None, rejects=rejects)
+    opt = cb._core_options(opts, "rosenbrock", 17)
     assert (opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1) == (
         opts.atol, opts.rtol, opts.max_step, 0.0, 2.0)
     assert opt.blowup_threshold == ev.blowup_threshold
@@ -694,20 +694,19 @@ def test_core_options_reach_the_driver_by_name_and_type(options, rejects):
     assert opt.steady_atol == ev.steady_atol
     assert opt.rank_tol == (-1.0 if ev.rank_tol is None else ev.rank_tol)
     assert opt.max_nfev == (-1 if opts.max_nfev is None else opts.max_nfev)
-    assert (opt.method, opt.ws_size, opt.hand) == (2, 17, rejects is not None)
-    assert (opt.reject_count, opt.reject_window, opt.reject_level, opt.reject_probe) == (
-        (0, 0, 0.0, 0) if rejects is None else rejects)
+    assert (opt.method, opt.ws_size) == (2, 17)
     drive, _ = cb._core()
     (sig,) = drive.signatures
     at = list(inspect.signature(cb._drive).parameters).index("opt")
     assert numba.typeof(opt) == sig[at]
 
 
-def test_the_hand_back_step_has_a_slot_of_its_own():
-    """After a blow-up look that left a suspicion, a later hand-back reads the look's slots
-    (its time and estimate) and the step to take: they must not share a place."""
+def test_the_switch_time_has_a_slot_of_its_own():
+    """A run that stops reads the stop's slots and where RODAS4 took over; a single
+    trajectory's blow-up crossings follow the batch's slots: no two share a place."""
     from gaussian_pde.integrate import _compiled_batch as cb
 
     look = {cb.F_TSTAR, cb.F_T_LOOK, cb.F_LIMIT, cb.F_S0, cb.F_S1, cb.F_FINITE}
-    assert cb.F_STEP not in look | {cb.F_T}
-    assert cb.F_STEP < cb.F_SIZE <= cb.F_NCROSS < cb.F_CROSS
+    stop = {cb.F_T, cb.F_T_BLOWUP, cb.F_T_STOP, cb.F_T_NEXT}
+    assert cb.F_STIFF_FROM not in look | stop
+    assert cb.F_STIFF_FROM < cb.F_SIZE <= cb.F_NCROSS < cb.F_CROSS

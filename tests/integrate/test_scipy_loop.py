@@ -421,25 +421,28 @@ def test_step_radius_bounds_agree_with_the_eigenvalues(rng, monkeypatch):
     assert len(calls) < 10                   # the bounds decide nearly all of them
 
 
+def _never(t, mean, cov):
+    """A user event that never fires."""
+    return 1.0
+
+
 @pytest.mark.parametrize("params, verdict", [
     (("softmax", 4, 1, 4, -1.095148134398361, 3.6723361010755156, True, 3823361713),
      "finished"),
     (("softmax", 5, 5, 5, -0.5896893437567936, 5.806135026310667, False, 2231634222),
      "blowup")])
 def test_auto_leaves_a_stabilised_run_that_crawls_at_its_stability_bound(params, verdict):
-    """Two settings of the seeded invariant loop: after a lost LSODA trial the stabilised
-    DOP853 held h rho(J) at 3 to 5 with hardly a rejection, so neither stiffness test
-    fired, and it spent its 50,000 evaluations. The periodic h rho(J) look of the
-    stabilised run hands it to LSODA again, which reaches LSODA's own verdict within the
-    budget (the blow-up: about 45,000 evaluations since the compiled core takes the
-    explicit steps up to the first sign of stiffness, 27,700 before; the lost LSODA
-    trials after the hand-over cost most of them)."""
+    """Two settings of the seeded invariant loop on the event loop's ``"auto"`` (a user
+    event keeps a run there): after a lost LSODA trial the stabilised DOP853 held
+    h rho(J) at 3 to 5 with hardly a rejection, so neither stiffness test fired, and it
+    spent its 50,000 evaluations. The periodic h rho(J) look of the stabilised run hands
+    it to LSODA again, which reaches LSODA's own verdict within the budget."""
     from tests.integrate.test_invariants import BUDGET, _build, horizon
 
     att, cov0 = _build(params)
     t1 = horizon(att, cov0)
     lsoda = gp.solve(att, None, cov0, (0.0, t1), method="LSODA", max_nfev=BUDGET)
-    auto = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET)
+    auto = gp.solve(att, None, cov0, (0.0, t1), max_nfev=BUDGET, events=[_never])
     assert str(lsoda.status) == verdict, lsoda.message
     assert str(auto.status) == verdict and auto.nfev < BUDGET, auto.message
     assert "stiff from t" in auto.message
