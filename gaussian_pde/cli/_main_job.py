@@ -26,6 +26,7 @@ import numpy as np
 from .._common.io import save_figure, write_npz, write_text
 from ..attention import ATTENTIONS, get_attention
 from ..integrate import solve
+from ..integrate._precompile import compile_on_two_cores
 from ..studies import EXAMPLES_MARKER
 from ._options import add_out_argument, default_out, output_dir
 from ._progress import progress_for
@@ -85,6 +86,7 @@ def add_arguments(parser):
 def run(args):
     """Write the reproduction report and the built-in examples (``--examples``: these alone)."""
     output_dir(args.out)
+    compile_on_two_cores(_compile_ahead(args))   # a fresh machine: compiling on both cores
     n_examples = len(default_examples()) + 1   # the solves and their figure
     if getattr(args, "examples", False):
         return run_examples(args, progress=progress_for(args, n_examples))
@@ -96,6 +98,24 @@ def run(args):
     if code:
         return code
     return run_examples(args, append=True, progress=progress)
+
+
+def _compile_ahead(args):
+    """What the job compiles besides the integrator and the types' own kernels.
+
+    The examples' fields (sums of heads, another package's kernels) and, for the
+    reproduction, the published scheme's kernel (the replay).
+    """
+    def examples():
+        for att, *_ in default_examples().values():
+            hook = getattr(att, "compiled_field", None)
+            if hook is not None:
+                hook()
+
+    if getattr(args, "examples", False):
+        return (examples,)
+    from ..studies._published import compile_kernel
+    return (examples, compile_kernel)
 
 
 def run_examples(args, append=False, progress=None):

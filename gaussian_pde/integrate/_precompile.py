@@ -1,0 +1,94 @@
+"""Compiling on two cores: the integrator in a second process, the fields in this one.
+
+On a machine whose Numba disk cache is empty (a fresh machine: ``NUMBA_CACHE_DIR``
+pointing at an empty folder), the compiled integrator (:func:`._compiled_batch._core`)
+and the attention types' field kernels (:func:`gaussian_pde.attention.compiled_field_kernels`)
+are compiled at their first use, one after the other, each on one core. They do not
+depend on each other (the integrator takes the fields as first-class functions of
+fixed signatures), so :func:`compile_on_two_cores` compiles them side by side: a child
+Python process compiles the integrator into the disk cache while this process compiles
+the fields; this process then loads the integrator from the cache.
+
+Numba writes each cache file to a temporary name and renames it into place
+(``numba.core.caching``), so two processes filling one cache folder never leave a file
+half written; they compile different functions here in any case.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+__all__ = ["compile_on_two_cores"]
+
+#: run by the child: the integrator, into Numba's disk cache (argv[1]: this package's root)
+_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from gaussian_pde.integrate._compiled_batch import _core
+_core()
+"""
+
+
+def _engine_cached():
+    """Whether Numba's disk cache holds the integrator's driver for these sources.
+
+    Numba's cache index of :func:`._compiled_batch._drive` (an index written for other
+    sources reads as empty). True where that cannot be read (then nothing runs aside).
+    """
+    try:
+        import numba
+
+        from . import _compiled_batch
+
+        if numba.config.DISABLE_JIT:
+            return True
+        drive = _compiled_batch._drive
+        probe = numba.njit(cache=True)(getattr(drive, "py_func", drive))
+        return bool(probe._cache._cache_file._load_index())
+    except Exception:       # a Numba whose cache reads otherwise: do nothing aside
+        return True
+
+
+def compile_on_two_cores(here=()):
+    """Compile the integrator and the fields' kernels now, side by side where that pays.
+
+    Where the integrator is not in Numba's disk cache and the machine has two cores or
+    more, a child process compiles it into the cache while this process compiles the
+    field kernels of every type of this package and calls each of ``here`` (functions
+    without arguments that compile what the caller will need: call them in this order);
+    this process then waits for the child and loads the integrator from the cache.
+    Otherwise (or where the child fails) all of it here, one after the other. Returns
+    whether a child compiled the integrator.
+
+    The child writes nothing to the terminal: what compiles in this process announces
+    itself as before (the command line's one line on stderr).
+    """
+    from ..attention import ATTENTIONS, compiled_field_kernels
+    from . import _compiled_batch
+
+    del ATTENTIONS                     # (imported: every type of this package registered)
+    child = None
+    loaded = _compiled_batch._core.cache_info().currsize > 0    # here already
+    if (os.cpu_count() or 1) >= 2 and not loaded and not _engine_cached():
+        root = pathlib.Path(__file__).resolve().parent.parent.parent
+        try:
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, str(root)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        except OSError:                # no second process: all of it here
+            child = None
+    try:
+        compiled_field_kernels()
+        for compile_it in here:
+            compile_it()
+    except BaseException:
+        if child is not None:          # (an interrupt): the child is of no use any more
+            child.kill()
+            child.wait()
+        raise
+    ok = child is not None and child.wait() == 0
+    _compiled_batch._core()            # loaded from the cache the child filled, or compiled
+    return ok
