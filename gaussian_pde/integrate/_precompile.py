@@ -21,7 +21,11 @@ import pathlib
 import subprocess
 import sys
 
-__all__ = ["compile_on_two_cores"]
+__all__ = ["COMPILE_ASIDE", "compile_on_two_cores"]
+
+#: the Numba event (``numba.core.event``) raised while a child process compiles: a
+#: listener of ``numba:compile`` learns nothing of the child's compilations
+COMPILE_ASIDE = "gaussian_pde:compile_aside"
 
 #: run by the child: the integrator, into Numba's disk cache (argv[1]: this package's root)
 _CHILD = """
@@ -63,8 +67,9 @@ def compile_on_two_cores(here=()):
     Otherwise (or where the child fails) all of it here, one after the other. Returns
     whether a child compiled the integrator.
 
-    The child writes nothing to the terminal: what compiles in this process announces
-    itself as before (the command line's one line on stderr).
+    The child writes nothing to the terminal; while it runs, this process raises the
+    Numba event :data:`COMPILE_ASIDE` (the command line's one line on stderr listens to
+    it as to Numba's own ``numba:compile``).
     """
     from ..attention import ATTENTIONS, compiled_field_kernels
     from . import _compiled_batch
@@ -80,6 +85,10 @@ def compile_on_two_cores(here=()):
                                      stderr=subprocess.DEVNULL)
         except OSError:                # no second process: all of it here
             child = None
+    if child is not None:
+        from numba.core import event
+
+        event.start_event(COMPILE_ASIDE)
     try:
         compiled_field_kernels()
         for compile_it in here:
@@ -88,7 +97,10 @@ def compile_on_two_cores(here=()):
         if child is not None:          # (an interrupt): the child is of no use any more
             child.kill()
             child.wait()
+            event.end_event(COMPILE_ASIDE)
         raise
     ok = child is not None and child.wait() == 0
+    if child is not None:
+        event.end_event(COMPILE_ASIDE)
     _compiled_batch._core()            # loaded from the cache the child filled, or compiled
     return ok

@@ -64,6 +64,27 @@ def test_a_cold_cache_starts_one_quiet_child_then_loads(recorded):
     assert recorded[6:] == ["fields"]
 
 
+def test_the_child_is_announced_as_a_numba_event(recorded):
+    """While the child compiles, :data:`COMPILE_ASIDE` is on (a start and an end, around
+    its work); nothing is raised where no child runs."""
+    from numba.core import event
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            recorded.append("aside on")
+
+        def on_end(self, ev):
+            recorded.append("aside off")
+
+    with event.install_listener(_precompile.COMPILE_ASIDE, Listener()):
+        _precompile.compile_on_two_cores()
+        assert recorded[1:] == ["aside on", "fields", "child done", "aside off", "integrator"]
+        _compiled_batch._core.cache_clear()
+        _precompile._engine_cached = lambda: True      # (restored by the fixture)
+        assert not _precompile.compile_on_two_cores()
+    assert recorded[5:] == ["fields", "integrator"]
+
+
 def test_an_interrupt_stops_the_child(recorded):
     """An interrupt while this process compiles ends the child too."""
     def interrupt():
