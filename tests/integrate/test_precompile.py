@@ -82,7 +82,7 @@ def test_the_child_is_announced_as_a_numba_event(recorded):
         _compiled_batch._core.cache_clear()
         _precompile._engine_cached = lambda: True      # (restored by the fixture)
         assert not _precompile.compile_on_two_cores()
-    assert recorded[5:] == ["fields", "integrator"]
+    assert recorded[6:] == ["fields", "integrator"]
 
 
 def test_an_interrupt_stops_the_child(recorded):
