@@ -71,10 +71,9 @@ def compile_on_two_cores(here=()):
     Numba event :data:`COMPILE_ASIDE` (the command line's one line on stderr listens to
     it as to Numba's own ``numba:compile``).
     """
-    from ..attention import ATTENTIONS, compiled_field_kernels
+    from ..attention import compiled_field_kernels  # (every type of this package)
     from . import _compiled_batch
 
-    del ATTENTIONS                     # (imported: every type of this package registered)
     child = None
     loaded = _compiled_batch._core.cache_info().currsize > 0    # here already
     if (os.cpu_count() or 1) >= 2 and not loaded and not _engine_cached():
@@ -90,7 +89,7 @@ def compile_on_two_cores(here=()):
 
         event.start_event(COMPILE_ASIDE)
     try:
-        compiled_field_kernels()
+        fields = compiled_field_kernels()          # None without Numba: nothing to compile
         for compile_it in here:
             compile_it()
     except BaseException:
@@ -102,5 +101,6 @@ def compile_on_two_cores(here=()):
     ok = child is not None and child.wait() == 0
     if child is not None:
         event.end_event(COMPILE_ASIDE)
-    _compiled_batch._core()            # loaded from the cache the child filled, or compiled
+    if fields is not None:             # loaded from the cache the child filled, or compiled
+        _compiled_batch._core()
     return ok

@@ -40,7 +40,7 @@ def recorded(monkeypatch):
 
     log = _FakeChild.log = []
     monkeypatch.setattr(subprocess, "Popen", _FakeChild)
-    monkeypatch.setattr(attention, "compiled_field_kernels", lambda: log.append("fields"))
+    monkeypatch.setattr(attention, "compiled_field_kernels", lambda: log.append("fields") or ())
     monkeypatch.setattr(_compiled_batch, "_core",
                         functools.cache(lambda: log.append("integrator")))
     monkeypatch.setattr(_precompile, "_engine_cached", lambda: False)
