@@ -86,9 +86,12 @@ def add_arguments(parser):
 def run(args):
     """Write the reproduction report and the built-in examples (``--examples``: these alone)."""
     output_dir(args.out)
-    compile_on_two_cores(_compile_ahead(args))   # a fresh machine: compiling on both cores
+    examples_alone = getattr(args, "examples", False)
+    # a fresh machine: compiling on both cores (the replay's kernel beside the integrator)
+    compile_on_two_cores(_compile_ahead(),
+                         () if examples_alone else (_PUBLISHED_KERNEL,))
     n_examples = len(default_examples()) + 1   # the solves and their figure
-    if getattr(args, "examples", False):
+    if examples_alone:
         return run_examples(args, progress=progress_for(args, n_examples))
     from ._reproduce import progress_steps
     from ._reproduce import run as run_reproduce
@@ -100,11 +103,15 @@ def run(args):
     return run_examples(args, append=True, progress=progress)
 
 
-def _compile_ahead(args):
+#: the reproduction's published scheme, compiled (the replay's kernel)
+_PUBLISHED_KERNEL = "gaussian_pde.studies._published:compile_kernel"
+
+
+def _compile_ahead():
     """What the job compiles besides the integrator and the types' own kernels.
 
-    The examples' fields (sums of heads, another package's kernels) and, for the
-    reproduction, the published scheme's kernel (the replay).
+    The examples' fields (sums of heads, another package's kernels); the reproduction's
+    published scheme (the replay) compiles in the second process, beside the integrator.
     """
     def examples():
         for att, *_ in default_examples().values():
@@ -112,10 +119,7 @@ def _compile_ahead(args):
             if hook is not None:
                 hook()
 
-    if getattr(args, "examples", False):
-        return (examples,)
-    from ..studies._published import compile_kernel
-    return (examples, compile_kernel)
+    return (examples,)
 
 
 def run_examples(args, append=False, progress=None):

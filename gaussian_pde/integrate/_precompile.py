@@ -16,6 +16,7 @@ half written; they compile different functions here in any case.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pathlib
 import subprocess
@@ -27,12 +28,16 @@ __all__ = ["COMPILE_ASIDE", "compile_on_two_cores"]
 #: listener of ``numba:compile`` learns nothing of the child's compilations
 COMPILE_ASIDE = "gaussian_pde:compile_aside"
 
-#: run by the child: the integrator, into Numba's disk cache (argv[1]: this package's root)
+#: run by the child: the integrator, into Numba's disk cache (argv[1]: this package's
+#: root), then each function named in argv[2:] (``"module:function"``)
 _CHILD = """
-import sys
+import importlib, sys
 sys.path.insert(0, sys.argv[1])
 from gaussian_pde.integrate._compiled_batch import _core
 _core()
+for target in sys.argv[2:]:
+    module, name = target.split(":")
+    getattr(importlib.import_module(module), name)()
 """
 
 
@@ -56,7 +61,13 @@ def _engine_cached():
         return True
 
 
-def compile_on_two_cores(here=()):
+def _call(target):
+    """Call the function named ``"module:function"``."""
+    module, name = target.split(":")
+    getattr(importlib.import_module(module), name)()
+
+
+def compile_on_two_cores(here=(), aside=()):
     """Compile the integrator and the fields' kernels now, side by side where that pays.
 
     Where the integrator is not in Numba's disk cache and the machine has two cores or
@@ -64,8 +75,10 @@ def compile_on_two_cores(here=()):
     field kernels of every type of this package and calls each of ``here`` (functions
     without arguments that compile what the caller will need: call them in this order);
     this process then waits for the child and loads the integrator from the cache.
-    Otherwise (or where the child fails) all of it here, one after the other. Returns
-    whether a child compiled the integrator.
+    ``aside``: functions the child calls after the integrator, named
+    ``"module:function"`` (without arguments; what they compile must not depend on the
+    fields: those the child would compile again). Otherwise (or where the child fails)
+    all of it here, one after the other. Returns whether a child compiled the integrator.
 
     The child writes nothing to the terminal; while it runs, this process raises the
     Numba event :data:`COMPILE_ASIDE` (the command line's one line on stderr listens to
@@ -79,7 +92,7 @@ def compile_on_two_cores(here=()):
     if (os.cpu_count() or 1) >= 2 and not loaded and not _engine_cached():
         root = pathlib.Path(__file__).resolve().parent.parent.parent
         try:
-            child = subprocess.Popen([sys.executable, "-c", _CHILD, str(root)],
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, str(root), *aside],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         except OSError:                # no second process: all of it here
@@ -103,4 +116,6 @@ def compile_on_two_cores(here=()):
         event.end_event(COMPILE_ASIDE)
     if fields is not None:             # loaded from the cache the child filled, or compiled
         _compiled_batch._core()
+    for target in aside:               # loaded, or (without a child) compiled here
+        _call(target)
     return ok

@@ -64,6 +64,21 @@ def test_a_cold_cache_starts_one_quiet_child_then_loads(recorded):
     assert recorded[6:] == ["fields"]
 
 
+def test_the_child_compiles_aside_and_a_lone_process_all(recorded, monkeypatch):
+    """``aside``: named for the child, after the integrator; this process calls them
+    once the child is done (they load from the cache), and without a child compiles them."""
+    monkeypatch.setitem(sys.modules, "aside_probe", type(sys)("aside_probe"))
+    sys.modules["aside_probe"].run = lambda: recorded.append("aside")
+    assert _precompile.compile_on_two_cores(aside=("aside_probe:run",))
+    (_, cmd, _), *rest = recorded
+    assert cmd[4:] == ["aside_probe:run"]
+    assert rest == ["fields", "child done", "integrator", "aside"]
+    _compiled_batch._core.cache_clear()
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert not _precompile.compile_on_two_cores(aside=("aside_probe:run",))
+    assert recorded[5:] == ["fields", "integrator", "aside"]
+
+
 def test_the_child_is_announced_as_a_numba_event(recorded):
     """While the child compiles, :data:`COMPILE_ASIDE` is on (a start and an end, around
     its work); nothing is raised where no child runs."""
