@@ -43,9 +43,13 @@ data; the first 0 for a head of a sum, whose Jacobian is added), its kernels the
 and parts inlined into :func:`_head_rhs` and :func:`_head_jac` (one pair per head
 kernel, :func:`_head_kernels`). A sum of heads
 (:func:`add`): runs of adjacent heads of one kernel, in the heads' order,
-``[R, (n, (size, pack...) * n) * R]`` (``R`` runs of ``n`` heads, each head its own
-pack); its kernels are compiled for the sequence of the runs' kernels
-(:func:`_sum_kernels`) and call each head's field on its pack. The field is summed
+``[R, (f, j, n, (size, pack...) * n) * R]`` (``R`` runs of ``n`` heads, each head its
+own pack; ``f`` and ``j`` the addresses of the run's field and Jacobian-adding
+kernels, held exactly in float64, this process's: :func:`_addresses`, again on
+unpickling). Its kernels :func:`_sum_rhs` and :func:`_sum_jac` are compiled once for
+every sum (:func:`_sum_kernels`) and call each run's kernels through their addresses
+on each pack: a head's code is compiled once, in its own kernel, never again into a
+sum. The field is summed
 head by head in order, :math:`Z' = (\dots(Z'_1 + Z'_2) + \dots) + Z'_H`, and the
 Jacobian likewise, each head added in place. A type of another package brings its own
 ``rhs`` and ``jac`` (:func:`signatures`); in a sum it is one head whose pack is its
@@ -108,6 +112,13 @@ class CompiledField:
     ws_size: int
     exact_jacobian: bool
     heads: tuple = ()
+
+    def __reduce__(self):
+        if self.rhs in _SUMS:           # a sum: the addresses in its pack are this process's
+            return _summed, (self.heads, self.params, self.d, self.ws_size,
+                             self.exact_jacobian)
+        return CompiledField, (self.rhs, self.jac, self.params, self.d, self.ws_size,
+                               self.exact_jacobian, self.heads)
 
     def specialised(self):
         """The same field with ``rhs`` compiled for its one head's kernel, ``d`` and ``k``.
@@ -285,8 +296,16 @@ class _ForeignHead:
     def jac_add(self):
         if not self.exact:
             return None
-        return _jit(_instance(_foreign_jac_add, "foreign_jac_add_" + _digest([self]),
-                              _jac=self.jac), True)
+        return _foreign_jac_kernel(self)
+
+
+@functools.cache
+def _foreign_jac_kernel(head):
+    """A type's own Jacobian (``head.jac``) added to ``J``, compiled (cached on disk)."""
+    from numba import njit
+
+    return njit(signatures()[1], **_OPTS)(
+        _instance(_foreign_jac_add, "foreign_jac_add_" + _digest([head]), _jac=head.jac))
 
 
 @functools.cache
@@ -322,16 +341,6 @@ def _instance(template, name, **bound):
     fn = types.FunctionType(template.__code__, namespace, name)
     fn.__qualname__ = name
     return fn
-
-
-def _jit(fn, inline=True):
-    """``fn`` (glue between the kernels and the heads' bodies) compiled at first use.
-
-    Inlined into its callers, or called (``inline`` False).
-    """
-    from numba import njit
-
-    return njit(cache=False, error_model="numpy", inline="always" if inline else "never")(fn)
 
 
 # ----------------------------------------------------------------------------------------
@@ -623,48 +632,51 @@ def _no_jacobian(P, d, m, y, J, ws):
     return False
 
 
-def _fields_rhs(P, d, m, y, out, ws):
-    """``out = Z'``: the sum of the packed heads' fields at the flat state ``y``."""
+def _sum_rhs(P, d, m, y, out, ws):
+    """``out = Z'``: the sum of the packed heads' fields at the flat state ``y``.
+
+    Each run's field is called through its address (``_fn_at``), on each of its heads' packs.
+    """
     n = d * m
     acc = ws[:n]
     tmp = ws[n:2 * n]
     rest = ws[2 * n:]
-    single = P[0] == 1.0 and P[1] == 1.0
-    _runs(P, 1, 0, single, d, m, y, out, acc, tmp, rest)   # noqa: F821 (bound by _instance)
-    if not single:
-        for i in range(n):
-            out[i] = acc[i]
-
-
-def _run_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
-    """The heads of one run (each its pack, field ``_rhs``) from ``P[o]``, then the next run's."""
-    n = d * m
-    count = int(P[o])
-    o += 1
-    for _ in range(count):
-        size = int(P[o])
-        target = out if single else tmp
-        _rhs(P[o + 1:o + 1 + size], d, m, y, target, rest)   # noqa: F821
-        if not single:
+    o = 1
+    h = 0
+    for _ in range(int(P[0])):
+        rhs = _fn_at(P[o], 0)                     # noqa: F821 (bound by _instance)
+        count = int(P[o + 2])
+        o += 3
+        for _ in range(count):
+            size = int(P[o])
+            rhs(P[o + 1:o + 1 + size], d, m, y, tmp, rest)
             for i in range(n):
                 acc[i] = tmp[i] if h == 0 else acc[i] + tmp[i]
-        h += 1
-        o += 1 + size
-    _next(P, o, h, single, d, m, y, out, acc, tmp, rest)   # noqa: F821
+            h += 1
+            o += 1 + size
+    for i in range(n):
+        out[i] = acc[i]
 
 
-def _end_rhs(P, o, h, single, d, m, y, out, acc, tmp, rest):
-    """After the last run: nothing."""
+def _sum_jac(P, d, m, y, J, ws):
+    """The closed-form Jacobian of the packed heads into ``J``; False where none holds.
 
-
-def _fields_jac(P, d, m, y, J, ws):
-    """The closed-form Jacobian of the packed heads into ``J``; False where none holds."""
+    Each run's Jacobian is added to ``J`` through its address (``_fn_at``), head by head.
+    """
     n = d * m
     for i in range(n):
         for j in range(n):
             J[i, j] = 0.0
-    if not _runs(P, 1, d, m, y, J, ws):          # noqa: F821
-        return False
+    o = 1
+    for _ in range(int(P[0])):
+        add = _fn_at(P[o + 1], 1)                 # noqa: F821 (bound by _instance)
+        count = int(P[o + 2])
+        o += 3
+        for _ in range(count):
+            size = int(P[o])
+            if not add(P[o + 1:o + 1 + size], d, m, y, J, ws):
+                return False
+            o += 1 + size
     for i in range(n):
         for j in range(n):
             if not math.isfinite(J[i, j]):
@@ -672,31 +684,9 @@ def _fields_jac(P, d, m, y, J, ws):
     return True
 
 
-def _run_jac(P, o, d, m, y, J, ws):
-    """Add the Jacobians of one run's heads (``_add``) from ``P[o]``, then the next run's."""
-    count = int(P[o])
-    o += 1
-    for _ in range(count):
-        size = int(P[o])
-        if not _add(P[o + 1:o + 1 + size], d, m, y, J, ws):   # noqa: F821
-            return False
-        o += 1 + size
-    return _next(P, o, d, m, y, J, ws)           # noqa: F821
-
-
-def _end_jac(P, o, d, m, y, J, ws):
-    """After the last run: every head had a closed form."""
-    return True
-
-
 def _shape_rhs_template(P, d, m, y, out, ws):
     """One head's field with its shape ``_D``, ``_K`` compiled in (``m`` is ``_D`` or ``_M1``)."""
-    data = P[3:]
-    rest = ws[2 * d * m:]
-    if m == _D:                                    # noqa: F821
-        _body(data, _K, _D, _D, y, out, rest)      # noqa: F821
-    else:
-        _body(data, _K, _D, _M1, y, out, rest)     # noqa: F821
+    _body(P[3:], _K, _D, _D if m == _D else _M1, y, out, ws[2 * d * m:])   # noqa: F821
 
 
 # ----------------------------------------------------------------------------------------
@@ -749,32 +739,101 @@ def _head_kernels(head):
     return rhs, jac
 
 
-@functools.cache
-def _sum_kernels(heads):
-    """``(rhs, jac)`` of the runs of heads of kernels ``heads`` (a tuple), in order.
+def _fn_at_intrinsic():
+    """``_fn_at(address, kind)`` compiled (an intrinsic): the kernel at ``address``.
 
-    A run is a copy of :func:`_run_rhs` (and :func:`_run_jac`) calling its heads'
-    fields (each on its own pack), then the next run; cached on disk under names with
-    :func:`_digest` of ``heads``.
+    The address is held in a float64 (exactly: below 2**53); the kernel has the signature
+    ``signatures()[kind]`` and is called with Numba's calling convention.
     """
+    from llvmlite import ir
+    from numba import types as T
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fn_at(typingctx, address, kind):
+        if not isinstance(kind, T.IntegerLiteral) or address != T.float64:
+            return None
+        fnty = T.FunctionType(signatures()[kind.literal_value])
+
+        def codegen(context, builder, sig, args):
+            addr = builder.fptosi(args[0], ir.IntType(64))
+            fn = cgutils.create_struct_proxy(fnty)(context, builder)
+            fn.jit_addr = builder.inttoptr(addr, context.get_value_type(T.voidptr))
+            return fn._getvalue()
+
+        return fnty(address, kind), codegen
+
+    return fn_at
+
+
+@functools.cache
+def _sum_kernels(exact):
+    """``(rhs, jac)`` of every sum of heads: :func:`_sum_rhs` and :func:`_sum_jac` compiled.
+
+    One pair for every sequence of heads, compiled once (cached on disk): the pack
+    carries each run's kernels as their addresses (:func:`_addresses`). ``exact``
+    False: the Jacobian is :func:`_no_jacobian` (a head without a closed form).
+    """
+    import warnings
+
+    import numba
     from numba import njit
 
     _compile_marked()
-    key = _digest(heads)
-    runs, jruns = _jit(_end_rhs), _jit(_end_jac)
-    exact = all(head.exact for head in heads)
-    for i in range(len(heads) - 1, -1, -1):
-        runs = _jit(_instance(_run_rhs, f"run_rhs_{key}_{i}", _rhs=heads[i].kernels()[0],
-                              _next=runs))
-        if exact:
-            jruns = _jit(_instance(_run_jac, f"run_jac_{key}_{i}",
-                                   _add=heads[i].jac_add(), _next=jruns))
     rhs_sig, jac_sig = signatures()
-    rhs = njit(rhs_sig, _nrt=False, **_OPTS)(_instance(_fields_rhs, f"fields_rhs_{key}",
-                                                       _runs=runs))
-    if not exact:
-        return rhs, _no_jacobian_kernel()
-    return rhs, njit(jac_sig, **_OPTS)(_instance(_fields_jac, f"fields_jac_{key}", _runs=jruns))
+    at = _fn_at_intrinsic()
+    with warnings.catch_warnings():   # first-class function types are "experimental"
+        warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
+        rhs = njit(rhs_sig, _nrt=False, **_OPTS)(_instance(_sum_rhs, "sum_rhs", _fn_at=at))
+        jac = (njit(jac_sig, _nrt=False, **_OPTS)(_instance(_sum_jac, "sum_jac", _fn_at=at))
+               if exact else _no_jacobian_kernel())
+    _SUMS.add(rhs)
+    return rhs, jac
+
+
+#: the ``rhs`` kernels of sums (:func:`_sum_kernels`)
+_SUMS = set()
+
+
+def _address(kernel, which):
+    """The address of the compiled ``kernel`` (Numba's calling convention) as a float64.
+
+    ``which``: 0 for a field, 1 for a Jacobian (its signature in :func:`signatures`).
+    """
+    from numba.experimental.function_type import _get_jit_address
+
+    sig = signatures()[which]
+    if sig.args not in kernel.overloads:
+        kernel.compile(sig)
+    addr = _get_jit_address(kernel, sig)
+    if not 0 < addr < 2 ** 53:      # a float64 holds it exactly
+        raise RuntimeError(f"a kernel's address {addr:#x} does not fit a float64")
+    return float(addr)
+
+
+def _addresses(P, heads):
+    """``P`` (a sum's pack) with each run's kernels' addresses, those of ``heads``, in place."""
+    o = 1
+    for head in heads:
+        add = head.jac_add()
+        P[o] = _address(head.kernels()[0], 0)
+        P[o + 1] = _address(add, 1) if add is not None else 0.0
+        count = int(P[o + 2])
+        o += 3
+        for _ in range(count):
+            o += 1 + int(P[o])
+    return P
+
+
+def _summed(heads, params, d, ws_size, exact):
+    """The :class:`CompiledField` of a sum of ``heads`` with the pack ``params``.
+
+    The addresses in ``params`` are this process's (an unpickled field).
+    """
+    rhs, jac = _sum_kernels(exact)
+    return CompiledField(rhs=rhs, jac=jac, params=_addresses(np.array(params), heads), d=d,
+                         ws_size=ws_size, exact_jacobian=exact, heads=heads)
 
 
 @functools.cache
@@ -788,9 +847,11 @@ def _no_jacobian_kernel():
 def _shape_rhs(head, d, k):
     """The field of one head of kernel ``head`` with ``d`` and ``k`` compiled in.
 
-    The body is inlined with constant ``d``, ``k`` and ``m`` (``d`` or ``d + 1``), so
-    the compiler sees its loop bounds; the signature is :func:`signatures`' (the
-    integrator takes it as it takes the generic one). Cached on disk per kernel and shape.
+    The body is inlined with constant ``d`` and ``k``, and ``m`` one of the constants
+    ``d``, ``d + 1``, so the compiler sees its loop bounds; inlined at one site (one per
+    ``m`` doubled the compilation, for a few nanoseconds per evaluation at ``d = 2``).
+    The signature is :func:`signatures`' (the integrator takes it as it takes the
+    generic one). Cached on disk per kernel and shape.
     """
     from numba import njit
 
@@ -808,8 +869,8 @@ def _heads_of(field):
         return [(field.heads[0], field.params)]
     P, o, out = field.params, 1, []
     for head in field.heads:
-        count = int(P[o])
-        o += 1
+        count = int(P[o + 2])
+        o += 3
         for _ in range(count):
             size = int(P[o])
             out.append((head, P[o + 1:o + 1 + size]))
@@ -856,17 +917,15 @@ def add(fields):
                 runs.append([pack])
     parts = [[float(len(runs))]]
     for head, packs in zip(heads, runs):
-        parts.append([float(len(packs))])
+        parts.append([0.0, 0.0, float(len(packs))])     # the addresses: _addresses
         for pack in packs:
             if isinstance(head, HeadKernel):    # a head of a sum: its Jacobian is added
                 pack = np.concatenate([[0.0], pack[1:]])
             parts += [[float(pack.size)], pack]
-    rhs, jac = _sum_kernels(tuple(heads))
     d = fields[0].d
-    return CompiledField(rhs=rhs, jac=jac, params=np.concatenate(parts), d=d,
-                         ws_size=max(f.ws_size for f in fields) + 2 * d * d + 2 * d,
-                         exact_jacobian=all(f.exact_jacobian for f in fields),
-                         heads=tuple(heads))
+    return _summed(tuple(heads), np.concatenate(parts), d,
+                   max(f.ws_size for f in fields) + 2 * d * d + 2 * d,
+                   all(f.exact_jacobian for f in fields))
 
 
 def kernels():

@@ -76,7 +76,9 @@ def compile_notice(enabled=True, stream=None):
     """Write :data:`COMPILING` to ``stream`` (stderr) once, where Numba compiles in the block.
 
     A listener on Numba's ``numba:compile`` event, which Numba raises only where a
-    function is not in its disk cache: a run that loads every kernel says nothing. Off
+    function is not in its disk cache, and on
+    :data:`~gaussian_pde.integrate._precompile.COMPILE_ASIDE` (a child process compiling
+    the integrator): a run that loads every kernel says nothing. Off
     where ``enabled`` is false or Numba is missing.
     """
     if not enabled or importlib.util.find_spec("numba") is None:
@@ -103,9 +105,14 @@ def compile_notice(enabled=True, stream=None):
         def on_end(self, ev):
             pass
 
+    from ..integrate._precompile import COMPILE_ASIDE
+
     notice = _Notice()
-    event.register("numba:compile", notice)
+    kinds = ("numba:compile", COMPILE_ASIDE)   # (the second: a child process compiling)
+    for kind in kinds:
+        event.register(kind, notice)
     try:
         yield
     finally:
-        event.unregister("numba:compile", notice)
+        for kind in kinds:
+            event.unregister(kind, notice)

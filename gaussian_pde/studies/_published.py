@@ -260,6 +260,17 @@ def _run_attempt(kind, consts, sigma0, h, tol, max_iter):
     return rec
 
 
+def compile_kernel():
+    """Compile the replay's kernel now (or load it from Numba's disk cache).
+
+    One attempt of one step at ``d = 2`` (the kernel is compiled once for every ``d``):
+    for a caller that compiles ahead of the work (a fresh machine's second core).
+    """
+    d = 2
+    _run_attempt("softmax", _row_constants("softmax", np.ones((d // 2, d)), np.eye(d), d),
+                 _sigma0_draws(d, 1)[0], 0.01, 0.0, 1)
+
+
 def _replay_panel(kind, d, qs, vs, h, tol, max_iter, n_max, n_settings=N_PER_DIM):
     """Replay one panel: the sequential protocol, attempt after attempt.
 

@@ -41,16 +41,22 @@ def _python_head(head):
             else cf._no_jacobian)
 
 
-def _python_sum(heads):
+def _python_sum(heads, P):
     """The templates of :func:`cf._sum_kernels` bound as plain Python, the heads' own
-    kernels too."""
-    runs, jruns = cf._end_rhs, cf._end_jac
-    for i in range(len(heads) - 1, -1, -1):
-        rhs, jac = _python_head(heads[i])
-        runs = cf._instance(cf._run_rhs, "run", _rhs=rhs, _next=runs)
-        jruns = cf._instance(cf._run_jac, "jrun", _add=jac, _next=jruns)
-    return (cf._instance(cf._fields_rhs, "rhs", _runs=runs),
-            cf._instance(cf._fields_jac, "jac", _runs=jruns))
+    kernels too: each address in the pack ``P`` stands for its head's plain kernel."""
+    table, o = {}, 1
+    for head in heads:
+        rhs, jac = _python_head(head)
+        table[P[o], 0], table[P[o + 1], 1] = rhs, jac
+        o += 3
+        for _ in range(int(P[o - 1])):
+            o += 1 + int(P[o])
+
+    def fn_at(address, kind):
+        return table[address, kind]
+
+    return (cf._instance(cf._sum_rhs, "rhs", _fn_at=fn_at),
+            cf._instance(cf._sum_jac, "jac", _fn_at=fn_at))
 
 
 def _expected(att, Z, d):
@@ -128,7 +134,7 @@ def test_a_sum_of_heads_uncompiled_is_the_sum_of_the_fields(rng, uncompiled, exa
     heads.insert(1, gp.ATTENTIONS[names[0]].example(d, rng))     # a run of two
     att = gp.MultiHead(heads)
     field = att.compiled_field()
-    assert len(field.heads) == len(names) + 1 and field.params[1] == 2.0
+    assert len(field.heads) == len(names) + 1 and field.params[3] == 2.0
     assert field.exact_jacobian == exact
     Z = np.column_stack([rng.standard_normal((d, d)) / 2, rng.standard_normal(d)])
     ws = np.zeros(field.ws_size)
@@ -136,7 +142,7 @@ def test_a_sum_of_heads_uncompiled_is_the_sum_of_the_fields(rng, uncompiled, exa
     field.rhs(field.params, d, m, Z.ravel(), compiled, ws)
     assert field.jac(field.params, d, m, Z.ravel(), J_compiled, ws) == exact
     uncompiled()
-    rhs, jac = _python_sum(field.heads)
+    rhs, jac = _python_sum(field.heads, field.params)
 
     def f(Zp):
         out = np.empty(d * m)

@@ -36,3 +36,18 @@ def test_compile_notice_is_silent_without_a_compile_or_when_off():
     assert out.getvalue() == ""
     _fresh()(1)                                # the listener is gone after the block
     assert out.getvalue() == ""
+
+
+def test_compile_notice_hears_a_child_compiling():
+    """A child process compiling the integrator (the event ``COMPILE_ASIDE`` of
+    :mod:`gaussian_pde.integrate._precompile`) is announced as a compile here, once for both."""
+    from numba.core import event
+
+    from gaussian_pde.integrate._precompile import COMPILE_ASIDE
+
+    out = io.StringIO()
+    with compile_notice(stream=out):
+        with event.trigger_event(COMPILE_ASIDE):
+            pass
+        _fresh()(1)
+    assert out.getvalue() == COMPILING + "\n"
