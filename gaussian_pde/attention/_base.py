@@ -408,8 +408,9 @@ class Attention(abc.ABC):
         :class:`~gaussian_pde.attention._compiled_fields.CompiledField`: kernels of
         fixed signatures for :math:`Z' = [M(\Sigma)L \mid b + M\alpha]` and its
         closed-form Jacobian, and its weights packed into one float64 vector.
-        :func:`gaussian_pde.solve_batch` then runs its compiled integrator; where this
-        returns ``None`` it runs the vectorised NumPy loop.
+        :func:`gaussian_pde.solve` and :func:`gaussian_pde.solve_batch` then run the
+        compiled engine; where this returns ``None``, ``solve`` runs the SciPy event loop
+        on the NumPy reference field and ``solve_batch`` refuses the type (``TypeError``).
         """
         return None
 

@@ -30,8 +30,9 @@ and overflow, all located and worded by the engine, the same steps and verdicts 
 Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; its ``"auto"`` (user events,
 ``first_step``, a field without a compiled kernel) takes DOP853 steps and continues a run
 that turns stiff with LSODA (:mod:`gaussian_pde.integrate._stiffness`); event semantics
-are those of :func:`scipy.integrate.solve_ivp`. The event loop's right-hand side is one
-fused kernel for the factor and the mean (:mod:`gaussian_pde.integrate._fused`).
+are those of :func:`scipy.integrate.solve_ivp`. The event loop's right-hand side is the
+type's compiled field (the engine's kernel), else the NumPy reference
+(:mod:`gaussian_pde.integrate._fused`).
 :func:`integrate_system` serves any state with a covariance: the closure solvers run it
 too, so that every solver stops at the same events with the same verdicts.
 """
@@ -106,7 +107,7 @@ class _System:
         """The right-hand side for Hairer's Fortran codes, which copy what it returns.
 
         A buffer (see :func:`gaussian_pde.integrate._scipy_loop.integrate_fortran`), built at
-        the first use: a run that the compiled core finishes never evaluates it.
+        the first use: a run on the compiled engine never evaluates it.
         """
         return fortran_rhs(self.att, self.with_mean, self)
 
@@ -595,7 +596,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         involve the mean), except for a type whose field matrix depends on the mean
         (``attention.field_sees_mean``: linear attention), which requires it. Where the
         mean's equation is linear in the mean (:math:`\alpha' = N(\Sigma)\alpha`), it
-        rides in the same fused kernel as the factor
+        rides in the same field kernel as the factor
         (:mod:`gaussian_pde.integrate._fused`), at about the cost of the
         covariance alone; its error is controlled like the factor's, so a mean growing
         like :math:`e^{\lambda_{\max}(V)t}` needs the steps that resolve it (and
