@@ -25,8 +25,7 @@ import numpy as np
 
 from .._common.io import save_figure, write_npz, write_text
 from ..attention import ATTENTIONS, get_attention
-from ..integrate import solve
-from ..integrate._precompile import compile_on_two_cores
+from ..integrate import compile_on_two_cores, solve
 from ..studies import EXAMPLES_MARKER
 from ._options import add_out_argument, default_out, output_dir
 from ._progress import progress_for

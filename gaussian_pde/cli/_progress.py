@@ -105,7 +105,7 @@ def compile_notice(enabled=True, stream=None):
         def on_end(self, ev):
             pass
 
-    from ..integrate._precompile import COMPILE_ASIDE
+    from ..integrate import COMPILE_ASIDE
 
     notice = _Notice()
     kinds = ("numba:compile", COMPILE_ASIDE)   # (the second: a child process compiling)

@@ -18,6 +18,8 @@ Below the drivers, one module per concept, with no import back up:
 * ``_compiled_batch``: the compiled engine (Numba, parallel over trajectories), for
   every type whose ``compiled_field()`` supplies the kernels: all of
   :func:`solve_batch`, and :func:`solve`'s default, one trajectory to its end;
+* ``_precompile``: a fresh machine's first run compiles the engine in a second process
+  while this one compiles the fields;
 * ``_exact``: closed-form solutions, the reference problems of the tests.
 """
 
@@ -35,6 +37,7 @@ from ._events import (
 )
 from ._exact import blowup_time, exact_covariance, scalar_solution
 from ._options import METHODS, run_options, validate_method
+from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
 from ._tableaux import RODAS4
@@ -45,5 +48,5 @@ __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "bl
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
            "blowup_verdict", "event_options",
            "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap", "validate_method",
-           # the compiled kernels, compiled now (before a fork)
-           "compile_kernels"]
+           # the compiled kernels, compiled now (before a fork), or on two cores
+           "COMPILE_ASIDE", "compile_kernels", "compile_on_two_cores"]
