@@ -178,7 +178,7 @@ def test_implicit_methods_cross_the_graded_run(method):
 
 @pytest.mark.slow
 def test_rosenbrock_batch_crosses_the_graded_run():
-    """RODAS4 takes a fresh Jacobian at every step: 2 d^2 field states beyond the spread
+    """RODAS4P2 takes a fresh Jacobian at every step: 2 d^2 field states beyond the spread
     limit, about 180,000 evaluations to t = 10 (it failed at 100,000 before)."""
     from tests._helpers import run_within
 
