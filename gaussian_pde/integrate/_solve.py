@@ -615,7 +615,9 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
         ``"auto"`` (default): DOP853 steps with Hairer's stiffness test after every
-        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires, RODAS4P2
+        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires (or, where
+        the Jacobian has a closed form, once DOP853 crawls at its stability limit: 75
+        of a block of 100 accepted steps with :math:`h|\lambda| \ge 2`), RODAS4P2
         (L-stable, order 4) takes the steps to the end, with the closed-form Jacobian of
         the field where the type has one and central differences otherwise; the
         ``message`` then ends with ``"; stiff from t = ... on: RODAS4P2"``. Where the
