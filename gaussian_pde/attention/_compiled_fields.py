@@ -542,29 +542,41 @@ def spread_ok(Z, d):
 
 
 @compiled_later(counted=True)
+def add_factor_rows(A, C, M, X, m, J):
+    r"""Add :math:`M_{ia}\delta_{jb} + A_{ia}(X^TB)_{bj} + (AX)_{ib}B_{aj}`, :math:`B = CX`, to ``J``.
+
+    ``X`` is ``d x q``: the rows ``i m + j`` and columns ``a m + b`` of ``J`` with
+    ``j, b < q`` (state rows of ``m``). Returns :math:`AX`.
+    """
+    d, q = X.shape
+    B = np.empty((d, q))
+    XtB = np.empty((q, q))
+    AX = np.empty((d, q))
+    Xt = np.ascontiguousarray(X.T)
+    mm(C, X, B)
+    mm(Xt, B, XtB)
+    mm(A, X, AX)
+    for i in range(d):
+        for j in range(q):
+            row = i * m + j
+            for a in range(d):
+                for b in range(q):
+                    J[row, a * m + b] += A[i, a] * XtB[b, j] + AX[i, b] * B[a, j]
+                J[row, a * m + j] += M[i, a]
+    return AX
+
+
+@compiled_later(counted=True)
 def assemble(A, C, M, N, r, Z, d, m, J):
     r"""Add the Jacobian of one head with parts ``A, C, M, N, r`` at ``Z`` to ``J``.
 
     :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
-    :math:`B = CL`; with the mean (``m = d + 1``)
+    :math:`B = CL` (:func:`add_factor_rows`); with the mean (``m = d + 1``)
     :math:`\partial\alpha'_i/\partial L_{ab} \mathrel{+}= A_{ia}(L^Tr)_b + (AL)_{ib}r_a` and
     :math:`\partial\alpha'/\partial\alpha \mathrel{+}= N`.
     """
-    B = np.empty((d, d))
-    LtB = np.empty((d, d))
-    AL = np.empty((d, d))
     L = np.ascontiguousarray(Z[:, :d])
-    Lt = np.ascontiguousarray(L.T)
-    mm(C, L, B)
-    mm(Lt, B, LtB)
-    mm(A, L, AL)
-    for i in range(d):
-        for j in range(d):
-            row = i * m + j
-            for a in range(d):
-                for b in range(d):
-                    J[row, a * m + b] += A[i, a] * LtB[b, j] + AL[i, b] * B[a, j]
-                J[row, a * m + j] += M[i, a]
+    AL = add_factor_rows(A, C, M, L, m, J)
     if m > d:
         Ltr = np.empty(d)
         for b in range(d):
@@ -586,24 +598,11 @@ def assemble_second_moment(A, C, M, N, r, Z, d, m, J):
 
     With :math:`dM[dP] = A\,dP\,C` and :math:`dP = dZ\,Z^T + Z\,dZ^T`,
     :math:`dZ' = M\,dZ + A\,dZ\,(Z^TCZ) + (AZ)\,dZ^T(CZ)`, so over all ``m`` columns
-    :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{ib}(CZ)_{aj}`:
-    the factor rows depend on the mean too. ``N`` and ``r`` are not read.
+    :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{ib}(CZ)_{aj}`
+    (:func:`add_factor_rows` with ``X = Z``): the factor rows depend on the mean too.
+    ``N`` and ``r`` are not read.
     """
-    B = np.empty((d, m))
-    ZtB = np.empty((m, m))
-    AZ = np.empty((d, m))
-    Zc = np.ascontiguousarray(Z)
-    Zt = np.ascontiguousarray(Zc.T)
-    mm(C, Zc, B)
-    mm(Zt, B, ZtB)
-    mm(A, Zc, AZ)
-    for i in range(d):
-        for j in range(m):
-            row = i * m + j
-            for a in range(d):
-                for b in range(m):
-                    J[row, a * m + b] += A[i, a] * ZtB[b, j] + AZ[i, b] * B[a, j]
-                J[row, a * m + j] += M[i, a]
+    add_factor_rows(A, C, M, np.ascontiguousarray(Z), m, J)
 
 
 def head_ws(k, d):
