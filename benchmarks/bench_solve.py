@@ -116,7 +116,7 @@ def short_horizon(d, seed=0):
                 T=T)
 
 
-#: methods timed on the paper workload ("rosenbrock": gp.solve's RODAS4, gaussian_pde.integrate._batch)
+#: methods timed on the paper workload ("rosenbrock": gp.solve's RODAS4P2, gaussian_pde.integrate._batch)
 PAPER_METHODS = ("DOP853", "RK45", "LSODA", "rosenbrock")
 #: the work-precision grid searched for every method
 RTOLS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)

@@ -75,7 +75,7 @@ FIELDS = [
 
 LOOPS = [
     Box("nb", "compiled batch loop",
-        ("integrate/_compiled_batch.py", "DOP853, RODAS4: Numba"),
+        ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba"),
         ("gaussian_pde/integrate/_compiled_batch.py",)),
     Box("ev", "event loop",
         ("integrate_system: _solve.py,", "_scipy_loop.py, _stiffness.py,", "_fused.py",
@@ -91,11 +91,11 @@ LOOPS = [
 ]
 
 SHARED = Box("shared", "shared below the loops",
-             ("integrate/_tableaux.py: the DOP853 and RODAS4 coefficients (compiled batch "
+             ("integrate/_tableaux.py: the DOP853 and Rosenbrock coefficients (compiled batch "
               "loop, log-time RODAS4, stiffness test)",
               "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
               "loop, event loop, particles)",
-              "_common/lu.py: the LU of the compiled RODAS4 stages (compiled batch loop, "
+              "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop, "
               "_certified_compiled.py)"),
              ("gaussian_pde/integrate/_tableaux.py", "gaussian_pde/integrate/_events.py",
               "gaussian_pde/_common/lu.py"))

@@ -26,7 +26,9 @@ module as plain Python, and wraps it in a :class:`HeadKernel`:
     the pieces of its closed-form Jacobian, where :math:`dM[d\Sigma] = A\,d\Sigma\,C`
     (:func:`gaussian_pde.integrate._field.analytic_jacobian`) and, with the mean,
     :math:`\partial\alpha'/\partial\alpha = N`, ``r`` the vector of the mean rows below;
-    False where the closed form does not hold.
+    False where the closed form does not hold. A head whose field matrix depends on
+    the second moment :math:`P = ZZ^T = \Sigma + \alpha\alpha^T` (``second_moment``:
+    :math:`Z' = M(P)Z`, no offset, :math:`dM[dP] = A\,dP\,C`) gives ``A, C, M`` alone.
 
 The functions a body calls are marked by :func:`compiled_later` (plain Python until a
 field is first compiled, so the tests also run them uncompiled). This module makes the
@@ -36,7 +38,9 @@ kernels from templates (copies of its functions calling the heads' compiled func
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
 :math:`\partial\alpha'_i/\partial L_{ab} = A_{ia}(L^Tr)_b + (AL)_{ib}r_a`,
-:math:`\partial\alpha'/\partial\alpha = N`.
+:math:`\partial\alpha'/\partial\alpha = N`; for a ``second_moment`` head, over the
+whole state, :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{ib}(CZ)_{aj}`
+(:func:`assemble_second_moment`).
 
 **The packed vectors.** One head: ``[1, size, k, data...]`` (``size`` entries of
 data; the first 0 for a head of a sum, whose Jacobian is added), its kernels the body
@@ -205,7 +209,7 @@ def _inlined(fn):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HeadKernel:
-    """The compiled field of one kind of head: its ``body``, and its Jacobian's ``parts``.
+    r"""The compiled field of one kind of head: its ``body``, and its Jacobian's ``parts``.
 
     Parameters
     ----------
@@ -214,12 +218,18 @@ class HeadKernel:
     parts : function or None
         ``parts(data, k, d, m, Z, A, C, M, N, r) -> bool``, marked by
         :func:`compiled_later`; None: no closed-form Jacobian.
+    second_moment : bool
+        Whether the field is :math:`Z' = M(P)Z` with :math:`P = ZZ^T` (the mean's
+        column included, no offset): its Jacobian is assembled over the whole state
+        (:func:`assemble_second_moment`), not as :math:`[M(\Sigma)L \mid b + M\alpha]`
+        (:func:`assemble`).
 
     A type of this package creates one at import; :func:`kernels` compiles those.
     """
 
     body: object
     parts: object = None
+    second_moment: bool = False
 
     def __post_init__(self):
         _HEAD_KERNELS.append(self)
@@ -236,6 +246,14 @@ class HeadKernel:
     @property
     def exact(self):
         return self.parts is not None
+
+    @property
+    def assembly(self):
+        """The function that assembles the Jacobian from the parts (``assemble`` in :func:`_head_jac`).
+
+        Compiled, or plain Python while the marked functions are.
+        """
+        return assemble_second_moment if self.second_moment else assemble
 
     def name(self):
         return ",".join(f"{fn.__module__}.{fn.__qualname__}"
@@ -533,29 +551,41 @@ def spread_ok(Z, d):
 
 
 @compiled_later(counted=True)
+def add_factor_rows(A, C, M, X, m, J):
+    r"""Add :math:`M_{ia}\delta_{jb} + A_{ia}(X^TB)_{bj} + (AX)_{ib}B_{aj}`, :math:`B = CX`, to ``J``.
+
+    ``X`` is ``d x q``: the rows ``i m + j`` and columns ``a m + b`` of ``J`` with
+    ``j, b < q`` (state rows of ``m``). Returns :math:`AX`.
+    """
+    d, q = X.shape
+    B = np.empty((d, q))
+    XtB = np.empty((q, q))
+    AX = np.empty((d, q))
+    Xt = np.ascontiguousarray(X.T)
+    mm(C, X, B)
+    mm(Xt, B, XtB)
+    mm(A, X, AX)
+    for i in range(d):
+        for j in range(q):
+            row = i * m + j
+            for a in range(d):
+                for b in range(q):
+                    J[row, a * m + b] += A[i, a] * XtB[b, j] + AX[i, b] * B[a, j]
+                J[row, a * m + j] += M[i, a]
+    return AX
+
+
+@compiled_later(counted=True)
 def assemble(A, C, M, N, r, Z, d, m, J):
     r"""Add the Jacobian of one head with parts ``A, C, M, N, r`` at ``Z`` to ``J``.
 
     :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
-    :math:`B = CL`; with the mean (``m = d + 1``)
+    :math:`B = CL` (:func:`add_factor_rows`); with the mean (``m = d + 1``)
     :math:`\partial\alpha'_i/\partial L_{ab} \mathrel{+}= A_{ia}(L^Tr)_b + (AL)_{ib}r_a` and
     :math:`\partial\alpha'/\partial\alpha \mathrel{+}= N`.
     """
-    B = np.empty((d, d))
-    LtB = np.empty((d, d))
-    AL = np.empty((d, d))
     L = np.ascontiguousarray(Z[:, :d])
-    Lt = np.ascontiguousarray(L.T)
-    mm(C, L, B)
-    mm(Lt, B, LtB)
-    mm(A, L, AL)
-    for i in range(d):
-        for j in range(d):
-            row = i * m + j
-            for a in range(d):
-                for b in range(d):
-                    J[row, a * m + b] += A[i, a] * LtB[b, j] + AL[i, b] * B[a, j]
-                J[row, a * m + j] += M[i, a]
+    AL = add_factor_rows(A, C, M, L, m, J)
     if m > d:
         Ltr = np.empty(d)
         for b in range(d):
@@ -569,6 +599,19 @@ def assemble(A, C, M, N, r, Z, d, m, J):
                 for b in range(d):
                     J[row, a * m + b] += A[i, a] * Ltr[b] + AL[i, b] * r[a]
                 J[row, a * m + d] += N[i, a]
+
+
+@compiled_later(counted=True)
+def assemble_second_moment(A, C, M, N, r, Z, d, m, J):
+    r"""Add the Jacobian of one head with field :math:`Z' = M(P)Z`, :math:`P = ZZ^T`, to ``J``.
+
+    With :math:`dM[dP] = A\,dP\,C` and :math:`dP = dZ\,Z^T + Z\,dZ^T`,
+    :math:`dZ' = M\,dZ + A\,dZ\,(Z^TCZ) + (AZ)\,dZ^T(CZ)`, so over all ``m`` columns
+    :math:`J_{ij,ab} \mathrel{+}= M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{ib}(CZ)_{aj}`
+    (:func:`add_factor_rows` with ``X = Z``): the factor rows depend on the mean too.
+    ``N`` and ``r`` are not read.
+    """
+    add_factor_rows(A, C, M, np.ascontiguousarray(Z), m, J)
 
 
 def head_ws(k, d):
@@ -722,8 +765,9 @@ def _head_kernels(head):
     """``(rhs, jac)`` of one head of kernel ``head`` (a :class:`HeadKernel`).
 
     Its pack is ``[1, size, k, data...]``. Copies of :func:`_head_rhs` and
-    :func:`_head_jac` with the body and the parts inlined, cached on disk under names
-    with :func:`_digest`.
+    :func:`_head_jac` with the body and the parts inlined (and the head's
+    :attr:`HeadKernel.assembly` as ``assemble``), cached on disk under names with
+    :func:`_digest`.
     """
     from numba import njit
 
@@ -735,7 +779,7 @@ def _head_kernels(head):
     if not head.exact:
         return rhs, _no_jacobian_kernel()
     jac = njit(jac_sig, **_OPTS)(_instance(_head_jac, f"head_jac_{key}",
-                                           _parts=_inlined(head.parts)))
+                                           _parts=_inlined(head.parts), assemble=head.assembly))
     return rhs, jac
 
 

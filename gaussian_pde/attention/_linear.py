@@ -176,5 +176,30 @@ def _field(data, k, d, m, y, out, ws):
             out[i * m + j] = acc
 
 
-#: the compiled field of a linear head (no closed-form Jacobian: differences)
-FIELD = cf.HeadKernel(_field)
+@cf.compiled_later(inline=True, counted=True)
+def _parts(data, k, d, m, Z, A, C, M, N, r):
+    r"""The Jacobian's parts (:mod:`._compiled_fields`) of :func:`_field`.
+
+    The field is :math:`Z' = M(P)Z` with :math:`M(P) = cVPK^TQ` and :math:`P = ZZ^T`
+    (the mean's column included): :math:`A = cV`, :math:`C = K^TQ`, :math:`M = APC`,
+    assembled over the whole state
+    (:func:`~gaussian_pde.attention._compiled_fields.assemble_second_moment`),
+    :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{ib}(CZ)_{aj}`.
+    ``N`` and ``r`` are not used.
+    """
+    W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
+    Kt = np.ascontiguousarray(W[d:d + k].T)
+    Q = W[d + k:d + 2 * k]
+    cf.copy2(A, W[:d])
+    cf.mm(Kt, Q, C)
+    Zc = np.ascontiguousarray(Z)
+    P = np.empty((d, d))
+    cf.mm(Zc, np.ascontiguousarray(Zc.T), P)
+    T1 = np.empty((d, d))
+    cf.mm(A, P, T1)
+    cf.mm(T1, C, M)
+    return True
+
+
+#: the compiled field of a linear head
+FIELD = cf.HeadKernel(_field, _parts, second_moment=True)

@@ -10,7 +10,7 @@ Below the drivers, one module per concept, with no import back up:
 * ``_scipy_loop``: the event loop's step loops (SciPy's solver classes, Hairer's Fortran
   codes), ``_stiffness``: its ``"auto"``, DOP853 with Hairer's stiffness test and the
   stiff solver it continues with;
-* ``_tableaux``: the DOP853 and RODAS4 coefficients and the step-size rule, written once
+* ``_tableaux``: the DOP853, RODAS4 and RODAS4P2 coefficients and the step-size rule, written once
   for every loop;
 * ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
   the closure solvers run too) and :func:`solve_batch` (its input, and the runs of the
@@ -40,9 +40,9 @@ from ._options import METHODS, run_options, validate_method
 from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
-from ._tableaux import RODAS4
+from ._tableaux import RODAS4, RODAS4P2
 
-__all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "Status", "blowup_time",
+__all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "RODAS4P2", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",

@@ -10,7 +10,7 @@ for a stack of ``B`` trajectories by the compiled integrator
 parallel over them). Every trajectory has its own time, step size and step control (the
 Dormand-Prince 8(5,3) pair of :func:`scipy.integrate.solve_ivp`'s ``DOP853``, with the
 same error norm and step-size rule, or, where it is stiff, the L-stable Rosenbrock method
-RODAS4: ``method="auto"`` switches per trajectory), its own events (blow-up with a time
+RODAS4P2: ``method="auto"`` switches per trajectory), its own events (blow-up with a time
 estimate, steady state, rank collapse, the definitions of :mod:`._events` that
 :func:`gaussian_pde.solve` shares) and its own status, so a trajectory that blows up
 early costs nothing afterwards.
@@ -70,7 +70,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         when ``steady_tol`` is given or ``steady_atol`` is positive (``steady_tol=None``
         with ``steady_atol > 0`` stops at :math:`\|\Sigma'\|_F \le` ``steady_atol``, the
         paper's criterion). ``max_nfev`` counts every evaluation of the field, the
-        Jacobian's included (a DOP853 step costs 12; a RODAS4 step 6, plus 1 for a new
+        Jacobian's included (a DOP853 step costs 12; a RODAS4P2 step 6, plus 1 for a new
         closed-form Jacobian or :math:`2n` for central differences, :math:`n` the size of
         the state, :math:`d^2` or :math:`d(d + 1)` with the mean).
     mean0s : array_like, shape (B, d), optional
@@ -86,10 +86,12 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         longer has, is refused with a ``ValueError``.
     method : {"auto", "DOP853", "rosenbrock"}
         ``"DOP853"``: explicit Dormand-Prince 8(5,3) steps. ``"rosenbrock"``: the
-        L-stable, stiffly accurate linearly implicit RODAS4 (Hairer and Wanner 1996) with
+        L-stable, stiffly accurate linearly implicit RODAS4P2 (Steinebach 2020) with
         its embedded order-3 estimate. ``"auto"`` (default): every trajectory starts with
-        DOP853 and switches for good to RODAS4 once Hairer's stiffness test
-        (:math:`h|\lambda| > 6.1` on 15 accepted steps) finds it stiff, so short and
+        DOP853 and switches for good to RODAS4P2 once Hairer's stiffness test
+        (:math:`h|\lambda| > 6.1` on 15 accepted steps) finds it stiff, or, where the
+        Jacobian has a closed form, once 75 of a block of 100 accepted steps have
+        :math:`h|\lambda| \ge 2` (DOP853 crawling at its stability limit), so short and
         non-stiff runs take exactly the DOP853 steps and the stiff tail of a slow
         convergence (K = -Q: the covariance approaches a rank-deficient limit like
         :math:`1/t` while the surviving directions relax fast, and explicit steps are
@@ -114,7 +116,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     trajectory follows the steps of :func:`scipy.integrate.solve_ivp`'s ``DOP853`` on the
     factor, and those of ``solve(..., method="DOP853")``, up to rounding.
 
-    A RODAS4 step solves, for :math:`W = I/(\gamma h) - J` (:math:`\gamma = 1/4`),
+    A RODAS4P2 step solves, for :math:`W = I/(\gamma h) - J` (:math:`\gamma = 1/4`),
 
     .. math::
 
@@ -122,9 +124,14 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
         \qquad i = 1, \dots, 6,
 
     with :math:`y_{n+1} = y + \sum_j a_{6j} U_j + U_6` and error estimate :math:`U_6`
-    (coefficients and the order-3 dense output of Hairer's ``rodas.f``; E. Hairer and
-    G. Wanner, *Solving Ordinary Differential Equations II*, 2nd ed., Springer 1996,
-    section IV.7; :data:`gaussian_pde.integrate.RODAS4`). :math:`J` is the Jacobian of
+    (the form and the step of Hairer's ``rodas.f``, E. Hairer and G. Wanner, *Solving
+    Ordinary Differential Equations II*, 2nd ed., Springer 1996, section IV.7, with
+    Steinebach's coefficients and order-3 dense output: G. Steinebach, "Improvement of
+    Rosenbrock-Wanner method RODASP", *Progress in Differential-Algebraic Equations II*,
+    Springer 2020; :data:`gaussian_pde.integrate.RODAS4P2`). On very stiff runs
+    RODAS4's local error falls off with a low power of :math:`h` (order reduction) and
+    its steps shrink many times below Radau's; RODAS4P2 satisfies further conditions
+    against it. :math:`J` is the Jacobian of
     the field at the step's start: the compiled field's closed form where it has one and
     it holds, column-scaled central differences otherwise; it is recomputed only after an
     accepted step. :math:`W` is factored by LU with partial pivoting. The step-size rule

@@ -7,8 +7,9 @@ slice of the rows); each trajectory takes
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
   :mod:`gaussian_pde.integrate._tableaux`), Hairer's stiffness test
-  (:math:`h|\lambda| > 6.1` on 15 accepted steps) and, with ``method="auto"``, the
-  switch for good to RODAS4 (the same coefficients, the Jacobian from the field's
+  (:math:`h|\lambda| > 6.1` on 15 accepted steps) and a second one for DOP853 crawling
+  at its stability limit (:func:`_crawl_counts`) and, with ``method="auto"``, the
+  switch for good to RODAS4P2 (the same coefficients, the Jacobian from the field's
   closed form where it holds, column-scaled central differences otherwise; the
   :math:`n \times n` matrix :math:`I/(\gamma h) - J` by LU with partial pivoting);
 * the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
@@ -19,7 +20,7 @@ slice of the rows); each trajectory takes
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
   (:mod:`gaussian_pde.integrate._factor_rotation`);
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
-  a step that needs it; RODAS4's order-3 continuous extension): the covariance (and
+  a step that needs it; RODAS4P2's order-3 continuous extension): the covariance (and
   mean) of a batch, the state of a single trajectory, which also records every step
   end without ``t_eval`` and keeps where the trace passed each blow-up threshold
   (located on the dense output to rounding at every blow-up look).
@@ -65,7 +66,7 @@ FULL = 10
 
 # a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
 #: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
-#: ended on RODAS4 (0 or 1)
+#: ended on RODAS4P2 (0 or 1)
 I_CODE, I_NFEV, I_NSTEPS, I_IMPLICIT = range(4)
 I_SIZE = 4
 #: ``fres``: the time the run stopped at and the blow-up time (NaN: none)
@@ -77,7 +78,7 @@ F_T_STOP, F_T_NEXT = 2, 3
 #: ``(s0, s1)`` to confirm, and whether t* is finite (1.0 or 0.0); written over by the
 #: stop's slots above, which share their places (a run that stops needs no next look)
 F_TSTAR, F_T_LOOK, F_LIMIT, F_S0, F_S1, F_FINITE = range(2, 8)
-#: the time from which RODAS4 took the steps (``method="auto"``; NaN: never)
+#: the time from which RODAS4P2 took the steps (``method="auto"``; NaN: never)
 F_STIFF_FROM = 8
 F_SIZE = 9
 #: a single trajectory (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up
@@ -118,7 +119,7 @@ class CoreOptions(typing.NamedTuple):
     max_nfev : int
         The budget of right-hand-side evaluations (negative: none).
     method : int
-        0 ``"auto"`` (DOP853, RODAS4 once stiff), 1 DOP853, 2 RODAS4.
+        0 ``"auto"`` (DOP853, RODAS4P2 once stiff), 1 DOP853, 2 RODAS4P2.
     steady_on : bool
         Whether the steady-state event is on.
     ws_size : int
@@ -179,6 +180,9 @@ _BISECT_FINE = 64
 #: :func:`_combine` runs along the rows of ``K`` from this state size on
 _ROWS_FROM = 16
 _STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
+#: the second stiffness test (:func:`_crawl_counts`): at least ``_CRAWL_STEPS`` of a block
+#: of ``_CRAWL_BLOCK`` accepted explicit steps with :math:`h|\lambda| \ge` ``_CRAWL_HLAMB``
+_CRAWL_HLAMB, _CRAWL_STEPS, _CRAWL_BLOCK = 2.0, 75, 100
 
 
 # ----------------------------------------------------------------------------------------
@@ -425,7 +429,7 @@ def _dop_eval(F, y, x, out):
 
 
 def _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, rr, ws, atol, rtol):
-    """One RODAS4 step with the Jacobian ``J``; returns the error norm (inf: reject)."""
+    """One RODAS4P2 step with the Jacobian ``J``; returns the error norm (inf: reject)."""
     n = y.size
     top = 0.0
     for v in y:
@@ -695,10 +699,10 @@ def _attempt(rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, y
              ws, atol, rtol):
     r"""One attempted step of size ``h`` from ``y`` (``f = f(y)``) with the current method.
 
-    RODAS4 (``imp``; the Jacobian evaluated first unless ``fresh``) or DOP853 (the
+    RODAS4P2 (``imp``; the Jacobian evaluated first unless ``fresh``) or DOP853 (the
     stages in ``K``, ``Kx`` as scratch). Returns ``(err, hlamb, nfev, err_exp,
     max_factor, fresh)``: the error norm (inf: reject), Hairer's :math:`h|\lambda|`
-    (0 for RODAS4), the evaluations spent, the step-size rule's exponent and largest
+    (0 for RODAS4P2), the evaluations spent, the step-size rule's exponent and largest
     factor, and whether ``J`` is the Jacobian at ``y``.
     """
     jacobian, dop_attempt = _at(fns, JACOBIAN), _at(fns, DOP_ATTEMPT)
@@ -751,6 +755,29 @@ def _stiffness_counts(acc, hlamb, iasti, nonsti):
     if nonsti >= _NONSTIFF_RESET:
         iasti = 0
     return iasti, nonsti
+
+
+def _crawl_counts(acc, hlamb, block, crawl):
+    r"""The second stiffness test after an explicit step: ``(block, crawl, fired)``.
+
+    DOP853 can crawl at its stability limit while the estimate of Hairer's test stays
+    below 6.1 (:math:`h|\lambda|` of 1.5 to 3.3 on thousands of steps, where the stiff
+    eigenvalue is :math:`10^5` times the growth rate). Accepted steps are counted in
+    blocks of ``_CRAWL_BLOCK``; the test fires at the end of a block with at least
+    ``_CRAWL_STEPS`` steps of :math:`h|\lambda| \ge` ``_CRAWL_HLAMB``. It switches only
+    where the field's Jacobian has a closed form there (:func:`_steps`): with central
+    differences a Rosenbrock step costs :math:`2n + 6` evaluations, more than such
+    crawling saves.
+    """
+    fired = False
+    if acc:
+        block += 1
+        if hlamb >= _CRAWL_HLAMB:
+            crawl += 1
+        if block >= _CRAWL_BLOCK:
+            fired = crawl >= _CRAWL_STEPS
+            block, crawl = 0, 0
+    return block, crawl, fired
 
 
 def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, mean_out,
@@ -807,6 +834,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     limit, susp, s0, s1 = opt.blowup_threshold, np.bool_(False), np.nan, np.nan
     rejected, fresh = False, np.bool_(False)
     iasti, nonsti, nsteps = 0, 0, np.int64(0)
+    block, crawl = 0, 0
     code = -1
     while code < 0:
         min_step = 10 * abs(np.nextafter(tau, np.inf) - tau)
@@ -835,9 +863,17 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
                 break
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
-            if iasti >= _STIFF_STEPS:    # RODAS4 from here on, for good
+            block, crawl, crawling = _crawl_counts(acc, hlamb, block, crawl)
+            if iasti >= _STIFF_STEPS:    # Rosenbrock steps from here on, for good
                 imp = True
                 fresh = False
+                fres[F_STIFF_FROM] = t
+            elif crawling and jac(P, d, m, y, J, ws):
+                # the second test, where the closed form holds: its Jacobian at y is the
+                # first Rosenbrock step's
+                imp = True
+                fresh = True
+                nfev += 1
                 fres[F_STIFF_FROM] = t
         if max_nfev >= 0 and nfev > max_nfev:
             code, fres[F_T], fres[F_T_STOP] = NFEV, t, t
@@ -1044,7 +1080,7 @@ def _scratch_sizes(n, opt):
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts")
+            "_stiffness_counts", "_crawl_counts")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
@@ -1060,7 +1096,7 @@ _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
-            "_stiffness_counts")
+            "_stiffness_counts", "_crawl_counts")
 
 
 def _at(fns, which):
@@ -1366,14 +1402,14 @@ class Trajectory:
     y_rec: np.ndarray      # and states, (T, n)
     t_blowup: float | None
     crossings: np.ndarray  # the times where the trace passed a blow-up threshold
-    stiff_from: float | None   # where RODAS4 took over (``method="auto"``), or None
+    stiff_from: float | None   # where RODAS4P2 took over (``method="auto"``), or None
 
 
 def record_rows(opts, n):
     """Rows :func:`integrate_one` first allots to the record of a run's states.
 
     With ``t_eval``, its times. Otherwise every step end: an accepted step costs at
-    least 7 evaluations (RODAS4: a closed-form Jacobian, 5 stages and the rate at the
+    least 7 evaluations (RODAS4P2: a closed-form Jacobian, 5 stages and the rate at the
     step end; DOP853 12), so a run within ``max_nfev`` records at most
     ``max_nfev // 7 + 3`` states (the initial one and the step that spends the budget
     among them); at most :data:`RECORD_BYTES` of them, or that without a budget

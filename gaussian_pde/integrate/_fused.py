@@ -174,8 +174,9 @@ def moment_jacobian(attention, with_mean):
     :math:`\partial L'_{ij}/\partial L_{ab} = M_{ia}\delta_{jb} + A_{ia}(B^TL)_{jb} +
     U_{ib}B_{aj}`, the mean rows :math:`\partial\alpha'_i/\partial L_{ab} =
     A_{ia}(L^Tr)_b + U_{ib}r_a` and :math:`\partial\alpha'/\partial\alpha = N`;
-    :math:`\partial L'/\partial\alpha = 0`. At a state where the kernel has no closed
-    form (it returns False: an L2 head past
+    :math:`\partial L'/\partial\alpha = 0`; for a head whose field matrix depends on the
+    second moment (linear attention) the whole state's rows, docs/math.md (3.16). At a
+    state where the kernel has no closed form (it returns False: an L2 head past
     :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite
     state), column-scaled central differences of the same field
     (:func:`~gaussian_pde.integrate._differences.central_jacobian`). ``None`` where the

@@ -125,7 +125,7 @@ class BatchSolution:
         Calls of the compiled integrator for the whole batch: 1, or one for every pair
         of kernels among the attentions' compiled fields.
     implicit : ndarray of bool, shape (B,)
-        Where the trajectory ended on Rosenbrock (RODAS4) steps: every trajectory with
+        Where the trajectory ended on Rosenbrock (RODAS4P2) steps: every trajectory with
         ``method="rosenbrock"``, those found stiff with ``method="auto"``.
     mean : ndarray, shape (B, T, d), or None
         Means at ``t`` (NaN after a trajectory stopped); ``None`` without ``mean0s``.

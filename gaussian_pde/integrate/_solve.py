@@ -23,7 +23,7 @@ The default ``"auto"``, where the attention has a compiled field (and without us
 ``events`` or ``first_step``), runs the compiled engine of :func:`~gaussian_pde.solve_batch`
 on the one trajectory (:func:`_solve_compiled`,
 :func:`gaussian_pde.integrate._compiled_batch.integrate_one`): DOP853 steps with Hairer's
-stiffness test, RODAS4 for good once it fires, the events above, the evaluation budget
+stiffness test, RODAS4P2 for good once it fires, the events above, the evaluation budget
 and overflow, all located and worded by the engine, the same steps and verdicts as
 ``solve_batch``'s. Every other run takes the event loop :func:`integrate_system` over
 :mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a lean loop, or
@@ -524,7 +524,7 @@ def _solve_compiled(system, y0, opts):
 
     The engine (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
     trajectory of :func:`~gaussian_pde.solve_batch`'s ``"auto"``) runs the whole
-    trajectory: DOP853 steps with Hairer's stiffness test, RODAS4 for good once it fires
+    trajectory: DOP853 steps with Hairer's stiffness test, RODAS4P2 for good once it fires
     (``Run.stiff_from``), the blow-up looks, steady state, rank collapse, the budget,
     overflow, with the statuses and messages of ``solve_batch``. Applies where the
     attention has a compiled field, without user events or ``first_step``.
@@ -550,7 +550,7 @@ def _solve_compiled(system, y0, opts):
         t_events[str(out.status)] = np.array([out.t])
     message = out.message
     if out.stiff_from is not None:
-        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4"
+        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4P2"
     # past a blow-up look the clock runs from there: near t* its steps can fall below
     # the rounding of t itself, and a stored time repeats
     t, y = _strictly_increasing(out.t_rec, out.y_rec)
@@ -616,10 +616,12 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
         ``"auto"`` (default): DOP853 steps with Hairer's stiffness test after every
-        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires, RODAS4
+        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires (or, where
+        the Jacobian has a closed form, once DOP853 crawls at its stability limit: 75
+        of a block of 100 accepted steps with :math:`h|\lambda| \ge 2`), RODAS4P2
         (L-stable, order 4) takes the steps to the end, with the closed-form Jacobian of
         the field where the type has one and central differences otherwise; the
-        ``message`` then ends with ``"; stiff from t = ... on: RODAS4"``. Where the
+        ``message`` then ends with ``"; stiff from t = ... on: RODAS4P2"``. Where the
         attention has a compiled field and neither user ``events`` nor ``first_step``
         are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
         trajectory, in the same compiled engine: the same steps, events, verdicts,
@@ -639,7 +641,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         (``scipy.integrate.DOP853``) to always step in Python. ``"LSODA"``, ``"Radau"``
         and ``"BDF"`` get the exact Jacobian for softmax and L2 heads in
         covariance-only mode. Or ``"rosenbrock"``: the
-        L-stable linearly implicit RODAS4 of :func:`gaussian_pde.integrate._batch.solve_batch`
+        L-stable linearly implicit RODAS4P2 of :func:`gaussian_pde.integrate._batch.solve_batch`
         (one trajectory), for stiff runs to a
         steady state; covariance only (``mean0=None``), without user ``events`` or
         ``first_step``; ``t`` holds ``t_eval`` (up to the stop) or, without it, the
@@ -763,7 +765,7 @@ def _exact_means(generator, mean0, run, t0, message):
 def _solve_rosenbrock(attention, mean0, cov0, t_span, *, t_eval, rtol, atol, blowup_threshold,
                       steady_tol, steady_atol, rank_tol, events, max_step, first_step,
                       max_nfev):
-    """``solve(..., method="rosenbrock")``: one trajectory of the batched RODAS4."""
+    """``solve(..., method="rosenbrock")``: one trajectory of the batched RODAS4P2."""
     if mean0 is not None:
         raise ValueError("`method='rosenbrock'` integrates the covariance only: pass "
                          "`mean0=None` (the covariance equation does not involve the mean), "

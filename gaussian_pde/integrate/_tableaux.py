@@ -12,6 +12,13 @@ r"""The coefficients of the package's two step methods, written once.
   G. Wanner, *Solving Ordinary Differential Equations II*, 2nd ed., Springer 1996, section
   IV.7; the numbers are those that the coefficient subroutine of their code ``rodas.f`` sets
   for ``METH = 1``).
+* :data:`RODAS4P2`: Steinebach's L-stable, stiffly accurate Rosenbrock method of order 4
+  (embedded order 3, continuous extension of order 3), the improvement of Rodas4P that
+  satisfies further conditions against order reduction on very stiff problems
+  (G. Steinebach, "Improvement of Rosenbrock-Wanner method RODASP", in *Progress in
+  Differential-Algebraic Equations II*, Springer 2020, pp. 165-184; the digits as the
+  Julia package OrdinaryDiffEq.jl tabulates them, in the form of ``rodas.f``). The
+  compiled engine's stiff steps are this method's.
 
 With them, the constants of the step-size rule that both methods share (:data:`SAFETY`,
 :data:`MIN_FACTOR`). The order conditions of both tableaux are checked in
@@ -24,7 +31,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["DOP853", "RODAS4", "ExplicitPair", "RosenbrockTableau", "SAFETY", "MIN_FACTOR"]
+__all__ = ["DOP853", "RODAS4", "RODAS4P2", "ExplicitPair", "RosenbrockTableau", "SAFETY", "MIN_FACTOR"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,19 +295,44 @@ def _rodas4():
     return RosenbrockTableau(a=a, b=b, c=c, gamma=0.25, h=h)
 
 
+def _rodas4p2():
+    """RODAS4P2's arrays (module docstring), in RODAS4's form: stage 6 at stage 5 + ``U_5``."""
+    a = np.zeros((6, 6))
+    a[1, 0] = 3.0
+    a[2, :2] = [0.906377755268814, -0.189707390391685]
+    a[3, :3] = [3.758617027739064, 1.161741776019525, -0.849258085312803]
+    a[4, :4] = [7.089566927282776, 4.573591406461604, -8.423496976860259, -0.959280113459775]
+    a[5, :5] = [*a[4, :4], 1.0]
+    b = np.array([*a[5, :5], 1.0])       # stiffly accurate; U_6 the error estimate
+    c = np.zeros((6, 6))
+    c[1, 0] = -12.0
+    c[2, :2] = [-6.354581592719008, 0.338972550544623]
+    c[3, :3] = [-8.575016317114033, -7.606483992117508, 12.22499765012482]
+    c[4, :4] = [-5.888975457523102, -8.157396617841821, 24.805546872612922, 12.790401512796979]
+    c[5, :5] = [-4.408651676063871, -6.692003137674639, 24.625568527593117, 16.627521966636085,
+                -5.714285714285718]
+    h = np.array([[-5.323528268423303, -10.042123754867493, 17.175254928256965,
+                   -5.079931171878093, -0.016185991706112, 0.0],
+                  [6.984505741529879, 6.914061169603662, -0.849178943070653, 18.104410789349338,
+                   -3.516963011559032, 0.0]])
+    return RosenbrockTableau(a=a, b=b, c=c, gamma=0.25, h=h)
+
+
 #: the Dormand-Prince 8(5,3) pair, for every DOP853 loop of the package
 DOP853 = _dop853()
-#: the RODAS4 coefficients (Hairer-Wanner form), for every Rosenbrock loop of the package
+#: the RODAS4 coefficients (Hairer-Wanner form): the certified limit's log-time loop
 RODAS4 = _rodas4()
+#: the RODAS4P2 coefficients (Hairer-Wanner form): the compiled engine's stiff steps
+RODAS4P2 = _rodas4p2()
 
-#: RODAS4's arrays under the names the compiled loop reads (``W = I/(gamma h) - J``,
+#: RODAS4P2's arrays under the names the compiled engine reads (``W = I/(gamma h) - J``,
 #: ``W U_i = f(y + sum_j a_ij U_j) + sum_j (c_ij/h) U_j``, ``y_1 = y + sum_j b_j U_j``, the
 #: error estimate ``U_6``; ``_RH``: the continuous extension)
-_RA, _RB, _RC, _RGAMMA, _RH = RODAS4.a, RODAS4.b, RODAS4.c, RODAS4.gamma, RODAS4.h
+_RA, _RB, _RC, _RGAMMA, _RH = RODAS4P2.a, RODAS4P2.b, RODAS4P2.c, RODAS4P2.gamma, RODAS4P2.h
 
 #: the step-size rule of both methods (SciPy's DOP853 values): a new step is
 #: ``h min(f_max, SAFETY err^e)`` after an accepted step and ``h max(MIN_FACTOR, SAFETY err^e)``
 #: after a rejected one, ``e`` the method's error exponent
 SAFETY, MIN_FACTOR = 0.9, 0.2
-#: a RODAS4 stage state this many times larger than the step's start rejects the step outright
+#: a Rosenbrock stage state this many times larger than the step's start rejects the step outright
 _WILD = 1e6

@@ -92,7 +92,7 @@ _HIST_HORIZON = 1e8
 #: ends undecided, never guessed). The integrator is solve_batch's default
 #: method="auto": DOP853 until a trajectory turns stiff (the V = G^T G cases approach
 #: their rank-deficient limit like 1/t while the surviving directions relax fast), then
-#: the L-stable Rosenbrock method RODAS4, whose steps are not stability-limited: every
+#: the L-stable Rosenbrock method RODAS4P2, whose steps are not stability-limited: every
 #: histogram trajectory reaches t = 1e8 well within the cap.
 _MAX_NFEV = 100_000
 #: tolerance of the histogram runs. The classification at t = 1e8 thresholds eigenvalues

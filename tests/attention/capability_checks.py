@@ -202,11 +202,18 @@ def check_jacobian(att, rng):
     d = att.d
     mean, _, L = gaussian_state(d, rng)
     if att.field_sees_mean:
-        # no covariance-only field to differentiate: the factor rows at a fixed mean
-        assert not att.exact_jacobian
-        field = _event_loop_field(att, True)
-        J_fd = _fd_jacobian(lambda X: field(np.hstack([X, mean[:, None]]))[:, :d], L)
+        # no covariance-only field to differentiate: the whole state [L | mean]
+        from gaussian_pde.integrate._differences import central_jacobian
+        from gaussian_pde.integrate._fused import moment_jacobian
+
+        Z = np.column_stack([L, mean])
+        J_fd = central_jacobian(_event_loop_field(att, True), Z)
         assert np.all(np.isfinite(J_fd))
+        jac = moment_jacobian(att, True)
+        assert (jac is not None) == att.exact_jacobian, att.name
+        if jac is not None:
+            np.testing.assert_allclose(jac(0.0, Z.ravel()), J_fd, rtol=0,
+                                       atol=1e-7 * np.abs(J_fd).max(), err_msg=att.name)
         return
     kernel = att.factor_rhs
     J_fd = _fd_jacobian(kernel, L)

@@ -2,8 +2,6 @@
 parts, and the shared templates that sum heads, as plain Python against the NumPy hooks
 (``factor_rhs``, ``moment_rhs``) and central differences."""
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -21,23 +19,12 @@ def _package_heads():
             and gp.ATTENTIONS[name].example(2, 0).compiled_field().heads]
 
 
-@pytest.fixture
-def uncompiled(monkeypatch):
-    """A call that binds every function marked by ``compiled_later`` back to plain Python
-    for the rest of the test (after the test has made its compiled fields)."""
-    def plain():
-        for fn in cf._MARKED:
-            namespace = sys.modules[fn.__module__].__dict__
-            if namespace.get(fn.__name__) is cf._DISPATCHERS.get(fn, fn):
-                monkeypatch.setitem(namespace, fn.__name__, fn)
-    return plain
-
-
 def _python_head(head):
     """A head's kernels, :func:`cf._head_rhs` and :func:`cf._head_jac` bound as plain
     Python (nothing compiled), its Jacobian assembled from its parts."""
     return (cf._instance(cf._head_rhs, "rhs", _body=head.body),
-            cf._instance(cf._head_jac, "jac", _parts=head.parts) if head.parts is not None
+            cf._instance(cf._head_jac, "jac", _parts=head.parts, assemble=head.assembly)
+            if head.parts is not None
             else cf._no_jacobian)
 
 

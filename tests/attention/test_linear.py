@@ -19,6 +19,8 @@ from numpy.polynomial.hermite_e import hermegauss
 import gaussian_pde as gp
 from gaussian_pde.cli._compare import compare_examples
 from gaussian_pde.cli._main_job import default_examples
+from gaussian_pde.integrate._differences import central_jacobian
+from tests.attention.test_compiled_fields import _python_head
 
 NAME = "linear"
 
@@ -250,6 +252,70 @@ def test_multihead_with_a_linear_head(cls, rng):
     np.testing.assert_allclose(bat.mean_final[0], sol.mean_final, rtol=1e-7, atol=1e-10)
     with pytest.raises(ValueError, match="`mean0` is required"):
         gp.solve(mh, None, cov, (0.0, 0.2))
+
+
+def _field_of(field, d, m):
+    """``Z -> Z'`` of a compiled field at the state layout ``d x m``."""
+    ws = np.zeros(field.ws_size)
+
+    def f(Z):
+        out = np.empty(d * m)
+        field.rhs(field.params, d, m, np.ascontiguousarray(Z).ravel(), out, ws)
+        return out.reshape(d, m)
+
+    return f
+
+
+def _jacobian_of(jac, field, Z):
+    """The closed-form Jacobian of ``field``'s kernel ``jac`` at ``Z`` (it must hold)."""
+    d, m = Z.shape
+    J = np.zeros((d * m, d * m))
+    assert jac(field.params, d, m, np.ascontiguousarray(Z).ravel(), J, np.zeros(field.ws_size))
+    return J
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5, 6])
+def test_closed_form_jacobian_against_central_differences(cls, rng, d, uncompiled):
+    r"""The compiled field's closed-form Jacobian of :math:`Z' = cVZZ^TK^TQZ`, over the
+    whole state (the factor rows depend on the mean: :math:`\partial L'/\partial\alpha
+    \neq 0`), against central differences of the compiled field, with the mean's column
+    (``m = d + 1``) and without (``m = d``: :math:`P = LL^T`); then the same source run
+    as plain Python (the head's parts, the shared assembly) gives the same matrices."""
+    k = 1 + d % 3
+    att = cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
+              rng.standard_normal((d, d)) / np.sqrt(d))
+    field = att.compiled_field()
+    assert field.exact_jacobian and att.exact_jacobian
+    states = [rng.standard_normal((d, d)) / 2,
+              np.column_stack([rng.standard_normal((d, d)) / 2, rng.standard_normal(d)])]
+    compiled = []
+    for Z in states:
+        J = _jacobian_of(field.jac, field, Z)
+        ref = central_jacobian(_field_of(field, d, Z.shape[1]), Z)
+        np.testing.assert_allclose(J, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
+        compiled.append(J)
+    m = d + 1                                    # the mean's columns of the factor rows
+    mean_cols = compiled[1].reshape(d, m, d, m)[:, :d, :, d]
+    assert np.abs(mean_cols).max() > 1e-3 * np.abs(compiled[1]).max()
+    uncompiled()
+    _, jac = _python_head(field.heads[0])
+    assert not hasattr(field.heads[0].parts, "py_func")
+    for Z, J in zip(states, compiled):
+        np.testing.assert_allclose(_jacobian_of(jac, field, Z), J, rtol=1e-12,
+                                   atol=1e-14 * np.abs(J).max())
+
+
+def test_closed_form_jacobian_of_a_sum_with_a_linear_head(cls, rng):
+    """A linear head summed with a softmax head: every head has a closed form, so the sum
+    has one, against central differences over ``[L | mean]``."""
+    d = 3
+    mh = gp.MultiHead([cls.example(d, rng), gp.Softmax.example(d, rng)])
+    field = mh.compiled_field()
+    assert field.exact_jacobian and mh.exact_jacobian
+    Z = np.column_stack([rng.standard_normal((d, d)) / 2, rng.standard_normal(d)])
+    ref = central_jacobian(_field_of(field, d, d + 1), Z)
+    np.testing.assert_allclose(_jacobian_of(field.jac, field, Z), ref, rtol=1e-6,
+                               atol=1e-7 * np.abs(ref).max())
 
 
 def test_closure_engine_quadrature_of_the_definition(cls, rng):

@@ -103,10 +103,10 @@ def test_batch_bad_input(rng):
 
 
 # ----------------------------------------------------------------------------------------
-# method="rosenbrock" (RODAS4) and method="auto" (per-trajectory switch)
+# method="rosenbrock" (RODAS4P2) and method="auto" (per-trajectory switch)
 # ----------------------------------------------------------------------------------------
 # References are DOP853 runs at rtol 1e-12 (non-stiff: its states agree with gp.solve to
-# ~1e-13, see above). RODAS4 is order 4: at rtol 1e-10 it stays within ~1e-9 relative of
+# ~1e-13, see above). RODAS4P2 is order 4: at rtol 1e-10 it stays within ~1e-9 relative of
 # them on these problems; the pinned 1e-7 leaves two orders of margin.
 
 def _paper_settings(rng, n, d):
@@ -163,14 +163,14 @@ def test_rosenbrock_matches_dop853_stiff():
         assert (sol.status == "finished").all() and sol.implicit.all()
         np.testing.assert_allclose(sol.cov / scale, ref.cov / scale, rtol=0, atol=1e-7)
         if method == "auto":
-            # stiff: RODAS4's steps are limited by accuracy, DOP853's by stability (seen:
+            # stiff: RODAS4P2's steps are limited by accuracy, DOP853's by stability (seen:
             # 309 and 433 steps against 1016 and 776; the gain grows with the horizon and
             # with looser tolerances)
             assert np.all(sol.nsteps < 0.75 * dop.nsteps), (sol.nsteps, dop.nsteps)
 
 
 def test_auto_mixes_methods_within_a_batch(rng):
-    # two stiff paper settings (switch to RODAS4) and three non-stiff blow-ups (stay DOP853)
+    # two stiff paper settings (switch to RODAS4P2) and three non-stiff blow-ups (stay DOP853)
     w, covs = _stiff_settings([0, 3])
     atts = [gp.Softmax(Q, K, V, scale=1 / np.sqrt(5)) for Q, K, V in
             zip(w["Q"], w["K"], w["V"])] + [gp.Softmax(np.eye(5), np.eye(5), np.eye(5))] * 3

@@ -4,7 +4,7 @@ The references: SciPy's :func:`~scipy.integrate.solve_ivp` on the factor equatio
 ``L' = M(L L^T) L`` (the attention's own NumPy ``factor_rhs``), whose DOP853 takes the
 same steps as the batch's with ``method="DOP853"`` (the same tableau, error norm, step
 rule and first step: the same step and evaluation counts, states to rounding), or at a
-tight tolerance for RODAS4; :func:`gaussian_pde.solve` on SciPy's or Hairer's loop
+tight tolerance for RODAS4P2; :func:`gaussian_pde.solve` on SciPy's or Hairer's loop
 (``method="DOP853"``) for the events and blow-up verdicts; closed forms
 (:func:`gaussian_pde.exact_covariance`, :func:`gaussian_pde.blowup_time`).
 """
@@ -115,8 +115,8 @@ def test_compiled_takes_scipys_dop853_steps(rng, d):
 
 
 def test_compiled_rosenbrock_and_auto_against_lsoda(rng):
-    """The paper's stiff setting (K = -Q): the stiffness test hands over to RODAS4, whose
-    states agree with LSODA's at a tight tolerance (RODAS4 at rtol 1e-8, order 4: seen
+    """The paper's stiff setting (K = -Q): the stiffness test hands over to RODAS4P2, whose
+    states agree with LSODA's at a tight tolerance (RODAS4P2 at rtol 1e-8, order 4: seen
     ~1e-9 of the covariance's scale; pinned 1e-7, as test_batch's stiff comparison)."""
     from tests.integrate.test_batch import _stiff_settings
 
@@ -135,7 +135,7 @@ def test_compiled_rosenbrock_and_auto_against_lsoda(rng):
         assert (a.status == "finished").all()
         scale = np.abs(ref).max(axis=(1, 2))[:, None, None]
         np.testing.assert_allclose(a.cov_final / scale, ref / scale, rtol=0, atol=1e-7)
-    # L2 and Sinkhorn heads: RODAS4 with the L2 closed form, central differences otherwise
+    # L2 and Sinkhorn heads: RODAS4P2 with the L2 closed form, central differences otherwise
     d = 3
     G = rng.standard_normal((d, d))
     att = gp.MultiHead([gp.L2.example(d, rng), gp.Sinkhorn.example(d, rng)])
@@ -233,7 +233,7 @@ def test_compiled_mean_matches_solve(rng):
 
 
 def test_compiled_mean_stiff_rosenbrock_matches_dop853(rng):
-    """RODAS4 with the mean rows of the Jacobian against DOP853 at a tight tolerance."""
+    """RODAS4P2 with the mean rows of the Jacobian against DOP853 at a tight tolerance."""
     d = 3
     Q = rng.standard_normal((1, d))
     G = rng.standard_normal((d, d))
@@ -632,7 +632,7 @@ def work():
             gp.solve_batch(atts, covs, (0.0, 5.0), t_eval=[1.0, 5.0], steady_tol=1e-3,
                            rank_tol=1e-3, **kw)
             gp.solve(atts[0], kw["mean0s"][0] if kw else None, covs[0], (0.0, 5.0))
-    w, covs = _stiff_settings([0, 3])            # RODAS4 after the stiffness test
+    w, covs = _stiff_settings([0, 3])            # RODAS4P2 after the stiffness test
     gp.solve_batch(w, covs, (0.0, 1e3), rtol=1e-8, atol=1e-14, max_nfev=None)
     blow = gp.Softmax.example_setting()          # the blow-up look and its restart
     gp.solve(blow["attention"], None, blow["cov0"], (0.0, blow["horizon"]))
@@ -657,7 +657,7 @@ def test_compiled_code_frees_what_it_allocates():
     """Most of the compiled core runs without Numba's reference counting (the arrays it
     sees belong to its callers). Where that went wrong, memory would leak: over whole
     runs of every compiled type (batch and single, output, events, a stiff hand-over
-    to RODAS4, a blow-up), every allocation is freed; the counters do see an array that
+    to RODAS4P2, a blow-up), every allocation is freed; the counters do see an array that
     is still held."""
     names = [n for n, cls in gp.ATTENTIONS.items() if has_hook(cls, "compiled_field")]
     out = _python(_BALANCE, *names, NUMBA_NRT_STATS="1")
@@ -702,7 +702,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options):
 
 
 def test_the_switch_time_has_a_slot_of_its_own():
-    """A run that stops reads the stop's slots and where RODAS4 took over; a single
+    """A run that stops reads the stop's slots and where RODAS4P2 took over; a single
     trajectory's blow-up crossings follow the batch's slots: no two share a place."""
     from gaussian_pde.integrate import _compiled_batch as cb
 
@@ -710,3 +710,67 @@ def test_the_switch_time_has_a_slot_of_its_own():
     stop = {cb.F_T, cb.F_T_BLOWUP, cb.F_T_STOP, cb.F_T_NEXT}
     assert cb.F_STIFF_FROM not in look | stop
     assert cb.F_STIFF_FROM < cb.F_SIZE <= cb.F_NCROSS < cb.F_CROSS
+
+
+#: softmax at d = 2 with large weights (a draw of ``tests/integrate/test_invariants.py``,
+#: digits as drawn): the trace grows like e^{8.5e6 t} while a stiff eigenvalue of the
+#: Jacobian runs from -1e10 to -5e12 on the span, and Hairer's estimate of h|lambda| on
+#: DOP853's steps stays at 1.5 to 3.3, so his test never fires
+_CRAWL = dict(
+    Q=np.array([[0.0, 0.0], [-19.284402134171327, 429.2369925408704]]),
+    K=np.array([[-314.0042803754854, 0.0], [-296.3414280031349, 0.0]]),
+    V=np.array([[0.20980940367895642, 0.00924661550972892],
+                [-0.4306775901682963, 0.34261600580115015]]),
+    cov0=np.array([[38.96732126702816, -57.625785470212186],
+                   [-57.625785470212186, 100.84833725204943]]),
+    t1=1.16061993706597e-06)
+
+
+def test_the_second_stiffness_test_counts_blocks_of_accepted_steps():
+    """It fires at the end of a block of accepted steps with at least ``_CRAWL_STEPS`` of
+    :math:`h|\\lambda| \\ge` ``_CRAWL_HLAMB``, never inside one; a rejected step does not
+    count."""
+    from gaussian_pde.integrate._compiled_batch import (
+        _CRAWL_BLOCK,
+        _CRAWL_HLAMB,
+        _CRAWL_STEPS,
+        _crawl_counts,
+    )
+
+    fired = []
+    block = crawl = 0
+    for n_crawl in (_CRAWL_STEPS, _CRAWL_STEPS - 1, _CRAWL_BLOCK):
+        for i in range(_CRAWL_BLOCK):
+            hlamb = _CRAWL_HLAMB if i < n_crawl else 0.5 * _CRAWL_HLAMB
+            block, crawl, f = _crawl_counts(True, hlamb, block, crawl)
+            fired.append(f)
+            block, crawl, f = _crawl_counts(False, hlamb, block, crawl)
+            assert not f
+    assert [k for k, f in enumerate(fired) if f] == [_CRAWL_BLOCK - 1, 3 * _CRAWL_BLOCK - 1]
+
+
+def test_the_second_stiffness_test_finishes_a_crawling_run():
+    """DOP853 crawls at its stability limit on ``_CRAWL`` and Hairer's test never fires:
+    the second test hands over to RODAS4P2 (the closed form holds), which finishes well
+    within the budget and agrees with Radau at a tight tolerance; without a closed form
+    (a Rosenbrock step would cost 2n + 6 evaluations) it does not switch, and DOP853
+    gives up at the budget."""
+    import dataclasses
+
+    from gaussian_pde.attention import _compiled_fields as cf
+
+    att = gp.Softmax(_CRAWL["Q"], _CRAWL["K"], _CRAWL["V"], scale=1 / np.sqrt(2))
+    cov0, t1, budget = _CRAWL["cov0"], _CRAWL["t1"], 50_000
+    b = gp.solve_batch(att, cov0[None], (0.0, t1), max_nfev=budget)
+    assert b.status[0] == "finished" and b.implicit[0] and b.nfev[0] < budget / 2
+    s = gp.solve(att, None, cov0, (0.0, t1), max_nfev=budget)
+    assert s.status == "finished" and "on: RODAS4P2" in s.message
+    ref = gp.solve(att, None, cov0, (0.0, t1), method="Radau", rtol=1e-12, atol=1e-14)
+    err = np.linalg.norm(b.cov_final[0] - ref.cov_final) / np.linalg.norm(ref.cov_final)
+    assert err < 1e-9, err                     # seen: 3e-11 at the default rtol 1e-10
+    field = att.compiled_field()
+    bare = dataclasses.replace(field, jac=cf._no_jacobian_kernel(), exact_jacobian=False)
+    no_closed_form = type("NoClosedForm", (gp.Softmax,), {"compiled_field": lambda self: bare})(
+        att.Q, att.K, att.V, scale=att.scale)
+    c = gp.solve_batch(no_closed_form, cov0[None], (0.0, t1), max_nfev=budget)
+    assert c.status[0] == "failed" and not c.implicit[0]

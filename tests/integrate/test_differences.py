@@ -122,7 +122,7 @@ def closed_form_regardless(att, L):
     for h in att.heads:
         field = h.compiled_field()
         head, = field.heads
-        jac = cf._instance(cf._head_jac, "jac", _parts=head.parts)
+        jac = cf._instance(cf._head_jac, "jac", _parts=head.parts, assemble=head.assembly)
         spread_ok, cf.spread_ok = cf.spread_ok, lambda Z, d: True
         try:
             Jh = np.zeros_like(J)
@@ -178,7 +178,7 @@ def test_implicit_methods_cross_the_graded_run(method):
 
 @pytest.mark.slow
 def test_rosenbrock_batch_crosses_the_graded_run():
-    """RODAS4 takes a fresh Jacobian at every step: 2 d^2 field states beyond the spread
+    """RODAS4P2 takes a fresh Jacobian at every step: 2 d^2 field states beyond the spread
     limit, about 180,000 evaluations to t = 10 (it failed at 100,000 before)."""
     from tests._helpers import run_within
 

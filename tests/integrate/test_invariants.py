@@ -134,7 +134,7 @@ def check_trajectory(att, cov0, known=None):
     assert bat.t_final[0] <= t1, f"solve_batch ended at {bat.t_final[0]} > {t1}: {where}"
     if _spent(sol.message) or _spent(bat.message[0]):
         # one solver spent its budget: solve_batch counts the Jacobian's evaluations
-        # (d^2 + 6 per RODAS4 step), solve's LSODA does not, so the budgets differ
+        # (d^2 + 6 per RODAS4P2 step), solve's LSODA does not, so the budgets differ
         # (documented on solve_batch); no comparison
         known["budget spent"] += 1
         return str(sol.status)

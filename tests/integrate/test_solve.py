@@ -290,7 +290,7 @@ def rel(a, b):
 @pytest.mark.parametrize("t_eval", [None, np.linspace(0, 300, 5)])
 def test_auto_switches_to_rodas4_on_a_stiff_tail(t_eval):
     """Seed 9 of the paper workload turns stiff at t ~ 3 (explicit steps limited to
-    h ~ 0.003 t): the default goes on with RODAS4, says so, and needs fewer evaluations
+    h ~ 0.003 t): the default goes on with RODAS4P2, says so, and needs fewer evaluations
     than DOP853 for the same answer."""
     att, cov0 = paper_case(9)
     T = 300.0
@@ -299,7 +299,7 @@ def test_auto_switches_to_rodas4_on_a_stiff_tail(t_eval):
     ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-12, atol=1e-14,
                    method="DOP853", max_nfev=None)
     assert auto.status == dop.status == "finished"
-    assert "stiff from t = " in auto.message and "RODAS4" in auto.message
+    assert "stiff from t = " in auto.message and "RODAS4P2" in auto.message
     assert "stiff" not in dop.message
     assert auto.nfev < dop.nfev
     assert rel(auto.cov_final, ref.cov_final) < 1e-8
@@ -320,7 +320,7 @@ STIFF_SEEDS = (3, 7, 9, 31, 35, 38, 39)
 
 
 def test_auto_costs_less_than_dop853_on_stiff_tails():
-    """Across the stiff seeds of the paper workload, ``method="auto"`` (RODAS4 from
+    """Across the stiff seeds of the paper workload, ``method="auto"`` (RODAS4P2 from
     Hairer's stiffness test on) never takes more evaluations than DOP853, and together
     at most 70% of them."""
     autos, dops = [], []
@@ -674,8 +674,8 @@ def test_zero_mean_costs_like_covariance_only():
 
 
 def test_auto_without_an_exact_jacobian():
-    """Sinkhorn has no closed-form Jacobian: the stiff tail goes to RODAS4 with central
-    differences, as accurately. Each RODAS4 step then costs 2n + 6 = 56 evaluations
+    """Sinkhorn has no closed-form Jacobian: the stiff tail goes to RODAS4P2 with central
+    differences, as accurately. Each RODAS4P2 step then costs 2n + 6 = 56 evaluations
     (n = 25): 33,643 for the run, where DOP853 alone takes 9,008."""
     r = np.random.default_rng(9)
     Q, G = r.standard_normal((2, 5)), r.standard_normal((5, 5))
@@ -685,7 +685,7 @@ def test_auto_without_an_exact_jacobian():
     dop = gp.solve(att, None, cov0, (0, T), method="DOP853", max_nfev=None)
     ref = gp.solve(att, None, cov0, (0, T), rtol=1e-12, atol=1e-14, method="LSODA",
                    max_nfev=None)
-    assert "stiff from t = " in auto.message and "RODAS4" in auto.message
+    assert "stiff from t = " in auto.message and "RODAS4P2" in auto.message
     assert rel(auto.cov_final, ref.cov_final) < 1e-8
     assert rel(dop.cov_final, ref.cov_final) < 1e-8
 
@@ -780,7 +780,7 @@ def test_a_numerical_rank_drop_is_stated_in_the_message():
     a covariance of numerical rank 3 and nothing said. The factor form keeps the rank; an
     eigenvalue decaying below d * eps (a true, asymptotic collapse) is no longer resolved,
     and the message says so; with rank_tol the run stops with status rank_collapse. On
-    LSODA: the default's RODAS4, with a difference Jacobian (2n + 6 = 56 evaluations a
+    LSODA: the default's RODAS4P2, with a difference Jacobian (2n + 6 = 56 evaluations a
     step), spends its 100,000 evaluations by t = 0.48."""
     r = np.random.default_rng(3)
     d = 5
@@ -920,15 +920,15 @@ def test_a_mean_growing_past_the_float_range_fails_without_a_numpy_warning():
 def _as_batch(att, mean0, cov0, t_span, **kw):
     """``gp.solve``'s default and ``gp.solve_batch``'s ``"auto"`` on one trajectory.
 
-    The same engine: the same steps (RODAS4 from the same step on), events, verdicts,
+    The same engine: the same steps (RODAS4P2 from the same step on), events, verdicts,
     evaluations and final state, bit for bit, and the same message (``solve`` adds
-    where RODAS4 took over).
+    where RODAS4P2 took over).
     """
     s = gp.solve(att, mean0, cov0, t_span, **kw)
     b = gp.solve_batch(att, cov0[None], t_span, mean0s=None if mean0 is None else mean0[None],
                        **kw)
     assert s.status == b.status[0], (s.message, b.message[0])
-    assert re.sub(r"; stiff from t = \S+ on: RODAS4", "", s.message) == b.message[0]
+    assert re.sub(r"; stiff from t = \S+ on: RODAS4P2", "", s.message) == b.message[0]
     assert ("stiff from t = " in s.message) == bool(b.implicit[0])
     assert s.t_final == b.t_final[0]
     assert (s.t_blowup is None) == np.isnan(b.t_blowup[0])
@@ -948,7 +948,7 @@ def _as_batch(att, mean0, cov0, t_span, **kw):
 
 def test_auto_is_solve_batch_on_one_trajectory():
     """Every kind of end, on seeded settings: blow-up (with and without the mean, with
-    ``t_eval``), a stiff tail finished by RODAS4, steady state and rank collapse after
+    ``t_eval``), a stiff tail finished by RODAS4P2, steady state and rank collapse after
     the switch, the budget, and every Gaussian-preserving type."""
     att, mean0 = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5), np.array([0.3, -1.0])
     for m0 in (None, mean0):
@@ -996,7 +996,7 @@ def test_a_full_record_runs_the_trajectory_again(monkeypatch):
 
 
 def test_record_rows():
-    """A step end costs at least 7 evaluations (RODAS4 with a closed-form Jacobian): room
+    """A step end costs at least 7 evaluations (RODAS4P2 with a closed-form Jacobian): room
     for every state a budget allows, up to a memory cap; ``t_eval`` needs its size."""
     from gaussian_pde.integrate import _compiled_batch as core
     from gaussian_pde.integrate._options import solver_options

@@ -1,7 +1,7 @@
-"""`gp.solve(..., method="rosenbrock")`: one trajectory of the batched RODAS4.
+"""`gp.solve(..., method="rosenbrock")`: one trajectory of the batched RODAS4P2.
 
 Exact references (docs/math.md section 4.1, softmax with V = I): Sigma(t) =
-(Sigma_0^-1 - t (A + A^T))^-1 and its blow-up time. RODAS4 at rtol 1e-10 reaches ~1e-11
+(Sigma_0^-1 - t (A + A^T))^-1 and its blow-up time. RODAS4P2 at rtol 1e-10 reaches ~1e-11
 relative on the covariance, and at rtol 1e-8 ~3e-11 on the blow-up time; the pinned 1e-8 and 1e-6
 are the package's accuracy targets.
 """

@@ -1,4 +1,4 @@
-"""The order conditions of the DOP853 and RODAS4 tableaux, so that a mistyped digit fails.
+"""The order conditions of the DOP853, RODAS4 and RODAS4P2 tableaux, so that a mistyped digit fails.
 
 A Runge-Kutta method with couplings ``A`` and weights ``b`` has order ``p`` when
 ``b . Phi(t) = 1/gamma(t)`` for every rooted tree ``t`` of at most ``p`` vertices
@@ -21,7 +21,7 @@ import scipy.linalg
 
 import gaussian_pde as gp
 from gaussian_pde.integrate._options import METHODS
-from gaussian_pde.integrate._tableaux import DOP853, RODAS4
+from gaussian_pde.integrate._tableaux import DOP853, RODAS4, RODAS4P2
 
 #: the residuals of the exact conditions are a few ulps (seen: below 2e-15)
 TOL = 1e-13
@@ -174,14 +174,25 @@ def _rodas_defects(tab):
     return main, emb, dense
 
 
-def test_rodas4_order_conditions():
-    assert max(_rodas_defects(RODAS4)) < TOL
-    alpha, beta, b, G = _classical(RODAS4)
-    assert np.allclose(np.diag(G), RODAS4.gamma, rtol=0, atol=1e-15) and np.all(np.triu(G, 1) == 0)
+@pytest.mark.parametrize("tab", [RODAS4, RODAS4P2], ids=["RODAS4", "RODAS4P2"])
+def test_rodas_order_conditions(tab):
+    """Order 4 (embedded 3, dense output 3), stiffly accurate, L-stable, for RODAS4 and
+    Steinebach's RODAS4P2 alike."""
+    assert max(_rodas_defects(tab)) < TOL
+    alpha, beta, b, G = _classical(tab)
+    assert np.allclose(np.diag(G), tab.gamma, rtol=0, atol=1e-15) and np.all(np.triu(G, 1) == 0)
     assert defect(b, 5, weights(alpha, beta, n_max=5)) > 1e-6                       # order exactly 4
     # stiffly accurate (the last stage is the step) and R(infinity) = 1 - b beta^-1 1 = 0
-    assert np.array_equal(RODAS4.b[:-1], RODAS4.a[-1, :-1]) and RODAS4.b[-1] == 1
+    assert np.array_equal(tab.b[:-1], tab.a[-1, :-1]) and tab.b[-1] == 1
     assert abs(1 - b @ np.linalg.solve(beta, np.ones(len(b)))) < TOL
+
+
+def test_the_compiled_engine_reads_rodas4p2():
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    for name in ("a", "b", "c", "h"):
+        assert np.array_equal(getattr(cb, f"_R{name.upper()}_"), getattr(RODAS4P2, name))
+    assert cb._RGAMMA == RODAS4P2.gamma
 
 
 # ------------------------------------------------------------------------ typos fail
@@ -201,8 +212,9 @@ def _typos(tab, names):
 def test_a_typo_in_any_coefficient_fails():
     passed = [where for where, bad in _typos(DOP853, ("A", "E3", "E5", "D"))
               if max(_dop_defects(bad)[1:]) < TOL]
-    passed += [where for where, bad in _typos(RODAS4, ("a", "c", "h"))
-               if max(_rodas_defects(bad)) < TOL]
+    for tab in (RODAS4, RODAS4P2):
+        passed += [where for where, bad in _typos(tab, ("a", "c", "h"))
+                   if max(_rodas_defects(bad)) < TOL]
     assert passed == []
 
 
