@@ -970,13 +970,15 @@ def test_auto_is_solve_batch_on_one_trajectory():
     for name in ("steady", "rank_collapse"):
         assert ends[name].t_events[name] == [ends[name].t_final]
         assert "stiff from t = " in ends[name].message
-    seen = set()
+    # every type of this installation (a plugin's too), each run equal to solve_batch's;
+    # most of them reach the end of t_span
+    statuses = []
     for kind in TYPES:
         for seed in range(2):
             att, mean0, cov0 = _mean_case(kind, seed, d=3)
-            seen.add(str(_as_batch(att, mean0 if att.field_sees_mean else None, cov0,
-                                   (0, 20.0)).status))
-    assert len(seen - {"failed"}) >= 2, seen
+            statuses.append(str(_as_batch(att, mean0 if att.field_sees_mean else None, cov0,
+                                          (0, 20.0)).status))
+    assert statuses.count("finished") >= len(statuses) // 2, statuses
 
 
 def test_a_full_record_runs_the_trajectory_again(monkeypatch):
