@@ -7,7 +7,7 @@ the contract (see :class:`Attention`).
 """
 
 from ._base import CLOSURES, Attention, SingleHeadAttention, has_hook, normalized_definition_field
-from ._compiled_fields import CompiledField
+from ._compiled_fields import CompiledField, compiled_field_of
 from ._compiled_fields import kernels as compiled_field_kernels
 from ._compiled_fields import signatures as compiled_signatures
 from ._examples import example_data
@@ -63,7 +63,7 @@ __all__ = [
     "ATTENTIONS", "Attention", "CLOSURES", "CompiledField", "ENTRY_POINT_GROUP", "DEFAULT_CHUNK_SIZE",
     "ParticleDiagnostics",
     "ParticleOptions", "QuadraticScore", "SingleHeadAttention", "SinkhornConvergenceWarning",
-    "capabilities", "compiled_field_kernels", "compiled_signatures",
+    "capabilities", "compiled_field_kernels", "compiled_field_of", "compiled_signatures",
     "default_positions", "example_data", "get_attention",
     "has_hook", "load_entry_points", "make_options", "moment_rhs", "names_with",
     "normalized_average", "normalized_definition_field", "quadratic_heads",

@@ -78,7 +78,7 @@ import types
 
 import numpy as np
 
-__all__ = ["CompiledField", "HeadKernel", "compiled_later", "head_field", "add", "kernels",
+__all__ = ["CompiledField", "compiled_field_of", "HeadKernel", "compiled_later", "head_field", "add", "kernels",
            "signatures"]
 
 #: ||B||_F^2 below which the L2 gain takes the Cholesky solve (linalg.GAIN_SOLVE_MAX)
@@ -970,6 +970,16 @@ def add(fields):
     return _summed(tuple(heads), np.concatenate(parts), d,
                    max(f.ws_size for f in fields) + 2 * d * d + 2 * d,
                    all(f.exact_jacobian for f in fields))
+
+
+def compiled_field_of(obj):
+    """``obj.compiled_field()`` where ``obj`` has that hook, else None.
+
+    The one question every caller of the compiled path asks of an attention (or of any
+    object handed in its place).
+    """
+    hook = getattr(obj, "compiled_field", None)
+    return hook() if hook is not None else None
 
 
 def kernels():

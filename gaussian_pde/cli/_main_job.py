@@ -24,7 +24,7 @@ import pathlib
 import numpy as np
 
 from .._common.io import save_figure, write_npz, write_text
-from ..attention import ATTENTIONS, get_attention
+from ..attention import ATTENTIONS, compiled_field_of, get_attention
 from ..integrate import compile_on_two_cores, solve
 from ..studies import EXAMPLES_MARKER
 from ._options import add_out_argument, default_out, output_dir
@@ -114,9 +114,7 @@ def _compile_ahead():
     """
     def examples():
         for att, *_ in default_examples().values():
-            hook = getattr(att, "compiled_field", None)
-            if hook is not None:
-                hook()
+            compiled_field_of(att)
 
     return (examples,)
 

@@ -30,7 +30,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .._common.validation import validate_array, validate_covariance
-from ..attention import ATTENTIONS, Attention, get_attention, has_hook, require_mean
+from ..attention import (
+    ATTENTIONS,
+    Attention,
+    compiled_field_of,
+    get_attention,
+    has_hook,
+    require_mean,
+)
 from . import _compiled_batch
 from ._options import solver_options
 
@@ -184,8 +191,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
 def _require_compiled_fields(atts):
     """Refuse, with a ``TypeError``, the first attention of ``atts`` without a compiled field."""
     for i, att in enumerate(atts):
-        hook = getattr(att, "compiled_field", None)
-        if hook is None or hook() is None:
+        if compiled_field_of(att) is None:
             where = "`attentions_or_weights" + (f"[{i}]`" if len(atts) > 1 else "`")
             able = ", ".join(name for name, cls in ATTENTIONS.items()
                              if has_hook(cls, "compiled_field"))

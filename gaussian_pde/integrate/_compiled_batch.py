@@ -53,6 +53,7 @@ import numpy as np
 
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
+from ..attention import compiled_field_of
 from ._tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
 from ._tableaux import DOP853 as _dop
 
@@ -1321,8 +1322,7 @@ def compiled_fields(attentions, n=1):
     for att in ([attentions] if single else attentions):
         cf = seen.get(id(att))
         if cf is None:
-            hook = getattr(att, "compiled_field", None)
-            cf = hook() if hook is not None else None
+            cf = compiled_field_of(att)
             if cf is None:
                 return None
             seen[id(att)] = cf

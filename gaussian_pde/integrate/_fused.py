@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attention import compiled_field_of
 from ._differences import central_jacobian
 
 __all__ = ["reference_field", "compiled_field_values", "fortran_rhs", "moment_jacobian",
@@ -45,12 +46,6 @@ def mean_is_linear(attention):
     A scaled mean then obeys the same equation.
     """
     return attention.mean_is_linear()
-
-
-def _compiled(attention):
-    """The attention's :class:`~gaussian_pde.attention.CompiledField`, or None."""
-    hook = getattr(attention, "compiled_field", None)
-    return hook() if hook is not None else None
 
 
 def reference_field(attention, with_mean):
@@ -103,7 +98,7 @@ def fortran_rhs(attention, with_mean, counter):
         raise TypeError(f"the field matrix of {attention.name!r} attention depends on the "
                         "mean: its state must hold the mean (`with_mean`).")
     out = np.empty((d, m))
-    compiled = _compiled(attention)
+    compiled = compiled_field_of(attention)
     if compiled is not None:
         return _compiled_field_rhs(compiled, d, m, out, counter)
     field = reference_field(attention, with_mean)
@@ -182,7 +177,7 @@ def moment_jacobian(attention, with_mean):
     (:func:`~gaussian_pde.integrate._differences.central_jacobian`). ``None`` where the
     attention has no compiled closed form: the solvers then take their own differences.
     """
-    compiled = _compiled(attention)
+    compiled = compiled_field_of(attention)
     if compiled is None or not compiled.exact_jacobian:
         return None
     d = attention.d
