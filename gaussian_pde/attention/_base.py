@@ -523,23 +523,36 @@ class Attention(abc.ABC):
         object.__setattr__(self, key, value)
 
 
+#: the Parameters entries of a head's weights: a subclass's docstring says ``%(weights)s``
+#: where they go (:meth:`SingleHeadAttention.__init_subclass__` puts them in), so every
+#: head states them in the same words
+WEIGHTS_DOC = r"""Q, K : array_like, shape (k, d)
+        Query and key matrices.
+    V : array_like, shape (d, d)
+        Value matrix (already multiplied by the output map)."""
+
+#: the Parameters entry of the score scale (``%(scale)s``)
+SCALE_DOC = r"""scale : float, optional
+        Score scale :math:`c`, default :math:`1/\sqrt{k}`."""
+
+
 class SingleHeadAttention(Attention):
     r"""An attention head with query, key and value matrices.
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix (already multiplied by the output map).
-    scale : float, optional
-        Score scale; defaults to :math:`1/\sqrt{k}`.
+    %(weights)s
+    %(scale)s
 
     Notes
     -----
     The interaction matrix is :math:`A = \text{scale}\, K^T Q`, so that
     :math:`\text{scale}\,\langle Qx, Ky\rangle = y^T A x`.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.__doc__ = _with_weights_doc(cls.__doc__)
 
     def __init__(self, Q, K, V, scale=None):
         Q = validate_matrix(Q, "Q")
@@ -642,3 +655,13 @@ def normalized_definition_field(self, Y, logw, X):
     S = self.score_matrix(X, Y) + logw
     P = np.exp(S - logsumexp(S, axis=1, keepdims=True))
     return (P @ Y) @ self.V.T
+
+
+def _with_weights_doc(doc):
+    """``doc`` with ``%(weights)s`` and ``%(scale)s`` replaced by :data:`WEIGHTS_DOC`, :data:`SCALE_DOC`."""
+    if not doc:
+        return doc
+    return doc.replace("%(weights)s", WEIGHTS_DOC).replace("%(scale)s", SCALE_DOC)
+
+
+SingleHeadAttention.__doc__ = _with_weights_doc(SingleHeadAttention.__doc__)

@@ -43,8 +43,8 @@ class BiasedSoftmax(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K, V, scale
-        As :class:`~gaussian_pde.SingleHeadAttention` (``Q``, ``K`` of shape ``(k, d)``).
+    %(weights)s
+    %(scale)s
     q, k_b : array_like, shape (k,), optional
         Query and key biases (default zero).
 

@@ -34,12 +34,8 @@ class L2(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix.
-    scale : float, optional
-        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
+    %(weights)s
+    %(scale)s
     """
 
     name = "l2"

@@ -41,8 +41,8 @@ class Linear(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K, V, scale
-        As :class:`~gaussian_pde.SingleHeadAttention`.
+    %(weights)s
+    %(scale)s
 
     Examples
     --------

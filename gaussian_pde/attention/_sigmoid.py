@@ -37,14 +37,10 @@ class Sigmoid(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix.
+    %(weights)s
     bias : float
         The bias :math:`b` inside the logistic function (default 0).
-    scale : float, optional
-        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
+    %(scale)s
 
     Examples
     --------

@@ -34,12 +34,8 @@ class Sinkhorn(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix.
-    scale : float, optional
-        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
+    %(weights)s
+    %(scale)s
     """
 
     name = "sinkhorn"

@@ -32,12 +32,8 @@ class Softmax(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix.
-    scale : float, optional
-        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
+    %(weights)s
+    %(scale)s
 
     Examples
     --------

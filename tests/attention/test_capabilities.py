@@ -177,3 +177,29 @@ def test_the_deprecated_field_hooks_warn_and_are_not_called(rng):
 def test_names_with_refuses_an_unknown_capability():
     with pytest.raises(ValueError, match="unknown capabilities"):
         names_with(jacobian_parts=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_head_docstring_states_its_weights(name):
+    """A head's docstring gets the shared weights entries where it says ``%(weights)s``: none
+    is left unfilled, and a head that takes ``Q, K, V`` documents them."""
+    cls = gp.ATTENTIONS[name]
+    doc = cls.__doc__ or ""
+    assert "%(" not in doc
+    if issubclass(cls, gp.attention.SingleHeadAttention):
+        assert "Q, K : array_like, shape (k, d)" in doc and "V : array_like, shape (d, d)" in doc
+
+
+def test_weights_doc_is_filled_in_a_new_head():
+    class Head(gp.attention.SingleHeadAttention):
+        """A head.
+
+        Parameters
+        ----------
+        %(weights)s
+        %(scale)s
+        """
+
+    assert gp.attention.SingleHeadAttention.__doc__.count("Query and key matrices.") == 1
+    assert "Query and key matrices." in Head.__doc__ and "Score scale" in Head.__doc__
+    assert "%(" not in Head.__doc__

@@ -42,14 +42,10 @@ class KeyNormSoftmax(SingleHeadAttention):
 
     Parameters
     ----------
-    Q, K : array_like, shape (k, d)
-        Query and key matrices.
-    V : array_like, shape (d, d)
-        Value matrix.
+    %(weights)s
     gamma : float
         Key-norm penalty :math:`\gamma \ge 0`; ``0`` is :class:`gaussian_pde.Softmax`.
-    scale : float, optional
-        Score scale :math:`c`, default :math:`1/\sqrt{k}`.
+    %(scale)s
     """
 
     name = "keynorm_softmax"
