@@ -839,14 +839,25 @@ __all__ = [{names}]
 '''
 
 
+COMPILED_PRELUDE = '''
+# The compiled head (field_body, field_parts): plain Python printed from the derivation's
+# programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
+# (gaussian_pde.attention._compiled_fields).
+from .._common.compiled import compiled_later as _compiled_later
+'''
+
+
 def render_module(script, doc, functions):
     """Render a generated module (a string) from :class:`Function` and :class:`Kernel` items."""
     names = [n for f in functions for n in (f.names if isinstance(f, Kernel) else (f.name,))
              if not n.startswith("_")]
     out = [HEADER.format(script=script), f'"""{doc}"""\n', "\n",
            PRELUDE.format(names=", ".join(f'"{n}"' for n in names))]
+    if any(isinstance(f, LoopFunction) for f in functions):
+        out.append(COMPILED_PRELUDE)
     for f in functions:
-        out.append(_render_kernel(f) if isinstance(f, Kernel) else "\n\n" + function_source(f))
+        out.append(_render_kernel(f) if isinstance(f, Kernel) else "\n\n" + (
+            f.source() if isinstance(f, LoopFunction) else function_source(f)))
     return "".join(out).replace("\n    \n", "\n\n")
 
 
@@ -1110,3 +1121,361 @@ def derive_module(score, name, title):
            f"{score} (derivations._symbolic.derive_module).\n")
     return render_module(f"_symbolic.py (derive_module, {name})", doc,
                          affine_functions(field, title))
+
+
+# ------------------------------------------------------- loop printer (compiled heads)
+#
+# The compiled field of a head (gaussian_pde.attention._compiled_fields) is a plain-Python
+# function of fixed arguments over flat buffers, compiled by Numba: ``body(data, k, d, m,
+# y, out, ws)`` gives Z' for the state Z = [L | alpha] (d x m, row-major in ``y``), and
+# ``parts(data, k, d, m, Z, A, C, M, N, r)`` the pieces of its Jacobian. The printer below
+# prints a derivation's :class:`Program` as such loops: every product entry is one sum
+# over ``p`` in increasing order from 0.0, sums of two terms add the second to the first.
+
+
+def _code(e):
+    """Code of a dimension expression (``d + 2 * k``)."""
+    return str(sp.sympify(e)).replace("*", " * ")
+
+
+def _paren(a):
+    return f"({a})" if (" + " in a or " - " in a) else a
+
+
+def _plus(*terms):
+    terms = [t for t in terms if t != "0"]
+    return " + ".join(terms) if terms else "0"
+
+
+def _times(a, b):
+    if "0" in (a, b):
+        return "0"
+    if a == "1":
+        return b
+    if b == "1":
+        return a
+    return f"{_paren(a)} * {_paren(b)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """Where a matrix lives in the kernel's arguments, as code.
+
+    Flat (``flat``): entry ``(i, j)`` at ``name[off + i * rs + j * cs]``; otherwise a 2-D
+    array, entry ``(i, j)`` at ``name[r0 + i, c0 + j]`` (``transposed``: at ``(j, i)``).
+    ``rows`` and ``cols`` are code.
+    """
+
+    name: str
+    rows: str
+    cols: str
+    off: str = "0"
+    rs: str = "1"
+    cs: str = "1"
+    flat: bool = True
+    r0: str = "0"
+    c0: str = "0"
+    transposed: bool = False
+
+    @property
+    def T(self):
+        if self.flat:
+            return dataclasses.replace(self, rows=self.cols, cols=self.rows, rs=self.cs, cs=self.rs)
+        return dataclasses.replace(self, rows=self.cols, cols=self.rows,
+                                   transposed=not self.transposed)
+
+    def rows_from(self, start, stop):
+        """The rows ``start:stop`` (code)."""
+        rows = _code(sp.sympify(stop) - sp.sympify(start))
+        if self.flat:
+            return dataclasses.replace(self, off=_plus(self.off, _times(_code(start), self.rs)),
+                                       rows=rows)
+        if self.transposed:
+            raise NotImplementedError("row slices of a transposed 2-D buffer")
+        return dataclasses.replace(self, r0=_plus(self.r0, _code(start)), rows=rows)
+
+    def at(self, i, j):
+        if self.flat:
+            return f"{self.name}[{_plus(self.off, _times(i, self.rs), _times(j, self.cs))}]"
+        if self.transposed:
+            i, j = j, i
+        return f"{self.name}[{_plus(self.r0, i)}, {_plus(self.c0, j)}]"
+
+
+class LoopPrinter:
+    r"""Print the steps of a :class:`Program` as loops over :class:`Buffer` entries.
+
+    ``refs`` maps the inputs (matrix expressions: weights, state blocks) to buffers and
+    ``scalars`` scalar expressions to code. A step's target is a new temporary: in the
+    scratch vector ``ws`` (``flat``: its offset a local ``o_<name>`` computed from ``d, k,
+    m``) or a 2-D array of its own (``np.empty``). Printed forms:
+
+    - a product :math:`XY`: each entry ``acc = 0.0; acc += X[i, p] * Y[p, j]`` for
+      ``p = 0, 1, ...``; into a column (``cols == 1``) with ``p`` in the outer loop (one
+      accumulator per row, the same sums);
+    - a sum of two terms: the first into the target, the second added entry by entry;
+    - a factor :math:`c^{-1}` as a division by ``c``, a number as a multiplication;
+    - a product of more factors, left to right, each partial product a temporary.
+    """
+
+    def __init__(self, refs, scalars, flat=True):
+        self.refs = dict(refs)
+        self.scalars = dict(scalars)
+        self.flat = flat
+        self.lines = []
+        self.offsets = []           # (local name, code): the scratch offsets, in order
+        self._end = "0"
+        self._count = 0
+
+    # --- buffers -----------------------------------------------------------------
+    def ref(self, e):
+        """The buffer of an input, temporary, transpose or row slice; None otherwise."""
+        if e in self.refs:
+            return self.refs[e]
+        if isinstance(e, sp.Transpose):
+            inner = self.ref(e.arg)
+            return None if inner is None else inner.T
+        if isinstance(e, sp.MatrixSlice):
+            parent = self.ref(e.parent)
+            (r0, r1, step), (c0, c1, _) = e.rowslice, e.colslice
+            if parent is None or step != 1 or c0 != 0 or sp.simplify(c1 - e.parent.shape[1]) != 0:
+                return None
+            return parent.rows_from(r0, r1)
+        return None
+
+    def temporary(self, rows, cols, name=None):
+        """A new temporary of ``rows x cols`` (code)."""
+        if name is None:
+            name = f"t{self._count}"
+            self._count += 1
+        if not self.flat:
+            self.lines.append(f"{name} = np.empty(({rows}, {cols}))")
+            return Buffer(name, rows, cols, flat=False)
+        off = f"o_{name}"
+        self.offsets.append((off, self._end))
+        self._end = _plus(off, _times(rows, cols))
+        return Buffer("ws", rows, cols, off=off, rs=cols)
+
+    # --- printing ----------------------------------------------------------------
+    def _loops(self, T, body):
+        """``body(i, j)`` for every entry of ``T``: one loop for a column."""
+        if T.cols == "1":
+            return [f"for i in range({T.rows}):", f"    {body('i', '0')}"]
+        return [f"for i in range({T.rows}):", f"    for j in range({T.cols}):",
+                f"        {body('i', 'j')}"]
+
+    def _scaled(self, e):
+        """``(buffer, suffix)`` of a term ``coeff * X`` (``X`` a buffer): `` / c`` or `` * 2``."""
+        coeff, mats = (e.as_coeff_matrices() if isinstance(e, sp.MatMul) else (1, [e]))
+        if len(mats) != 1:
+            return None, None
+        ref = self.ref(mats[0])
+        if ref is None:
+            return None, None
+        if coeff == 1:
+            return ref, ""
+        inv = 1 / coeff
+        if inv in self.scalars:
+            return ref, f" / {self.scalars[inv]}"
+        if coeff in self.scalars:
+            return ref, f" * {self.scalars[coeff]}"
+        if isinstance(coeff, sp.Number):
+            return ref, f" * {float(coeff)!r}"
+        return None, None
+
+    def operand(self, e):
+        """The buffer of a product's factor, computed into a temporary when needed."""
+        ref = self.ref(e)
+        if ref is not None:
+            return ref
+        rows, cols = (_code(s) for s in e.shape)
+        T = self.temporary(rows, cols)
+        self.assign(T, e)
+        return T
+
+    def product(self, T, X, Y):
+        """``T = X Y``, every entry summed over ``p`` in increasing order."""
+        if T.cols == "1":
+            self.lines += [f"for i in range({T.rows}):", f"    {T.at('i', '0')} = 0.0",
+                           f"for p in range({X.cols}):", f"    yp = {Y.at('p', '0')}",
+                           f"    for i in range({T.rows}):",
+                           f"        {T.at('i', '0')} += {X.at('i', 'p')} * yp"]
+            return
+        self.lines += [f"for i in range({T.rows}):", f"    for j in range({T.cols}):",
+                       "        acc = 0.0", f"        for p in range({X.cols}):",
+                       f"            acc += {X.at('i', 'p')} * {Y.at('p', 'j')}",
+                       f"        {T.at('i', 'j')} = acc"]
+
+    def assign(self, T, e):
+        """Print ``T = e``."""
+        if isinstance(e, sp.MatAdd):
+            terms = sorted(e.args, key=lambda a: self._scaled(a)[0] is not None)
+            if len(terms) != 2:
+                raise NotImplementedError(f"only sums of two terms: {e}")
+            self.assign(T, terms[0])
+            ref, suffix = self._scaled(terms[1])
+            if ref is None:
+                ref, suffix = self.operand(terms[1]), ""
+            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} += {ref.at(i, j)}{suffix}")
+            return
+        ref, suffix = self._scaled(e)
+        if ref is not None:
+            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = {ref.at(i, j)}{suffix}")
+            return
+        if isinstance(e, sp.MatMul):
+            coeff, mats = e.as_coeff_matrices()
+            if coeff != 1:
+                raise NotImplementedError(f"a scaled product: {e}")
+            mats = list(e.args)
+            left = self.operand(mats[0])
+            for i, right in enumerate(mats[1:]):
+                right = self.operand(right)
+                last = i == len(mats) - 2
+                out = T if last else self.temporary(left.rows, right.cols)
+                self.product(out, left, right)
+                left = out
+            return
+        raise NotImplementedError(f"cannot print {type(e).__name__}: {e}")
+
+    def steps(self, program, outputs):
+        """Print ``program``: its steps into new temporaries, its returns into ``outputs``.
+
+        A step whose target has a buffer already (an output bound in ``refs``) writes there.
+        """
+        for target, e in program.steps:
+            T = self.refs.get(target)           # an output bound beforehand, or a temporary
+            if T is None:
+                rows, cols = (_code(s) for s in target.shape)
+                T = self.temporary(rows, cols, target.name)
+                self.refs[target] = T
+            self.assign(T, e)
+        for out, e in zip(outputs, program.returns):
+            self.assign(out, e)
+
+
+@dataclasses.dataclass
+class LoopFunction:
+    """A generated plain-Python kernel function (its source lines), marked for Numba."""
+
+    name: str
+    args: tuple
+    doc: str
+    lines: list
+    mark: str = "_compiled_later()"
+
+    def source(self):
+        out = [f"@{self.mark}\n", f"def {self.name}({', '.join(self.args)}):\n",
+               '    r"""' + self.doc.strip().replace("\n", "\n    ") + '\n    """\n']
+        out += [f"    {line}\n" for line in self.lines]
+        return "".join(out)
+
+
+def _data_layout(inputs):
+    """Buffers of the weights packed one after another into ``data`` (row-major).
+
+    ``inputs``: ``(expr, rows, cols)`` with code sizes, ``rows`` None for a scalar.
+    Returns ``(refs, scalars, lines)``: scalars are read into locals first.
+    """
+    refs, scalars, lines, off = {}, {}, [], "0"
+    for expr, name, rows, cols in inputs:
+        if rows is None:
+            scalars[expr] = name
+            lines.append(f"{name} = data[{off}]")
+            off = _plus(off, "1")
+        else:
+            refs[expr] = Buffer("data", rows, cols, off=off, rs=cols)
+            off = _plus(off, _times(rows, cols))
+    return refs, scalars, lines
+
+
+def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=False):
+    r"""The :class:`LoopFunction` ``name(data, k, d, m, y, out, ws)`` of one head's :math:`Z'`.
+
+    ``inputs``: the weights in ``data``, in order, ``(expr, code name, rows, cols)``
+    (``rows`` None for a scalar). ``factor``: a :class:`Program` in :data:`L` (and
+    ``state`` symbols) whose one return is :math:`L' = M L` (``out[:, :d]``); ``mean``: one
+    in :data:`L` and :data:`alpha` whose one return is :math:`\alpha'` (``out[:, d]``,
+    printed under ``if m > d``). ``second_moment``: ``factor`` is in the whole state
+    ``state`` (``d x m``) and returns all of :math:`Z'`.
+    """
+    refs, scalars, lines = _data_layout(inputs)
+    y = Buffer("y", "d", "m", rs="m")
+    out = Buffer("out", "d", "m", rs="m")
+    if second_moment:
+        refs[state] = y
+        outputs = [out]
+    else:
+        refs[L] = Buffer("y", "d", "d", rs="m")
+        refs[alpha] = Buffer("y", "d", "1", off="d", rs="m")
+        outputs = [Buffer("out", "d", "d", rs="m")]
+    printer = LoopPrinter(refs, scalars)
+    printer.steps(factor, outputs)
+    body = printer.lines
+    printer.lines = []
+    if mean is not None:
+        printer.steps(mean, [Buffer("out", "d", "1", off="d", rs="m")])
+        body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
+    offsets = [f"{o} = {code}" for o, code in printer.offsets]
+    return LoopFunction(name, ("data", "k", "d", "m", "y", "out", "ws"), doc,
+                        lines + offsets + body)
+
+
+#: the parts of a head's Jacobian, as the targets of the steps that compute them
+#: (:func:`head_parts`): :math:`dM[d\Sigma] = A\,d\Sigma\,C`, the field matrix ``M``,
+#: :math:`\partial\alpha'/\partial\alpha = N` and :math:`d\alpha'[d\Sigma] = A\,d\Sigma\,r`
+PART_A, PART_C, PART_M, PART_N = (sp.MatrixSymbol(n, d, d) for n in "ACMN")
+PART_r = sp.MatrixSymbol("r", d, 1)
+
+
+def head_parts(name, doc, inputs, parts, mean_parts=None, state=None):
+    r"""The :class:`LoopFunction` ``name(data, k, d, m, Z, A, C, M, N, r) -> bool``.
+
+    ``parts``: a :class:`Program` in :data:`L` whose steps compute :data:`PART_A`,
+    :data:`PART_C` and :data:`PART_M` (into the arguments ``A``, ``C``, ``M``);
+    ``mean_parts`` (in :data:`L` and :data:`alpha`, printed under ``if m > d``):
+    :data:`PART_N` and :data:`PART_r`. ``Z`` and the parts are arrays (``r`` 1-D);
+    temporaries are arrays of their own. ``state``: the whole state's symbol (a
+    ``second_moment`` head, whose ``parts`` are in it).
+    """
+    refs, scalars, lines = _data_layout(inputs)
+    if state is not None:
+        refs[state] = Buffer("Z", "d", "m", flat=False)
+    refs[L] = Buffer("Z", "d", "d", flat=False)
+    refs[alpha] = Buffer("Z", "d", "1", flat=False, c0="d")
+    refs.update({s: Buffer(s.name, "d", "d", flat=False) for s in (PART_A, PART_C, PART_M, PART_N)})
+    refs[PART_r] = Buffer("r", "d", "1")
+    printer = LoopPrinter(refs, scalars, flat=False)
+    printer.steps(parts, [])
+    body = printer.lines
+    if mean_parts is not None:
+        printer.lines = []
+        printer.steps(mean_parts, [])
+        body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
+    return LoopFunction(name, ("data", "k", "d", "m", "Z", "A", "C", "M", "N", "r"), doc,
+                        lines + body + ["return True"], mark="_compiled_later(counted=True)")
+
+
+def check_parts(field, parts, mean_parts=None):
+    r"""Whether printed Jacobian parts (:func:`head_parts`) are those of the affine field ``b + Mx``.
+
+    Composed back from the programs: :math:`M(\Sigma) = A\Sigma C` for every
+    :math:`\Sigma` (so :math:`dM[d\Sigma] = A\,d\Sigma\,C`) and the printed ``M`` is
+    :math:`M(LL^T)`; with ``mean_parts``, for :math:`\alpha' = b + M\alpha`,
+    :math:`\alpha'(\alpha) - \alpha'(0) = N\alpha` at :math:`\Sigma = LL^T` and
+    :math:`\alpha'(\Sigma) - \alpha'(0) = A\Sigma r` (``alpha'`` is affine in each).
+    """
+    targets = (PART_A, PART_C, PART_M) + ((PART_N, PART_r) if mean_parts is not None else ())
+    steps = list(parts.steps) + (list(mean_parts.steps) if mean_parts is not None else [])
+    got = dict(zip(targets, (resolve_block_slices(expand_nodes(e))
+                             for e in Program(steps, targets).composed())))
+    at_L = {Sigma: L * L.T}
+    A, C = got[PART_A], got[PART_C]
+    ok = (is_zero_matrix(field.M - A * Sigma * C)
+          and is_zero_matrix(got[PART_M] - field.M.xreplace(at_L)))
+    if mean_parts is not None:
+        mean = field.b + field.M * alpha
+        ok = ok and is_zero_matrix((mean - mean.xreplace({alpha: zero_vec})).xreplace(at_L)
+                                   - got[PART_N] * alpha)
+        ok = ok and is_zero_matrix(mean - mean.xreplace({Sigma: sp.ZeroMatrix(d, d)})
+                                   - A * Sigma * got[PART_r])
+    return ok

@@ -24,8 +24,10 @@ import sympy as sp
 
 try:
     from . import _symbolic as S
+    from . import softmax
 except ImportError:  # run as a script
     import _symbolic as S
+    import softmax
 
 NAME = "biased_softmax"
 TITLE = "Biased softmax attention"
@@ -44,10 +46,19 @@ def derive():
     return S.quadratic_score_field(SCORE)
 
 
+#: the weights packed into the compiled head's ``data``: softmax's and the query bias
+INPUTS = softmax.INPUTS + ((q, "q", "k", "1"),)
+
+
 def functions():
-    """The generated functions: the affine field and the moment equations."""
-    return S.affine_functions(derive(), TITLE, signature=SIGNATURE, weights_doc=WEIGHTS_DOC,
-                              kernel=False)
+    r"""The generated functions: the affine field, the moment equations and the compiled head.
+
+    The head is softmax's programs (:func:`softmax.kernel_program`) with the query bias
+    added to :math:`Q\alpha`: the covariance is softmax's, the mean gains :math:`V\Sigma g`.
+    """
+    return (S.affine_functions(derive(), TITLE, signature=SIGNATURE, weights_doc=WEIGHTS_DOC,
+                               kernel=False)
+            + softmax.compiled_functions(TITLE, INPUTS, bias=q))
 
 
 def check_zero_bias():
@@ -75,6 +86,11 @@ CHECKS = dict(S.integration_checks(
     extra_2d={q: sp.Matrix([[_R(1, 3)]]), k_b: sp.Matrix([[_R(-2, 5)]])}))
 CHECKS["zero query bias is plain softmax"] = check_zero_bias
 CHECKS["the key bias cancels"] = check_key_bias_cancels
+CHECKS["thin-factor form of L' (softmax's)"] = softmax.thin_factor_form
+CHECKS["mean column alpha' = B(Q alpha + q) + (cV alpha)/c"] = (
+    lambda: softmax.mean_form(derive, bias=q))
+CHECKS["Jacobian parts: M = A Sigma C, N, r = C alpha + K^T q"] = (
+    lambda: softmax.jacobian_parts(derive, bias=q))
 
 
 if __name__ == "__main__":

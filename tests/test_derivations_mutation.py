@@ -23,7 +23,7 @@ g = sinkhorn.g_sym
 
 def _module(source, name):
     module = types.ModuleType(name)
-    source = source.replace("from .._common.linalg", "from gaussian_pde._common.linalg")
+    source = source.replace("from .._common.", "from gaussian_pde._common.")
     exec(compile(source, f"{name}.py", "exec"), module.__dict__)
     return module
 

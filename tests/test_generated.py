@@ -1,6 +1,7 @@
 """Generated code: no drift from the derivations, and agreement with lambdify."""
 
 import difflib
+import importlib
 import pathlib
 import shutil
 import subprocess
@@ -186,14 +187,14 @@ def test_generated_broadcasts_over_batches(gen, rng):
 
 @pytest.mark.parametrize("d, k, rank", [(1, 1, 1), (3, 2, 3), (4, 4, 2), (5, 2, 5)])
 def test_factor_kernels_equal_factor_rhs(d, k, rank, rng):
-    """The fast kernels (weight products hoisted) give factor_rhs's numbers for every type,
-    including singular A (k < d) and rank-deficient factors."""
+    """The fast kernels (weight products hoisted) give factor_rhs's numbers for every type
+    that has them, including singular A (k < d) and rank-deficient factors."""
     import gaussian_pde as gp
 
     for _ in range(3):
         heads = [cls(rng.standard_normal((k, d)), rng.standard_normal((k, d)),
                      rng.standard_normal((d, d)), scale=float(rng.uniform(0.2, 2.0)))
-                 for cls in (gp.Softmax, gp.L2, gp.Sinkhorn)]
+                 for cls in (gp.L2, gp.Sinkhorn)]
         L = np.zeros((d, d))
         L[:, :rank] = rng.standard_normal((d, rank))
         for att in heads + [gp.MultiHead(heads)]:
@@ -216,11 +217,82 @@ def test_kernel_printer_hoists_weight_products():
         assert body.count("_dot(" if not batched else " @ ") == 5
 
 
-def test_factor_kernels_keep_small_fields_accurate(rng):
+#: the derivations whose generated module has a printed compiled head (``field_body``)
+HEAD_TYPES = [mod for mod in generate.GENERATED_TYPES if hasattr(mod, "INPUTS")]
+
+
+def _generated(mod):
+    return importlib.import_module(f"gaussian_pde._generated.{mod.NAME}")
+
+
+def _head_numbers(mod, d, k, rng):
+    """Random weights of a type (its generated signature), their pack ``data`` (the
+    derivation's ``INPUTS``, lambdified) and the lambdified field ``(M(Sigma), b(alpha, Sigma))``."""
+    dims = {S.d: d, S.k: k}
+    names = getattr(mod, "SIGNATURE", S.SIGNATURE)
+    symbols = [getattr(S, n, None) if n != "scale" else S.scale for n in names]
+    symbols = [s if s is not None else getattr(mod, n) for s, n in zip(symbols, names)]
+    values = [float(rng.uniform(0.2, 2.0)) if s == S.scale
+              else rng.standard_normal(tuple(int(n) for n in s.subs(dims).shape)) for s in symbols]
+    concrete = [s.subs(dims) if isinstance(s, sp.MatrixSymbol) else s for s in symbols]
+    data = np.concatenate([np.ravel(sp.lambdify(concrete, e.subs(dims), "numpy")(*values))
+                           for e, *_ in mod.INPUTS])
+    field = mod.derive()
+    f_M = sp.lambdify(concrete + [S.Sigma.subs(dims)], field.M.subs(dims), "numpy")
+    f_b = sp.lambdify(concrete + [S.alpha.subs(dims), S.Sigma.subs(dims)], field.b.subs(dims),
+                      "numpy")
+    return (data, lambda Sig: f_M(*values, Sig),
+            lambda a, Sig: f_b(*values, a[:, None], Sig)[:, 0])
+
+
+@pytest.mark.parametrize("mod", HEAD_TYPES, ids=lambda m: m.NAME)
+@pytest.mark.parametrize("d, k, rank", [(1, 1, 1), (3, 2, 3), (4, 4, 2), (3, 5, 3)])
+def test_printed_head_equals_the_lambdified_field(mod, d, k, rank, rng):
+    """The printed head body (plain Python) against lambdify of the derivation's M and b:
+    Z' = [M(LL^T) L | b + M alpha], with k < d, k > d and rank-deficient factors; the
+    printed Jacobian parts against the identities they state, dM[dSigma] = A dSigma C
+    (M is linear in Sigma), N alpha = alpha'(alpha) - alpha'(0) and
+    A Sigma r = alpha'(Sigma) - alpha'(0)."""
+    gen = _generated(mod)
+    for _ in range(3):
+        data, f_M, f_b = _head_numbers(mod, d, k, rng)
+        L = np.zeros((d, d))
+        L[:, :rank] = rng.standard_normal((d, rank))
+        a = rng.standard_normal(d)
+        Sig = L @ L.T
+        M = f_M(Sig)
+        want = np.column_stack([M @ L, f_b(a, Sig) + M @ a])
+        scale = np.abs(want).max()
+        for m in (d, d + 1):
+            Z = np.ascontiguousarray(np.column_stack([L, a])[:, :m])
+            out = np.full(d * m, np.nan)
+            gen.field_body(data, k, d, m, Z.ravel(), out, np.full(8 * (d + k + 2) ** 2, np.nan))
+            np.testing.assert_allclose(out.reshape(d, m), want[:, :m], rtol=1e-12,
+                                       atol=1e-13 * scale)
+        A, C, Mp, N = (np.full((d, d), np.nan) for _ in range(4))
+        r = np.full(d, np.nan)
+        Z = np.column_stack([L, a])
+        assert gen.field_parts(data, k, d, d + 1, Z, A, C, Mp, N, r)
+        np.testing.assert_allclose(Mp, M, rtol=1e-12, atol=1e-13 * np.abs(M).max())
+        G = rng.standard_normal((d, d))
+        dSig = G + G.T                                   # any direction, not only PSD
+        np.testing.assert_allclose(A @ dSig @ C, f_M(dSig), rtol=1e-11, atol=1e-12)
+
+        def mean(alpha, S_, f_M=f_M, f_b=f_b):
+            return f_b(alpha, S_) + f_M(S_) @ alpha
+
+        np.testing.assert_allclose(N @ a, mean(a, Sig) - mean(0 * a, Sig), rtol=1e-11,
+                                   atol=1e-12 * scale)
+        np.testing.assert_allclose(A @ dSig @ r, mean(a, dSig) - mean(a, 0 * dSig), rtol=1e-11,
+                                   atol=1e-12 * (1 + np.abs(dSig).max() * np.abs(A).max()
+                                                 * np.abs(r).max()))
+
+
+def test_printed_head_keeps_small_fields_accurate(rng):
     """Near a steady state (K = -Q, QL -> 0) the field is ~1e-9 while L is O(1): the order
-    of the products decides how much cancels. The kernels must stay as accurate as
-    factor_rhs against an extended-precision reference (multiplying K^T Q first lost
-    three digits here)."""
+    of the products decides how much cancels. The printed softmax head (plain Python)
+    must stay as accurate as factor_rhs against an extended-precision reference
+    (multiplying K^T Q first lost three digits here)."""
     import gaussian_pde as gp
 
     d = 4
@@ -233,14 +305,21 @@ def test_factor_kernels_keep_small_fields_accurate(rng):
         @ att.K.T.astype(x) @ att.Q.astype(x) @ L.astype(x)
     size = float(np.abs(ref).max())
     assert size < 1e-6 * np.abs(L).max() ** 3            # a small field from O(1) factors
-    err = {name: float(np.abs(f(L) - ref).max()) / size for name, f in (
-        ("factor_rhs", att.factor_rhs), ("factor_kernel", gen_softmax.factor_kernel(*att.weights())),
-        ("factor_apply", lambda X: gen_softmax.factor_apply(gen_softmax.factor_weights(
-            att.Q, att.K, att.V, att.scale), X)))}
+    c = att.scale
+    data = np.concatenate([[c], (c * att.V).ravel(), att.K.ravel(), att.Q.ravel()])
+
+    def printed(X):
+        out = np.empty(d * d)
+        gen_softmax.field_body(data, d // 2, d, d, np.ascontiguousarray(X).ravel(), out,
+                               np.zeros(8 * (2 * d + 2) ** 2))
+        return out.reshape(d, d)
+
+    err = {name: float(np.abs(f(L) - ref).max()) / size
+           for name, f in (("factor_rhs", att.factor_rhs), ("field_body", printed))}
     assert max(err.values()) < 2e-8, err   # about 2e-9 here; K^T Q first: 1.3e-7
 
 
-@pytest.mark.parametrize("gen", [gen_softmax, gen_l2, gen_sinkhorn])
+@pytest.mark.parametrize("gen", [gen_l2, gen_sinkhorn])
 def test_factor_apply_on_stacks_equals_factor_rhs(gen, rng):
     """factor_weights/factor_apply (hoisted, batched; what solve_batch evaluates) give
     factor_rhs's numbers for stacks with one set of weights per row, including k < d and

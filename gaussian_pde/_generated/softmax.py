@@ -19,7 +19,12 @@ from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
 from .._common.linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_weights", "factor_apply", "factor_kernel"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "field_body", "field_parts"]
+
+# The compiled head (field_body, field_parts): plain Python printed from the derivation's
+# programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
+# (gaussian_pde.attention._compiled_fields).
+from .._common.compiled import compiled_later as _compiled_later
 
 
 def field_matrix(Q, K, V, scale, Sigma):
@@ -123,66 +128,105 @@ def factor_rhs(Q, K, V, scale, L):
     return M @ L
 
 
-def factor_weights(Q, K, V, scale):
-    r"""Softmax attention: the weight-only products of :math:`L' = c V L L^{T} K^{T} Q L`.
+@_compiled_later()
+def field_body(data, k, d, m, y, out, ws):
+    r"""Softmax attention: the compiled head's :math:`Z' = [L' \mid \alpha']`.
 
-    Computed once per set of weights (leading axes broadcast) and passed to
-    ``factor_apply``.
-
-    Parameters
-    ----------
-    Q, K : ndarray, shape (k, d)
-        Query and key matrices.
-    V : ndarray, shape (d, d)
-        Value matrix.
-    scale : float
-        Score scale.
+    :math:`L' = \big((cVL)(KL)^T\big)(QL)`, :math:`\alpha' = B(Q\alpha) + (cV\alpha)/c`
+    with :math:`B = (cVL)(KL)^T`. ``data = [c, cV, K, Q]`` (row-major); ``y``: the state
+    :math:`Z = [L \mid \alpha]` (``d x m``, row-major, ``m = d`` without the mean); ``out``
+    receives :math:`Z'`; ``ws``: scratch. Plain Python, compiled by Numba
+    (``gaussian_pde.attention._compiled_fields``).
     """
-    _w0 = np.concatenate([(scale * V), K, Q], axis=-2)
-    return (_w0,)
+    c = data[0]
+    o_P = 0
+    o_B = o_P + (d + 2 * k) * d
+    o_Pa = o_B + d * k
+    for i in range(d + 2 * k):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[1 + i * d + p] * y[p * m + j]
+            ws[o_P + i * d + j] = acc
+    for i in range(d):
+        for j in range(k):
+            acc = 0.0
+            for p in range(d):
+                acc += ws[o_P + i * d + p] * ws[o_P + d * d + p + j * d]
+            ws[o_B + i * k + j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += ws[o_B + i * k + p] * ws[o_P + (d + k) * d + p * d + j]
+            out[i * m + j] = acc
+    if m > d:
+        for i in range(d + 2 * k):
+            ws[o_Pa + i] = 0.0
+        for p in range(d):
+            yp = y[d + p * m]
+            for i in range(d + 2 * k):
+                ws[o_Pa + i] += data[1 + i * d + p] * yp
+        for i in range(d):
+            out[d + i * m] = 0.0
+        for p in range(k):
+            yp = ws[o_Pa + d + k + p]
+            for i in range(d):
+                out[d + i * m] += ws[o_B + i * k + p] * yp
+        for i in range(d):
+            out[d + i * m] += ws[o_Pa + i] / c
 
 
-def factor_apply(weights, L):
-    r"""Softmax attention: :math:`L' = c V L L^{T} K^{T} Q L` from the products of ``factor_weights``.
+@_compiled_later(counted=True)
+def field_parts(data, k, d, m, Z, A, C, M, N, r):
+    r"""Softmax attention: the parts of the compiled head's Jacobian.
 
-    Same numbers as ``factor_rhs`` up to rounding (the order of the products differs).
-
-    Parameters
-    ----------
-    weights : tuple of ndarray
-        ``factor_weights(Q, K, V, scale)``.
-    L : ndarray, shape (..., d, d)
-        Factor of the covariance.
+    :math:`A = cV`, :math:`C = K^TQ` (:math:`dM[d\Sigma] = A\,d\Sigma\,C`),
+    :math:`M = A(LL^T)C`; with the mean (``m > d``) :math:`N = A/c + M = V + M`
+    (:math:`\partial\alpha'/\partial\alpha`) and :math:`r = C\alpha`
+    (:math:`d\alpha'[d\Sigma] = A\,d\Sigma\,r`). ``Z``: the state as a ``d x m`` array.
     """
-    _w0, = weights
-    P = (_w0 @ L)
-    _d = L.shape[-1]
-    _k = (P.shape[-2] - _d) // 2
-    return ((P[..., :_d, :] @ _T(P[..., _d:_d + _k, :])) @ P[..., _d + _k:, :])
-
-
-def factor_kernel(Q, K, V, scale):
-    r"""Softmax attention: fast closure ``kernel(L) -> L'`` for one unbatched ``L``.
-
-    The weight-only products are computed once here; the closure maps a ``(d, d)``
-    factor to ``L'`` with 2-D products only.
-
-    Parameters
-    ----------
-    Q, K : ndarray, shape (k, d)
-        Query and key matrices.
-    V : ndarray, shape (d, d)
-        Value matrix.
-    scale : float
-        Score scale.
-    """
-    _w0, = factor_weights(Q, K, V, scale)
-    _d = V.shape[-1]
-    _k = K.shape[-2]
-    _dot = np.dot
-
-    def kernel(L):
-        P = _dot(_w0, L)
-        return _dot(_dot(P[:_d], P[_d:_d + _k].T), P[_d + _k:])
-
-    return kernel
+    c = data[0]
+    for i in range(d):
+        for j in range(d):
+            A[i, j] = data[1 + i * d + j]
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += data[1 + d * d + i + p * d] * data[1 + (d + k) * d + p * d + j]
+            C[i, j] = acc
+    S = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += Z[i, p] * Z[j, p]
+            S[i, j] = acc
+    t0 = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += A[i, p] * S[p, j]
+            t0[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += t0[i, p] * C[p, j]
+            M[i, j] = acc
+    if m > d:
+        for i in range(d):
+            for j in range(d):
+                N[i, j] = A[i, j] / c
+        for i in range(d):
+            for j in range(d):
+                N[i, j] += M[i, j]
+        for i in range(d):
+            r[i] = 0.0
+        for p in range(d):
+            yp = Z[p, d]
+            for i in range(d):
+                r[i] += C[i, p] * yp
+    return True

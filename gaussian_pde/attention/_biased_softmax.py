@@ -27,7 +27,6 @@ import numpy as np
 from .._common.validation import validate_array
 from .._generated import biased_softmax as _gen
 from . import _compiled_fields as cf
-from . import _softmax
 from ._base import SingleHeadAttention, normalized_definition_field
 from ._examples import example_data
 from ._kernels import ParticleDiagnostics, normalized_average, softmax_features
@@ -104,7 +103,7 @@ class BiasedSoftmax(SingleHeadAttention):
                               g=self.scale * (self.K.T @ self.q))
 
     def compiled_field(self):
-        """The compiled field (:data:`FIELD`): weights ``c, [cV; K; Q], q``."""
+        """The compiled field (:data:`FIELD`, generated): weights ``c, [cV; K; Q], q``."""
         Q, K, V, c, q, _ = self.weights()   # a subclass that changes the weights keeps its field
         c = float(c)
         data = (c, c * V, K, Q, q)
@@ -147,36 +146,7 @@ class BiasedSoftmax(SingleHeadAttention):
         return hash((super().__hash__(), self.q.tobytes(), self.k_b.tobytes()))
 
 
-# ----------------------------------------------------------------------------------------
-# the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
-# ----------------------------------------------------------------------------------------
-
-@cf.compiled_later()
-def _field(data, k, d, m, y, out, ws):
-    r"""The head's :math:`Z'`: softmax's products with a query bias.
-
-    The bias :math:`q` is added to the mean's column of :math:`QZ`:
-    :math:`\alpha' = V\alpha + (cVL)(KL)^T(Q\alpha + q) = V\alpha + M\alpha + V\Sigma g`,
-    :math:`g = cK^Tq`; the covariance is softmax's. ``data = [c, cV, K, Q, q]``
-    (:func:`._softmax.softmax_products`).
-    """
-    _softmax.softmax_products(data, k, d, m, y, out, ws, 1 + (d + 2 * k) * d)
-
-
-@cf.compiled_later(counted=True)
-def _field_parts(data, k, d, m, Z, A, C, M, N, r):
-    r"""Softmax's parts (:func:`._softmax.softmax_parts`) with :math:`r = K^T(Q\alpha + q)`."""
-    if not _softmax.softmax_parts(data, k, d, m, Z, A, C, M, N, r):
-        return False
-    if m > d:                                  # r += K^T q
-        q = data[1 + (d + 2 * k) * d:]
-        for i in range(d):
-            acc = 0.0
-            for p in range(k):
-                acc += data[1 + (d + p) * d + i] * q[p]
-            r[i] += acc
-    return True
-
-
-#: the compiled field of a softmax head with a query offset
-FIELD = cf.HeadKernel(_field, _field_parts)
+#: the compiled field of a softmax head with a query bias: the body and Jacobian parts
+#: printed from the derivation (``derivations/biased_softmax.py``, softmax's programs with
+#: the bias) into the generated module
+FIELD = cf.HeadKernel(_gen.field_body, _gen.field_parts)

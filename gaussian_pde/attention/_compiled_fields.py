@@ -78,6 +78,9 @@ import types
 
 import numpy as np
 
+from .._common.compiled import MARKED as _MARKED
+from .._common.compiled import compiled_later
+
 __all__ = ["CompiledField", "compiled_field_of", "HeadKernel", "compiled_later", "head_field", "add", "kernels",
            "signatures"]
 
@@ -148,26 +151,8 @@ class CompiledField:
 # functions compiled at first use
 # ----------------------------------------------------------------------------------------
 
-#: the functions marked by :func:`compiled_later`, in the order of their definition
-_MARKED = []
 #: plain function -> its dispatcher, once compiled
 _DISPATCHERS = {}
-
-
-def compiled_later(inline=False, counted=False):
-    """Mark a plain-Python kernel function, compiled by Numba when a field first needs it.
-
-    The function stays plain Python (the tests run it so) until :func:`_compile_marked`
-    replaces it, in its module, by its Numba dispatcher; the kernels that call it then
-    call the compiled code. ``inline``: inlined in Numba's IR into its callers (their
-    constants reach its loops); ``counted``: it allocates or returns arrays, so it is
-    compiled with Numba's reference counting (the others are compiled without it).
-    """
-    def mark(fn):
-        fn.compile_options = dict(inline="always" if inline else "never", _nrt=bool(counted))
-        _MARKED.append(fn)
-        return fn
-    return mark
 
 
 def _compile_marked():

@@ -92,7 +92,7 @@ class Softmax(SingleHeadAttention):
                     t_end=0.4)
 
     def compiled_field(self):
-        """The compiled field (:data:`FIELD`): weights ``c, [cV; K; Q]``."""
+        """The compiled field (:data:`FIELD`, generated): weights ``c, [cV; K; Q]``."""
         Q, K, V, c = self.weights()     # a subclass that changes the weights keeps its field
         c = float(c)
         data = (c, c * V, K, Q)
@@ -114,110 +114,6 @@ def _scalar_softmax(va, v, m0, s0, t):
     return m0 * np.exp(v * t) / np.sqrt(denom), s0 / denom
 
 
-# ----------------------------------------------------------------------------------------
-# the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
-# ----------------------------------------------------------------------------------------
-
-@cf.compiled_later(inline=True)
-def softmax_products(data, k, d, m, y, out, ws, bias):
-    r""":math:`Z' = \big((cVL)(KL)^T\big)(QZ)` with :math:`V\alpha` added to the mean's column.
-
-    ``data = [c, cV, K, Q, ...]`` (row-major); ``bias`` >= 0: the offset in ``data`` of a
-    query bias :math:`q` added to the mean's column of :math:`QZ` (a score
-    :math:`c(Qx + q)^TKy`); -1: none.
-
-    The products in the order of the generated ``factor_apply`` (the derivation's):
-    :math:`A = (cVL)(KL)^T` first, then :math:`A(QZ)`; near a
-    blow-up, where the factor's entries pass 1e20, the order decides which cancellations
-    round. Flat indices: :math:`W = [cV; K; Q]` row-major from ``data[1]``; :math:`P = WZ`
-    with its factor block in ``ws[:r d]`` (rows of ``d``), its mean column in
-    ``ws[r d:r d + r]``, ``A`` after it. Every entry is one sum over ``p`` in increasing
-    order, whichever loop runs innermost.
-    """
-    c = data[0]
-    r = d + 2 * k
-    pm = r * d
-    pa = pm + r
-    for i in range(r):                         # P = W Z
-        wi = 1 + i * d
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[wi + p] * y[p * m + j]
-            ws[i * d + j] = acc
-    if m > d:
-        # the mean's column, summed over p in the outer loop: one accumulator per row,
-        # independent of each other, where a dot product per row waits on each add
-        for i in range(r):
-            ws[pm + i] = 0.0
-        for p in range(d):
-            yp = y[p * m + d]
-            for i in range(r):
-                ws[pm + i] += data[1 + i * d + p] * yp
-    q0 = (d + k) * d
-    qm = pm + d + k
-    if bias >= 0 and m > d:                    # Q alpha + q
-        for p in range(k):
-            ws[qm + p] += data[bias + p]
-    for i in range(d):                         # A = (cVL)(KL)^T
-        for j in range(k):
-            acc = 0.0
-            for p in range(d):
-                acc += ws[i * d + p] * ws[(d + j) * d + p]
-            ws[pa + i * k + j] = acc
-    for i in range(d):                         # Z' = A (QZ), + V alpha in the mean's column
-        for j in range(d):
-            acc = 0.0
-            for p in range(k):
-                acc += ws[pa + i * k + p] * ws[q0 + p * d + j]
-            out[i * m + j] = acc
-    if m > d:
-        for i in range(d):
-            out[i * m + d] = 0.0
-        for p in range(k):
-            qp = ws[qm + p]
-            for i in range(d):
-                out[i * m + d] += ws[pa + i * k + p] * qp
-        for i in range(d):
-            out[i * m + d] += ws[pm + i] / c
-
-
-@cf.compiled_later(inline=True, counted=True)
-def softmax_parts(data, k, d, m, Z, A, C, M, N, r):
-    r"""The Jacobian's parts (:mod:`._compiled_fields`) of :func:`softmax_products`.
-
-    :math:`A = cV`, :math:`C = K^TQ`, :math:`M = A\Sigma C`, :math:`N = A/c + M = V + M`,
-    :math:`r = C\alpha`; ``data = [c, cV, K, Q, ...]``.
-    """
-    L = np.ascontiguousarray(Z[:, :d])
-    S = np.empty((d, d))
-    cf.mm(L, np.ascontiguousarray(L.T), S)
-    c = data[0]
-    W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
-    Kt = np.ascontiguousarray(W[d:d + k].T)
-    Q = W[d + k:d + 2 * k]
-    cf.copy2(A, W[:d])
-    cf.mm(Kt, Q, C)
-    T1 = np.empty((d, d))
-    cf.mm(A, S, T1)
-    cf.mm(T1, C, M)
-    if m > d:
-        for i in range(d):
-            for j in range(d):
-                N[i, j] = A[i, j] / c + M[i, j]
-        for i in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += C[i, p] * Z[p, d]
-            r[i] = acc
-    return True
-
-
-@cf.compiled_later()
-def _field(data, k, d, m, y, out, ws):
-    """The head's :math:`Z'` (:func:`softmax_products`, no bias); ``data = [c, cV, K, Q]``."""
-    softmax_products(data, k, d, m, y, out, ws, -1)
-
-
-#: the compiled field of a softmax head
-FIELD = cf.HeadKernel(_field, softmax_parts)
+#: the compiled field of a softmax head: the body and Jacobian parts printed from the
+#: derivation (``derivations/softmax.py``) into the generated module
+FIELD = cf.HeadKernel(_gen.field_body, _gen.field_parts)
