@@ -1218,16 +1218,21 @@ class LoopPrinter:
     - a product of more factors, left to right, each partial product a temporary.
     """
 
-    def __init__(self, refs, scalars, flat=True):
+    def __init__(self, refs, scalars, flat=True, widths=None):
         self.refs = dict(refs)
         self.scalars = dict(scalars)
         self.flat = flat
+        self.widths = dict(widths or {})    # symbolic sizes printed as a name (d + 1 -> m)
         self.lines = []
         self.offsets = []           # (local name, code): the scratch offsets, in order
         self._end = "0"
         self._count = 0
 
     # --- buffers -----------------------------------------------------------------
+    def shape(self, e):
+        """The code of ``e``'s rows and columns."""
+        return tuple(_code(sp.sympify(n).xreplace(self.widths)) for n in e.shape)
+
     def ref(self, e):
         """The buffer of an input, temporary, transpose or row slice; None otherwise."""
         if e in self.refs:
@@ -1288,8 +1293,7 @@ class LoopPrinter:
         ref = self.ref(e)
         if ref is not None:
             return ref
-        rows, cols = (_code(s) for s in e.shape)
-        T = self.temporary(rows, cols)
+        T = self.temporary(*self.shape(e))
         self.assign(T, e)
         return T
 
@@ -1345,8 +1349,7 @@ class LoopPrinter:
         for target, e in program.steps:
             T = self.refs.get(target)           # an output bound beforehand, or a temporary
             if T is None:
-                rows, cols = (_code(s) for s in target.shape)
-                T = self.temporary(rows, cols, target.name)
+                T = self.temporary(*self.shape(target), target.name)
                 self.refs[target] = T
             self.assign(T, e)
         for out, e in zip(outputs, program.returns):
@@ -1388,6 +1391,14 @@ def _data_layout(inputs):
     return refs, scalars, lines
 
 
+def _used(lines, body):
+    """The assignments ``name = ...`` of ``lines`` whose name the ``body`` reads."""
+    import re
+
+    text = "\n".join(body)
+    return [line for line in lines if re.search(rf"\b{line.split(' = ')[0]}\b", text)]
+
+
 def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=False):
     r"""The :class:`LoopFunction` ``name(data, k, d, m, y, out, ws)`` of one head's :math:`Z'`.
 
@@ -1408,7 +1419,7 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
         refs[L] = Buffer("y", "d", "d", rs="m")
         refs[alpha] = Buffer("y", "d", "1", off="d", rs="m")
         outputs = [Buffer("out", "d", "d", rs="m")]
-    printer = LoopPrinter(refs, scalars)
+    printer = LoopPrinter(refs, scalars, widths={d + 1: sp.Symbol("m")})
     printer.steps(factor, outputs)
     body = printer.lines
     printer.lines = []
@@ -1417,7 +1428,7 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
     offsets = [f"{o} = {code}" for o, code in printer.offsets]
     return LoopFunction(name, ("data", "k", "d", "m", "y", "out", "ws"), doc,
-                        lines + offsets + body)
+                        _used(lines, body) + offsets + body)
 
 
 #: the parts of a head's Jacobian, as the targets of the steps that compute them
@@ -1444,7 +1455,7 @@ def head_parts(name, doc, inputs, parts, mean_parts=None, state=None):
     refs[alpha] = Buffer("Z", "d", "1", flat=False, c0="d")
     refs.update({s: Buffer(s.name, "d", "d", flat=False) for s in (PART_A, PART_C, PART_M, PART_N)})
     refs[PART_r] = Buffer("r", "d", "1")
-    printer = LoopPrinter(refs, scalars, flat=False)
+    printer = LoopPrinter(refs, scalars, flat=False, widths={d + 1: sp.Symbol("m")})
     printer.steps(parts, [])
     body = printer.lines
     if mean_parts is not None:
@@ -1452,7 +1463,8 @@ def head_parts(name, doc, inputs, parts, mean_parts=None, state=None):
         printer.steps(mean_parts, [])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
     return LoopFunction(name, ("data", "k", "d", "m", "Z", "A", "C", "M", "N", "r"), doc,
-                        lines + body + ["return True"], mark="_compiled_later(counted=True)")
+                        _used(lines, body) + body + ["return True"],
+                        mark="_compiled_later(counted=True)")
 
 
 def check_parts(field, parts, mean_parts=None):

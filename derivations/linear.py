@@ -33,8 +33,10 @@ import sympy as sp
 
 try:
     from . import _symbolic as S
+    from . import softmax
 except ImportError:  # run as a script
     import _symbolic as S
+    import softmax
 
 NAME = "linear"
 TITLE = "Linear attention"
@@ -76,6 +78,79 @@ def factor_field():
 def _factor_program():
     """:func:`factor_field` as the products the kernels evaluate, ``(cVZ)(KZ)^T(QZ)``."""
     return sp.MatMul(sp.MatMul(S.scale * S.V * Z, sp.Transpose(S.K * Z)), S.Q * Z)
+
+
+#: the weights packed into the compiled head's ``data``: softmax's ``[c, cV, K, Q]``
+INPUTS = softmax.INPUTS
+#: the compiled head's field is :math:`Z' = M(P)Z` over the whole state, :math:`P = ZZ^T`
+SECOND_MOMENT = True
+#: the compiled head's products over the whole state: PZ = W Z, B = (cVZ)(KZ)^T
+PZ = sp.MatrixSymbol("P", S.d + 2 * S.k, S.d + 1)
+B = sp.MatrixSymbol("B", S.d, S.k)
+P2 = sp.MatrixSymbol("P2", S.d, S.d)
+
+
+def kernel_program():
+    r""":math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)` as the compiled head evaluates it.
+
+    ``P = [cV; K; Q] Z`` (one product for the three factors, softmax's
+    :func:`softmax.kernel_program` over all ``m`` columns), :math:`B = (cVZ)(KZ)^T`
+    (summed over the ``m`` columns), then :math:`BQZ`.
+    """
+    d, k = S.d, S.k
+    W = softmax.W
+    return S.Program([(PZ, sp.MatMul(W, Z)),
+                      (B, sp.MatMul(PZ[:d, :], sp.Transpose(PZ[d:d + k, :])))],
+                     (sp.MatMul(B, PZ[d + k:d + 2 * k, :]),))
+
+
+def parts_program():
+    r"""The Jacobian's parts: :math:`A = cV`, :math:`C = K^TQ`, :math:`M = (A(ZZ^T))C`.
+
+    :math:`dM[dP] = A\,dP\,C` for the second moment :math:`P = ZZ^T` (the Jacobian is
+    assembled over the whole state: ``second_moment``).
+    """
+    d, k = S.d, S.k
+    W = softmax.W
+    return S.Program([(S.PART_A, W[:d, :]),
+                      (S.PART_C, sp.MatMul(sp.Transpose(W[d:d + k, :]), W[d + k:d + 2 * k, :])),
+                      (P2, sp.MatMul(Z, sp.Transpose(Z))),
+                      (S.PART_M, sp.MatMul(sp.MatMul(S.PART_A, P2), S.PART_C))], ())
+
+
+def check_kernel_program():
+    r"""SymPy: :func:`kernel_program` composed back is :func:`factor_field`, :math:`M(ZZ^T)Z`."""
+    return kernel_program().check(factor_field())
+
+
+def check_parts():
+    r"""SymPy: :math:`M = A(\Sigma + \alpha\alpha^T)C`, and the printed ``M`` is :math:`M` at :math:`ZZ^T`."""
+    parts = parts_program()
+    got = dict(zip((S.PART_A, S.PART_C, S.PART_M), (
+        S.resolve_block_slices(e)
+        for e in S.Program(parts.steps, (S.PART_A, S.PART_C, S.PART_M)).composed())))
+    M = derive().M
+    at_Z = {S.Sigma: Z * Z.T - S.alpha * S.alpha.T}
+    return (S.is_zero_matrix(M - got[S.PART_A] * P * got[S.PART_C])
+            and S.is_zero_matrix(sp.expand(M.xreplace(at_Z)).doit() - got[S.PART_M]))
+
+
+def compiled_functions():
+    """The printed head body and Jacobian parts (``field_body``, ``field_parts``)."""
+    body_doc = (f"{TITLE}: the compiled head's :math:`Z' = \\big((cVZ)(KZ)^T\\big)(QZ)`.\n\n"
+                "Over the whole state :math:`Z = [L \\mid \\alpha]` (``d x m``, row-major in "
+                "``y``;\n:math:`ZZ^T = \\Sigma + \\alpha\\alpha^T`), the mean in its own units "
+                "(``m = d + 1``).\n``data = [c, cV, K, Q]`` (row-major); ``out`` receives "
+                ":math:`Z'`; ``ws``: scratch.\nPlain Python, compiled by Numba "
+                "(``gaussian_pde.attention._compiled_fields``).\n")
+    parts_doc = (f"{TITLE}: the parts of the compiled head's Jacobian (``second_moment``).\n\n"
+                 ":math:`A = cV`, :math:`C = K^TQ` (:math:`dM[dP] = A\\,dP\\,C`, "
+                 ":math:`P = ZZ^T`),\n:math:`M = A(ZZ^T)C`; ``N`` and ``r`` are not used. "
+                 "``Z``: the state as a ``d x m`` array.\n")
+    state = Z
+    return [S.head_body("field_body", body_doc, INPUTS, kernel_program(), state=state,
+                        second_moment=True),
+            S.head_parts("field_parts", parts_doc, INPUTS, parts_program(), state=state)]
 
 
 def check_offset_is_zero():
@@ -202,13 +277,15 @@ def functions():
                         ":math:`P = \\Sigma + \\alpha\\alpha^T`.",
                         "P : ndarray, shape (..., d, d)\n    Second moment.\n"),
                    [("M", S.numpy_code(M_of_P))], ("M @ P + P @ _T(M)",)),
-    ]
+    ] + compiled_functions()
 
 
 CHECKS = {"direct integration, d = 1": check_1d, "direct integration, d = 2": check_2d,
           "the offset is zero": check_offset_is_zero,
           "the second moment obeys softmax's covariance equation": check_second_moment_riccati,
-          "factor form Z' = (cVZ)(KZ)^T(QZ)": check_factor_form}
+          "factor form Z' = (cVZ)(KZ)^T(QZ)": check_factor_form,
+          "the compiled head's program is the factor form": check_kernel_program,
+          "Jacobian parts: M = A (Sigma + alpha alpha^T) C": check_parts}
 
 
 def equations_latex():

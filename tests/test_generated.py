@@ -227,43 +227,45 @@ def _generated(mod):
 
 def _head_numbers(mod, d, k, rng):
     """Random weights of a type (its generated signature), their pack ``data`` (the
-    derivation's ``INPUTS``, lambdified) and the lambdified field ``(M(Sigma), b(alpha, Sigma))``."""
+    derivation's ``INPUTS``, lambdified) and the lambdified field ``M(alpha, Sigma)``,
+    ``b(alpha, Sigma)``."""
     dims = {S.d: d, S.k: k}
     names = getattr(mod, "SIGNATURE", S.SIGNATURE)
-    symbols = [getattr(S, n, None) if n != "scale" else S.scale for n in names]
-    symbols = [s if s is not None else getattr(mod, n) for s, n in zip(symbols, names)]
+    symbols = [S.scale if n == "scale" else getattr(S, n) if n in "QKV" else getattr(mod, n)
+               for n in names]
     values = [float(rng.uniform(0.2, 2.0)) if s == S.scale
               else rng.standard_normal(tuple(int(n) for n in s.subs(dims).shape)) for s in symbols]
     concrete = [s.subs(dims) if isinstance(s, sp.MatrixSymbol) else s for s in symbols]
     data = np.concatenate([np.ravel(sp.lambdify(concrete, e.subs(dims), "numpy")(*values))
                            for e, *_ in mod.INPUTS])
     field = mod.derive()
-    f_M = sp.lambdify(concrete + [S.Sigma.subs(dims)], field.M.subs(dims), "numpy")
-    f_b = sp.lambdify(concrete + [S.alpha.subs(dims), S.Sigma.subs(dims)], field.b.subs(dims),
-                      "numpy")
-    return (data, lambda Sig: f_M(*values, Sig),
-            lambda a, Sig: f_b(*values, a[:, None], Sig)[:, 0])
+    state = [S.alpha.subs(dims), S.Sigma.subs(dims)]
+    f_M, f_b = (sp.lambdify(concrete + state, e.subs(dims), "numpy") for e in (field.M, field.b))
+    return (data, lambda a, Sig: f_M(*values, a[:, None], Sig),
+            lambda a, Sig: np.broadcast_to(f_b(*values, a[:, None], Sig), (d, 1))[:, 0])
 
 
 @pytest.mark.parametrize("mod", HEAD_TYPES, ids=lambda m: m.NAME)
 @pytest.mark.parametrize("d, k, rank", [(1, 1, 1), (3, 2, 3), (4, 4, 2), (3, 5, 3)])
 def test_printed_head_equals_the_lambdified_field(mod, d, k, rank, rng):
     """The printed head body (plain Python) against lambdify of the derivation's M and b:
-    Z' = [M(LL^T) L | b + M alpha], with k < d, k > d and rank-deficient factors; the
-    printed Jacobian parts against the identities they state, dM[dSigma] = A dSigma C
-    (M is linear in Sigma), N alpha = alpha'(alpha) - alpha'(0) and
+    Z' = [M(LL^T) L | b + M alpha] (a second-moment head: M(alpha, LL^T) Z), with k < d,
+    k > d and rank-deficient factors; the printed Jacobian parts against the identities
+    they state, dM[dSigma] = A dSigma C (M is linear in Sigma, and a second-moment head's
+    in P = Sigma + alpha alpha^T), N alpha = alpha'(alpha) - alpha'(0) and
     A Sigma r = alpha'(Sigma) - alpha'(0)."""
     gen = _generated(mod)
+    second = getattr(mod, "SECOND_MOMENT", False)
     for _ in range(3):
         data, f_M, f_b = _head_numbers(mod, d, k, rng)
         L = np.zeros((d, d))
         L[:, :rank] = rng.standard_normal((d, rank))
         a = rng.standard_normal(d)
         Sig = L @ L.T
-        M = f_M(Sig)
+        M = f_M(a, Sig)
         want = np.column_stack([M @ L, f_b(a, Sig) + M @ a])
         scale = np.abs(want).max()
-        for m in (d, d + 1):
+        for m in (d + 1,) if second else (d, d + 1):
             Z = np.ascontiguousarray(np.column_stack([L, a])[:, :m])
             out = np.full(d * m, np.nan)
             gen.field_body(data, k, d, m, Z.ravel(), out, np.full(8 * (d + k + 2) ** 2, np.nan))
@@ -276,10 +278,12 @@ def test_printed_head_equals_the_lambdified_field(mod, d, k, rank, rng):
         np.testing.assert_allclose(Mp, M, rtol=1e-12, atol=1e-13 * np.abs(M).max())
         G = rng.standard_normal((d, d))
         dSig = G + G.T                                   # any direction, not only PSD
-        np.testing.assert_allclose(A @ dSig @ C, f_M(dSig), rtol=1e-11, atol=1e-12)
+        np.testing.assert_allclose(A @ dSig @ C, f_M(0 * a, dSig), rtol=1e-11, atol=1e-12)
+        if second:
+            continue
 
         def mean(alpha, S_, f_M=f_M, f_b=f_b):
-            return f_b(alpha, S_) + f_M(S_) @ alpha
+            return f_b(alpha, S_) + f_M(alpha, S_) @ alpha
 
         np.testing.assert_allclose(N @ a, mean(a, Sig) - mean(0 * a, Sig), rtol=1e-11,
                                    atol=1e-12 * scale)

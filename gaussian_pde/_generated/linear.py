@@ -19,7 +19,12 @@ from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
 from .._common.linalg import solve as _solve
 
-__all__ = ["field_matrix", "moment_rhs", "factor_rhs", "second_moment_rhs"]
+__all__ = ["field_matrix", "moment_rhs", "factor_rhs", "second_moment_rhs", "field_body", "field_parts"]
+
+# The compiled head (field_body, field_parts): plain Python printed from the derivation's
+# programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
+# (gaussian_pde.attention._compiled_fields).
+from .._common.compiled import compiled_later as _compiled_later
 
 
 def field_matrix(Q, K, V, scale, alpha, Sigma):
@@ -101,3 +106,73 @@ def second_moment_rhs(Q, K, V, scale, P):
     """
     M = (scale * (V @ P @ _T(K) @ Q))
     return M @ P + P @ _T(M)
+
+
+@_compiled_later()
+def field_body(data, k, d, m, y, out, ws):
+    r"""Linear attention: the compiled head's :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`.
+
+    Over the whole state :math:`Z = [L \mid \alpha]` (``d x m``, row-major in ``y``;
+    :math:`ZZ^T = \Sigma + \alpha\alpha^T`), the mean in its own units (``m = d + 1``).
+    ``data = [c, cV, K, Q]`` (row-major); ``out`` receives :math:`Z'`; ``ws``: scratch.
+    Plain Python, compiled by Numba (``gaussian_pde.attention._compiled_fields``).
+    """
+    o_P = 0
+    o_B = o_P + (d + 2 * k) * m
+    for i in range(d + 2 * k):
+        for j in range(m):
+            acc = 0.0
+            for p in range(d):
+                acc += data[1 + i * d + p] * y[p * m + j]
+            ws[o_P + i * m + j] = acc
+    for i in range(d):
+        for j in range(k):
+            acc = 0.0
+            for p in range(m):
+                acc += ws[o_P + i * m + p] * ws[o_P + d * m + p + j * m]
+            ws[o_B + i * k + j] = acc
+    for i in range(d):
+        for j in range(m):
+            acc = 0.0
+            for p in range(k):
+                acc += ws[o_B + i * k + p] * ws[o_P + (d + k) * m + p * m + j]
+            out[i * m + j] = acc
+
+
+@_compiled_later(counted=True)
+def field_parts(data, k, d, m, Z, A, C, M, N, r):
+    r"""Linear attention: the parts of the compiled head's Jacobian (``second_moment``).
+
+    :math:`A = cV`, :math:`C = K^TQ` (:math:`dM[dP] = A\,dP\,C`, :math:`P = ZZ^T`),
+    :math:`M = A(ZZ^T)C`; ``N`` and ``r`` are not used. ``Z``: the state as a ``d x m`` array.
+    """
+    for i in range(d):
+        for j in range(d):
+            A[i, j] = data[1 + i * d + j]
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += data[1 + d * d + i + p * d] * data[1 + (d + k) * d + p * d + j]
+            C[i, j] = acc
+    P2 = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(m):
+                acc += Z[i, p] * Z[j, p]
+            P2[i, j] = acc
+    t0 = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += A[i, p] * P2[p, j]
+            t0[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += t0[i, p] * C[p, j]
+            M[i, j] = acc
+    return True

@@ -122,7 +122,7 @@ class Linear(SingleHeadAttention):
         return self.velocity(mean, second - np.outer(mean, mean), x)
 
     def compiled_field(self):
-        """The compiled field (:data:`FIELD`): weights ``c, [cV; K; Q]``."""
+        """The compiled field (:data:`FIELD`, generated): weights ``c, [cV; K; Q]``."""
         c = float(self.scale)
         return cf.head_field(FIELD, self.k, self.d, (c, c * self.V, self.K, self.Q))
 
@@ -139,67 +139,7 @@ class Linear(SingleHeadAttention):
                     t_end=0.3)
 
 
-# ----------------------------------------------------------------------------------------
-# the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
-# ----------------------------------------------------------------------------------------
-
-@cf.compiled_later()
-def _field(data, k, d, m, y, out, ws):
-    r"""The head's :math:`Z' = \big((cVZ)(KZ)^T\big)(QZ)`, no offset.
-
-    Over the whole state :math:`Z = [L \mid \alpha]` (:math:`ZZ^T = \Sigma + \alpha\alpha^T`);
-    ``data = [c, cV, K, Q]`` (as softmax's). It needs the mean in its own units
-    (``m = d + 1``, mean units 1: the field is not homogeneous in the mean). Softmax's
-    products, the sum of :math:`A = (cVZ)(KZ)^T` over all ``m`` columns.
-    """
-    r = d + 2 * k
-    pa = r * m
-    for i in range(r):                         # P = W Z
-        wi = 1 + i * d
-        for j in range(m):
-            acc = 0.0
-            for p in range(d):
-                acc += data[wi + p] * y[p * m + j]
-            ws[i * m + j] = acc
-    for i in range(d):                         # A = (cVZ)(KZ)^T
-        for j in range(k):
-            acc = 0.0
-            for p in range(m):
-                acc += ws[i * m + p] * ws[(d + j) * m + p]
-            ws[pa + i * k + j] = acc
-    q0 = (d + k) * m
-    for i in range(d):                         # Z' = A (QZ)
-        for j in range(m):
-            acc = 0.0
-            for p in range(k):
-                acc += ws[pa + i * k + p] * ws[q0 + p * m + j]
-            out[i * m + j] = acc
-
-
-@cf.compiled_later(inline=True, counted=True)
-def _parts(data, k, d, m, Z, A, C, M, N, r):
-    r"""The Jacobian's parts (:mod:`._compiled_fields`) of :func:`_field`.
-
-    The field is :math:`Z' = M(P)Z` with :math:`M(P) = cVPK^TQ` and :math:`P = ZZ^T`
-    (the mean's column included): :math:`A = cV`, :math:`C = K^TQ`, :math:`M = APC`,
-    assembled over the whole state
-    (:func:`~gaussian_pde.attention._compiled_fields.assemble_second_moment`),
-    :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{ib}(CZ)_{aj}`.
-    ``N`` and ``r`` are not used.
-    """
-    W = data[1:1 + (d + 2 * k) * d].reshape((d + 2 * k, d))
-    Kt = np.ascontiguousarray(W[d:d + k].T)
-    Q = W[d + k:d + 2 * k]
-    cf.copy2(A, W[:d])
-    cf.mm(Kt, Q, C)
-    Zc = np.ascontiguousarray(Z)
-    P = np.empty((d, d))
-    cf.mm(Zc, np.ascontiguousarray(Zc.T), P)
-    T1 = np.empty((d, d))
-    cf.mm(A, P, T1)
-    cf.mm(T1, C, M)
-    return True
-
-
-#: the compiled field of a linear head
-FIELD = cf.HeadKernel(_field, _parts, second_moment=True)
+#: the compiled field of a linear head: the body and Jacobian parts printed from the
+#: derivation (``derivations/linear.py``) into the generated module; its field is
+#: :math:`Z' = M(P)Z` over the whole state, :math:`P = ZZ^T`
+FIELD = cf.HeadKernel(_gen.field_body, _gen.field_parts, second_moment=True)
