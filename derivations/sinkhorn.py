@@ -413,8 +413,6 @@ def functions():
             _doc(r"Sinkhorn attention, factor form: :math:`L' = V L B\varphi(B^TB)`, "
                  r":math:`B = L^TAL`.", "L"),
             *code["factor_rhs"]),
-        S.program_kernel(progs["kernel"], TITLE, r"V L B\varphi(B^TB),\ B = L^TAL",
-                         hoist=(A, S.V)),
     ]
 
 

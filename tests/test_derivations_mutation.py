@@ -23,6 +23,9 @@ g = sinkhorn.g_sym
 
 def _module(source, name):
     module = types.ModuleType(name)
+    source = source.replace(      # a mutant's compiled head is run as plain Python, never marked
+        "from .._common.compiled import compiled_later as _compiled_later",
+        "def _compiled_later(**options):\n    return lambda fn: fn")
     source = source.replace("from .._common.", "from gaussian_pde._common.")
     exec(compile(source, f"{name}.py", "exec"), module.__dict__)
     return module
@@ -132,13 +135,8 @@ def test_sinkhorn_wrong_printed_program_is_caught(monkeypatch, mutant, rng):
     name, steps, returns = SINKHORN_PROGRAM_MUTANTS[mutant]
     monkeypatch.setattr(sinkhorn, "programs", _mutate_program(name, steps, returns))
     assert not sinkhorn.check_programs()[name]
-    module = _module(_sinkhorn_source(), f"sinkhorn_{name}")
-    if name == "kernel":     # the kernels are compared with factor_rhs
-        Q, K, V_, L_ = (rng.standard_normal((2, 3)), rng.standard_normal((2, 3)),
-                        rng.standard_normal((3, 3)), rng.standard_normal((3, 3)))
-        got = module.factor_kernel(Q, K, V_, 0.7)(L_)
-        assert np.abs(got - module.factor_rhs(Q, K, V_, 0.7, L_)).max() > 1e-3
-    else:
+    if name != "kernel":     # the kernel program is not printed (the compiled head is written)
+        module = _module(_sinkhorn_source(), f"sinkhorn_{name}")
         assert _sinkhorn_residual(module, rng) > 1e-3
 
 
@@ -291,3 +289,27 @@ def test_multihead_nonlinear_moment_equations_are_caught(monkeypatch):
 def test_generated_sinkhorn_module_is_unmutated_reference(rng):
     """The committed module passes the residual the mutants fail."""
     assert _sinkhorn_residual(gen_sinkhorn, rng) < 1e-8
+
+
+# ------------------------------------------------------- the printed compiled head
+
+
+def test_softmax_wrong_mean_program_is_caught(monkeypatch, rng):
+    """The mean column without its 1/c (cV alpha for V alpha) fails the derivation's check
+    of the printed program, and the printed head then disagrees with factor_rhs's model."""
+    d, k = S.d, S.k
+    wrong = S.Program([(softmax.Pa, sp.MatMul(softmax.W, S.alpha))],
+                      (sp.MatAdd(sp.MatMul(softmax.B, softmax.Pa[d + k:d + 2 * k, :]),
+                                 softmax.Pa[:d, :]),))
+    monkeypatch.setattr(softmax, "mean_program", lambda bias=None: wrong)
+    assert not softmax.mean_form()
+    source = S.render_module("softmax.py", "mutant\n", softmax.functions())
+    module = _module(source, "softmax_mean_mutant")
+    n, kk, c = 3, 2, 0.7
+    Q, K, V = rng.standard_normal((kk, n)), rng.standard_normal((kk, n)), rng.standard_normal((n, n))
+    Z = rng.standard_normal((n, n + 1))
+    data = np.concatenate([[c], (c * V).ravel(), K.ravel(), Q.ravel()])
+    out = np.empty(n * (n + 1))
+    module.field_body(data, kk, n, n + 1, Z.ravel(), out, np.zeros(200))
+    dmean, _ = module.moment_rhs(Q, K, V, c, Z[:, n], Z[:, :n] @ Z[:, :n].T)
+    assert np.abs(out.reshape(n, n + 1)[:, n] - dmean).max() > 1e-3

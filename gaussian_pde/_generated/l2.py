@@ -19,7 +19,7 @@ from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
 from .._common.linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_weights", "factor_apply", "factor_kernel"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"]
 
 
 def field_matrix(Q, K, V, scale, Sigma):
@@ -137,72 +137,3 @@ def factor_rhs(Q, K, V, scale, L):
     QL = (Q @ L)
     X = (G @ QL)
     return (np.sqrt(2)*np.sqrt(scale) * (V @ L @ X))
-
-
-def factor_weights(Q, K, V, scale):
-    r"""L2 attention: the weight-only products of :math:`L' = \sqrt{2c}\,V L\,G\,Q L,\ G = (I + B^TB)^{-1}B^T,\ B = \sqrt{2c}\,K L`.
-
-    Computed once per set of weights (leading axes broadcast) and passed to
-    ``factor_apply``.
-
-    Parameters
-    ----------
-    Q, K : ndarray, shape (k, d)
-        Query and key matrices.
-    V : ndarray, shape (d, d)
-        Value matrix.
-    scale : float
-        Score scale.
-    """
-    _w0 = (np.sqrt(2)*np.sqrt(scale) * K)
-    _w1 = (np.sqrt(2)*np.sqrt(scale) * V)
-    _w2 = Q
-    return (_w0, _w1, _w2)
-
-
-def factor_apply(weights, L):
-    r"""L2 attention: :math:`L' = \sqrt{2c}\,V L\,G\,Q L,\ G = (I + B^TB)^{-1}B^T,\ B = \sqrt{2c}\,K L` from the products of ``factor_weights``.
-
-    Same numbers as ``factor_rhs`` up to rounding (the order of the products differs).
-
-    Parameters
-    ----------
-    weights : tuple of ndarray
-        ``factor_weights(Q, K, V, scale)``.
-    L : ndarray, shape (..., d, d)
-        Factor of the covariance.
-    """
-    _w0, _w1, _w2 = weights
-    B = (_w0 @ L)
-    G = _l2_gain(B)
-    QL = (_w2 @ L)
-    X = (G @ QL)
-    return ((_w1 @ L) @ X)
-
-
-def factor_kernel(Q, K, V, scale):
-    r"""L2 attention: fast closure ``kernel(L) -> L'`` for one unbatched ``L``.
-
-    The weight-only products are computed once here; the closure maps a ``(d, d)``
-    factor to ``L'`` with 2-D products only.
-
-    Parameters
-    ----------
-    Q, K : ndarray, shape (k, d)
-        Query and key matrices.
-    V : ndarray, shape (d, d)
-        Value matrix.
-    scale : float
-        Score scale.
-    """
-    _w0, _w1, _w2 = factor_weights(Q, K, V, scale)
-    _dot = np.dot
-
-    def kernel(L):
-        B = _dot(_w0, L)
-        G = _l2_gain(B)
-        QL = _dot(_w2, L)
-        X = _dot(G, QL)
-        return _dot(_dot(_w1, L), X)
-
-    return kernel

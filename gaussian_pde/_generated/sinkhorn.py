@@ -19,7 +19,7 @@ from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
 from .._common.linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "factor_weights", "factor_apply", "factor_kernel"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"]
 
 
 def _cross_phi(B):
@@ -142,65 +142,3 @@ def factor_rhs(Q, K, V, scale, L):
     B = (_T(L) @ A @ L)
     BPhi = _cross_phi(B)
     return (V @ L @ BPhi)
-
-
-def factor_weights(Q, K, V, scale):
-    r"""Sinkhorn attention: the weight-only products of :math:`L' = V L B\varphi(B^TB),\ B = L^TAL`.
-
-    Computed once per set of weights (leading axes broadcast) and passed to
-    ``factor_apply``.
-
-    Parameters
-    ----------
-    Q, K : ndarray, shape (k, d)
-        Query and key matrices.
-    V : ndarray, shape (d, d)
-        Value matrix.
-    scale : float
-        Score scale.
-    """
-    _w0 = (scale * (_T(K) @ Q))
-    _w1 = V
-    return (_w0, _w1)
-
-
-def factor_apply(weights, L):
-    r"""Sinkhorn attention: :math:`L' = V L B\varphi(B^TB),\ B = L^TAL` from the products of ``factor_weights``.
-
-    Same numbers as ``factor_rhs`` up to rounding (the order of the products differs).
-
-    Parameters
-    ----------
-    weights : tuple of ndarray
-        ``factor_weights(Q, K, V, scale)``.
-    L : ndarray, shape (..., d, d)
-        Factor of the covariance.
-    """
-    _w0, _w1 = weights
-    B = (_T(L) @ (_w0 @ L))
-    return (_w1 @ (L @ _cross_phi(B)))
-
-
-def factor_kernel(Q, K, V, scale):
-    r"""Sinkhorn attention: fast closure ``kernel(L) -> L'`` for one unbatched ``L``.
-
-    The weight-only products are computed once here; the closure maps a ``(d, d)``
-    factor to ``L'`` with 2-D products only.
-
-    Parameters
-    ----------
-    Q, K : ndarray, shape (k, d)
-        Query and key matrices.
-    V : ndarray, shape (d, d)
-        Value matrix.
-    scale : float
-        Score scale.
-    """
-    _w0, _w1 = factor_weights(Q, K, V, scale)
-    _dot = np.dot
-
-    def kernel(L):
-        B = _dot(L.T, _dot(_w0, L))
-        return _dot(_w1, _dot(L, _cross_phi(B)))
-
-    return kernel

@@ -169,9 +169,9 @@ def _compile_marked():
             continue
         disp = njit(cache=False, error_model="numpy", **fn.compile_options)(fn)
         _DISPATCHERS[fn] = disp
-        namespace = sys.modules[fn.__module__].__dict__
-        if namespace.get(fn.__name__) is fn:
-            namespace[fn.__name__] = disp
+        module = sys.modules.get(fn.__module__)
+        if module is not None and getattr(module, fn.__name__, None) is fn:
+            setattr(module, fn.__name__, disp)
 
 
 def _dispatcher(fn):
