@@ -13,7 +13,7 @@ def uncompiled(monkeypatch):
     for the rest of the test (after the test has made its compiled fields)."""
     def plain():
         for fn in cf._MARKED:
-            namespace = sys.modules[fn.__module__].__dict__
-            if namespace.get(fn.__name__) is cf._DISPATCHERS.get(fn, fn):
-                monkeypatch.setitem(namespace, fn.__name__, fn)
+            for namespace in (sys.modules[fn.__module__].__dict__, cf.__dict__):
+                if namespace.get(fn.__name__) is cf._DISPATCHERS.get(fn, fn):
+                    monkeypatch.setitem(namespace, fn.__name__, fn)
     return plain
