@@ -141,6 +141,28 @@ class RegularizedGain(MatrixCall):
         return sp.Inverse(sp.Identity(B.shape[1]) + B.T * B) * B.T
 
 
+class InverseGram(MatrixCall):
+    r""":math:`(I_k + BB^T)^{-1}` of a ``k x d`` matrix ``B`` (``k x k``).
+
+    Printed in a compiled head together with the :class:`RegularizedGain` of the same
+    ``B`` (one call of the package's ``gain``). :meth:`expanded` is the definition.
+    """
+
+    latex_name = r"\operatorname{E}"
+
+    @property
+    def shape(self):
+        rows = self.arg.shape[0]
+        return (rows, rows)
+
+    def _eval_transpose(self):
+        return self
+
+    def expanded(self):
+        B = self.arg
+        return sp.Inverse(sp.Identity(B.shape[0]) + B * B.T)
+
+
 class MatrixFunction(MatrixExpr):
     r""":math:`f(G)` for a symmetric PSD ``G`` through the functional calculus.
 
@@ -214,7 +236,8 @@ def expand_nodes(expr):
     is the inverse).
     """
     expr = expr.replace(lambda e: isinstance(e, GramFunctionCross), lambda e: e.expanded())
-    expr = expr.replace(lambda e: isinstance(e, RegularizedGain), lambda e: e.expanded())
+    expr = expr.replace(lambda e: isinstance(e, (RegularizedGain, InverseGram)),
+                        lambda e: e.expanded())
     return expr.replace(lambda e: isinstance(e, PseudoInverse), lambda e: e.as_inverse())
 
 
@@ -720,7 +743,10 @@ class Program:
         """The returned expressions in the inputs only."""
         subs = {}
         for target, expr in self.steps:
-            subs[target] = expr.xreplace(subs)
+            if isinstance(target, tuple):       # one call with several results
+                subs.update({t: e.xreplace(subs) for t, e in zip(target, expr)})
+            else:
+                subs[target] = expr.xreplace(subs)
         return tuple(r.xreplace(subs) for r in self.returns)
 
     def code(self, printer=None):
@@ -843,6 +869,7 @@ COMPILED_PRELUDE = '''
 # The compiled head (field_body, field_parts): plain Python printed from the derivation's
 # programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
 # (gaussian_pde.attention._compiled_fields).
+from .._common import kernels as _kernels
 from .._common.compiled import compiled_later as _compiled_later
 '''
 
@@ -1143,7 +1170,10 @@ def _paren(a):
 
 
 def _plus(*terms):
-    terms = [t for t in terms if t != "0"]
+    """``a + b + ...`` without zeros, the integer literals added (first)."""
+    const = sum(int(t) for t in terms if t.isdigit())
+    terms = [t for t in terms if not t.isdigit()]
+    terms = ([str(const)] if const else []) + terms
     return " + ".join(terms) if terms else "0"
 
 
@@ -1155,6 +1185,25 @@ def _times(a, b):
     if b == "1":
         return a
     return f"{_paren(a)} * {_paren(b)}"
+
+
+def _coeff_code(coeff, scalars):
+    """Code of a scalar coefficient: a number, then the scalars it multiplies, then those it divides.
+
+    ``2*c/s`` prints ``2.0 * c / s``, evaluated left to right as written.
+    """
+    num, up, down = sp.Integer(1), [], []
+    for f in sp.Mul.make_args(coeff):
+        if f.is_Number:
+            num *= f
+        elif f in scalars:
+            up.append(scalars[f])
+        elif f.is_Pow and f.exp == -1 and f.base in scalars:
+            down.append(scalars[f.base])
+        else:
+            raise NotImplementedError(f"cannot print the coefficient {coeff}")
+    code = " * ".join(([repr(float(num))] if num != 1 or not up else []) + up)
+    return code + "".join(f" / {n}" for n in down)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1218,7 +1267,8 @@ class LoopPrinter:
     - a product of more factors, left to right, each partial product a temporary.
     """
 
-    def __init__(self, refs, scalars, flat=True, widths=None):
+    def __init__(self, refs, scalars, flat=True, widths=None, failure=("return False",)):
+        self.failure = list(failure)        # what a failed call does (a field: NaN, return)
         self.refs = dict(refs)
         self.scalars = dict(scalars)
         self.flat = flat
@@ -1270,23 +1320,27 @@ class LoopPrinter:
                 f"        {body('i', 'j')}"]
 
     def _scaled(self, e):
-        """``(buffer, suffix)`` of a term ``coeff * X`` (``X`` a buffer): `` / c`` or `` * 2``."""
+        """``(buffer, sign, suffix)`` of a term ``coeff * X`` (``X`` a buffer).
+
+        ``sign`` is ``"-"`` for a negative coefficient (its magnitude in ``suffix``);
+        ``suffix`` is `` / c`` for a coefficient ``1/c``, `` / (2.0 * c)`` for
+        ``1/(2c)``, `` * s`` otherwise; all None for another term.
+        """
         coeff, mats = (e.as_coeff_matrices() if isinstance(e, sp.MatMul) else (1, [e]))
-        if len(mats) != 1:
-            return None, None
-        ref = self.ref(mats[0])
+        ref = self.ref(mats[0]) if len(mats) == 1 else None
         if ref is None:
-            return None, None
+            return None, None, None
+        sign = ""
+        if coeff != 1 and sp.sympify(coeff).could_extract_minus_sign():
+            sign, coeff = "-", -coeff
         if coeff == 1:
-            return ref, ""
+            return ref, sign, ""
         inv = 1 / coeff
-        if inv in self.scalars:
-            return ref, f" / {self.scalars[inv]}"
-        if coeff in self.scalars:
-            return ref, f" * {self.scalars[coeff]}"
-        if isinstance(coeff, sp.Number):
-            return ref, f" * {float(coeff)!r}"
-        return None, None
+        if all(not (f.is_Pow and f.exp < 0) for f in sp.Mul.make_args(inv)):
+            code = _coeff_code(inv, self.scalars)
+            return ref, sign, f" / ({code})" if " " in code else f" / {code}"
+        code = _coeff_code(coeff, self.scalars)
+        return ref, sign, f" * ({code})" if " " in code else f" * {code}"
 
     def operand(self, e):
         """The buffer of a product's factor, computed into a temporary when needed."""
@@ -1312,24 +1366,32 @@ class LoopPrinter:
 
     def assign(self, T, e):
         """Print ``T = e``."""
+        if isinstance(e, sp.Identity):
+            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = 1.0 if i == j else 0.0")
+            return
         if isinstance(e, sp.MatAdd):
-            terms = sorted(e.args, key=lambda a: self._scaled(a)[0] is not None)
+            terms = sorted(e.args, key=lambda a: (not isinstance(a, sp.Identity),
+                                                  self._scaled(a)[0] is not None))
             if len(terms) != 2:
                 raise NotImplementedError(f"only sums of two terms: {e}")
             self.assign(T, terms[0])
-            ref, suffix = self._scaled(terms[1])
+            ref, sign, suffix = self._scaled(terms[1])
             if ref is None:
-                ref, suffix = self.operand(terms[1]), ""
-            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} += {ref.at(i, j)}{suffix}")
+                ref, sign, suffix = self.operand(terms[1]), "", ""
+            self.lines += self._loops(
+                T, lambda i, j: f"{T.at(i, j)} {sign or '+'}= {ref.at(i, j)}{suffix}")
             return
-        ref, suffix = self._scaled(e)
+        ref, sign, suffix = self._scaled(e)
         if ref is not None:
-            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = {ref.at(i, j)}{suffix}")
+            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = {sign}{ref.at(i, j)}{suffix}")
             return
         if isinstance(e, sp.MatMul):
             coeff, mats = e.as_coeff_matrices()
-            if coeff != 1:
-                raise NotImplementedError(f"a scaled product: {e}")
+            if coeff != 1:          # the product, then each entry times the coefficient
+                self.assign(T, sp.MatMul(*mats) if len(mats) > 1 else mats[0])
+                code = _coeff_code(coeff, self.scalars)
+                self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} *= {code}")
+                return
             mats = list(e.args)
             left = self.operand(mats[0])
             for i, right in enumerate(mats[1:]):
@@ -1341,12 +1403,47 @@ class LoopPrinter:
             return
         raise NotImplementedError(f"cannot print {type(e).__name__}: {e}")
 
+    def view(self, T):
+        """A buffer as a 2-D array (a contiguous slice of ``ws`` reshaped, or the array)."""
+        if not T.flat:
+            return T.name
+        size = _times(T.rows, T.cols)
+        return f"{T.name}[{T.off}:{_plus(T.off, size)}].reshape(({T.rows}, {T.cols}))"
+
+    def call(self, targets, exprs):
+        r"""A call with several results: :math:`G` (and :math:`E`) of ``_kernels.gain``.
+
+        ``exprs``: ``(RegularizedGain(B),)`` or ``(RegularizedGain(B), InverseGram(B))``;
+        where the gain does not exist (``B`` not finite) the printer's ``failure`` runs.
+        """
+        gain, *rest = exprs
+        if not isinstance(gain, RegularizedGain) or any(
+                not isinstance(x, InverseGram) or x.arg != gain.arg for x in rest):
+            raise NotImplementedError(f"cannot print the call {exprs}")
+        B = self.operand(gain.arg)
+        k_, d_ = B.rows, B.cols
+        G = self.temporary(d_, k_, targets[0].name)
+        self.refs[targets[0]] = G
+        H = self.temporary(k_, k_)
+        if rest:
+            E = self.temporary(k_, k_, targets[1].name)
+            self.refs[targets[1]] = E
+            args = [B, G, H, H, E]
+        else:
+            args = [B, G, H, self.temporary(k_, d_), H]
+        self.lines.append(f"if not _kernels.gain({', '.join(self.view(a) for a in args)}, "
+                          f"{bool(rest)}):")
+        self.lines += [f"    {line}" for line in self.failure]
+
     def steps(self, program, outputs):
         """Print ``program``: its steps into new temporaries, its returns into ``outputs``.
 
         A step whose target has a buffer already (an output bound in ``refs``) writes there.
         """
         for target, e in program.steps:
+            if isinstance(target, tuple):
+                self.call(target, e)
+                continue
             T = self.refs.get(target)           # an output bound beforehand, or a temporary
             if T is None:
                 T = self.temporary(*self.shape(target), target.name)
@@ -1419,7 +1516,8 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
         refs[L] = Buffer("y", "d", "d", rs="m")
         refs[alpha] = Buffer("y", "d", "1", off="d", rs="m")
         outputs = [Buffer("out", "d", "d", rs="m")]
-    printer = LoopPrinter(refs, scalars, widths={d + 1: sp.Symbol("m")})
+    printer = LoopPrinter(refs, scalars, widths={d + 1: sp.Symbol("m")},
+                          failure=("for i in range(d * m):", "    out[i] = np.nan", "return"))
     printer.steps(factor, outputs)
     body = printer.lines
     printer.lines = []
@@ -1427,8 +1525,10 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
         printer.steps(mean, [Buffer("out", "d", "1", off="d", rs="m")])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
     offsets = [f"{o} = {code}" for o, code in printer.offsets]
+    counted = any("_kernels." in line for line in body)    # a call that allocates
     return LoopFunction(name, ("data", "k", "d", "m", "y", "out", "ws"), doc,
-                        _used(lines, body) + offsets + body)
+                        _used(lines, body) + offsets + body,
+                        mark="_compiled_later(counted=True)" if counted else "_compiled_later()")
 
 
 #: the parts of a head's Jacobian, as the targets of the steps that compute them
@@ -1438,7 +1538,7 @@ PART_A, PART_C, PART_M, PART_N = (sp.MatrixSymbol(n, d, d) for n in "ACMN")
 PART_r = sp.MatrixSymbol("r", d, 1)
 
 
-def head_parts(name, doc, inputs, parts, mean_parts=None, state=None):
+def head_parts(name, doc, inputs, parts, mean_parts=None, state=None, guards=()):
     r"""The :class:`LoopFunction` ``name(data, k, d, m, Z, A, C, M, N, r) -> bool``.
 
     ``parts``: a :class:`Program` in :data:`L` whose steps compute :data:`PART_A`,
@@ -1446,9 +1546,11 @@ def head_parts(name, doc, inputs, parts, mean_parts=None, state=None):
     ``mean_parts`` (in :data:`L` and :data:`alpha`, printed under ``if m > d``):
     :data:`PART_N` and :data:`PART_r`. ``Z`` and the parts are arrays (``r`` 1-D);
     temporaries are arrays of their own. ``state``: the whole state's symbol (a
-    ``second_moment`` head, whose ``parts`` are in it).
+    ``second_moment`` head, whose ``parts`` are in it). ``guards``: code of conditions
+    (of ``Z``, ``d``) without which the closed form does not hold: False first.
     """
     refs, scalars, lines = _data_layout(inputs)
+    checks = [line for g in guards for line in (f"if not {g}:", "    return False")]
     if state is not None:
         refs[state] = Buffer("Z", "d", "m", flat=False)
     refs[L] = Buffer("Z", "d", "d", flat=False)
@@ -1463,7 +1565,7 @@ def head_parts(name, doc, inputs, parts, mean_parts=None, state=None):
         printer.steps(mean_parts, [])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
     return LoopFunction(name, ("data", "k", "d", "m", "Z", "A", "C", "M", "N", "r"), doc,
-                        _used(lines, body) + body + ["return True"],
+                        checks + _used(lines, body) + body + ["return True"],
                         mark="_compiled_later(counted=True)")
 
 

@@ -98,6 +98,148 @@ def programs():
     }
 
 
+# ------------------------------------------------------------ the compiled head
+
+#: :math:`s = \sqrt{2c}` as a symbol of its own in the compiled head's programs, so that
+#: coefficients print as the kernel evaluates them (``2.0 * c / s``); :data:`DEFINITIONS`
+#: gives its value for the checks
+s_ = sp.Symbol("s", positive=True)
+DEFINITIONS = {s_: _s}
+#: the weights packed into the compiled head's ``data``: ``[c, s, sV, sK, Q, V, K]``
+INPUTS = ((S.scale, "c", None, None), (s_, "s", None, None), (s_ * S.V, "sV", "d", "d"),
+          (s_ * S.K, "sK", "k", "d"), (S.Q, "Q", "k", "d"), (S.V, "V", "d", "d"),
+          (S.K, "K", "k", "d"))
+_Bm = sp.MatrixSymbol("B", S.k, S.d)
+_Gm = sp.MatrixSymbol("G", S.d, S.k)
+_E = sp.MatrixSymbol("E", S.k, S.k)
+_XL = sp.MatrixSymbol("X", S.d, S.d)
+_GQ = sp.MatrixSymbol("GQ", S.d, S.d)
+_QmK = sp.MatrixSymbol("QmK", S.k, S.d)
+_QKa = sp.MatrixSymbol("QKa", S.k, 1)
+_Xa = sp.MatrixSymbol("Xa", S.d, 1)
+_Ga = sp.MatrixSymbol("Ga", S.d, 1)
+_LG = sp.MatrixSymbol("LG", S.d, S.k)
+_LGK = sp.MatrixSymbol("LGK", S.d, S.d)
+_Xi = sp.MatrixSymbol("Xi", S.d, S.d)
+_LGQ = sp.MatrixSymbol("LGQ", S.d, S.d)
+_EQ = sp.MatrixSymbol("EQ", S.k, S.d)
+_Eq = sp.MatrixSymbol("Eq", S.k, 1)
+
+
+def head_programs():
+    r"""The compiled head's programs: the field, its mean column, the Jacobian's parts.
+
+    With :math:`B = sKL`, :math:`G = (I + B^TB)^{-1}B^T` (``gain``, the package's helper:
+    a Cholesky solve or a QR) and :math:`E = (I_k + BB^T)^{-1}`:
+    :math:`L' = (sVL)\,(G\,QL)`, :math:`\alpha' = (sVL)\,G(Q - K)\alpha + (sV\alpha)/s`;
+    the parts :math:`A = 2cV(I - s\,LGK)`, :math:`C = K^T(EQ)`,
+    :math:`M = (2c/s)\,V(LGQ)`, :math:`N = A/(2c) + M`, :math:`r = K^T(E(Q - K)\alpha)`.
+    """
+    gain, sV, sK = S.RegularizedGain(_Bm), s_ * S.V, s_ * S.K
+    field = S.Program([(_Bm, sp.MatMul(sK, S.L)), ((_Gm,), (gain,)),
+                       (_XL, sp.MatMul(sV, S.L)), (_GQ, sp.MatMul(_Gm, sp.MatMul(S.Q, S.L)))],
+                      (sp.MatMul(_XL, _GQ),))
+    mean = S.Program([(_QmK, sp.MatAdd(S.Q, -S.K)), (_QKa, sp.MatMul(_QmK, S.alpha)),
+                      (_Xa, sp.MatMul(sV, S.alpha)), (_Ga, sp.MatMul(_Gm, _QKa))],
+                     (sp.MatAdd(sp.MatMul(_XL, _Ga), sp.MatMul(s_ ** -1, _Xa)),))
+    parts = S.Program([
+        (_Bm, sp.MatMul(sK, S.L)), ((_Gm, _E), (gain, S.InverseGram(_Bm))),
+        (_LG, sp.MatMul(S.L, _Gm)), (_LGK, sp.MatMul(_LG, S.K)),
+        (_Xi, sp.MatAdd(sp.Identity(S.d), sp.MatMul(-s_, _LGK))),
+        (_LGQ, sp.MatMul(_LG, S.Q)),
+        (S.PART_A, sp.MatMul(2 * S.scale, sp.MatMul(S.V, _Xi))),
+        (S.PART_M, sp.MatMul(2 * S.scale / s_, sp.MatMul(S.V, _LGQ))),
+        (_EQ, sp.MatMul(_E, S.Q)), (S.PART_C, sp.MatMul(S.K.T, _EQ))], ())
+    mean_parts = S.Program([
+        (S.PART_N, sp.MatAdd(sp.MatMul(1 / (2 * S.scale), S.PART_A), S.PART_M)),
+        (_QmK, sp.MatAdd(S.Q, -S.K)), (_QKa, sp.MatMul(_QmK, S.alpha)),
+        (_Eq, sp.MatMul(_E, _QKa)), (S.PART_r, sp.MatMul(S.K.T, _Eq))], ())
+    return field, mean, parts, mean_parts
+
+
+def _explicit_values(d, k, seed):
+    """Random rational weights and state (``d``, ``k``) with :math:`2c` a square: ``s`` rational."""
+    rng = np.random.default_rng(seed)
+
+    def rat(rows, cols):
+        return sp.Matrix(rows, cols, lambda i, j: sp.Rational(int(rng.integers(-9, 10)), 4))
+
+    return {S.Q: rat(k, d), S.K: rat(k, d), S.V: rat(d, d), S.L: rat(d, d),
+            S.alpha: rat(d, 1), S.scale: sp.Rational(9, 8)}
+
+
+def check_head_programs(seed=0, shapes=((2, 1), (2, 2), (3, 2))):
+    r"""The compiled head's programs against the derived field, exactly (SymPy rationals).
+
+    With :math:`c = 9/8` (:math:`s = 3/2`) and random rational weights: the programs
+    composed back (the gain and :math:`E` by their definitions) give
+    :math:`L' = M(LL^T)L` and :math:`\alpha' = b + M\alpha`; the parts give
+    :math:`A\,d\Sigma\,C = \tfrac{d}{dt}M(LL^T + t\,d\Sigma)` at ``t = 0`` for a
+    symmetric :math:`d\Sigma`, the printed ``M``, :math:`N\alpha = \alpha'(\alpha) -
+    \alpha'(0)` and :math:`A\,d\Sigma\,r = \tfrac{d}{dt}\alpha'(LL^T + t\,d\Sigma)`.
+    """
+    field = derive()
+    t = sp.Symbol("t")
+    field_p, mean_p, parts_p, mean_parts_p = head_programs()
+    ok = True
+    for i, (d, k) in enumerate(shapes):
+        vals = _explicit_values(d, k, seed + i)
+        G = sp.Matrix(d, d, lambda a, b: sp.Rational(a + 2 * b + 1, 3))
+        dSig = G + G.T
+        Sig0 = vals[S.L] * vals[S.L].T
+
+        def ex(expr, sig=Sig0, vals=vals):
+            expr = S.expand_nodes(expr.xreplace(DEFINITIONS))
+            return S.explicit(expr.xreplace({S.Sigma: S.Sigma}), {**vals, S.Sigma: sig})
+
+        M0 = ex(field.M)
+        mean = field.b + field.M * S.alpha
+        got = [sp.simplify(e) for e in (ex(x) for x in S.Program(
+            field_p.steps + mean_p.steps, field_p.returns + mean_p.returns).composed())]
+        ok &= (got[0] - M0 * vals[S.L]).is_zero_matrix
+        ok &= (got[1] - ex(mean)).is_zero_matrix
+        targets = (S.PART_A, S.PART_C, S.PART_M, S.PART_N, S.PART_r)
+        A, C, Mp, N, r = (ex(x) for x in S.Program(parts_p.steps + mean_parts_p.steps,
+                                                    targets).composed())
+        dM = ex(field.M, Sig0 + t * dSig).diff(t).subs(t, 0)
+        dmean = ex(mean, Sig0 + t * dSig).diff(t).subs(t, 0)
+        zero_a = {**vals, S.alpha: sp.zeros(d, 1)}
+        ok &= (A * dSig * C - dM).applyfunc(sp.simplify).is_zero_matrix
+        ok &= (Mp - M0).applyfunc(sp.simplify).is_zero_matrix
+        ok &= (N * vals[S.alpha] - (ex(mean) - ex(mean, vals=zero_a))).applyfunc(
+            sp.simplify).is_zero_matrix
+        ok &= (A * dSig * r - dmean).applyfunc(sp.simplify).is_zero_matrix
+    return bool(ok)
+
+
+_BODY_DOC = r"""L2 attention: the compiled head's :math:`Z' = [L' \mid \alpha']`.
+
+:math:`L' = (sVL)\,(G\,QL)`, :math:`\alpha' = (sVL)\,G(Q - K)\alpha + (sV\alpha)/s`,
+:math:`G = (I + B^TB)^{-1}B^T` of :math:`B = sKL` (``gain``: a Cholesky solve while
+:math:`\|B\|_F^2 < 10^3`, Householder QR beyond), :math:`s = \sqrt{2c}`. NaN where
+:math:`B` is not finite. ``data = [c, s, sV, sK, Q, V, K]`` (row-major); ``y``: the state
+:math:`Z = [L \mid \alpha]` (``d x m``, row-major); ``ws``: scratch. Plain Python,
+compiled by Numba (``gaussian_pde.attention._compiled_fields``).
+"""
+
+_PARTS_DOC = r"""L2 attention: the parts of the compiled head's Jacobian.
+
+With :math:`G` the gain of :math:`B = sKL`, :math:`E = (I_k + BB^T)^{-1}` and
+:math:`\Xi = I - sLGK`: :math:`A = 2cV\Xi`, :math:`C = K^TEQ`
+(:math:`dM[d\Sigma] = A\,d\Sigma\,C`), :math:`M = (2c/s)\,VLGQ`, :math:`N = A/(2c) + M`,
+:math:`r = K^TE(Q - K)\alpha`. False where the column norms of :math:`L` span
+``SPREAD_MAX`` or more (the closed form loses its digits) or :math:`B` is not finite.
+"""
+
+
+def compiled_functions():
+    """The printed head body and Jacobian parts (``field_body``, ``field_parts``)."""
+    field, mean, parts, mean_parts = head_programs()
+    return [S.head_body("field_body", _BODY_DOC, INPUTS, field, mean),
+            S.head_parts("field_parts", _PARTS_DOC, INPUTS, parts, mean_parts,
+                         guards=("_kernels.spread_ok(Z, d)",))]
+
+
 def _doc(text, *params):
     docs = {"Sigma": "Sigma : ndarray, shape (..., d, d)\n    Covariance.\n",
             "alpha": "alpha : ndarray, shape (..., d)\n    Mean.\n",
@@ -151,7 +293,7 @@ def functions():
                  r":math:`B = \sqrt{2c}\,KL`;" "\nit keeps :math:`\\Sigma` symmetric PSD "
                  "and its rank.", "L"),
             *code["factor_rhs"]),
-    ]
+    ] + compiled_functions()
 
 
 def _compiled(funcs):
@@ -221,6 +363,7 @@ CHECKS.update({
         check_programs() < 1e-10,
     "printed field is finite and exact at Sigma ~ 1e300 (singular direct solve)":
         check_extreme_scale,
+    "compiled head's programs and Jacobian parts (exact rationals)": check_head_programs,
 })
 
 

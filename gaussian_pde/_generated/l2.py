@@ -19,7 +19,13 @@ from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
 from .._common.linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "field_body", "field_parts"]
+
+# The compiled head (field_body, field_parts): plain Python printed from the derivation's
+# programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
+# (gaussian_pde.attention._compiled_fields).
+from .._common import kernels as _kernels
+from .._common.compiled import compiled_later as _compiled_later
 
 
 def field_matrix(Q, K, V, scale, Sigma):
@@ -137,3 +143,217 @@ def factor_rhs(Q, K, V, scale, L):
     QL = (Q @ L)
     X = (G @ QL)
     return (np.sqrt(2)*np.sqrt(scale) * (V @ L @ X))
+
+
+@_compiled_later(counted=True)
+def field_body(data, k, d, m, y, out, ws):
+    r"""L2 attention: the compiled head's :math:`Z' = [L' \mid \alpha']`.
+
+    :math:`L' = (sVL)\,(G\,QL)`, :math:`\alpha' = (sVL)\,G(Q - K)\alpha + (sV\alpha)/s`,
+    :math:`G = (I + B^TB)^{-1}B^T` of :math:`B = sKL` (``gain``: a Cholesky solve while
+    :math:`\|B\|_F^2 < 10^3`, Householder QR beyond), :math:`s = \sqrt{2c}`. NaN where
+    :math:`B` is not finite. ``data = [c, s, sV, sK, Q, V, K]`` (row-major); ``y``: the state
+    :math:`Z = [L \mid \alpha]` (``d x m``, row-major); ``ws``: scratch. Plain Python,
+    compiled by Numba (``gaussian_pde.attention._compiled_fields``).
+    """
+    s = data[1]
+    o_B = 0
+    o_G = o_B + k * d
+    o_t0 = o_G + d * k
+    o_t1 = o_t0 + k * k
+    o_X = o_t1 + k * d
+    o_GQ = o_X + d * d
+    o_t2 = o_GQ + d * d
+    o_QmK = o_t2 + k * d
+    o_QKa = o_QmK + k * d
+    o_Xa = o_QKa + k
+    o_Ga = o_Xa + d
+    for i in range(k):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[2 + d * d + i * d + p] * y[p * m + j]
+            ws[o_B + i * d + j] = acc
+    if not _kernels.gain(ws[o_B:o_B + k * d].reshape((k, d)), ws[o_G:o_G + d * k].reshape((d, k)), ws[o_t0:o_t0 + k * k].reshape((k, k)), ws[o_t1:o_t1 + k * d].reshape((k, d)), ws[o_t0:o_t0 + k * k].reshape((k, k)), False):
+        for i in range(d * m):
+            out[i] = np.nan
+        return
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[2 + i * d + p] * y[p * m + j]
+            ws[o_X + i * d + j] = acc
+    for i in range(k):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[2 + d * d + k * d + i * d + p] * y[p * m + j]
+            ws[o_t2 + i * d + j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += ws[o_G + i * k + p] * ws[o_t2 + p * d + j]
+            ws[o_GQ + i * d + j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += ws[o_X + i * d + p] * ws[o_GQ + p * d + j]
+            out[i * m + j] = acc
+    if m > d:
+        for i in range(k):
+            for j in range(d):
+                ws[o_QmK + i * d + j] = data[2 + d * d + k * d + i * d + j]
+        for i in range(k):
+            for j in range(d):
+                ws[o_QmK + i * d + j] -= data[2 + d * d + k * d + k * d + d * d + i * d + j]
+        for i in range(k):
+            ws[o_QKa + i] = 0.0
+        for p in range(d):
+            yp = y[d + p * m]
+            for i in range(k):
+                ws[o_QKa + i] += ws[o_QmK + i * d + p] * yp
+        for i in range(d):
+            ws[o_Xa + i] = 0.0
+        for p in range(d):
+            yp = y[d + p * m]
+            for i in range(d):
+                ws[o_Xa + i] += data[2 + i * d + p] * yp
+        for i in range(d):
+            ws[o_Ga + i] = 0.0
+        for p in range(k):
+            yp = ws[o_QKa + p]
+            for i in range(d):
+                ws[o_Ga + i] += ws[o_G + i * k + p] * yp
+        for i in range(d):
+            out[d + i * m] = 0.0
+        for p in range(d):
+            yp = ws[o_Ga + p]
+            for i in range(d):
+                out[d + i * m] += ws[o_X + i * d + p] * yp
+        for i in range(d):
+            out[d + i * m] += ws[o_Xa + i] / s
+
+
+@_compiled_later(counted=True)
+def field_parts(data, k, d, m, Z, A, C, M, N, r):
+    r"""L2 attention: the parts of the compiled head's Jacobian.
+
+    With :math:`G` the gain of :math:`B = sKL`, :math:`E = (I_k + BB^T)^{-1}` and
+    :math:`\Xi = I - sLGK`: :math:`A = 2cV\Xi`, :math:`C = K^TEQ`
+    (:math:`dM[d\Sigma] = A\,d\Sigma\,C`), :math:`M = (2c/s)\,VLGQ`, :math:`N = A/(2c) + M`,
+    :math:`r = K^TE(Q - K)\alpha`. False where the column norms of :math:`L` span
+    ``SPREAD_MAX`` or more (the closed form loses its digits) or :math:`B` is not finite.
+    """
+    if not _kernels.spread_ok(Z, d):
+        return False
+    c = data[0]
+    s = data[1]
+    B = np.empty((k, d))
+    for i in range(k):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[2 + d * d + i * d + p] * Z[p, j]
+            B[i, j] = acc
+    G = np.empty((d, k))
+    t0 = np.empty((k, k))
+    E = np.empty((k, k))
+    if not _kernels.gain(B, G, t0, t0, E, True):
+        return False
+    LG = np.empty((d, k))
+    for i in range(d):
+        for j in range(k):
+            acc = 0.0
+            for p in range(d):
+                acc += Z[i, p] * G[p, j]
+            LG[i, j] = acc
+    LGK = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += LG[i, p] * data[2 + d * d + k * d + k * d + d * d + p * d + j]
+            LGK[i, j] = acc
+    Xi = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            Xi[i, j] = 1.0 if i == j else 0.0
+    for i in range(d):
+        for j in range(d):
+            Xi[i, j] -= LGK[i, j] * s
+    LGQ = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += LG[i, p] * data[2 + d * d + k * d + p * d + j]
+            LGQ[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[2 + d * d + k * d + k * d + i * d + p] * Xi[p, j]
+            A[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            A[i, j] *= 2.0 * c
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[2 + d * d + k * d + k * d + i * d + p] * LGQ[p, j]
+            M[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            M[i, j] *= 2.0 * c / s
+    EQ = np.empty((k, d))
+    for i in range(k):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += E[i, p] * data[2 + d * d + k * d + p * d + j]
+            EQ[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(k):
+                acc += data[2 + d * d + k * d + k * d + d * d + i + p * d] * EQ[p, j]
+            C[i, j] = acc
+    if m > d:
+        for i in range(d):
+            for j in range(d):
+                N[i, j] = A[i, j] / (2.0 * c)
+        for i in range(d):
+            for j in range(d):
+                N[i, j] += M[i, j]
+        QmK = np.empty((k, d))
+        for i in range(k):
+            for j in range(d):
+                QmK[i, j] = data[2 + d * d + k * d + i * d + j]
+        for i in range(k):
+            for j in range(d):
+                QmK[i, j] -= data[2 + d * d + k * d + k * d + d * d + i * d + j]
+        QKa = np.empty((k, 1))
+        for i in range(k):
+            QKa[i, 0] = 0.0
+        for p in range(d):
+            yp = Z[p, d]
+            for i in range(k):
+                QKa[i, 0] += QmK[i, p] * yp
+        Eq = np.empty((k, 1))
+        for i in range(k):
+            Eq[i, 0] = 0.0
+        for p in range(k):
+            yp = QKa[p, 0]
+            for i in range(k):
+                Eq[i, 0] += E[i, p] * yp
+        for i in range(d):
+            r[i] = 0.0
+        for p in range(k):
+            yp = Eq[p, 0]
+            for i in range(d):
+                r[i] += data[2 + d * d + k * d + k * d + d * d + i + p * d] * yp
+    return True

@@ -24,6 +24,7 @@ __all__ = ["field_matrix", "moment_rhs", "factor_rhs", "second_moment_rhs", "fie
 # The compiled head (field_body, field_parts): plain Python printed from the derivation's
 # programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
 # (gaussian_pde.attention._compiled_fields).
+from .._common import kernels as _kernels
 from .._common.compiled import compiled_later as _compiled_later
 
 
