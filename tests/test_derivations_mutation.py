@@ -26,7 +26,7 @@ def _module(source, name):
     source = source.replace(      # a mutant's compiled head is run as plain Python, never marked
         "from .._common.compiled import compiled_later as _compiled_later",
         "def _compiled_later(**options):\n    return lambda fn: fn")
-    source = source.replace("from .._common.", "from gaussian_pde._common.")
+    source = source.replace("from .._common", "from gaussian_pde._common")
     exec(compile(source, f"{name}.py", "exec"), module.__dict__)
     return module
 
