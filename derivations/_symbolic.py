@@ -1369,6 +1369,9 @@ class LoopPrinter:
         if isinstance(e, sp.Identity):
             self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = 1.0 if i == j else 0.0")
             return
+        if isinstance(e, GramFunctionCross):
+            self.gram_cross(T, e)
+            return
         if isinstance(e, sp.MatAdd):
             terms = sorted(e.args, key=lambda a: (not isinstance(a, sp.Identity),
                                                   self._scaled(a)[0] is not None))
@@ -1409,6 +1412,23 @@ class LoopPrinter:
             return T.name
         size = _times(T.rows, T.cols)
         return f"{T.name}[{T.off}:{_plus(T.off, size)}].reshape(({T.rows}, {T.cols}))"
+
+    def gram_cross(self, T, e):
+        r""":math:`T = B f(B^TB) = U\operatorname{diag}(s f(s^2))W^T` from the SVD of ``B``.
+
+        The scalar :math:`s f(s^2)` is printed from its SymPy expression (as the NumPy
+        helper's, :func:`gram_cross_helper`); where ``B`` is not finite the printer's
+        ``failure`` runs.
+        """
+        B = self.operand(e.arg)
+        n = B.rows
+        sv = sp.Symbol("sv_j", nonnegative=True)
+        scalar = print_scalar(sp.simplify(sv * e.f(sv ** 2))).replace("sv_j", "sv[j]")
+        self.lines += [f"if not _kernels.finite({self.view(B)}):"]
+        self.lines += [f"    {line}" for line in self.failure]
+        self.lines += [f"U, sv, Wt = np.linalg.svd({self.view(B)})", f"for j in range({n}):",
+                       f"    f = {scalar}", f"    for i in range({n}):", "        U[i, j] *= f"]
+        self.product(T, Buffer("U", n, n, flat=False), Buffer("Wt", n, n, flat=False))
 
     def call(self, targets, exprs):
         r"""A call with several results: :math:`G` (and :math:`E`) of ``_kernels.gain``.

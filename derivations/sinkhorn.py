@@ -270,6 +270,54 @@ def programs():
     }
 
 
+# ------------------------------------------------------------ the compiled head
+
+#: the weights packed into the compiled head's ``data``: ``[A, V]``, :math:`A = cK^TQ`
+INPUTS = ((A, "A", "d", "d"), (S.V, "V", "d", "d"))
+#: the interaction matrix's definition from the weights (for the checks and the tests)
+DEFINITIONS = {A: A_DEF}
+_AL, _VL = (sp.MatrixSymbol(n, S.d, S.d) for n in ("AL", "VL"))
+
+
+def head_programs():
+    r"""The compiled head: :math:`L' = (VL)\,B\varphi(B^TB)`, :math:`B = L^T(AL)`; :math:`\alpha' = V\alpha`.
+
+    :math:`B\varphi(B^TB)` from the SVD of ``B`` (:class:`~derivations._symbolic.GramFunctionCross`,
+    its scalar :math:`s\varphi(s^2)` printed from :data:`PHI`). No closed-form Jacobian:
+    the integrators take differences.
+    """
+    field = S.Program([(_AL, sp.MatMul(A, S.L)), (_B, sp.MatMul(S.L.T, _AL)),
+                       (_BPhi, cross(_B)), (_VL, sp.MatMul(S.V, S.L))],
+                      (sp.MatMul(_VL, _BPhi),))
+    mean = S.Program([], (sp.MatMul(S.V, S.alpha),))
+    return field, mean
+
+
+def check_head_programs():
+    r"""SymPy: the compiled head's programs composed back are :math:`L' = ML` and :math:`\alpha' = b + M\alpha`."""
+    field, (prog, mean) = derive(), head_programs()
+    return (prog.check(field.factor_rhs)
+            and S.is_zero_matrix(S.expand_nodes(mean.composed()[0] - field.mean_rhs)))
+
+
+_BODY_DOC = r"""Sinkhorn attention: the compiled head's :math:`Z' = [L' \mid \alpha']`.
+
+:math:`L' = (VL)\,B\varphi(B^TB)`, :math:`B = L^T(AL)`, from the SVD
+:math:`B = U\operatorname{{diag}}(s)W^T` as :math:`U\operatorname{{diag}}(s\varphi(s^2))W^T`;
+:math:`\alpha' = V\alpha`. NaN where :math:`B` is not finite. ``data = [A, V]``
+(row-major, :math:`A = cK^TQ`); ``y``: the state :math:`Z = [L \mid \alpha]` (``d x m``,
+row-major); ``ws``: scratch. Plain Python, compiled by Numba
+(``gaussian_pde.attention._compiled_fields``).
+"""
+
+
+def compiled_functions():
+    """The printed head body (``field_body``; no Jacobian parts)."""
+    field, mean = head_programs()
+    return [S.head_body("field_body", _BODY_DOC.replace("{{", "{").replace("}}", "}"), INPUTS,
+                        field, mean)]
+
+
 def check_programs():
     r"""SymPy: every printed program, composed back, equals the derivation.
 
@@ -413,7 +461,7 @@ def functions():
             _doc(r"Sinkhorn attention, factor form: :math:`L' = V L B\varphi(B^TB)`, "
                  r":math:`B = L^TAL`.", "L"),
             *code["factor_rhs"]),
-    ]
+    ] + compiled_functions()
 
 
 def equations_latex():
@@ -439,6 +487,7 @@ CHECKS = {
     "the SVD helper's s phi(s^2) is B phi(B^T B) reduced (B = U S W^T)":
         lambda: S.check_gram_cross_svd(cross(_B)),
     "printed programs compose back to the derived field": lambda: all(check_programs().values()),
+    "the compiled head's programs compose back to the derived field": check_head_programs,
     "matrix fixed point on random (singular) matrices": lambda: check_matrix_fixed_point() < 1e-9,
     "printed helper equals the package's sinkhorn_cross and B sinkhorn_phi(B^T B)":
         lambda: check_svd_form() < 1e-12,

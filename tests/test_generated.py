@@ -198,8 +198,11 @@ def test_kernel_printer_hoists_weight_products():
         assert body.count("_dot(" if not batched else " @ ") == 5
 
 
-#: the derivations whose generated module has a printed compiled head (``field_body``)
+#: the derivations whose generated module has a printed compiled head (``field_body``),
+#: and those of them with printed Jacobian parts (``field_parts``)
 HEAD_TYPES = [mod for mod in generate.GENERATED_TYPES if hasattr(mod, "INPUTS")]
+PARTS_TYPES = [mod for mod in HEAD_TYPES
+               if hasattr(importlib.import_module(f"gaussian_pde._generated.{mod.NAME}"), "field_parts")]
 
 
 def _generated(mod):
@@ -227,7 +230,7 @@ def _head_numbers(mod, d, k, rng):
             lambda a, Sig: np.broadcast_to(f_b(*values, a[:, None], Sig), (d, 1))[:, 0])
 
 
-@pytest.mark.parametrize("mod", HEAD_TYPES, ids=lambda m: m.NAME)
+@pytest.mark.parametrize("mod", PARTS_TYPES, ids=lambda m: m.NAME)
 @pytest.mark.parametrize("d, k, rank", [(1, 1, 1), (3, 2, 3), (4, 4, 2), (3, 5, 3)])
 def test_printed_head_equals_the_lambdified_field(mod, d, k, rank, rng):
     """The printed head body (plain Python) against lambdify of the derivation's M and b:
@@ -278,6 +281,36 @@ def test_printed_head_equals_the_lambdified_field(mod, d, k, rank, rng):
         dmean = along(lambda S_, a=a, mean=mean: mean(a, S_))
         np.testing.assert_allclose(A @ dSig @ r, dmean, rtol=1e-6,
                                    atol=1e-7 * np.abs(dmean).max())
+
+
+@pytest.mark.parametrize("mod", [m for m in HEAD_TYPES if m not in PARTS_TYPES],
+                         ids=lambda m: m.NAME)
+@pytest.mark.parametrize("d, k, rank", [(1, 1, 1), (3, 2, 3), (4, 4, 2)])
+def test_printed_head_equals_the_generated_numpy_field(mod, d, k, rank, rng):
+    """A printed head without Jacobian parts (Sinkhorn: its scalar function through an SVD,
+    which lambdify cannot print) against the other printed form of the same derivation,
+    the generated NumPy ``factor_rhs`` and ``moment_rhs``, with k < d, k > d and
+    rank-deficient factors."""
+    gen = _generated(mod)
+    dims = {S.d: d, S.k: k}
+    weights = [S.Q, S.K, S.V, S.scale]
+    concrete = [w.subs(dims) if isinstance(w, sp.MatrixSymbol) else w for w in weights]
+    for _ in range(3):
+        Q, K, V = rng.standard_normal((k, d)), rng.standard_normal((k, d)), rng.standard_normal((d, d))
+        c = float(rng.uniform(0.2, 2.0))
+        data = np.concatenate([np.ravel(sp.lambdify(concrete, e.xreplace(mod.DEFINITIONS).subs(dims),
+                                                    "numpy")(Q, K, V, c)) for e, *_ in mod.INPUTS])
+        L = np.zeros((d, d))
+        L[:, :rank] = rng.standard_normal((d, rank))
+        a = rng.standard_normal(d)
+        dmean, _ = gen.moment_rhs(Q, K, V, c, a, L @ L.T)
+        want = np.column_stack([gen.factor_rhs(Q, K, V, c, L), dmean])
+        for m in (d, d + 1):
+            Z = np.ascontiguousarray(np.column_stack([L, a])[:, :m])
+            out = np.full(d * m, np.nan)
+            gen.field_body(data, k, d, m, Z.ravel(), out, np.full(8 * (d + k + 2) ** 2, np.nan))
+            np.testing.assert_allclose(out.reshape(d, m), want[:, :m], rtol=1e-11,
+                                       atol=1e-12 * np.abs(want).max())
 
 
 def test_printed_head_keeps_small_fields_accurate(rng):

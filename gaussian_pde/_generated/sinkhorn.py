@@ -19,7 +19,13 @@ from .._common.linalg import sinkhorn_cross as _sinkhorn_cross
 from .._common.linalg import sinkhorn_phi as _sinkhorn_phi
 from .._common.linalg import solve as _solve
 
-__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs"]
+__all__ = ["field_matrix", "field_offset", "moment_rhs", "cov_rhs", "factor_rhs", "field_body"]
+
+# The compiled head (field_body, field_parts): plain Python printed from the derivation's
+# programs by derivations._symbolic.LoopPrinter, compiled by Numba at first use
+# (gaussian_pde.attention._compiled_fields).
+from .._common import kernels as _kernels
+from .._common.compiled import compiled_later as _compiled_later
 
 
 def _cross_phi(B):
@@ -142,3 +148,66 @@ def factor_rhs(Q, K, V, scale, L):
     B = (_T(L) @ A @ L)
     BPhi = _cross_phi(B)
     return (V @ L @ BPhi)
+
+
+@_compiled_later(counted=True)
+def field_body(data, k, d, m, y, out, ws):
+    r"""Sinkhorn attention: the compiled head's :math:`Z' = [L' \mid \alpha']`.
+
+    :math:`L' = (VL)\,B\varphi(B^TB)`, :math:`B = L^T(AL)`, from the SVD
+    :math:`B = U\operatorname{diag}(s)W^T` as :math:`U\operatorname{diag}(s\varphi(s^2))W^T`;
+    :math:`\alpha' = V\alpha`. NaN where :math:`B` is not finite. ``data = [A, V]``
+    (row-major, :math:`A = cK^TQ`); ``y``: the state :math:`Z = [L \mid \alpha]` (``d x m``,
+    row-major); ``ws``: scratch. Plain Python, compiled by Numba
+    (``gaussian_pde.attention._compiled_fields``).
+    """
+    o_AL = 0
+    o_B = o_AL + d * d
+    o_BPhi = o_B + d * d
+    o_VL = o_BPhi + d * d
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[i * d + p] * y[p * m + j]
+            ws[o_AL + i * d + j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += y[i + p * m] * ws[o_AL + p * d + j]
+            ws[o_B + i * d + j] = acc
+    if not _kernels.finite(ws[o_B:o_B + d * d].reshape((d, d))):
+        for i in range(d * m):
+            out[i] = np.nan
+        return
+    U, sv, Wt = np.linalg.svd(ws[o_B:o_B + d * d].reshape((d, d)))
+    for j in range(d):
+        f = 2*sv[j]/(np.sqrt(4*sv[j]**2 + 1) + 1)
+        for i in range(d):
+            U[i, j] *= f
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += U[i, p] * Wt[p, j]
+            ws[o_BPhi + i * d + j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += data[d * d + i * d + p] * y[p * m + j]
+            ws[o_VL + i * d + j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += ws[o_VL + i * d + p] * ws[o_BPhi + p * d + j]
+            out[i * m + j] = acc
+    if m > d:
+        for i in range(d):
+            out[d + i * m] = 0.0
+        for p in range(d):
+            yp = y[d + p * m]
+            for i in range(d):
+                out[d + i * m] += data[d * d + i * d + p] * yp

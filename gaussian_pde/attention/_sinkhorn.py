@@ -15,8 +15,6 @@ valid for singular ``A`` and singular :math:`\Sigma` (nothing is inverted).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import logsumexp
@@ -135,46 +133,7 @@ def _sinkhorn_potential(S, logw, tol=1e-13, max_iter=20_000):
     return g
 
 
-# ----------------------------------------------------------------------------------------
-# the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
-# ----------------------------------------------------------------------------------------
-
-@cf.compiled_later(counted=True)
-def _field(data, k, d, m, y, out, ws):
-    r"""The head's :math:`Z'`: :math:`L' = VL\,B\varphi(B^TB)`, :math:`B = L^TAL`, :math:`\alpha' = V\alpha`.
-
-    From the SVD (:func:`gaussian_pde._common.linalg.sinkhorn_cross`); ``data = [A, V]``,
-    :math:`A = cK^TQ`. NaN where :math:`B` is not finite.
-    """
-    A = data[:d * d].reshape((d, d))
-    V = data[d * d:2 * d * d].reshape((d, d))
-    Z = y.reshape((d, m))
-    L = np.ascontiguousarray(Z[:, :d])
-    AL = ws[:d * d].reshape((d, d))
-    Bm = np.empty((d, d))
-    cf.mm(A, L, AL)
-    cf.mm(np.ascontiguousarray(L.T), AL, Bm)
-    if not cf.finite(Bm):
-        cf.fill_nan(out)
-        return
-    U, sv, Wt = np.linalg.svd(Bm)
-    for j in range(d):
-        f = 2.0 * sv[j] / (1.0 + math.sqrt(1.0 + 4.0 * sv[j] * sv[j]))
-        for i in range(d):
-            U[i, j] *= f
-    C = np.zeros((m, m))
-    cf.mm(U, Wt, C[:d, :d])
-    if m > d:
-        C[d, d] = 1.0                       # alpha' = V alpha
-    VZ = ws[d * d:d * d + d * m].reshape((d, m))
-    cf.mm(V, Z, VZ)
-    for i in range(d):
-        for j in range(m):
-            acc = 0.0
-            for p in range(m):
-                acc += VZ[i, p] * C[p, j]
-            out[i * m + j] = acc
-
-
-#: the compiled field of a Sinkhorn head (no closed-form Jacobian: differences)
-FIELD = cf.HeadKernel(_field)
+#: the compiled field of a Sinkhorn head: the body printed from the derivation
+#: (``derivations/sinkhorn.py``) into the generated module (no closed-form Jacobian:
+#: differences)
+FIELD = cf.HeadKernel(_gen.field_body)
