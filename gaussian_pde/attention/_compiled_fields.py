@@ -16,8 +16,10 @@ so it serves every type that supplies kernels, without knowing which type it is.
     ``False`` where no closed form holds there (the integrator takes central
     differences of ``rhs`` instead).
 
-**A type's field, written once.** A type of this package states its field in its own
-module as plain Python, and wraps it in a :class:`HeadKernel`:
+**A type's field, written once.** A type of this package states its field in its
+derivation (``derivations/<type>.py``), from which ``derivations/generate.py`` prints the
+plain-Python head into ``gaussian_pde/_generated/<type>.py`` (``field_body``,
+``field_parts``); the type's module wraps them in a :class:`HeadKernel`:
 
 ``body(data, k, d, m, y, out, ws)``
     one head's :math:`Z'` from its weights ``data`` (the type's own layout) and its
@@ -30,8 +32,9 @@ module as plain Python, and wraps it in a :class:`HeadKernel`:
     the second moment :math:`P = ZZ^T = \Sigma + \alpha\alpha^T` (``second_moment``:
     :math:`Z' = M(P)Z`, no offset, :math:`dM[dP] = A\,dP\,C`) gives ``A, C, M`` alone.
 
-The functions a body calls are marked by :func:`compiled_later` (plain Python until a
-field is first compiled, so the tests also run them uncompiled). This module makes the
+The bodies, the parts and the functions they call (the shared numerics of
+:mod:`gaussian_pde._common.kernels`) are marked by :func:`compiled_later` (plain Python
+until a field is first compiled, so the tests also run them uncompiled). This module makes the
 kernels from templates (copies of its functions calling the heads' compiled functions,
 :func:`_instance`), and assembles the Jacobian from the parts once for every type
 (:func:`assemble`):
