@@ -1351,18 +1351,39 @@ class LoopPrinter:
         self.assign(T, e)
         return T
 
-    def product(self, T, X, Y):
-        """``T = X Y``, every entry summed over ``p`` in increasing order."""
+    def product(self, T, X, Y, tail=None):
+        """``T = X Y``, every entry summed over ``p`` in increasing order.
+
+        ``tail(i, j)``: code applied to the sum as it is stored (`` * (2.0 * c)``,
+        `` + X[i, j]``); for a column, in a loop of its own after the sums.
+        """
         if T.cols == "1":
             self.lines += [f"for i in range({T.rows}):", f"    {T.at('i', '0')} = 0.0",
                            f"for p in range({X.cols}):", f"    yp = {Y.at('p', '0')}",
                            f"    for i in range({T.rows}):",
                            f"        {T.at('i', '0')} += {X.at('i', 'p')} * yp"]
+            if tail is not None:
+                self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = {T.at(i, j)}{tail(i, j)}")
             return
         self.lines += [f"for i in range({T.rows}):", f"    for j in range({T.cols}):",
                        "        acc = 0.0", f"        for p in range({X.cols}):",
                        f"            acc += {X.at('i', 'p')} * {Y.at('p', 'j')}",
-                       f"        {T.at('i', 'j')} = acc"]
+                       f"        {T.at('i', 'j')} = acc{tail('i', 'j') if tail else ''}"]
+
+    def _entry(self, e):
+        """``entry(i, j)``: the code of an entry of ``e`` (identity or scaled buffer), or None."""
+        if isinstance(e, sp.Identity):
+            return lambda i, j: "(1.0 if i == j else 0.0)"
+        ref, sign, suffix = self._scaled(e)
+        if ref is None:
+            return None
+        return lambda i, j: f"{sign}{ref.at(i, j)}{suffix}"
+
+    def _two_factors(self, e):
+        """``(X, Y)``: the buffers of a product of two factors (coefficient 1), or None."""
+        if not isinstance(e, sp.MatMul) or len(e.args) != 2 or e.as_coeff_matrices()[0] != 1:
+            return None
+        return self.operand(e.args[0]), self.operand(e.args[1])
 
     def assign(self, T, e):
         """Print ``T = e``."""
@@ -1377,12 +1398,23 @@ class LoopPrinter:
                                                   self._scaled(a)[0] is not None))
             if len(terms) != 2:
                 raise NotImplementedError(f"only sums of two terms: {e}")
-            self.assign(T, terms[0])
             ref, sign, suffix = self._scaled(terms[1])
             if ref is None:
                 ref, sign, suffix = self.operand(terms[1]), "", ""
-            self.lines += self._loops(
-                T, lambda i, j: f"{T.at(i, j)} {sign or '+'}= {ref.at(i, j)}{suffix}")
+
+            def second(i, j):
+                return f" {sign or '+'} {ref.at(i, j)}{suffix}"
+
+            first = self._entry(terms[0])
+            if first is not None:           # entry by entry, in one loop
+                self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = {first(i, j)}{second(i, j)}")
+                return
+            factors = self._two_factors(terms[0])
+            if factors is not None:         # the product, the second term added as it is stored
+                self.product(T, *factors, tail=second)
+                return
+            self.assign(T, terms[0])
+            self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} = {T.at(i, j)}{second(i, j)}")
             return
         ref, sign, suffix = self._scaled(e)
         if ref is not None:
@@ -1390,10 +1422,15 @@ class LoopPrinter:
             return
         if isinstance(e, sp.MatMul):
             coeff, mats = e.as_coeff_matrices()
-            if coeff != 1:          # the product, then each entry times the coefficient
-                self.assign(T, sp.MatMul(*mats) if len(mats) > 1 else mats[0])
+            if coeff != 1:          # the product, each entry times the coefficient as stored
                 code = _coeff_code(coeff, self.scalars)
-                self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} *= {code}")
+                inner = sp.MatMul(*mats) if len(mats) > 1 else mats[0]
+                factors = self._two_factors(inner)
+                if factors is not None:
+                    self.product(T, *factors, tail=lambda i, j: f" * ({code})")
+                else:
+                    self.assign(T, inner)
+                    self.lines += self._loops(T, lambda i, j: f"{T.at(i, j)} *= {code}")
                 return
             mats = list(e.args)
             left = self.operand(mats[0])

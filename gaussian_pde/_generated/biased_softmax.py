@@ -180,9 +180,7 @@ def field_body(data, k, d, m, y, out, ws):
             for i in range(d + 2 * k):
                 ws[o_Pa + i] += data[1 + i * d + p] * yp
         for i in range(k):
-            ws[o_Qb + i] = ws[o_Pa + d + k + i]
-        for i in range(k):
-            ws[o_Qb + i] += data[1 + (d + 2 * k) * d + i]
+            ws[o_Qb + i] = ws[o_Pa + d + k + i] + data[1 + (d + 2 * k) * d + i]
         for i in range(d):
             out[d + i * m] = 0.0
         for p in range(k):
@@ -190,7 +188,7 @@ def field_body(data, k, d, m, y, out, ws):
             for i in range(d):
                 out[d + i * m] += ws[o_B + i * k + p] * yp
         for i in range(d):
-            out[d + i * m] += ws[o_Pa + i] / c
+            out[d + i * m] = out[d + i * m] + ws[o_Pa + i] / c
 
 
 @_compiled_later(counted=True)
@@ -235,16 +233,7 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     if m > d:
         for i in range(d):
             for j in range(d):
-                N[i, j] = A[i, j] / c
-        for i in range(d):
-            for j in range(d):
-                N[i, j] += M[i, j]
-        for i in range(d):
-            r[i] = 0.0
-        for p in range(d):
-            yp = Z[p, d]
-            for i in range(d):
-                r[i] += C[i, p] * yp
+                N[i, j] = A[i, j] / c + M[i, j]
         t1 = np.empty((d, 1))
         for i in range(d):
             t1[i, 0] = 0.0
@@ -253,5 +242,11 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
             for i in range(d):
                 t1[i, 0] += data[1 + d * d + i + p * d] * yp
         for i in range(d):
-            r[i] += t1[i, 0]
+            r[i] = 0.0
+        for p in range(d):
+            yp = Z[p, d]
+            for i in range(d):
+                r[i] += C[i, p] * yp
+        for i in range(d):
+            r[i] = r[i] + t1[i, 0]
     return True

@@ -205,10 +205,7 @@ def field_body(data, k, d, m, y, out, ws):
     if m > d:
         for i in range(k):
             for j in range(d):
-                ws[o_QmK + i * d + j] = data[2 + d * d + k * d + i * d + j]
-        for i in range(k):
-            for j in range(d):
-                ws[o_QmK + i * d + j] -= data[2 + d * d + k * d + k * d + d * d + i * d + j]
+                ws[o_QmK + i * d + j] = data[2 + d * d + k * d + i * d + j] - data[2 + d * d + k * d + k * d + d * d + i * d + j]
         for i in range(k):
             ws[o_QKa + i] = 0.0
         for p in range(d):
@@ -234,7 +231,7 @@ def field_body(data, k, d, m, y, out, ws):
             for i in range(d):
                 out[d + i * m] += ws[o_X + i * d + p] * yp
         for i in range(d):
-            out[d + i * m] += ws[o_Xa + i] / s
+            out[d + i * m] = out[d + i * m] + ws[o_Xa + i] / s
 
 
 @_compiled_later(counted=True)
@@ -280,10 +277,7 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     Xi = np.empty((d, d))
     for i in range(d):
         for j in range(d):
-            Xi[i, j] = 1.0 if i == j else 0.0
-    for i in range(d):
-        for j in range(d):
-            Xi[i, j] -= LGK[i, j] * s
+            Xi[i, j] = (1.0 if i == j else 0.0) - LGK[i, j] * s
     LGQ = np.empty((d, d))
     for i in range(d):
         for j in range(d):
@@ -296,19 +290,13 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
             acc = 0.0
             for p in range(d):
                 acc += data[2 + d * d + k * d + k * d + i * d + p] * Xi[p, j]
-            A[i, j] = acc
-    for i in range(d):
-        for j in range(d):
-            A[i, j] *= 2.0 * c
+            A[i, j] = acc * (2.0 * c)
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(d):
                 acc += data[2 + d * d + k * d + k * d + i * d + p] * LGQ[p, j]
-            M[i, j] = acc
-    for i in range(d):
-        for j in range(d):
-            M[i, j] *= 2.0 * c / s
+            M[i, j] = acc * (2.0 * c / s)
     EQ = np.empty((k, d))
     for i in range(k):
         for j in range(d):
@@ -325,17 +313,11 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     if m > d:
         for i in range(d):
             for j in range(d):
-                N[i, j] = A[i, j] / (2.0 * c)
-        for i in range(d):
-            for j in range(d):
-                N[i, j] += M[i, j]
+                N[i, j] = A[i, j] / (2.0 * c) + M[i, j]
         QmK = np.empty((k, d))
         for i in range(k):
             for j in range(d):
-                QmK[i, j] = data[2 + d * d + k * d + i * d + j]
-        for i in range(k):
-            for j in range(d):
-                QmK[i, j] -= data[2 + d * d + k * d + k * d + d * d + i * d + j]
+                QmK[i, j] = data[2 + d * d + k * d + i * d + j] - data[2 + d * d + k * d + k * d + d * d + i * d + j]
         QKa = np.empty((k, 1))
         for i in range(k):
             QKa[i, 0] = 0.0

@@ -175,7 +175,7 @@ def field_body(data, k, d, m, y, out, ws):
             for i in range(d):
                 out[d + i * m] += ws[o_B + i * k + p] * yp
         for i in range(d):
-            out[d + i * m] += ws[o_Pa + i] / c
+            out[d + i * m] = out[d + i * m] + ws[o_Pa + i] / c
 
 
 @_compiled_later(counted=True)
@@ -220,10 +220,7 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     if m > d:
         for i in range(d):
             for j in range(d):
-                N[i, j] = A[i, j] / c
-        for i in range(d):
-            for j in range(d):
-                N[i, j] += M[i, j]
+                N[i, j] = A[i, j] / c + M[i, j]
         for i in range(d):
             r[i] = 0.0
         for p in range(d):
