@@ -297,8 +297,9 @@ def functions():
 
 
 def _compiled(funcs):
-    """Compile generated functions (``Function`` items) into a namespace."""
+    """Compile the generated NumPy functions (``Function`` items) into a namespace."""
     linalg = S.load_linalg()
+    funcs = [f for f in funcs if isinstance(f, S.Function)]       # not the compiled head
     src = S.render_module("l2.py", "check", funcs).split("__all__", 1)[1].split("\n", 1)[1]
     ns = {"np": np, "_T": linalg.T, "_l2_gain": linalg.l2_gain, "_solve": linalg.solve,
           "_psd_sqrt": linalg.psd_sqrt}
