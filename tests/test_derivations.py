@@ -11,7 +11,7 @@ import sympy as sp
 
 import gaussian_pde as gp
 from derivations import _symbolic as S
-from derivations import generate, l2, multihead, sinkhorn, softmax
+from derivations import biased_softmax, generate, l2, linear, multihead, sinkhorn, softmax
 from gaussian_pde.attention._kernels import ParticleDiagnostics, normalized_average
 from tests.attention import capability_checks
 
@@ -250,3 +250,17 @@ def test_every_derivation_imports_both_as_a_script_and_as_a_module(how, prefix):
     assert run.returncode == 0, f"{how}:\n{run.stderr}"
     names = run.stdout.split()
     assert {mod.NAME for mod in generate.ALL_TYPES} <= set(names), names
+
+
+@pytest.mark.parametrize("check", [
+    softmax.thin_factor_form, softmax.mean_form, softmax.jacobian_parts,
+    lambda: softmax.mean_form(biased_softmax.derive, bias=biased_softmax.q),
+    lambda: softmax.jacobian_parts(biased_softmax.derive, bias=biased_softmax.q),
+    linear.check_kernel_program, linear.check_parts, sinkhorn.check_head_programs,
+    lambda: l2.check_head_programs(shapes=((2, 1),))],
+    ids=["softmax-field", "softmax-mean", "softmax-parts", "biased-mean", "biased-parts",
+         "linear-field", "linear-parts", "sinkhorn-field", "l2-exact"])
+def test_compiled_head_programs_are_the_derived_field(check):
+    """The programs printed into the compiled heads, composed back, are the derived field,
+    and their Jacobian parts the derivatives they state (the derivations' own checks)."""
+    assert check()
