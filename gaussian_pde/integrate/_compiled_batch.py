@@ -129,7 +129,8 @@ class CoreOptions(typing.NamedTuple):
         A plain state (:func:`integrate_states`) rather than :math:`Z = [L \mid \alpha]`:
         no blow-up look and no re-factoring; a row stops with ``GROWTH`` where the
         field's measure of the state (``ws[0]`` after ``rhs`` at it) passes ``tr0``
-        times ``blowup_threshold``; ``t_eval`` output is the whole state.
+        times ``blowup_threshold``; the steps land on ``t_eval``, whose output is the
+        whole state.
     """
 
     atol: float
@@ -850,6 +851,8 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
         if h_abs > max_step:
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
+        if opt.plain and p_out[0] < t_eval.size:     # a plain state lands on t_eval
+            h = _nmin(h, t_eval[p_out[0]] - t)
         err, hlamb, spent, err_exp, max_factor, fresh = _attempt(
             rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
             ws, atol, rtol)
@@ -901,7 +904,10 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     t1 = opt.t1
     tau_new = tau + h
     t_new = base + tau_new
-    if t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
+    if opt.plain and p_out[0] < t_eval.size and h == t_eval[p_out[0]] - t:
+        t_new = t_eval[p_out[0]]          # landed: its output is the step's end, ynew
+        tau_new = t_new - base
+    elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
         t_new = t1
         tau_new = t1 - base
     else:
@@ -1566,16 +1572,16 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     Each row :math:`y_b` of ``y0`` follows :math:`\dot y = f(y)`, the autonomous field
     ``rhs`` of ``fields`` (``(rhs, jac, params, ws_size)``, :func:`compiled_fields`'s
     form, ``params`` one row or one per row), from ``t_eval[0]`` to ``t_eval[-1]``, on
-    the engine's steps, error control and budget (``d = n``, ``m = 1``: a layout the
-    field reads from its ``params``, not a factor). No factor events run: a row stops
+    the engine's steps (cut to land on each time of ``t_eval``), error control and
+    budget (``d = n``, ``m = 1``: a layout the field reads from its ``params``, not a
+    factor). No factor events run: a row stops
     where the field's measure :math:`g(y)` of an accepted step's end (``rhs`` leaves it
     in ``ws[0]``) is not :math:`\le` ``limit[b]``.
 
     Returns
     -------
     states : ndarray, shape (nb, len(t_eval), n)
-        The states at ``t_eval`` (RODAS4P2's continuous extension; NaN where not
-        reached).
+        The states at ``t_eval``, where the steps land (NaN where not reached).
     code : ndarray of int
         ``FINISHED``, ``GROWTH`` (the measure passed its limit), ``NFEV`` (more than
         ``max_nfev`` evaluations), ``SMALL``, ``SMALL_OVERFLOW``, ``OVERFLOW`` or
