@@ -391,6 +391,8 @@ def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fi
     piv = _fit(ck_t[sel], np.exp(rec[sel, :d]))      # log-log slopes of the pivots of P
     if k < d:
         drift = float(np.max(np.linalg.norm(Cs - C0, axis=(1, 2))) / np.linalg.norm(C0))
+        if not np.isfinite(drift):     # N^T P N past the floating-point range: no drift to
+            drift = np.nan             # measure (and the setting is undecided below)
         floor = 1.0 / float(np.max(np.linalg.eigvalsh(0.5 * (Cs + np.swapaxes(Cs, 1, 2)))))
     else:
         drift, floor = 0.0, np.inf
@@ -415,7 +417,7 @@ def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fi
     if np.any(~np.isfinite(expo)):
         return dict(base, outcome="undecided", rank=None, limit=None,
                     message="an eigenvalue of Sigma is not positive at a fitted checkpoint")
-    if drift > drift_tol:
+    if not drift <= drift_tol:
         return dict(base, outcome="undecided", rank=None, limit=None,
                     message=f"conserved N^T Sigma^-1 N drifted by {drift:.2e} > {drift_tol:g}")
     if np.any(expo[kept] > SETTLED):
