@@ -31,7 +31,10 @@ integrator is compiled once (cached on disk) for every type. Its large pieces (t
 steppers, the dense output, the events, an accepted step, a trajectory) are compiled
 once each too and called through their addresses (:func:`_at`): a callee called by
 name would be compiled into each of its callers again. The state is
-:math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
+:math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given; or a plain
+state (:func:`integrate_states`, the certified limits' log-time field), with RODAS4P2 from
+the first step, steps landing on ``t_eval``, and instead of the factor events a growth
+stop on a measure the field supplies (``CoreOptions.plain``).
 
 The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
 statuses and messages (through :func:`~gaussian_pde.integrate._events.blowup_verdict`
