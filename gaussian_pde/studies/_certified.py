@@ -129,7 +129,7 @@ class CertifiedLimit:
     closed_form_gap : float
         :math:`\lVert\Sigma_\infty - N(N^T\Sigma_0^{-1}N)^{-1}N^T\rVert_F /
         \lVert\Sigma_\infty\rVert_F` (:math:`N` orthonormal); at the integration error
-        (about 1e-7) where the closed form of docs/math.md 4.5 holds (always for
+        (of the order of ``rtol``) where the closed form of docs/math.md 4.5 holds (always for
         :math:`V = I`), up to :math:`O(1)` where it does not.
         NaN unless ``"rank"``/``"zero"``.
     lyapunov_increase : float or None
