@@ -78,10 +78,9 @@ LOOPS = [
         ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba"),
         ("gaussian_pde/integrate/_compiled_batch.py",)),
     Box("ev", "event loop",
-        ("integrate_system: _solve.py,", "_scipy_loop.py, _stiffness.py,", "_fused.py",
-         "SciPy, Fortran DOP853, LSODA"),
-        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_scipy_loop.py",
-         "gaussian_pde/integrate/_stiffness.py", "gaussian_pde/integrate/_fused.py")),
+        ("integrate_system: _solve.py,", "_moment_field.py",
+         "scipy.integrate.solve_ivp; auto: LSODA"),
+        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_moment_field.py")),
     Box("cert", "log-time RODAS4",
         ("studies/_certified_compiled.py", "(Numba), _certified.py (decision)"),
         ("gaussian_pde/studies/_certified.py", "gaussian_pde/studies/_certified_compiled.py")),
@@ -92,7 +91,7 @@ LOOPS = [
 
 SHARED = Box("shared", "shared below the loops",
              ("integrate/_tableaux.py: the DOP853 and Rosenbrock coefficients (compiled batch "
-              "loop, log-time RODAS4, stiffness test)",
+              "loop, log-time RODAS4)",
               "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
               "loop, event loop, particles)",
               "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop, "

@@ -1,6 +1,6 @@
 r"""When the closed-form Jacobian holds, and the differences that replace it where not.
 
-The exact Jacobian of an L2 head (:func:`gaussian_pde.integrate._fused.moment_jacobian`,
+The exact Jacobian of an L2 head (:func:`gaussian_pde.integrate._moment_field.moment_jacobian`,
 and the compiled field's closed form, :mod:`gaussian_pde.attention._compiled_fields`) is
 built from
 :math:`P^{-1} = I - \sqrt{2c}\,LGK` and :math:`C = K^T(I_k + BB^T)^{-1}Q`, which the

@@ -19,7 +19,7 @@ from gaussian_pde.integrate._differences import (
     column_steps,
 )
 from gaussian_pde.integrate._factor_rotation import rotation
-from gaussian_pde.integrate._fused import compiled_field_values, moment_jacobian, reference_field
+from gaussian_pde.integrate._moment_field import compiled_field_values, moment_jacobian, reference_field
 
 
 def two_l2_heads():
