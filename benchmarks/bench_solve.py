@@ -51,7 +51,7 @@ import numpy as np
 
 import gaussian_pde as gp
 from gaussian_pde._common import linalg
-from gaussian_pde.integrate._exact import blowup_time, exact_covariance
+from gaussian_pde._exact import blowup_time, exact_covariance
 from gaussian_pde.integrate._moment_field import reference_field
 
 

@@ -90,13 +90,13 @@ LOOPS = [
 ]
 
 SHARED = Box("shared", "shared below the loops",
-             ("integrate/_tableaux.py: the DOP853 and Rosenbrock coefficients (compiled batch "
+             ("_common/tableaux.py: the DOP853 and Rosenbrock coefficients (compiled batch "
               "loop, log-time RODAS4)",
               "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
               "loop, event loop, particles)",
               "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop, "
               "_certified_compiled.py)"),
-             ("gaussian_pde/integrate/_tableaux.py", "gaussian_pde/integrate/_events.py",
+             ("gaussian_pde/_common/tableaux.py", "gaussian_pde/integrate/_events.py",
               "gaussian_pde/_common/lu.py"))
 
 CLIENTS = [

@@ -23,7 +23,7 @@ integrate, written once in the type's module as plain Python
 follows from :math:`dM[d\Sigma] = A\,d\Sigma\,C` and, for the mean rows, from
 :math:`d(N\alpha) = A\,d\Sigma\,r`; where it does not hold (an L2 head once the
 factor's columns spread past
-:data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite state)
+:data:`~gaussian_pde._common.differences.JACOBIAN_SPREAD_MAX`, a non-finite state)
 column-scaled central differences of the same field replace it. A type without a
 compiled field is integrated on its NumPy reference, :func:`reference_field` (the
 derivation's ``factor_rhs`` and ``moment_rhs``), and its stiff steps take differences.
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._common.differences import central_jacobian
 from ..attention import compiled_field_of
-from ._differences import central_jacobian
 
 __all__ = ["reference_field", "compiled_field_values", "state_field", "moment_jacobian",
            "mean_is_linear"]
@@ -128,9 +128,9 @@ def moment_jacobian(attention, with_mean):
     :math:`\partial L'/\partial\alpha = 0`; for a head whose field matrix depends on the
     second moment (linear attention) the whole state's rows, docs/math.md (3.16). At a
     state where the kernel has no closed form (it returns False: an L2 head past
-    :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite
+    :data:`~gaussian_pde._common.differences.JACOBIAN_SPREAD_MAX`, a non-finite
     state), column-scaled central differences of the same field
-    (:func:`~gaussian_pde.integrate._differences.central_jacobian`). ``None`` where the
+    (:func:`~gaussian_pde._common.differences.central_jacobian`). ``None`` where the
     attention has no compiled closed form: the solvers then take their own differences.
     """
     compiled = compiled_field_of(attention)

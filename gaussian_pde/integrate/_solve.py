@@ -44,6 +44,7 @@ from scipy.integrate import BDF, LSODA, Radau, solve_ivp
 
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
+from .._exact import linear_mean
 from ..attention import require_mean, validate_attention
 from ._batch import solve_batch
 from ._batch_record import max_abs, mean_scale
@@ -56,7 +57,6 @@ from ._events import (
     rank_note,
     steady_gap,
 )
-from ._exact import linear_mean
 from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._moment_field import mean_is_linear, moment_jacobian, state_field
 from ._options import METHODS, solver_options, validate_method, validate_user_events
@@ -68,7 +68,8 @@ _TINY = np.finfo(float).tiny
 
 #: the event loop's ``method="auto"``: LSODA switches between Adams and BDF steps by
 #: itself, so a run that turns stiff needs no hand-over (given the exact Jacobian where
-#: the field has one)
+#: the field has one); SciPy's LSODA serves one problem at a time in a process (in
+#: threads, name an explicit method)
 AUTO_METHOD = "LSODA"
 
 
@@ -652,7 +653,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         state, and the run takes the steps of the covariance alone. So is a mean whose
         equation does not involve the covariance (Sinkhorn: :math:`\alpha' = V\alpha`;
         :meth:`~gaussian_pde.Attention.mean_generator`), which is then
-        :math:`e^{(t - t_0)N}\alpha_0` exactly (:func:`~gaussian_pde.integrate._exact.linear_mean`),
+        :math:`e^{(t - t_0)N}\alpha_0` exactly (:func:`~gaussian_pde._exact.linear_mean`),
         unless user ``events`` need it at every step; a mean past the floating-point
         range is inf there, and the message says from which stored time.
     cov0 : array_like, shape (d, d)

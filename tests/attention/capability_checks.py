@@ -200,7 +200,7 @@ def check_jacobian(att, rng):
     mean, _, L = gaussian_state(d, rng)
     if att.field_sees_mean:
         # no covariance-only field to differentiate: the whole state [L | mean]
-        from gaussian_pde.integrate._differences import central_jacobian
+        from gaussian_pde._common.differences import central_jacobian
         from gaussian_pde.integrate._moment_field import moment_jacobian
 
         Z = np.column_stack([L, mean])

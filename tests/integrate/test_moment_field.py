@@ -138,7 +138,7 @@ def test_event_loop_field_is_the_compiled_kernel_and_the_numpy_reference(kind, k
 def test_event_loop_jacobian_against_central_differences(kind, with_mean, rng):
     """``moment_jacobian`` (the compiled closed form) against central differences of the
     NumPy reference field, for every built-in type that has one."""
-    from gaussian_pde.integrate._differences import central_jacobian
+    from gaussian_pde._common.differences import central_jacobian
 
     d = 3
     att = _instance(kind, rng, d, 2)

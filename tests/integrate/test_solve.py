@@ -346,7 +346,7 @@ def bench_case(seed, d=5):
 def test_auto_keeps_explicit_steps_on_a_mildly_stiff_tail():
     """Seed 5 of the benchmark turns mildly stiff at t ~ 16 (DOP853's steps reject often
     near its stability bound, below Hairer's stiffness test): the default stays
-    explicit, with the evaluations of Hairer's Fortran DOP853 to a few percent."""
+    explicit, with the evaluations of SciPy's DOP853 to a few percent."""
     att, cov0 = bench_case(5)
     T = 246.8
     ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-13, atol=1e-16,
@@ -434,7 +434,7 @@ def _mean_case(kind, seed, d=4, wrap=None):
 @pytest.mark.parametrize("kind", TYPES)
 def test_mean_against_radau(kind):
     """An O(1) mean with the defaults: within 1e-8 of Radau at rtol 1e-12, at every output
-    time (Python path) and at the end (Fortran path), as the covariance."""
+    time and at the end, as the covariance."""
     att, mean0, cov0 = _mean_case(kind, 1)
     t_eval = np.linspace(0, 1.5, 7)
     ref = gp.solve(att, mean0, cov0, (0, 1.5), t_eval=t_eval, method="Radau", rtol=1e-12,
@@ -464,13 +464,14 @@ def _never(t, mean, cov):
 def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
     """The event loop's right-hand side is the type's compiled field where it supplies
     one, the NumPy reference (``factor_rhs``, ``moment_rhs``) otherwise; the two sum in
-    different orders, so a run takes the same steps to rounding: the same status,
-    blow-up times within 1e-12 and final states within 1e-7 (rounding grown along
-    trajectories whose covariance grows a million times, within the runs' own error at
-    rtol 1e-10), with a mean and without, over six settings whose covariance finishes or
-    blows up. The default (the compiled core, then the event loop from the blow-up
-    threshold on) agrees with the NumPy field's run to its tolerance. The compiled field
-    also takes the strided states SciPy's implicit solvers pass."""
+    different orders, and the event loop's ``"auto"`` (LSODA, whose order and step
+    choices follow that rounding) takes nearly the same steps: the same status, blow-up
+    times within 1e-10 and final states within 1e-7 (rounding grown along trajectories
+    whose covariance grows a million times, within the runs' own error at rtol 1e-10),
+    with a mean and without, over six settings whose covariance finishes or blows up.
+    The default (the compiled engine) agrees with the NumPy field's run to its
+    tolerance. The compiled field also takes the strided states SciPy's implicit
+    solvers pass."""
     from gaussian_pde.integrate._moment_field import reference_field, state_field
 
     statuses = set()
@@ -486,8 +487,10 @@ def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
             assert a.status == b.status == c.status, (seed, a.message, b.message)
             statuses.add(str(a.status))
             if a.status == "blowup":
-                assert abs(a.t_blowup - b.t_blowup) <= 1e-12 * a.t_blowup
-                assert abs(c.t_blowup - b.t_blowup) <= 1e-9 * a.t_blowup
+                assert abs(a.t_blowup - b.t_blowup) <= 1e-10 * a.t_blowup
+                # the engine's DOP853 against the event loop's LSODA (the "auto" of a run
+                # with user events), both at rtol 1e-10
+                assert abs(c.t_blowup - b.t_blowup) <= 1e-8 * a.t_blowup
             else:
                 assert rel(a.cov_final, b.cov_final) < 1e-7
                 assert rel(c.cov_final, b.cov_final) < 1e-7

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._common.linalg import JACOBIAN_SPREAD_MAX, closed_form_holds
+from .linalg import JACOBIAN_SPREAD_MAX, closed_form_holds
 
 __all__ = ["JACOBIAN_SPREAD_MAX", "closed_form_holds", "column_steps", "central_jacobian"]
 
