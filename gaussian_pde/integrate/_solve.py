@@ -147,8 +147,15 @@ class _System:
         return cov, dcov + dcov.T
 
     def mean_and_cov(self, y):
-        mean, L = self.split(y)
-        return mean, L @ L.T
+        """``(mean, cov)`` of one state, new arrays (what the events see at every step)."""
+        Z = y.reshape(self.d, self.m)
+        L = Z[:, :self.d]
+        if self.zero_mean:
+            return np.zeros(self.d), L @ L.T
+        if not self.with_mean:
+            return None, L @ L.T
+        with np.errstate(over="ignore"):
+            return Z[:, self.d] * self.mean_scale, L @ L.T
 
     def cancellation(self, y, atol, rtol, level):
         """:func:`~gaussian_pde.integrate._factor_rotation.cancellation_exceeds` of the factor."""
