@@ -78,22 +78,21 @@ LOOPS = [
         ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba", "factor or plain states"),
         ("gaussian_pde/integrate/_compiled_batch.py",)),
     Box("ev", "event loop",
-        ("integrate_system: _solve.py,", "_scipy_loop.py, _stiffness.py,", "_fused.py",
-         "SciPy, Fortran DOP853, LSODA"),
-        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_scipy_loop.py",
-         "gaussian_pde/integrate/_stiffness.py", "gaussian_pde/integrate/_fused.py")),
+        ("integrate_system: _solve.py,", "_moment_field.py",
+         "scipy.integrate.solve_ivp; auto: LSODA"),
+        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_moment_field.py")),
     Box("rk", "particle steps",
         ("particles/_simulate.py,", "_common/runge_kutta.py"),
         ("gaussian_pde/particles/_simulate.py", "gaussian_pde/_common/runge_kutta.py")),
 ]
 
 SHARED = Box("shared", "shared below the loops",
-             ("integrate/_tableaux.py: the DOP853 and Rosenbrock coefficients (compiled batch "
-              "loop, stiffness test)",
+             ("_common/tableaux.py: the DOP853 and RODAS4P2 coefficients (compiled batch "
+              "loop)",
               "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
               "loop, event loop, particles)",
               "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop)"),
-             ("gaussian_pde/integrate/_tableaux.py", "gaussian_pde/integrate/_events.py",
+             ("gaussian_pde/_common/tableaux.py", "gaussian_pde/integrate/_events.py",
               "gaussian_pde/_common/lu.py"))
 
 CLIENTS = [

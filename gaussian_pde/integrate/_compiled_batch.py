@@ -6,7 +6,7 @@ trajectories runs in compiled code, in parallel over trajectories (threads, each
 slice of the rows); each trajectory takes
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
-  :mod:`gaussian_pde.integrate._tableaux`), Hairer's stiffness test
+  :mod:`gaussian_pde._common.tableaux`), Hairer's stiffness test
   (:math:`h|\lambda| > 6.1` on 15 accepted steps) and a second one for DOP853 crawling
   at its stability limit (:func:`_crawl_counts`) and, with ``method="auto"``, the
   switch for good to RODAS4P2 (the same coefficients, the Jacobian from the field's
@@ -56,9 +56,9 @@ import numpy as np
 
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
+from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
+from .._common.tableaux import DOP853 as _dop
 from ..attention import compiled_field_of
-from ._tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
-from ._tableaux import DOP853 as _dop
 
 __all__ = ["integrate_compiled", "integrate_states"]
 
@@ -736,7 +736,7 @@ def _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor):
     Accepted: :math:`|h|\min(f_{\max}, 0.9\,\mathrm{err}^{e})` (no growth right after a
     rejection), rejected: :math:`|h|\max(0.2, 0.9\,\mathrm{err}^{e})`, with the exponent
     :math:`e` = ``err_exp`` and :math:`f_{\max}` = ``max_factor`` (``SAFETY`` and
-    ``MIN_FACTOR`` of :mod:`gaussian_pde.integrate._tableaux`).
+    ``MIN_FACTOR`` of :mod:`gaussian_pde._common.tableaux`).
     """
     if err == 0:
         fac = max_factor

@@ -22,7 +22,7 @@ r"""The coefficients of the package's two step methods, written once.
 
 With them, the constants of the step-size rule that both methods share (:data:`SAFETY`,
 :data:`MIN_FACTOR`). The order conditions of both tableaux are checked in
-``tests/integrate/test_tableaux.py``.
+``tests/_common/test_tableaux.py``.
 """
 
 from __future__ import annotations
