@@ -4,9 +4,10 @@ Run ``python benchmarks/bench_certified.py`` (the first ``--n`` published settin
 every panel, each with the published draw k = i; default 20; ``--n 100`` is the whole
 published protocol, 12 panels x 100 settings) or ``--paths FILE`` for the converged
 attempts of a saved replay (``{"paths": ...}`` as ``published_histograms(...,
-return_paths=True)`` returns). Every panel is certified by the compiled log-time loop on
-``--threads`` Numba threads (default 1). Reported (CPU seconds, ``time.process_time``, as
-the machine is shared; the compilation is done before any timing and reported apart):
+return_paths=True)`` returns). Every panel is certified by the package's engine (plain
+states, ``integrate_states``) on its threads (``NUMBA_NUM_THREADS``, the cores).
+Reported (CPU seconds, ``time.process_time``, as the machine is shared; the compilation
+is done before any timing and reported apart):
 
 * per panel: settings, CPU seconds per setting, median and largest accepted steps, the
   outcomes (``undecided`` must be 0);
@@ -61,9 +62,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20, help="settings per panel (100: all)")
     ap.add_argument("--paths", default=None, help="saved replay paths (json)")
-    ap.add_argument("--threads", type=int, default=1, help="Numba threads")
     args = ap.parse_args()
-    numba.set_num_threads(args.threads)
     paths = json.load(open(args.paths))["paths"] if args.paths else None
     jobs = _jobs(paths, args.n)
     first = next(iter(jobs.values()))[0]
@@ -83,7 +82,7 @@ def main():
                          outcomes=dict(collections.Counter(r.outcome for r in res)))
         print(key, json.dumps(rows[key]), file=sys.stderr, flush=True)
     step_s = pub.step_seconds()
-    print(f"Certified limits of {total_n} settings on {args.threads} thread(s): "
+    print(f"Certified limits of {total_n} settings on {numba.config.NUMBA_NUM_THREADS} thread(s): "
           f"{total_s:.2f} s of CPU ({total_s / total_n * 1e3:.2f} ms per setting, "
           f"{total_s / total_n / step_s:.0f} published steps of {step_s * 1e6:.1f} us); "
           f"compilation or cache load {compile_s:.1f} s of wall time:")

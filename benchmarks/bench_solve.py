@@ -51,8 +51,8 @@ import numpy as np
 
 import gaussian_pde as gp
 from gaussian_pde._common import linalg
-from gaussian_pde.integrate._exact import blowup_time, exact_covariance
-from gaussian_pde.integrate._fused import reference_field
+from gaussian_pde._exact import blowup_time, exact_covariance
+from gaussian_pde.integrate._moment_field import reference_field
 
 
 def euler_psd(att, cov0, h, t_end=None, steady_tol=None, max_steps=10_000_000):

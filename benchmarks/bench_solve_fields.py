@@ -1,16 +1,15 @@
 """Benchmark: ``gp.solve`` with each type's compiled field against a type without one.
 
 Where a type supplies a compiled field (:meth:`gaussian_pde.Attention.compiled_field`,
-the one ``gp.solve_batch`` integrates), ``gp.solve``'s default takes its explicit steps
-in ``gp.solve_batch``'s compiled core and hands the run to its event loop at an event or
-a sign of stiffness; the event loop evaluates the same compiled field. The baseline is
+the one ``gp.solve_batch`` integrates), ``gp.solve``'s default runs in
+``gp.solve_batch``'s compiled engine, one trajectory to its end. The baseline is
 what a type without compiled fields gets: the event loop alone, on the NumPy reference
-field (:func:`gaussian_pde.integrate._fused.reference_field`: the derivation's
+field (:func:`gaussian_pde.integrate._moment_field.reference_field`: the derivation's
 ``factor_rhs`` and ``moment_rhs``). Each type is run a second time as a subclass whose
 ``compiled_field`` returns None, in the same process, interleaved, so the ratio does not depend on the
-machine's speed that day; the two take different steps (SciPy's DOP853 step-size rule
-in the core, Hairer's in the event loop's Fortran code), so the evaluation counts may
-differ. A third column runs ``gp.solve_batch`` on the same setting as a batch of one:
+machine's speed that day; the two take different steps (the engine's DOP853, then
+RODAS4P2 once stiff; the event loop's ``"auto"``, SciPy's LSODA), so the evaluation
+counts differ. A third column runs ``gp.solve_batch`` on the same setting as a batch of one:
 on a run without events or stiffness it is the same computation as ``gp.solve``.
 
 Settings: every Gaussian-preserving type of the registry, d in ``--dims``, ``--seeds``

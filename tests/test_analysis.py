@@ -2,7 +2,7 @@
 
 Pinned numbers and where they come from:
 * exact V = I softmax limits and blow-up times: docs/math.md section 4.1 (closed form,
-  gaussian_pde.integrate._exact), never hard-coded;
+  gaussian_pde._exact), never hard-coded;
 * tolerances: the solver runs at rtol 1e-10 on the factor L, so blow-up times agree to
   ~1e-8; 1e-6 leaves margin.
 """
@@ -13,7 +13,7 @@ import pytest
 import gaussian_pde as gp
 from gaussian_pde import analysis as an
 from gaussian_pde._common.linalg import psd_sqrt
-from gaussian_pde.integrate._exact import blowup_time, exact_covariance
+from gaussian_pde._exact import blowup_time, exact_covariance
 from tests._helpers import random_spd
 
 

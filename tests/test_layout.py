@@ -18,6 +18,7 @@ ROOT = pathlib.Path(gp.__file__).resolve().parent
 LAYERS = [
     {"_version", "_common", "_generated"},
     {"attention"},
+    {"_exact"},
     {"integrate"},
     {"particles"},
     {"closure"},

@@ -42,7 +42,7 @@ class Arrow(NamedTuple):
 DPI = 200
 
 # loop colours (arrows into and out of a loop take its colour)
-_C = {"nb": "#d62728", "ev": "#2ca02c", "cert": "#9467bd", "rk": "#8c564b",
+_C = {"nb": "#d62728", "ev": "#2ca02c", "rk": "#8c564b",
       "type": "#555555"}
 
 TYPES = [
@@ -75,29 +75,24 @@ FIELDS = [
 
 LOOPS = [
     Box("nb", "compiled batch loop",
-        ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba"),
+        ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba", "factor or plain states"),
         ("gaussian_pde/integrate/_compiled_batch.py",)),
     Box("ev", "event loop",
-        ("integrate_system: _solve.py,", "_scipy_loop.py, _stiffness.py,", "_fused.py",
-         "SciPy, Fortran DOP853, LSODA"),
-        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_scipy_loop.py",
-         "gaussian_pde/integrate/_stiffness.py", "gaussian_pde/integrate/_fused.py")),
-    Box("cert", "log-time RODAS4",
-        ("studies/_certified_compiled.py", "(Numba), _certified.py (decision)"),
-        ("gaussian_pde/studies/_certified.py", "gaussian_pde/studies/_certified_compiled.py")),
+        ("integrate_system: _solve.py,", "_moment_field.py",
+         "scipy.integrate.solve_ivp; auto: LSODA"),
+        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_moment_field.py")),
     Box("rk", "particle steps",
         ("particles/_simulate.py,", "_common/runge_kutta.py"),
         ("gaussian_pde/particles/_simulate.py", "gaussian_pde/_common/runge_kutta.py")),
 ]
 
 SHARED = Box("shared", "shared below the loops",
-             ("integrate/_tableaux.py: the DOP853 and Rosenbrock coefficients (compiled batch "
-              "loop, log-time RODAS4, stiffness test)",
+             ("_common/tableaux.py: the DOP853 and RODAS4P2 coefficients (compiled batch "
+              "loop)",
               "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
               "loop, event loop, particles)",
-              "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop, "
-              "_certified_compiled.py)"),
-             ("gaussian_pde/integrate/_tableaux.py", "gaussian_pde/integrate/_events.py",
+              "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop)"),
+             ("gaussian_pde/_common/tableaux.py", "gaussian_pde/integrate/_events.py",
               "gaussian_pde/_common/lu.py"))
 
 CLIENTS = [
@@ -108,8 +103,8 @@ CLIENTS = [
     Box("mixture", "mixture closure", ("closure/_mixture.py",), ("gaussian_pde/closure/_mixture.py",)),
     Box("depth", "depth stacks", ("closure/_depth.py", "(continuous mode)"),
         ("gaussian_pde/closure/_depth.py",)),
-    Box("certified", "certified limits", ("studies/_certified.py",),
-        ("gaussian_pde/studies/_certified.py",)),
+    Box("certified", "certified limits", ("studies/_certified.py,", "_certified_field.py (log time)"),
+        ("gaussian_pde/studies/_certified.py", "gaussian_pde/studies/_certified_field.py")),
     Box("particles", "particles", ("particles/_simulate.py",), ("gaussian_pde/particles/_simulate.py",)),
 ]
 
@@ -126,7 +121,7 @@ ARROWS = [
     Arrow("cf", "ev", ("compiled_field_of",)),
     Arrow("hooks", "ev", ("factor_rhs", "moment_rhs")),
     Arrow("quad", "ev", ("quadratic_heads",), label="mixture", extra_files=("gaussian_pde/closure/_mixture.py",)),
-    Arrow("quad", "cert", ("quadratic_heads",)),
+    Arrow("quad", "certified", ("quadratic_heads",)),
     Arrow("pk", "rk", ("particle_kernel",)),
     Arrow("nb", "batch", ("integrate_compiled",)),
     Arrow("nb", "solve", ("integrate_one",), label="auto", label_at=0.72),
@@ -135,7 +130,7 @@ ARROWS = [
     Arrow("nb", "closure", ("solve",), label="attention", label_at=0.7),
     Arrow("ev", "mixture", ("integrate_system",)),
     Arrow("ev", "depth", ("solve_closure",)),
-    Arrow("cert", "certified", ("integrate_log_time_compiled",)),
+    Arrow("nb", "certified", ("integrate_states",), label="plain", label_at=0.9),
     Arrow("rk", "particles", ("rk4_step",)),
     Arrow("rk", "depth", ("rk4_step",), label="particles", label_at=0.22),
 ]

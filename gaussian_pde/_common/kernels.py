@@ -20,7 +20,7 @@ __all__ = ["SPREAD_MAX", "cholesky_solve", "copy2", "fill_nan", "finite", "gain"
 #: ||B||_F^2 below which the L2 gain takes the Cholesky solve (linalg.GAIN_SOLVE_MAX)
 _GAIN_SOLVE_MAX = 1e3
 #: the closed-form Jacobian of a head whose parts hold only while the column norms of
-#: ``L`` span less than this (gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX)
+#: ``L`` span less than this (gaussian_pde._common.differences.JACOBIAN_SPREAD_MAX)
 SPREAD_MAX = 1e4
 
 

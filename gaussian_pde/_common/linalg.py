@@ -341,7 +341,7 @@ def _inverse_gram(B, k):
 
 #: a closed-form Jacobian built from the L2 gain is used while the non-zero column norms
 #: of the factor span less than this ratio (its error grows like the spread squared times
-#: eps: about 1e-8 of the solver's tolerance at this spread; gaussian_pde.integrate._differences)
+#: eps: about 1e-8 of the solver's tolerance at this spread; gaussian_pde._common.differences)
 JACOBIAN_SPREAD_MAX = 1e4
 
 

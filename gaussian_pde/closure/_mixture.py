@@ -589,8 +589,8 @@ class _MixtureSystem:
     def jacobian(self, t, y):
         r"""Forward-difference Jacobian of :meth:`fun` (``n`` evaluations, counted).
 
-        For the stiff hand-over of ``method="auto"`` (its probes of :math:`h\rho(J)` and
-        LSODA's Newton iterations); steps :math:`\sqrt{\epsilon}\max(1, |y_i|)`.
+        For the implicit methods' Newton iterations (LSODA's, of ``method="auto"``, too);
+        steps :math:`\sqrt{\epsilon}\max(1, |y_i|)`.
         """
         y = np.asarray(y, dtype=float)
         f0 = self.fun(t, y)
@@ -753,8 +753,8 @@ def _solve_gaussian(attention, mixture, t_span, *, merge_tol, stop_at_merge, **o
         t_events=t_events, nfev=sol.nfev, merge_tol=merge_tol)
 
 
-#: largest state (K (d + d^2) unknowns) given a finite-difference Jacobian for the stiff
-#: hand-over of ``method="auto"``; above it LSODA differences on its own, when it is reached
+#: largest state (K (d + d^2) unknowns) given a finite-difference Jacobian for the
+#: implicit methods (LSODA, ``method="auto"``); above it they take their own differences
 _FD_JACOBIAN_MAX = 240
 #: evaluations a run takes at the least (DOP853's first step guess and step)
 _MIN_EVALUATIONS = 14
@@ -765,7 +765,7 @@ _REFUSE_S = 1800.0
 #: dense (N, N) arrays an implicit method holds at the least, N = K (d + d^2) unknowns
 #: (complex ones count twice): BDF its identity, Jacobian, iteration matrix and LU
 #: factors; Radau the identity, Jacobian, the real LU and the complex matrix and LU;
-#: LSODA the Jacobian in its Fortran work array. ``"auto"`` may hand over to LSODA.
+#: LSODA the Jacobian in its Fortran work array. ``"auto"`` is LSODA.
 _JACOBIAN_ARRAYS = ((BDF, 4), (Radau, 7), (LSODA, 1))
 
 
@@ -773,7 +773,7 @@ def _jacobian_arrays(method):
     """How many dense Jacobian-sized arrays ``method`` holds (0 for an explicit one)."""
     if isinstance(method, str):
         if method == "auto":
-            return 1, "LSODA (the stiff solver of method='auto')"
+            return 1, "LSODA (method='auto')"
         method = METHODS[method]
     for cls, count in _JACOBIAN_ARRAYS:
         if issubclass(method, cls):
@@ -868,9 +868,11 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40); default 8.
     method : str or OdeSolver subclass
-        ``"auto"`` (the default, as in :func:`gaussian_pde.solve`: DOP853 until Hairer's
-        stiffness test fires, then LSODA, with LSODA's own finite-difference Jacobian for
-        two or more distinct components) or a :func:`scipy.integrate.solve_ivp` method.
+        ``"auto"`` (the default, as in :func:`gaussian_pde.solve` with user events: LSODA,
+        which switches between Adams and BDF steps itself, for two or more distinct
+        components with a forward-difference Jacobian up to ``_FD_JACOBIAN_MAX``
+        unknowns and its own differences above) or a :func:`scipy.integrate.solve_ivp`
+        method.
     rtol, atol : float
         Tolerances on the entries of the means and factors.
     blowup_threshold, steady_tol, steady_atol, rank_tol
@@ -902,7 +904,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     equation forever, so they are solved once, with their weights added, and copied back:
     two identical components give exactly the result of one. A mixture of one distinct
     component is a Gaussian, whose field is affine: it is solved by
-    :func:`gaussian_pde.solve` itself (the same steps, stiff hand-over, events and
+    :func:`gaussian_pde.solve` itself (the same steps, events and
     statuses; ``n_per_dim`` plays no part). A point mass (zero covariance) keeps a zero
     factor exactly and moves with the field at its mean.
 
@@ -910,7 +912,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     (``K`` components, :math:`n^d` nodes each, every node against every component) and
     :math:`O(Kn^d d)` memory; a run estimated at a minute or more says so when it starts
     (a ``UserWarning`` with the estimate). Merge events need the :math:`K(K-1)/2` pairwise
-    distances at every step, and an implicit method (or the stiff hand-over of ``"auto"``)
+    distances at every step, and an implicit method (``"auto"`` is LSODA)
     dense Jacobian-sized arrays of the :math:`N = K(d + d^2)` unknowns (:math:`N^2`
     doubles each: BDF holds at least 4, Radau 7, LSODA 1); a request whose memory would
     not fit, or whose fewest evaluations are estimated (by a pilot evaluation) at more

@@ -1,4 +1,4 @@
-"""The integration core (docs/math.md section 10).
+"""The integration core (docs/math.md section 10): one engine and one event loop.
 
 Below the drivers, one module per concept, with no import back up:
 
@@ -7,22 +7,27 @@ Below the drivers, one module per concept, with no import back up:
 * ``_events``: the one definition of blow-up (its time and confirmation), steady state
   and rank collapse, used by every solver of the package;
 * ``_options``: the one validation of solver options;
-* ``_scipy_loop``: the event loop's step loops (SciPy's solver classes, Hairer's Fortran
-  codes), ``_stiffness``: its ``"auto"``, DOP853 with Hairer's stiffness test and the
-  stiff solver it continues with;
-* ``_tableaux``: the DOP853, RODAS4 and RODAS4P2 coefficients and the step-size rule, written once
-  for every loop;
-* ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop, which
-  the closure solvers run too) and :func:`solve_batch` (its input, and the runs of the
-  compiled integrator);
+* ``_moment_field``: the factor-form field and its exact Jacobian for one trajectory
+  (the type's compiled kernels, else its NumPy reference);
+* ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop:
+  :func:`scipy.integrate.solve_ivp` with the package's events, which the closure
+  solvers run too) and :func:`solve_batch` (its input, and the runs of the compiled
+  integrator);
 * ``_compiled_batch``: the compiled engine (Numba, parallel over trajectories), for
   every type whose ``compiled_field()`` supplies the kernels: all of
   :func:`solve_batch`, and :func:`solve`'s default, one trajectory to its end;
 * ``_precompile``: a fresh machine's first run compiles the engine in a second process
-  while this one compiles the fields;
-* ``_exact``: closed-form solutions, the reference problems of the tests.
+  while this one compiles the fields.
+
+Shared with other loops, below this package: the DOP853, RODAS4 and RODAS4P2
+coefficients (:mod:`gaussian_pde._common.tableaux`), the differences that replace a
+closed-form Jacobian (:mod:`gaussian_pde._common.differences`); the closed-form
+solutions, the reference problems of the tests, are their own module
+(:mod:`gaussian_pde._exact`), re-exported here.
 """
 
+from .._common.tableaux import RODAS4, RODAS4P2
+from .._exact import blowup_time, exact_covariance, scalar_solution
 from ._batch import solve_batch
 from ._compiled_batch import compile_kernels
 from ._events import (
@@ -35,12 +40,10 @@ from ._events import (
     rank_gap,
     steady_gap,
 )
-from ._exact import blowup_time, exact_covariance, scalar_solution
 from ._options import METHODS, run_options, validate_method
 from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
-from ._tableaux import RODAS4, RODAS4P2
 
 __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "RODAS4P2", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",

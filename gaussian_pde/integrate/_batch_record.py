@@ -65,7 +65,7 @@ def mean_scale(mean0, rtol, atol):
     which made the mean dictate the step size (up to 1.3 times the evaluations of the
     covariance alone, for errors far below ``rtol``). Identity (1) without a mean or for
     a zero mean; only for a type whose mean equation is linear
-    (:func:`~gaussian_pde.integrate._fused.mean_is_linear`, checked by the caller).
+    (:func:`~gaussian_pde.integrate._moment_field.mean_is_linear`, checked by the caller).
     Computed on Python floats (a short solve spends microseconds, not tens, on it).
     """
     if mean0 is None:

@@ -6,7 +6,7 @@ trajectories runs in compiled code, in parallel over trajectories (threads, each
 slice of the rows); each trajectory takes
 
 * DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
-  :mod:`gaussian_pde.integrate._tableaux`), Hairer's stiffness test
+  :mod:`gaussian_pde._common.tableaux`), Hairer's stiffness test
   (:math:`h|\lambda| > 6.1` on 15 accepted steps) and a second one for DOP853 crawling
   at its stability limit (:func:`_crawl_counts`) and, with ``method="auto"``, the
   switch for good to RODAS4P2 (the same coefficients, the Jacobian from the field's
@@ -31,7 +31,10 @@ integrator is compiled once (cached on disk) for every type. Its large pieces (t
 steppers, the dense output, the events, an accepted step, a trajectory) are compiled
 once each too and called through their addresses (:func:`_at`): a callee called by
 name would be compiled into each of its callers again. The state is
-:math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given.
+:math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given; or a plain
+state (:func:`integrate_states`, the certified limits' log-time field), with RODAS4P2 from
+the first step, steps landing on ``t_eval``, and instead of the factor events a growth
+stop on a measure the field supplies (``CoreOptions.plain``).
 
 The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
 statuses and messages (through :func:`~gaussian_pde.integrate._events.blowup_verdict`
@@ -53,11 +56,11 @@ import numpy as np
 
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
+from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
+from .._common.tableaux import DOP853 as _dop
 from ..attention import compiled_field_of
-from ._tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
-from ._tableaux import DOP853 as _dop
 
-__all__ = ["integrate_compiled"]
+__all__ = ["integrate_compiled", "integrate_states"]
 
 # outcome codes
 FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH, NFEV = range(10)
@@ -125,6 +128,12 @@ class CoreOptions(typing.NamedTuple):
         Whether the steady-state event is on.
     ws_size : int
         The field's scratch size (floats).
+    plain : bool
+        A plain state (:func:`integrate_states`) rather than :math:`Z = [L \mid \alpha]`:
+        no blow-up look and no re-factoring; a row stops with ``GROWTH`` where the
+        field's measure of the state (``ws[0]`` after ``rhs`` at it) passes ``tr0``
+        times ``blowup_threshold``; the steps land on ``t_eval``, whose output is the
+        whole state.
     """
 
     atol: float
@@ -140,6 +149,7 @@ class CoreOptions(typing.NamedTuple):
     method: int
     steady_on: bool
     ws_size: int
+    plain: bool
 
 
 def _columns(C, last, keep=()):
@@ -726,7 +736,7 @@ def _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor):
     Accepted: :math:`|h|\min(f_{\max}, 0.9\,\mathrm{err}^{e})` (no growth right after a
     rejection), rejected: :math:`|h|\max(0.2, 0.9\,\mathrm{err}^{e})`, with the exponent
     :math:`e` = ``err_exp`` and :math:`f_{\max}` = ``max_factor`` (``SAFETY`` and
-    ``MIN_FACTOR`` of :mod:`gaussian_pde.integrate._tableaux`).
+    ``MIN_FACTOR`` of :mod:`gaussian_pde._common.tableaux`).
     """
     if err == 0:
         fac = max_factor
@@ -844,6 +854,8 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
         if h_abs > max_step:
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
+        if opt.plain and p_out[0] < t_eval.size:     # a plain state lands on t_eval
+            h = _nmin(h, t_eval[p_out[0]] - t)
         err, hlamb, spent, err_exp, max_factor, fresh = _attempt(
             rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
             ws, atol, rtol)
@@ -895,7 +907,10 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     t1 = opt.t1
     tau_new = tau + h
     t_new = base + tau_new
-    if t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
+    if opt.plain and p_out[0] < t_eval.size and h == t_eval[p_out[0]] - t:
+        t_new = t_eval[p_out[0]]          # landed: its output is the step's end, ynew
+        tau_new = t_new - base
+    elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
         t_new = t1
         tau_new = t1 - base
     else:
@@ -905,6 +920,8 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
         nfev += 1
     else:
         _copy(fnew, K[_NS])
+    # a plain state's measure: the field leaves it in ws[0], and its last call was at ynew
+    measure = ws[0] if opt.plain else 0.0
     out = (t, tau, base, limit, susp, s0, s1)
     if not (_finite(fnew) and _finite(ynew)):
         fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
@@ -929,6 +946,8 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
             if record:
                 rec_t[j] = t_eval[j]
                 _copy(rec_y[j], xa)
+            elif opt.plain:
+                _copy(mean_out[j], xa)
             else:
                 _store(xa, d, m, cov_out, mean_out, j)
             j += 1
@@ -942,7 +961,12 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
             _record(stop_t, y, rec_t, rec_y, nrec)
         return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
     looked = False
-    if _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
+    if opt.plain:
+        if not measure <= limit * tr0:
+            _copy(y, ynew)
+            fres[F_T] = t_new
+            return (GROWTH,) + out + (nfev, nsteps, fresh)
+    elif _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
         # where the trace passed the limit (kept by a single trajectory; located in a
         # batch too, so that both count the same evaluations)
         xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
@@ -968,7 +992,7 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     fresh = False
     if steps:
         _record(t, y, rec_t, rec_y, nrec)
-    if nsteps % REFACTOR_EVERY == 0:
+    if nsteps % REFACTOR_EVERY == 0 and not opt.plain:
         _at(fns, REFACTOR)(fns, y, f, d, m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
     return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
@@ -1375,7 +1399,7 @@ def _messages(code, fres, t0, max_nfev):
 
 
 def _core_options(opts, method, ws_size):
-    """The :class:`CoreOptions` of validated solver options."""
+    """The :class:`CoreOptions` of validated solver options (a factor state)."""
     ev = opts.events
     return CoreOptions(
         atol=float(opts.atol), rtol=float(opts.rtol), max_step=float(opts.max_step),
@@ -1386,7 +1410,7 @@ def _core_options(opts, method, ws_size):
         t0=float(opts.t0), t1=float(opts.t1),
         max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
         method=("auto", "DOP853", "rosenbrock").index(method),
-        steady_on=bool(ev.steady_on), ws_size=int(ws_size))
+        steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False)
 
 
 @dataclasses.dataclass
@@ -1543,6 +1567,51 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
             mean[:, t_eval == t0] = mean0s[:, None]
         extra.update(mean=mean, mean_final=mean_final)
     return dataclasses.replace(sol, **extra)
+
+
+def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
+    r"""Plain states in the core: RODAS4P2 from the first step, output at ``t_eval``.
+
+    Each row :math:`y_b` of ``y0`` follows :math:`\dot y = f(y)`, the autonomous field
+    ``rhs`` of ``fields`` (``(rhs, jac, params, ws_size)``, :func:`compiled_fields`'s
+    form, ``params`` one row or one per row), from ``t_eval[0]`` to ``t_eval[-1]``, on
+    the engine's steps (cut to land on each time of ``t_eval``), error control and
+    budget (``d = n``, ``m = 1``: a layout the field reads from its ``params``, not a
+    factor). No factor events run: a row stops
+    where the field's measure :math:`g(y)` of an accepted step's end (``rhs`` leaves it
+    in ``ws[0]``) is not :math:`\le` ``limit[b]``.
+
+    Returns
+    -------
+    states : ndarray, shape (nb, len(t_eval), n)
+        The states at ``t_eval``, where the steps land (NaN where not reached).
+    code : ndarray of int
+        ``FINISHED``, ``GROWTH`` (the measure passed its limit), ``NFEV`` (more than
+        ``max_nfev`` evaluations), ``SMALL``, ``SMALL_OVERFLOW``, ``OVERFLOW`` or
+        ``FIELD0``.
+    nsteps : ndarray of int
+        Accepted steps.
+    t_final : ndarray
+        Where each row stopped.
+    """
+    rhs, jac, params, ws_size = fields
+    y0 = np.array(y0, dtype=float, order="C")
+    nb, n = y0.shape
+    te = np.ascontiguousarray(t_eval, dtype=float)
+    opt = CoreOptions(atol=float(atol), rtol=float(rtol), max_step=np.inf, blowup_threshold=1.0,
+                      steady_tol=0.0, steady_atol=0.0, rank_tol=-1.0, t0=float(te[0]),
+                      t1=float(te[-1]), max_nfev=int(max_nfev), method=2, steady_on=False,
+                      ws_size=max(int(ws_size), 1), plain=True)
+    states = np.full((nb, te.size, n), np.nan)
+    p0 = int(np.searchsorted(te, te[0], side="right"))
+    states[:, :p0] = y0[:, None]
+    ires = np.zeros((nb, I_SIZE), dtype=np.int64)
+    fres = np.zeros((nb, F_SIZE))
+    _run(nb, rhs, jac, np.ascontiguousarray(params, dtype=float), n, 1, y0, te, p0,
+         np.ascontiguousarray(limit, dtype=float), np.zeros(nb, dtype=np.int64), opt, ires, fres,
+         np.zeros((nb, 0, 0, 0)), states, np.zeros((nb, 0)), np.zeros((nb, 0, n)),
+         np.zeros(nb, dtype=np.int64))
+    return states, ires[:, I_CODE].copy(), ires[:, I_NSTEPS].copy(), fres[:, F_T].copy()
 
 
 #: fewer trajectories than this run on the calling thread: starting threads costs more

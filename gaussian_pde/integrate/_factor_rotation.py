@@ -51,9 +51,9 @@ _EPS = np.finfo(float).eps
 #: fraction of the solver's tolerance on it: it rotates a row in place, rate included,
 #: and steps on with the same step size
 REFACTOR_ABOVE = 1e-3
-#: ``solve`` waits until the rounding reaches this larger fraction: each re-factoring
-#: restarts its SciPy or Fortran solver, which finds its step size and any stiff
-#: hand-over again (at 1e-3 a K = -Q run to t = 1e8 at rtol 1e-11 restarted until its
+#: ``solve``'s event loop waits until the rounding reaches this larger fraction: each
+#: re-factoring restarts ``solve_ivp``, which finds its step size (and LSODA its order)
+#: again (at 1e-3 a K = -Q run to t = 1e8 at rtol 1e-11 restarted until its
 #: budget was spent)
 REFACTOR_ABOVE_RESTART = 0.1
 #: a direction counts as cancelling where its column is this many times longer than it

@@ -1,8 +1,8 @@
 """One validation of solver options, shared by every solver of the package.
 
 Every check raises ``TypeError`` or ``ValueError`` naming the argument and what was
-expected, before any work is done: the Fortran codes would take a NaN or negative step
-without complaint, and NumPy would fail deep inside a solve.
+expected, before any work is done: a NaN or negative step would otherwise surface as
+an error deep inside a solve.
 """
 
 from __future__ import annotations

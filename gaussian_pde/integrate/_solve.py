@@ -19,35 +19,32 @@ integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
 * **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
   above ``rank_tol`` falls below it.
 
-The default ``"auto"``, where the attention has a compiled field (and without user
-``events`` or ``first_step``), runs the compiled engine of :func:`~gaussian_pde.solve_batch`
-on the one trajectory (:func:`_solve_compiled`,
+Two paths. The default ``"auto"``, where the attention has a compiled field (and without
+user ``events`` or ``first_step``), runs the compiled engine of
+:func:`~gaussian_pde.solve_batch` on the one trajectory (:func:`_solve_compiled`,
 :func:`gaussian_pde.integrate._compiled_batch.integrate_one`): DOP853 steps with Hairer's
 stiffness test, RODAS4P2 for good once it fires, the events above, the evaluation budget
 and overflow, all located and worded by the engine, the same steps and verdicts as
-``solve_batch``'s. Every other run takes the event loop :func:`integrate_system` over
-:mod:`gaussian_pde.integrate._scipy_loop`: SciPy's solver classes in a lean loop, or
-Hairer's Fortran DOP853/DOPRI5 for ``"DOP853"``/``"RK45"``; its ``"auto"`` (user events,
-``first_step``, a field without a compiled kernel) takes DOP853 steps and continues a run
-that turns stiff with LSODA (:mod:`gaussian_pde.integrate._stiffness`); event semantics
-are those of :func:`scipy.integrate.solve_ivp`. The event loop's right-hand side is the
-type's compiled field (the engine's kernel), else the NumPy reference
-(:mod:`gaussian_pde.integrate._fused`).
-:func:`integrate_system` serves any state with a covariance: the closure solvers run it
-too, so that every solver stops at the same events with the same verdicts.
+``solve_batch``'s. Every other run takes the event loop :func:`integrate_system`:
+:func:`scipy.integrate.solve_ivp` through its public API, with the events above as its
+event functions, for the method a user names; its ``"auto"`` is LSODA, which switches
+between Adams and BDF steps itself. The event loop serves any state with a covariance:
+the closure solvers run it too, so that every solver stops at the same events with the
+same verdicts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 
 import numpy as np
+from scipy.integrate import BDF, LSODA, Radau, solve_ivp
 
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
+from .._exact import linear_mean
 from ..attention import require_mean, validate_attention
 from ._batch import solve_batch
 from ._batch_record import max_abs, mean_scale
@@ -60,17 +57,20 @@ from ._events import (
     rank_note,
     steady_gap,
 )
-from ._exact import linear_mean
 from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
-from ._fused import fortran_rhs, mean_is_linear, moment_jacobian
+from ._moment_field import mean_is_linear, moment_jacobian, state_field
 from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._results import MomentSolution, Status
-from ._scipy_loop import accepts_jac, integrate_fortran, integrate_scipy, use_fortran
-from ._stiffness import STIFF_SOLVER
+from ._results import MomentSolution, Status, overflow_message
 
-__all__ = ["solve", "integrate_system", "Run"]
+__all__ = ["solve", "integrate_system", "Run", "AUTO_METHOD"]
 
 _TINY = np.finfo(float).tiny
+
+#: the event loop's ``method="auto"``: LSODA switches between Adams and BDF steps by
+#: itself, so a run that turns stiff needs no hand-over (given the exact Jacobian where
+#: the field has one); SciPy's LSODA serves one problem at a time in a process (in
+#: threads, name an explicit method)
+AUTO_METHOD = "LSODA"
 
 
 class _System:
@@ -80,7 +80,7 @@ class _System:
     ``nfev``), ``trace(y)``, ``cov_and_rate(y)`` and ``mean_and_cov(y)``. The state is
     the factor ``L`` (covariance only) or the ``d x (d + 1)`` matrix
     ``[L | mean / mean_scale]``, flattened row-major, so that one kernel (the
-    attention's compiled field, :func:`gaussian_pde.integrate._fused.fortran_rhs`)
+    attention's compiled field, :func:`gaussian_pde.integrate._moment_field.state_field`)
     gives both rates. The mean's
     equation is linear and homogeneous, so the scaled mean obeys the same equation;
     ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
@@ -97,41 +97,14 @@ class _System:
         self.mean_scale = float(mean_scale)
         self.m = d + 1 if with_mean else d
         self.nfev = 0
-        #: ``trace(y)`` is ``z.dot(z)`` with ``z`` the state, or its entries at
-        #: ``square_norm_entries`` (those of L, in a state that also holds the mean)
-        self.trace_is_square_norm = True
-        self.square_norm_entries = _factor_entries(d) if with_mean else None
+        self.field = state_field(attention, with_mean)
 
-    @functools.cached_property
-    def fun_fortran(self):
-        """The right-hand side for Hairer's Fortran codes, which copy what it returns.
-
-        A buffer (see :func:`gaussian_pde.integrate._scipy_loop.integrate_fortran`), built at
-        the first use: a run on the compiled engine never evaluates it.
-        """
-        return fortran_rhs(self.att, self.with_mean, self)
-
-    @functools.cached_property
-    def field(self):
-        """The field of ``(d, m)`` states (it writes into :attr:`fun_fortran`'s buffer)."""
-        return self.fun_fortran.field
-
-    @functools.cached_property
-    def fun(self):
+    def fun(self, t, y):
         """The right-hand side handed to the solver (a new array at every call)."""
-        fun_fortran = self.fun_fortran
+        self.nfev += 1
+        return self.field(y.reshape(self.d, self.m)).reshape(-1)
 
-        def fun(t, y):
-            return fun_fortran(t, y).copy()
-
-        return fun
-
-    def __call__(self, t, y):
-        return self.fun(t, y)
-
-    def unpack(self, y):
-        """``(mean, L)`` of one state (``mean`` None in covariance-only mode)."""
-        return self.split(y)
+    __call__ = fun
 
     def split(self, y):
         """``(mean, L)`` of one state ``(n,)`` or a stack ``(T, n)``; copies."""
@@ -160,10 +133,8 @@ class _System:
 
     def trace(self, y):
         """``tr(Sigma) = |L|_F^2``."""
-        entries = self.square_norm_entries
-        if entries is not None:
-            y = y[entries]
-        return float(y.dot(y))
+        L = y.reshape(self.d, self.m)[:, :self.d].ravel()
+        return float(L.dot(L))
 
     def cov_and_rate(self, y):
         """Covariance and its time derivative at a packed state."""
@@ -176,8 +147,15 @@ class _System:
         return cov, dcov + dcov.T
 
     def mean_and_cov(self, y):
-        mean, L = self.split(y)
-        return mean, L @ L.T
+        """``(mean, cov)`` of one state, new arrays (what the events see at every step)."""
+        Z = y.reshape(self.d, self.m)
+        L = Z[:, :self.d]
+        if self.zero_mean:
+            return np.zeros(self.d), L @ L.T
+        if not self.with_mean:
+            return None, L @ L.T
+        with np.errstate(over="ignore"):
+            return Z[:, self.d] * self.mean_scale, L @ L.T
 
     def cancellation(self, y, atol, rtol, level):
         """:func:`~gaussian_pde.integrate._factor_rotation.cancellation_exceeds` of the factor."""
@@ -198,24 +176,6 @@ class _System:
 
 #: a mean larger than this, or not finite, has left the range of float64 (to a margin)
 _MEAN_RANGE = 1e300
-
-
-@functools.lru_cache(maxsize=None)
-def _factor_entries(d):
-    """Positions of the entries of ``L`` in a flat ``[L | mean]`` state (read-only)."""
-    entries = np.arange(d * (d + 1)).reshape(d, d + 1)[:, :d].ravel()
-    entries.flags.writeable = False
-    return entries
-
-
-def _factor_jacobian(attention, with_mean=False):
-    """Exact Jacobian ``jac(t, y)`` of :class:`_System`'s right-hand side, or ``None``.
-
-    Available where the attention's compiled field has a closed-form Jacobian
-    (:func:`gaussian_pde.integrate._fused.moment_jacobian`); the implicit methods
-    (``Radau``, ``BDF``, ``LSODA``) then need no finite differences.
-    """
-    return moment_jacobian(attention, with_mean)
 
 
 def _event(fun, terminal, direction, name):
@@ -261,6 +221,11 @@ def _blowup_estimate(system, t, y):
     return blowup_extrapolate(t, tr, dtr, float(np.trace(cov2)), float(np.trace(dcov2)), h)
 
 
+def accepts_jac(solver_cls):
+    """Whether the SciPy solver class uses a Jacobian (the implicit ones)."""
+    return issubclass(solver_cls, (Radau, BDF, LSODA))
+
+
 @dataclasses.dataclass
 class Run:
     """What :func:`integrate_system` returns: the raw trajectory and its verdict."""
@@ -274,57 +239,59 @@ class Run:
     y_final: np.ndarray
     t_events: dict
     nfev: int
-    stiff_from: float | None = None   # method="auto": where the stiff solver took over
+    stiff_from: float | None = None   # the compiled engine: where RODAS4P2 took over
 
 
 def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
-    """Integrate ``system`` from ``y0`` with the package's events, in one event loop.
+    """Integrate ``system`` from ``y0`` with the package's events, by ``solve_ivp``.
+
+    One :func:`scipy.integrate.solve_ivp` call a segment, with blow-up, steady state,
+    rank collapse and the user's events as its event functions, and one more that stops
+    at the end of the step that spends ``max_nfev``, leaves the system's range, overflows
+    or asks for a re-factoring (:class:`_StepEnd`). A segment ends at ``t_span``'s end,
+    at a terminal event, or at such a step end; a blow-up threshold passed before the
+    blow-up is confirmed, or a re-factoring, starts the next one (on its own clock).
 
     Parameters
     ----------
     system : object
         ``fun(t, y)`` (counting ``system.nfev``), ``trace(y)``, ``cov_and_rate(y)``
-        (covariance and its rate) and ``mean_and_cov(y)`` (for user events).
+        (covariance and its rate) and ``mean_and_cov(y)`` (for user events); optionally
+        ``out_of_range(y)`` (a message where the field cannot be computed, else None) and
+        ``cancellation``/``refactor`` (:class:`_System`).
     y0 : ndarray, shape (n,)
         The initial state.
     opts : SolverOptions
         Validated by :func:`gaussian_pde.integrate._options.solver_options`.
     method : str or OdeSolver subclass
-        Validated; ``"DOP853"`` and ``"RK45"`` with at most two output times are stepped
-        by Hairer's Fortran codes. ``"auto"``: DOP853 steps (the Fortran code where it
-        applies) until Hairer's stiffness test fires, then
-        :data:`gaussian_pde.integrate._stiffness.STIFF_SOLVER` (LSODA) given ``jac``
-        (:mod:`gaussian_pde.integrate._stiffness`); ``Run.stiff_from`` records where.
+        Validated; a :func:`scipy.integrate.solve_ivp` method, or ``"auto"``:
+        :data:`AUTO_METHOD`.
     user_events : tuple of callables
         ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
     jac : callable, optional
-        Exact Jacobian for implicit methods (and for the stiff solver of ``"auto"``).
+        Exact Jacobian, handed to the implicit methods only.
 
     Returns
     -------
     Run
     """
-    ev_opts = opts.events
     t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
-    stiff = None
     if isinstance(method, str) and method == "auto":
-        method, stiff = "DOP853", STIFF_SOLVER
+        method = AUTO_METHOD
     solver_cls = METHODS[method] if isinstance(method, str) else method
-    if not accepts_jac(solver_cls if stiff is None else stiff):
+    if not accepts_jac(solver_cls):
         jac = None
-    # a system may say where its state leaves the range in which its field can be
-    # computed (system.out_of_range(y) -> message or None): checked at every step end
-    out_of_range = getattr(system, "out_of_range", None)
-    if out_of_range is not None and out_of_range(y0) is not None:
+    reason = _no_step_from(system, y0)
+    if reason is not None:
         # no step can be taken: the initial state alone, with the reason
         keep = np.array([t0]) if t_eval is None else t_eval[t_eval == t0]
         return Run(t=keep, y=np.repeat(np.asarray(y0, dtype=float)[None], keep.size, 0),
-                   status=Status.FAILED, message=f"{out_of_range(y0)} at t = {t0:.10g}",
+                   status=Status.FAILED, message=f"{reason} at t = {t0:.10g}",
                    t_blowup=None, t_final=float(t0), y_final=np.asarray(y0), t_events={},
                    nfev=system.nfev)
-    loop = _EventLoop(system, opts, method, solver_cls, stiff, jac, user_events, y0)
-    ts, ys, t_events, stiff_from = [], [], {}, None
-    t_start, y_start, limit = t0, y0, ev_opts.blowup_threshold
+    loop = _EventLoop(system, opts, solver_cls, jac, user_events, y0)
+    ts, ys, t_events = [], [], {}
+    t_start, y_start, limit = t0, y0, opts.events.blowup_threshold
     suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
     while True:
         # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
@@ -336,66 +303,114 @@ def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
         # a restarted segment stores only times strictly after the restart time
         seg_eval = None if t_eval is None else t_eval[
             (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
-        res = loop.segment(evs, t_start, y_start, base, seg_eval)
-        # no repeated restart
-        keep = slice(1, None) if t_eval is None and ts else slice(None)
-        if seg_eval is not None:
-            seg_t = seg_eval[:res.t.size]     # the output times themselves, not base + tau
-        else:
-            # the solver's last step lands on tau1 exactly; base + tau1 may round past t1
-            seg_t = np.minimum(base + res.t, t1)
-            if res.status == 0 and seg_t.size:
-                seg_t[-1] = t1
-        ts.append(seg_t[keep])
-        ys.append(res.y[keep])
-        for ev, te in zip(evs, res.t_events):
-            t_events.setdefault(ev.__name__, []).extend(np.minimum(base + te, t1).tolist())
-        t_final = t1 if res.status == 0 else min(base + res.t_final, t1)
-        y_final = res.y_final
-        if stiff_from is None and res.stiff_from is not None:
-            stiff_from = min(base + res.stiff_from, t1)
-        end = loop.outcome(res, evs, t_final, y_final, limit, suspected)
+        seg = loop.segment(evs, t_start, y_start, base, seg_eval)
+        keep = slice(1, None) if t_eval is None and ts else slice(None)   # no repeated restart
+        ts.append(seg.t[keep])
+        ys.append(seg.y[keep])
+        for ev, te in zip(evs, seg.t_events):
+            if ev is not evs[-1]:      # the step-end stop is no event of the run
+                t_events.setdefault(ev.__name__, []).extend(np.minimum(base + te, t1).tolist())
+        end = loop.outcome(seg, evs, limit, suspected)
         if end[0] == "restart":
             t_start, y_start, limit, suspected = end[1:]
             continue
         status, message, t_blowup = end[1:]
         break
-
-    if stiff_from is not None:
-        message += (f"; stiff from t = {stiff_from:.6g} on: {stiff.__name__}"
-                    + (" with the exact Jacobian" if jac is not None else ""))
     t_all = np.concatenate(ts) if ts else np.empty(0)
     y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
     t_all, y_all = _strictly_increasing(t_all, y_all)
     return Run(t=t_all, y=y_all, status=status, message=message, t_blowup=t_blowup,
-               t_final=float(t_final), y_final=np.asarray(y_final),
-               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev,
-               stiff_from=None if stiff_from is None else float(stiff_from))
+               t_final=float(seg.t_final), y_final=np.asarray(seg.y_final),
+               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev)
+
+
+def _no_step_from(system, y0):
+    """Why no step can be taken from ``y0`` (None: one can).
+
+    The system's own ``out_of_range(y0)``, or a right-hand side that is not finite there:
+    SciPy's first-step estimate is then NaN, and its explicit solvers reject NaN steps
+    without end.
+    """
+    out_of_range = getattr(system, "out_of_range", None)
+    if out_of_range is not None and out_of_range(y0) is not None:
+        return out_of_range(y0)
+    with np.errstate(all="ignore"):
+        if not np.isfinite(system.fun(0.0, y0)).all():
+            return "the right-hand side overflows (inf or NaN) at the initial state"
+    return None
+
+
+@dataclasses.dataclass
+class _Segment:
+    """One ``solve_ivp`` call of :func:`integrate_system`, on the run's clock.
+
+    ``t``/``y``: the stored times and states (``(T, n)``); ``t_events``: one array per
+    event, on the segment's clock; ``fired``: the terminal event that stopped it (None:
+    ``solve_ivp``'s status 0 or -1, in ``status`` and ``message``); ``t_final``,
+    ``y_final``: where it stopped.
+    """
+
+    t: np.ndarray
+    y: np.ndarray
+    status: int
+    message: str
+    t_events: list
+    fired: int | None
+    t_final: float
+    y_final: np.ndarray
+
+
+class _StepEnd:
+    """An event function that stops ``solve_ivp`` at the end of a step, and why.
+
+    ``solve_ivp`` calls its events with each accepted step's end state; this one returns
+    1 until ``reason(t, y)`` gives a reason to stop there (not None), and
+    :math:`t_s - t` from then on, so that the sign change lands on that step end
+    :math:`t_s` exactly (Brent's method returns an end where the function vanishes). It
+    keeps the last step end that gave no reason (``t_last``, ``y_last``: where a run
+    that ends with ``solve_ivp``'s own status stands) and the state at the stop.
+    """
+
+    terminal, direction, __name__ = True, -1.0, "step_end"
+
+    def __init__(self, reason, t0, y0):
+        self.reason_at, self.reason = reason, None
+        self.t0 = t0
+        self.t_last, self.y_last = t0, np.array(y0, dtype=float)
+        self.t_stop = self.y_stop = None
+
+    def __call__(self, t, y):
+        if self.t_stop is None:
+            if t == self.t0:         # solve_ivp's look at the initial state
+                return 1.0
+            self.reason = self.reason_at(t, y)
+            if self.reason is None:
+                self.t_last, self.y_last = t, np.array(y, dtype=float)
+                return 1.0
+            self.t_stop, self.y_stop = t, np.array(y, dtype=float)
+        return self.t_stop - t
 
 
 class _EventLoop:
     """The pieces of :func:`integrate_system`'s loop.
 
-    The step-end budget, the events of a segment, one segment's integration, and what its
-    end means.
+    The reasons to stop at a step end, the events of a segment, one segment's
+    ``solve_ivp`` call, and what its end means.
     """
 
-    def __init__(self, system, opts, method, solver_cls, stiff, jac, user_events, y0):
-        self.system, self.opts, self.method = system, opts, method
-        self.solver_cls, self.stiff, self.jac = solver_cls, stiff, jac
+    def __init__(self, system, opts, solver_cls, jac, user_events, y0):
+        self.system, self.opts = system, opts
+        self.solver_cls, self.jac = solver_cls, jac
         self.user_events = user_events
-        self.fortran = use_fortran(method, opts.t_eval, opts.t0)
         # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._factor_rotation):
         # looked at every REFACTOR_EVERY-th step end (the cancellation builds up over many
         # steps; an SVD at every step would cost as much as the step), the run then goes
-        # on from the rotated factor
+        # on from the rotated factor; a re-factoring restarts the solver, so after each
+        # one the look waits twice as many steps: a run whose spread keeps growing
+        # (K = -Q to t = 1e8) restarts O(log steps) times, not every REFACTOR_EVERY steps
         self.refactor = getattr(system, "refactor", None)
         self.out_of_range = getattr(system, "out_of_range", None)
-        # a re-factoring restarts the integrator (its step size and any stiff hand-over
-        # are found again), so after each one the look waits twice as many steps: a run
-        # whose spread keeps growing (K = -Q to t = 1e8) restarts O(log steps) times, not
-        # every REFACTOR_EVERY steps
-        self.due = {"refactor": False, "steps": 0, "range": None, "every": REFACTOR_EVERY}
+        self.due = {"steps": 0, "every": REFACTOR_EVERY}
         self.tr0 = max(system.trace(y0), _TINY)
         self.first = self.d = None
         rank_tol = opts.events.rank_tol
@@ -403,30 +418,37 @@ class _EventLoop:
             cov0 = system.mean_and_cov(y0)[1]
             self.first, self.d = int(rank_first(cov0, rank_tol)), cov0.shape[-1]
 
-    def budget(self, t, y):
-        """False stops the segment: ``max_nfev`` spent, the state out of range, a re-factoring due."""
+    def stop_reason(self, t, y):
+        """Why the run stops at this step end (None: it goes on).
+
+        ``("overflow",)``, ``("budget",)``, ``("range", message)`` or ``("refactor",)``.
+        """
         system, due, max_nfev = self.system, self.due, self.opts.max_nfev
+        if not np.isfinite(y).all():
+            # an accepted step that left the floating-point range (an implicit method can
+            # accept one): the run ends at the last finite state
+            return ("overflow",)
         if max_nfev is not None and system.nfev > max_nfev:
-            return False
+            return ("budget",)
         if self.out_of_range is not None:
-            due["range"] = self.out_of_range(y)
-            if due["range"] is not None:
-                return False
+            message = self.out_of_range(y)
+            if message is not None:
+                return ("range", message)
         if self.refactor is not None:
             due["steps"] += 1
             if due["steps"] >= due["every"]:
                 due["steps"] = 0
                 if system.cancellation(y, self.opts.atol, self.opts.rtol,
                                        REFACTOR_ABOVE_RESTART):
-                    due["refactor"] = True
                     due["every"] *= 2
-                    return False
-        return True
+                    return ("refactor",)
+        return None
 
     def events(self, limit, base):
-        """The segment's events (blow-up past ``limit`` tr(Sigma_0), steady, rank, the user's).
+        """The segment's events: blow-up, steady state, rank collapse and the user's.
 
-        The user's events see the time on the segment's clock from ``base``.
+        Blow-up past ``limit`` times tr(Sigma_0); the user's events see the time on the
+        segment's clock from ``base``. :meth:`segment` appends the step-end stop.
         """
         system, ev_opts, first, d = self.system, self.opts.events, self.first, self.d
         log_limit = math.log(limit * self.tr0)
@@ -434,12 +456,6 @@ class _EventLoop:
         def blowup(t, y):   # log tr(Sigma) - log(limit tr(Sigma_0))
             return math.log(max(system.trace(y), 1e-300)) - log_limit
 
-        if getattr(system, "trace_is_square_norm", False):
-            # tr(Sigma) = z.z with z = y (L alone: the step-end watch of the Fortran path
-            # reuses its own y.y) or z = y[entries] (L beside the mean): the watch
-            # computes the same number without calling the event
-            blowup.square_norm_offset = log_limit
-            blowup.square_norm_entries = getattr(system, "square_norm_entries", None)
         evs = [_event(blowup, True, 1.0, "blowup")]
         if ev_opts.steady_on:
             def steady(t, y):
@@ -456,44 +472,45 @@ class _EventLoop:
         return evs
 
     def segment(self, evs, t_start, y_start, base, seg_eval):
-        """Integrate from ``t_start`` until ``t1`` or an event (a ``Segment`` of ``_scipy_loop``)."""
+        """``solve_ivp`` from ``t_start`` until ``t1``, an event or a step-end stop."""
         opts, system = self.opts, self.system
-        tau1 = opts.t1 - base
-        kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step,
-                  first_step=opts.first_step,
-                  events=evs, budget=self.budget, t_offset=base,
-                  t_eval=None if seg_eval is None else seg_eval - base)
+        watch = _StepEnd(self.stop_reason, t_start - base, y_start)
+        evs.append(watch)
+        kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step)
+        if opts.first_step is not None:
+            kw["first_step"] = opts.first_step
+        if self.jac is not None:
+            kw["jac"] = self.jac
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                if self.fortran:
-                    return integrate_fortran(system.fun, self.method, t_start - base, tau1,
-                                              y_start, stiff=self.stiff, jac=self.jac,
-                                              fortran_fun=getattr(system, "fun_fortran",
-                                                                  None),
-                                              nfev=lambda: system.nfev, **kw)
-                return integrate_scipy(system.fun, self.solver_cls, t_start - base, tau1, y_start,
-                                 jac=self.jac, stiff=self.stiff, **kw)
+                res = solve_ivp(system.fun, (t_start - base, opts.t1 - base), y_start,
+                                method=self.solver_cls, events=evs,
+                                t_eval=None if seg_eval is None else seg_eval - base, **kw)
         except _UserEventError as err:
             raise ValueError(f"`events[{err.i}]` raised {type(err.exc).__name__}: "
                              f"{err.exc}") from err.exc
+        return _segment_of(res, evs, watch, base, opts.t1, seg_eval)
 
-    def outcome(self, res, evs, t_final, y_final, limit, suspected):
+    def outcome(self, seg, evs, limit, suspected):
         """What a segment's end means: go on from ``(t, y)``, or stop.
 
         ``("restart", t, y, limit, suspected)`` or ``("stop", status, message, t_blowup)``.
         """
-        due = self.due
-        if res.status == -1:
-            return "stop", Status.FAILED, res.message, None
-        if res.status == 0:
-            return "stop", Status.FINISHED, "reached the end of t_span", None
-        if res.status == 2 and due["range"] is not None:
-            return "stop", Status.FAILED, f"{due['range']} at t = {t_final:.10g}", None
-        if res.status == 2 and due["refactor"]:
-            due["refactor"] = False
+        t_final, y_final = seg.t_final, seg.y_final
+        if seg.fired is None:
+            if seg.status == 0:
+                return "stop", Status.FINISHED, "reached the end of t_span", None
+            return "stop", Status.FAILED, seg.message, None
+        name = evs[seg.fired].__name__
+        if seg.fired == len(evs) - 1:        # the step-end stop
+            name = evs[-1].reason[0]
+        if name == "overflow":
+            return "stop", Status.FAILED, seg.message, None
+        if name == "range":
+            return "stop", Status.FAILED, f"{evs[-1].reason[1]} at t = {t_final:.10g}", None
+        if name == "refactor":
             return "restart", t_final, self.refactor(y_final), limit, suspected
-        name = "max_nfev" if res.status == 2 else evs[res.fired].__name__
         if name == "blowup":
             t_star, finite = _blowup_estimate(self.system, t_final, y_final)
             verdict, detail = blowup_verdict(t_star, finite, t_final, limit, suspected)
@@ -503,13 +520,51 @@ class _EventLoop:
                 return "stop", verdict, detail, None
             suspected, new_limit = detail
             return "restart", t_final, y_final, new_limit, suspected
-        if name == "max_nfev":
-            # an implicit method (or "auto", whose stiff solver is LSODA) was already used
-            implicit = self.stiff is not None or accepts_jac(self.solver_cls)
-            return "stop", Status.FAILED, _gave_up(self.opts.max_nfev, t_final, implicit), None
+        if name == "budget":
+            return "stop", Status.FAILED, _gave_up(self.opts.max_nfev, t_final,
+                                                   accepts_jac(self.solver_cls)), None
         status = {"steady": Status.STEADY, "rank_collapse": Status.RANK_COLLAPSE}.get(
             name, Status.EVENT)
         return "stop", status, f"terminal event {name!r} at t = {t_final:.10g}", None
+
+
+def _segment_of(res, evs, watch, base, t1, seg_eval):
+    """The :class:`_Segment` of a ``solve_ivp`` result, on the run's clock.
+
+    Where it stopped: the fired terminal event's time and state (the step-end stop's
+    exact step end, or, past an overflow, the last finite step end, with the stored
+    states after it dropped), else ``t1`` or the last step end.
+    """
+    # (solve_ivp returns empty lists where no output time was passed)
+    t = base + np.asarray(res.t, dtype=float)
+    y = np.reshape(res.y, (watch.y_last.size, -1)).T
+    fired = next((i for i, ev in enumerate(evs)
+                  if getattr(ev, "terminal", False) and len(res.t_events[i])), None)
+    message = res.message
+    if fired is None:
+        t_final, y_final = (t1, watch.y_last) if res.status == 0 else (
+            base + watch.t_last, watch.y_last)
+    elif fired == len(evs) - 1:
+        t_final, y_final = base + watch.t_stop, watch.y_stop
+        if watch.reason[0] == "overflow":
+            message = overflow_message(base + watch.t_last, t_final)
+            t_final, y_final = base + watch.t_last, watch.y_last
+            keep = t <= t_final
+            t, y = t[keep], y[keep]
+        elif seg_eval is None:
+            y = y.copy()
+            y[-1] = y_final          # the step end itself, not its dense output
+    else:
+        t_final, y_final = base + res.t_events[fired][-1], res.y_events[fired][-1]
+    if seg_eval is not None:
+        t = seg_eval[:t.size]        # the output times themselves, not base + tau
+    else:
+        # the solver's last step lands on tau1 exactly; base + tau1 may round past t1
+        t = np.minimum(t, t1)
+        if res.status == 0 and t.size:
+            t[-1] = t1
+    return _Segment(t=t, y=y, status=res.status, message=message, t_events=res.t_events,
+                    fired=fired, t_final=min(float(t_final), t1), y_final=y_final)
 
 
 def _gave_up(max_nfev, t, implicit):
@@ -563,7 +618,7 @@ def _strictly_increasing(t, y):
     """Drop a stored row whose time repeats the one before it (an event at a step end).
 
     The loop stores each step end once and an event time strictly inside its step
-    (:func:`gaussian_pde.integrate._scipy_loop._root`), so this keeps the invariant of the
+    (``solve_ivp`` and the compiled engine alike), so this keeps the invariant of the
     result (``t`` strictly increasing) against rounding only.
     """
     if t.size < 2:
@@ -597,7 +652,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         (``attention.field_sees_mean``: linear attention), which requires it. Where the
         mean's equation is linear in the mean (:math:`\alpha' = N(\Sigma)\alpha`), it
         rides in the same field kernel as the factor
-        (:mod:`gaussian_pde.integrate._fused`), at about the cost of the
+        (:mod:`gaussian_pde.integrate._moment_field`), at about the cost of the
         covariance alone; its error is controlled like the factor's, so a mean growing
         like :math:`e^{\lambda_{\max}(V)t}` needs the steps that resolve it (and
         overflows float64 once :math:`\lambda_{\max}(V)t` passes about 700). A zero mean
@@ -605,7 +660,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         state, and the run takes the steps of the covariance alone. So is a mean whose
         equation does not involve the covariance (Sinkhorn: :math:`\alpha' = V\alpha`;
         :meth:`~gaussian_pde.Attention.mean_generator`), which is then
-        :math:`e^{(t - t_0)N}\alpha_0` exactly (:func:`~gaussian_pde.integrate._exact.linear_mean`),
+        :math:`e^{(t - t_0)N}\alpha_0` exactly (:func:`~gaussian_pde._exact.linear_mean`),
         unless user ``events`` need it at every step; a mean past the floating-point
         range is inf there, and the message says from which stored time.
     cov0 : array_like, shape (d, d)
@@ -626,21 +681,13 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
         are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
         trajectory, in the same compiled engine: the same steps, events, verdicts,
         evaluations and messages (``t_events["blowup"]`` holds where the trace passed
-        each threshold, located on the dense output to rounding). Otherwise the event
-        loop does the same with SciPy's and Hairer's DOP853
-        (:mod:`gaussian_pde.integrate._stiffness`) and LSODA as its stiff solver,
-        given the exact Jacobian of the factor form and of the mean for softmax and L2
-        heads (LSODA's own differences otherwise), on trial against the explicit
-        steps' cost (:func:`gaussian_pde.integrate._scipy_loop.stiff_trial`).
-        Or any :func:`scipy.integrate.solve_ivp` method. The strings
-        ``"DOP853"`` and ``"RK45"`` are stepped by Hairer's Fortran codes (through
-        :class:`scipy.integrate.ode`, see ``gaussian_pde.integrate._scipy_loop``), several times
-        faster on these small systems, when ``t_eval`` is None or holds at most two
-        times after ``t_span[0]`` (the Fortran codes land on each output time, where
-        SciPy's Python solver interpolates for free); pass the class
-        (``scipy.integrate.DOP853``) to always step in Python. ``"LSODA"``, ``"Radau"``
-        and ``"BDF"`` get the exact Jacobian for softmax and L2 heads in
-        covariance-only mode. Or ``"rosenbrock"``: the
+        each threshold, located on the dense output to rounding). Otherwise (user
+        ``events``, ``first_step``, a field without a compiled kernel) the event loop
+        runs :func:`scipy.integrate.solve_ivp` with ``"LSODA"``, which switches between
+        Adams and BDF steps itself, given the exact Jacobian of the factor form and of
+        the mean where the type has one. Or any :func:`scipy.integrate.solve_ivp`
+        method, stepped by ``solve_ivp`` itself; ``"LSODA"``, ``"Radau"`` and ``"BDF"``
+        get the exact Jacobian in covariance-only mode. Or ``"rosenbrock"``: the
         L-stable linearly implicit RODAS4P2 of :func:`gaussian_pde.integrate._batch.solve_batch`
         (one trajectory), for stiff runs to a
         steady state; covariance only (``mean0=None``), without user ``events`` or
@@ -717,12 +764,8 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     y0 = system.pack(mean0, psd_factor(cov0))
     run = _solve_compiled(system, y0, opts) if auto and not events else None
     if run is None:
-        if auto:
-            jac = moment_jacobian(attention, with_mean)
-        else:
-            solver_cls = METHODS[method] if isinstance(method, str) else method
-            jac = (None if with_mean or not accepts_jac(solver_cls)
-                   else _factor_jacobian(attention))
+        # the exact Jacobian of the factor form (and, for "auto", of the mean's rows)
+        jac = moment_jacobian(attention, with_mean) if auto or not with_mean else None
         run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
     means, Ls = system.split(run.y)
     covs = Ls @ np.swapaxes(Ls, -1, -2)

@@ -26,11 +26,14 @@ of :math:`10^{10}t_s` costs tens to a few hundred steps (:class:`_LDLState`). Ev
 quantity is formed from products of the factors, never from differences of the huge
 entries of :math:`P`, and :math:`P` is positive definite by construction.
 
-**Stepper.** The L-stable RODAS4 (the coefficients of :data:`gaussian_pde.integrate.RODAS4`)
-on the autonomous system :math:`(y, \tau)`, with a complex-step Jacobian (exact to
-rounding); steps land on the checkpoints :math:`t = t_s10^j`. The loop and the field are
-written once, in :mod:`._certified_compiled`, compiled with Numba and run in parallel over
-the settings; this module sets up the frame and the states, and decides.
+**Stepper.** The package's engine
+(:func:`gaussian_pde.integrate._compiled_batch.integrate_states`, in parallel over the
+settings) on the autonomous system :math:`(y, \tau)`, :math:`\dot\tau = 1`: the
+L-stable RODAS4P2 from the first step, with the field's complex-step Jacobian (exact to
+rounding), the error norm :math:`\mathrm{rms}\big(e_i/(r(1 + \max(|y_i|, |y^{new}_i|)))\big)`
+(:math:`r` = ``rtol``), and the states at the checkpoints :math:`t = t_s10^j` from its
+continuous extension. The field is written once, in :mod:`._certified_field`; this module
+sets up the frame and the states, and decides.
 
 **Decision** (docs/math.md 4.5), from the eigenvalues of :math:`\Sigma = F^TF`,
 :math:`F = D^{-1/2}L^{-1}`, at the checkpoints of the last ``fit_decades`` decades:
@@ -66,7 +69,17 @@ from .._common.validation import (
     validate_tolerance,
 )
 from ..attention import Attention, quadratic_heads, single_heads
-from ._certified_compiled import integrate_log_time_compiled
+from ..integrate._compiled_batch import (
+    FIELD0,
+    FINISHED,
+    NFEV,
+    OVERFLOW,
+    SMALL,
+    SMALL_OVERFLOW,
+    integrate_states,
+)
+from ..integrate._compiled_batch import GROWTH as GROWTH_CODE
+from ._certified_field import kernels, pack
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
            "theorem_rank"]
@@ -116,7 +129,7 @@ class CertifiedLimit:
     closed_form_gap : float
         :math:`\lVert\Sigma_\infty - N(N^T\Sigma_0^{-1}N)^{-1}N^T\rVert_F /
         \lVert\Sigma_\infty\rVert_F` (:math:`N` orthonormal); at the integration error
-        (about 1e-7) where the closed form of docs/math.md 4.5 holds (always for
+        (of the order of ``rtol``) where the closed form of docs/math.md 4.5 holds (always for
         :math:`V = I`), up to :math:`O(1)` where it does not.
         NaN unless ``"rank"``/``"zero"``.
     lyapunov_increase : float or None
@@ -137,8 +150,8 @@ class CertifiedLimit:
     message : str
         The evidence in words, or why the outcome is undecided.
     path : str
-        The integration loop that ran: ``"compiled"`` (:mod:`._certified_compiled`, the
-        only one).
+        The integration that ran: ``"compiled"`` (the package's engine on the field of
+        :mod:`._certified_field`, the only one).
     """
 
     outcome: str
@@ -237,7 +250,7 @@ def _unit_lower_inv(L):
 class _LDLState:
     r"""The factored state of the precision in log time (docs/math.md 4.5), read back.
 
-    Its field, :func:`._certified_compiled._field`, integrates the precision equation in
+    Its field, :func:`._certified_field._field`, integrates the precision equation in
     these variables:
 
     State per trajectory: :math:`y = (\ell, \tilde L)`, with :math:`P = LDL^T`,
@@ -378,6 +391,8 @@ def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fi
     piv = _fit(ck_t[sel], np.exp(rec[sel, :d]))      # log-log slopes of the pivots of P
     if k < d:
         drift = float(np.max(np.linalg.norm(Cs - C0, axis=(1, 2))) / np.linalg.norm(C0))
+        if not np.isfinite(drift):     # N^T P N past the floating-point range: no drift to
+            drift = np.nan             # measure (and the setting is undecided below)
         floor = 1.0 / float(np.max(np.linalg.eigvalsh(0.5 * (Cs + np.swapaxes(Cs, 1, 2)))))
     else:
         drift, floor = 0.0, np.inf
@@ -402,7 +417,7 @@ def _decide(field, rec, taus, ck_t, step_count, stop, t_last, U, k, lyap, C0, fi
     if np.any(~np.isfinite(expo)):
         return dict(base, outcome="undecided", rank=None, limit=None,
                     message="an eigenvalue of Sigma is not positive at a fitted checkpoint")
-    if drift > drift_tol:
+    if not drift <= drift_tol:
         return dict(base, outcome="undecided", rank=None, limit=None,
                     message=f"conserved N^T Sigma^-1 N drifted by {drift:.2e} > {drift_tol:g}")
     if np.any(expo[kept] > SETTLED):
@@ -495,8 +510,8 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
         field = _LDLState(k, d)
         taus = np.tile(np.log1p(base), (len(rows), 1))
         tr0 = np.trace(S0, axis1=1, axis2=2)
-        rec, steps, stop, t_last = integrate_log_time_compiled(kinds, V, A, H, t_s, k, y0, taus,
-                                                               rtol, GROWTH * tr0, max_steps)
+        rec, steps, stop, t_last = _integrate(kinds, V, A, H, t_s, k, y0, taus[0], rtol,
+                                              GROWTH * tr0, max_steps)
         C0 = P0[:, k:, k:]
         for j, i in enumerate(rows):
             ck_t = t_s[j] * base
@@ -517,11 +532,45 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
     return out
 
 
+#: the words of the engine's stops (its codes), as :func:`_decide` reports them
+_STOPS = {FINISHED: "", GROWTH_CODE: "growth", NFEV: "steps", SMALL: "step",
+          SMALL_OVERFLOW: "step", OVERFLOW: "overflow", FIELD0: "not finite"}
+
+
+def _integrate(kinds, V, A, H, ts, k, y0, taus, rtol, tr_max, max_steps):
+    r"""The rows on the engine, in log time: their states at the checkpoints ``taus``.
+
+    The augmented states :math:`(y, \tau)` start at :math:`\tau = 0`; the tolerance
+    ``rtol`` holds relative to :math:`\max(1, |y|)` (``atol = rtol``); a row stops with
+    ``"growth"`` where :math:`\operatorname{tr}\Sigma` passes ``tr_max``, with ``"steps"``
+    past the evaluations of ``max_steps`` accepted steps (7 each: the Jacobian, 5 stages
+    and the rate at the step's end), with ``"step"`` where the step falls below rounding.
+
+    Returns
+    -------
+    rec : ndarray, shape (nb, nck, ny)
+        States at the checkpoints (NaN where not reached).
+    steps : ndarray of int
+    stop : ndarray of object
+        ``""``, ``"growth"``, ``"steps"``, ``"step"``, ``"overflow"`` or ``"not finite"``.
+    t_last : ndarray
+        Last log time reached.
+    """
+    nb, ny = y0.shape
+    ya = np.concatenate([y0, np.zeros((nb, 1))], axis=1)
+    fields = (*kernels(), pack(kinds, V, A, H, ts, k), 1)
+    with np.errstate(all="ignore"):
+        states, code, steps, t_last = integrate_states(fields, ya, taus, tr_max, rtol=rtol,
+                                                       atol=rtol, max_nfev=7 * max_steps + 2)
+    stop = np.array([_STOPS[int(c)] for c in code], dtype=object)
+    return states[:, :, :ny], steps, stop, t_last
+
+
 def _check_memory(dims):
     r"""Refuse, before any work, rows whose Jacobians would not fit in memory.
 
     A row in dimension :math:`d` has :math:`n = d(d+1)/2` unknowns and the log time; each
-    thread of the compiled loop holds its Jacobian and the RODAS4 matrix,
+    thread of the engine holds its Jacobian and the RODAS4P2 matrix,
     :math:`16(n + 1)^2` bytes, and about twelve complex :math:`d\times d` matrices of the
     complex step, :math:`192d^2` bytes; the checkpoints of every row take
     :math:`8 \cdot 16(n + 1)` bytes.
@@ -581,8 +630,8 @@ def certified_limits(attentions, cov0s, *, t_max=1e10, rtol=1e-6, fit_decades=2.
         checkpoints, so a drift :math:`\delta` moves it by a factor of at most
         :math:`1 + \delta`; 1e-2 leaves the decision unchanged.
     compiled : None
-        Deprecated and ignored: there is one integration loop, compiled with Numba
-        (:mod:`._certified_compiled`); the batched NumPy copy that ``compiled=False``
+        Deprecated and ignored: there is one integration, the package's compiled engine
+        (on the field of :mod:`._certified_field`); the batched NumPy copy that ``compiled=False``
         selected is gone. Passing a value warns (``FutureWarning``).
 
     Returns

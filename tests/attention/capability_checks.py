@@ -173,19 +173,16 @@ def _complex_step_jacobian(f, L, h=1e-30):
 
 
 def _event_loop_field(att, with_mean):
-    """``Z -> Z'``: the right-hand side of ``gp.solve``'s event loop (a copy per call)."""
-    import types
+    """``Z -> Z'``: the right-hand side of ``gp.solve``'s event loop (a new array per call)."""
+    from gaussian_pde.integrate._moment_field import state_field
 
-    from gaussian_pde.integrate._fused import fortran_rhs
-
-    rhs = fortran_rhs(att, with_mean, types.SimpleNamespace(nfev=0))
-    return lambda Z: rhs.field(Z).copy()
+    return state_field(att, with_mean)
 
 
 def _integrator_jacobian(att, L):
     """``(analytic_flag, J or None)``: the exact Jacobian that ``gp.solve`` hands its stiff
-    solver (:func:`gaussian_pde.integrate._fused.moment_jacobian`, None without one)."""
-    from gaussian_pde.integrate._fused import moment_jacobian
+    solver (:func:`gaussian_pde.integrate._moment_field.moment_jacobian`, None without one)."""
+    from gaussian_pde.integrate._moment_field import moment_jacobian
 
     jac = moment_jacobian(att, False)
     if jac is None:
@@ -203,8 +200,8 @@ def check_jacobian(att, rng):
     mean, _, L = gaussian_state(d, rng)
     if att.field_sees_mean:
         # no covariance-only field to differentiate: the whole state [L | mean]
-        from gaussian_pde.integrate._differences import central_jacobian
-        from gaussian_pde.integrate._fused import moment_jacobian
+        from gaussian_pde._common.differences import central_jacobian
+        from gaussian_pde.integrate._moment_field import moment_jacobian
 
         Z = np.column_stack([L, mean])
         J_fd = central_jacobian(_event_loop_field(att, True), Z)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
+from gaussian_pde._common.differences import central_jacobian
 from gaussian_pde.attention import _compiled_fields as cf
 from gaussian_pde.attention import has_hook, names_with
-from gaussian_pde.integrate._differences import central_jacobian
 
 
 def _package_heads():

@@ -17,9 +17,9 @@ import pytest
 from numpy.polynomial.hermite_e import hermegauss
 
 import gaussian_pde as gp
+from gaussian_pde._common.differences import central_jacobian
 from gaussian_pde.cli._compare import compare_examples
 from gaussian_pde.cli._main_job import default_examples
-from gaussian_pde.integrate._differences import central_jacobian
 from tests.attention.test_compiled_fields import _python_head
 
 NAME = "linear"

@@ -5,11 +5,11 @@ invariants and the exact softmax blow-up time."""
 import numpy as np
 import pytest
 
+from gaussian_pde._exact import blowup_time
 from gaussian_pde.cli._main import main
 from gaussian_pde.cli._main_job import default_examples
 from gaussian_pde.cli._progress import COMPILING
 from gaussian_pde.cli._reproduce import progress_steps
-from gaussian_pde.integrate._exact import blowup_time
 from gaussian_pde.studies import REGIMES
 
 

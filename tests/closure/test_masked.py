@@ -121,7 +121,7 @@ def test_bad_input():
 def test_continuous_blowup_time_inside_a_layer():
     """Position-independent masked data is softmax data; with V = I a blow-up inside the
     second continuous layer must be dated at the exact softmax t* (docs/math.md section 4.1)."""
-    from gaussian_pde.integrate._exact import blowup_time
+    from gaussian_pde._exact import blowup_time
 
     Q, K = np.array([[1.0, 0.5]]), np.array([[0.8, -0.2]])
     cov = np.array([[1.0, 0.3], [0.3, 0.6]])

@@ -244,7 +244,7 @@ def test_merge_heights_count_clusters():
 
 def _stiff_softmax(seed):
     """Softmax with K != -Q where the explicit steps stall: seed 53 finishes at t = 1 under
-    gp.solve (after its stiff hand-over), seed 18 blows up at t = 0.83."""
+    gp.solve (after its switch to stiff steps), seed 18 blows up at t = 0.83."""
     rng = np.random.default_rng(seed)
     Q, K, V = (rng.standard_normal((2, 2)) * s for s in (2, 2, 3))
     return gp.Softmax(Q, K, V)
@@ -277,7 +277,7 @@ def test_one_component_equals_solve(case, tol):
         np.testing.assert_allclose(sol.t_events[key], ref.t_events[key], rtol=1e-8)
     np.testing.assert_allclose(sol.covs[:, 0], ref.cov, rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(sol.means[:, 0], ref.mean, rtol=1e-8, atol=1e-12)
-    assert sol.success       # the stiff settings: gp.solve's hand-over, not a stall
+    assert sol.success       # the stiff settings: LSODA's stiff steps, not a stall
 
 
 @pytest.mark.parametrize("seed, status", [(53, "finished"), (18, "blowup")])

@@ -79,7 +79,7 @@ def test_batch_input_forms_agree(rng):
 
 
 def test_batch_exact_blowup_times(rng):
-    from gaussian_pde.integrate._exact import blowup_time
+    from gaussian_pde._exact import blowup_time
 
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
     covs = np.array([random_spd(rng, 2) for _ in range(5)])
@@ -192,7 +192,7 @@ def test_auto_mixes_methods_within_a_batch(rng):
 
 
 def test_rosenbrock_exact_blowup_times(rng):
-    from gaussian_pde.integrate._exact import blowup_time
+    from gaussian_pde._exact import blowup_time
 
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5)
     covs = np.array([random_spd(rng, 2) for _ in range(5)])

@@ -342,7 +342,7 @@ def test_compiled_field_is_the_types_moment_equations(rng):
 def test_compiled_jacobian_against_central_differences(rng):
     """The closed-form Jacobian kernel (every compiled field that has one, alone and in a
     sum of heads, with and without the mean) against central differences of the field."""
-    from gaussian_pde.integrate._differences import central_jacobian
+    from gaussian_pde._common.differences import central_jacobian
 
     d = 3
     heads = _compiled_heads(d, rng)
@@ -373,7 +373,7 @@ def test_compiled_jacobian_equals_the_complex_step(rng):
     multi-head mix) against the complex step of the attention's NumPy ``factor_rhs``
     (analytic in L: exact to rounding, Squire and Trapp 1998), and the column-scaled
     central differences (error near eps^(2/3)) against the same."""
-    from gaussian_pde.integrate._differences import central_jacobian
+    from gaussian_pde._common.differences import central_jacobian
 
     d, n = 3, 9
     Qs, Vs = rng.standard_normal((3, 1, d)), rng.standard_normal((3, d, d))

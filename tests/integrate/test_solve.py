@@ -346,7 +346,7 @@ def bench_case(seed, d=5):
 def test_auto_keeps_explicit_steps_on_a_mildly_stiff_tail():
     """Seed 5 of the benchmark turns mildly stiff at t ~ 16 (DOP853's steps reject often
     near its stability bound, below Hairer's stiffness test): the default stays
-    explicit, with the evaluations of Hairer's Fortran DOP853 to a few percent."""
+    explicit, with the evaluations of SciPy's DOP853 to a few percent."""
     att, cov0 = bench_case(5)
     T = 246.8
     ref = gp.solve(att, None, cov0, (0, T), t_eval=[T], rtol=1e-13, atol=1e-16,
@@ -373,7 +373,8 @@ def test_auto_events_after_the_switch_match_dop853(events):
     auto = gp.solve(att, None, cov0, (0, 1e4), **events)
     dop = gp.solve(att, None, cov0, (0, 1e4), method="DOP853", max_nfev=None, **events)
     assert auto.status == dop.status != "finished"
-    assert "stiff from t = " in auto.message
+    # the compiled engine switches to RODAS4P2; a user event runs the event loop's LSODA
+    assert ("stiff from t = " in auto.message) == ("events" not in events)
     assert auto.t_final > 5.0
     assert auto.t_final == pytest.approx(dop.t_final, rel=1e-7)
     assert rel(auto.cov_final, dop.cov_final) < 1e-6
@@ -433,7 +434,7 @@ def _mean_case(kind, seed, d=4, wrap=None):
 @pytest.mark.parametrize("kind", TYPES)
 def test_mean_against_radau(kind):
     """An O(1) mean with the defaults: within 1e-8 of Radau at rtol 1e-12, at every output
-    time (Python path) and at the end (Fortran path), as the covariance."""
+    time and at the end, as the covariance."""
     att, mean0, cov0 = _mean_case(kind, 1)
     t_eval = np.linspace(0, 1.5, 7)
     ref = gp.solve(att, mean0, cov0, (0, 1.5), t_eval=t_eval, method="Radau", rtol=1e-12,
@@ -463,14 +464,15 @@ def _never(t, mean, cov):
 def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
     """The event loop's right-hand side is the type's compiled field where it supplies
     one, the NumPy reference (``factor_rhs``, ``moment_rhs``) otherwise; the two sum in
-    different orders, so a run takes the same steps to rounding: the same status,
-    blow-up times within 1e-12 and final states within 1e-7 (rounding grown along
-    trajectories whose covariance grows a million times, within the runs' own error at
-    rtol 1e-10), with a mean and without, over six settings whose covariance finishes or
-    blows up. The default (the compiled core, then the event loop from the blow-up
-    threshold on) agrees with the NumPy field's run to its tolerance. The compiled field
-    also takes the strided states SciPy's implicit solvers pass."""
-    from gaussian_pde.integrate._fused import fortran_rhs, reference_field
+    different orders, and the event loop's ``"auto"`` (LSODA, whose order and step
+    choices follow that rounding) takes nearly the same steps: the same status, blow-up
+    times within 1e-10 and final states within 1e-7 (rounding grown along trajectories
+    whose covariance grows a million times, within the runs' own error at rtol 1e-10),
+    with a mean and without, over six settings whose covariance finishes or blows up.
+    The default (the compiled engine) agrees with the NumPy field's run to its
+    tolerance. The compiled field also takes the strided states SciPy's implicit
+    solvers pass."""
+    from gaussian_pde.integrate._moment_field import reference_field, state_field
 
     statuses = set()
     for seed in range(6):
@@ -485,8 +487,10 @@ def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
             assert a.status == b.status == c.status, (seed, a.message, b.message)
             statuses.add(str(a.status))
             if a.status == "blowup":
-                assert abs(a.t_blowup - b.t_blowup) <= 1e-12 * a.t_blowup
-                assert abs(c.t_blowup - b.t_blowup) <= 1e-9 * a.t_blowup
+                assert abs(a.t_blowup - b.t_blowup) <= 1e-10 * a.t_blowup
+                # the engine's DOP853 against the event loop's LSODA (the "auto" of a run
+                # with user events), both at rtol 1e-10
+                assert abs(c.t_blowup - b.t_blowup) <= 1e-8 * a.t_blowup
             else:
                 assert rel(a.cov_final, b.cov_final) < 1e-7
                 assert rel(c.cov_final, b.cov_final) < 1e-7
@@ -495,15 +499,13 @@ def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
     assert statuses <= {"finished", "blowup"}
     d = att.d
     Z = np.random.default_rng(1).standard_normal((d, 2 * (d + 1)))
-    counter = type("Counter", (), {"nfev": 0})()
-    rhs = fortran_rhs(att, True, counter)
-    flat = Z[:, ::2].ravel()                        # a copy, contiguous
-    view = Z.reshape(-1)[::2]                       # the same numbers, strided
-    expected = rhs(0.0, flat).copy()
-    np.testing.assert_array_equal(rhs(0.0, view), expected)
-    np.testing.assert_allclose(expected, reference_field(att, True)(Z[:, ::2].copy()).ravel(),
+    field = state_field(att, True)
+    flat = Z[:, ::2].copy()                         # a copy, contiguous
+    view = Z[:, ::2]                                # the same numbers, strided
+    expected = field(flat)
+    np.testing.assert_array_equal(field(view), expected)
+    np.testing.assert_allclose(expected, reference_field(att, True)(flat),
                                rtol=1e-12, atol=1e-12 * np.abs(expected).max())
-    assert counter.nfev == 2
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow)
@@ -723,9 +725,11 @@ def test_multihead_mixing_l2_and_softmax_gives_finite_results():
 def test_times_strictly_increase_through_a_fast_blowup():
     """Regression: a 1-D multi-head blowing up at t* ~ 2.4e-4 repeated its last time: the
     event root's absolute tolerance (4 eps) exceeded the steps (~1e-15) there. The event
-    loop (RK45) stores the last crossing, the threshold itself (1e10 x the initial
-    trace); the engine the end of the step at which its look confirmed the blow-up,
-    past the crossing it records in ``t_events``."""
+    loop (``solve_ivp``'s RK45, on the clock of the segment that starts at the first
+    threshold) stores the last crossing, the threshold (1e10 x the initial trace) to
+    the 4 eps in time of ``solve_ivp``'s root, a few per cent in the trace this close to
+    t*; the engine the end of the step at which its look confirmed the blow-up, past the
+    crossing it records in ``t_events``."""
     heads = [gp.L2([[17.76491304]], [[-25.53291838]], [[-1.26638092]]),
              gp.Softmax([[10.13719409]], [[13.52141825]], [[14.97117853]])]
     for method in ("RK45", "auto"):
@@ -735,7 +739,7 @@ def test_times_strictly_increase_through_a_fast_blowup():
         assert np.all(np.diff(sol.t) > 0)
         assert sol.t_events["blowup"][-1] <= sol.t[-1]
         if method == "RK45":
-            assert sol.cov[-1, 0, 0] == pytest.approx(1e10, rel=1e-4)
+            assert sol.cov[-1, 0, 0] == pytest.approx(1e10, rel=0.05)
         else:
             assert sol.cov[-1, 0, 0] >= 1e10
 
@@ -874,33 +878,6 @@ def test_a_spent_budget_suggests_lsoda_only_to_explicit_methods():
         sol = gp.solve(att, None, cov0, (0, 300.0), method=method, max_nfev=200)
         assert sol.status == "failed" and "right-hand-side evaluations" in sol.message
         assert ("method='LSODA'" in sol.message) == lsoda, (method, sol.message)
-
-
-def test_blowup_event_from_the_step_end_square_norm_decides_alike(rng, monkeypatch):
-    """The Fortran path's watch reads the blow-up event off its own y.y when the state
-    is L alone; with that turned off (the event called as a function) every run takes
-    the same steps to the same verdict."""
-    import gaussian_pde.integrate._solve as S
-
-    cases = [(gp.Softmax(np.eye(2), np.eye(2), np.eye(2), scale=0.5), np.eye(2), 2.0)]
-    for _ in range(6):
-        Q, K = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
-        G = rng.standard_normal((3, 3))
-        cases.append((gp.Softmax(Q, K, np.eye(3)), G @ G.T / 3, 3.0))
-    fast = [gp.solve(att, None, cov0, (0.0, t1)) for att, cov0, t1 in cases]
-    assert any(s.status == gp.Status.BLOWUP for s in fast)
-    assert S._System(cases[0][0], False).trace_is_square_norm
-    orig = S._System.__init__
-
-    def init(self, *a, **k):
-        orig(self, *a, **k)
-        self.trace_is_square_norm = False
-
-    monkeypatch.setattr(S._System, "__init__", init)
-    for (att, cov0, t1), a in zip(cases, fast):
-        b = gp.solve(att, None, cov0, (0.0, t1))
-        assert (a.status, a.nfev, a.t_blowup) == (b.status, b.nfev, b.t_blowup)
-        np.testing.assert_array_equal(a.cov_final, b.cov_final)
 
 
 def test_a_mean_growing_past_the_float_range_fails_without_a_numpy_warning():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from gaussian_pde.integrate._exact import blowup_time, exact_covariance
+from gaussian_pde._exact import blowup_time, exact_covariance
 from tests._helpers import random_spd
 
 

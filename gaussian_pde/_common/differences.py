@@ -1,6 +1,6 @@
 r"""When the closed-form Jacobian holds, and the differences that replace it where not.
 
-The exact Jacobian of an L2 head (:func:`gaussian_pde.integrate._fused.moment_jacobian`,
+The exact Jacobian of an L2 head (:func:`gaussian_pde.integrate._moment_field.moment_jacobian`,
 and the compiled field's closed form, :mod:`gaussian_pde.attention._compiled_fields`) is
 built from
 :math:`P^{-1} = I - \sqrt{2c}\,LGK` and :math:`C = K^T(I_k + BB^T)^{-1}Q`, which the
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._common.linalg import JACOBIAN_SPREAD_MAX, closed_form_holds
+from .linalg import JACOBIAN_SPREAD_MAX, closed_form_holds
 
 __all__ = ["JACOBIAN_SPREAD_MAX", "closed_form_holds", "column_steps", "central_jacobian"]
 

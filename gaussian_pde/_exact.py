@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._common.linalg import psd_sqrt
-from .._common.validation import validate_array, validate_covariance, validate_positive
-from ..attention import validate_attention
+from ._common.linalg import psd_sqrt
+from ._common.validation import validate_array, validate_covariance, validate_positive
+from .attention import validate_attention
 
 __all__ = ["exact_covariance", "blowup_time", "scalar_solution", "linear_mean", "expm_stack"]
 

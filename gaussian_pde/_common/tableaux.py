@@ -22,7 +22,7 @@ r"""The coefficients of the package's two step methods, written once.
 
 With them, the constants of the step-size rule that both methods share (:data:`SAFETY`,
 :data:`MIN_FACTOR`). The order conditions of both tableaux are checked in
-``tests/integrate/test_tableaux.py``.
+``tests/_common/test_tableaux.py``.
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def _rodas4p2():
 
 #: the Dormand-Prince 8(5,3) pair, for every DOP853 loop of the package
 DOP853 = _dop853()
-#: the RODAS4 coefficients (Hairer-Wanner form): the certified limit's log-time loop
+#: the RODAS4 coefficients (Hairer-Wanner form): public, for reference and comparison
 RODAS4 = _rodas4()
 #: the RODAS4P2 coefficients (Hairer-Wanner form): the compiled engine's stiff steps
 RODAS4P2 = _rodas4p2()

@@ -11,15 +11,15 @@ import pytest
 
 import gaussian_pde as gp
 from gaussian_pde._common import kernels, linalg
-from gaussian_pde.attention import _compiled_fields as cf
-from gaussian_pde.integrate._differences import (
+from gaussian_pde._common.differences import (
     JACOBIAN_SPREAD_MAX,
     central_jacobian,
     closed_form_holds,
     column_steps,
 )
+from gaussian_pde.attention import _compiled_fields as cf
 from gaussian_pde.integrate._factor_rotation import rotation
-from gaussian_pde.integrate._fused import compiled_field_values, moment_jacobian, reference_field
+from gaussian_pde.integrate._moment_field import compiled_field_values, moment_jacobian, reference_field
 
 
 def two_l2_heads():

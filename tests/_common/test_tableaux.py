@@ -20,8 +20,8 @@ import scipy.integrate
 import scipy.linalg
 
 import gaussian_pde as gp
+from gaussian_pde._common.tableaux import DOP853, RODAS4, RODAS4P2
 from gaussian_pde.integrate._options import METHODS
-from gaussian_pde.integrate._tableaux import DOP853, RODAS4, RODAS4P2
 
 #: the residuals of the exact conditions are a few ulps (seen: below 2e-15)
 TOL = 1e-13
@@ -107,7 +107,7 @@ def _dop_defects(tab):
 
 def _dop_dense(tab, x):
     """Weights ``b(x)`` of the continuous extension over the extended stages (the docstring
-    of :class:`~gaussian_pde.integrate._tableaux.ExplicitPair`)."""
+    of :class:`~gaussian_pde._common.tableaux.ExplicitPair`)."""
     ne, ns = tab.N_STAGES_EXTENDED, tab.N_STAGES
     eye = np.eye(ne)
     b = np.zeros(ne)

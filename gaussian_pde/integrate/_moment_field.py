@@ -23,7 +23,7 @@ integrate, written once in the type's module as plain Python
 follows from :math:`dM[d\Sigma] = A\,d\Sigma\,C` and, for the mean rows, from
 :math:`d(N\alpha) = A\,d\Sigma\,r`; where it does not hold (an L2 head once the
 factor's columns spread past
-:data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite state)
+:data:`~gaussian_pde._common.differences.JACOBIAN_SPREAD_MAX`, a non-finite state)
 column-scaled central differences of the same field replace it. A type without a
 compiled field is integrated on its NumPy reference, :func:`reference_field` (the
 derivation's ``factor_rhs`` and ``moment_rhs``), and its stiff steps take differences.
@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._common.differences import central_jacobian
 from ..attention import compiled_field_of
-from ._differences import central_jacobian
 
-__all__ = ["reference_field", "compiled_field_values", "fortran_rhs", "moment_jacobian",
+__all__ = ["reference_field", "compiled_field_values", "state_field", "moment_jacobian",
            "mean_is_linear"]
 
 
@@ -81,65 +81,20 @@ def reference_field(attention, with_mean):
     return field
 
 
-def fortran_rhs(attention, with_mean, counter):
-    r"""``rhs(t, y)`` of the flattened state for Hairer's Fortran codes (and SciPy's).
+def state_field(attention, with_mean):
+    r"""``field(Z) -> Z'`` of one ``(d, m)`` state, a new array at every call.
 
-    Each call adds one to ``counter.nfev`` and returns the field in one buffer,
-    overwritten at the next call (the Fortran codes copy it at once; a product written
-    into its place spares an allocation per evaluation). ``rhs.field`` is the field of
-    ``(d, m)`` states, written into the same buffer. The field is the attention's
-    :meth:`~gaussian_pde.Attention.compiled_field` where it has one (one compiled call
-    an evaluation), else :func:`reference_field`
-    (``benchmarks/bench_solve_fields.py`` measures the two).
+    The attention's :meth:`~gaussian_pde.Attention.compiled_field` where it has one (one
+    compiled call an evaluation, :func:`compiled_field_values`), else
+    :func:`reference_field` (``benchmarks/bench_solve_fields.py`` measures the two).
     """
-    d = attention.d
-    m = d + 1 if with_mean else d
     if attention.field_sees_mean and not with_mean:
         raise TypeError(f"the field matrix of {attention.name!r} attention depends on the "
                         "mean: its state must hold the mean (`with_mean`).")
-    out = np.empty((d, m))
     compiled = compiled_field_of(attention)
     if compiled is not None:
-        return _compiled_field_rhs(compiled, d, m, out, counter)
-    field = reference_field(attention, with_mean)
-    flat = out.reshape(-1)
-
-    def rhs(t, y):
-        counter.nfev += 1
-        out[...] = field(y.reshape(d, m))
-        return flat
-
-    def into(Z):
-        out[...] = field(Z)
-        return out
-
-    rhs.field = into
-    return rhs
-
-
-def _compiled_field_rhs(compiled, d, m, out, counter):
-    """:func:`fortran_rhs` by the attention's compiled field (one call an evaluation).
-
-    The kernel is the generic one of :meth:`~gaussian_pde.Attention.compiled_field`
-    (compiled once for every type and shape, cached on disk), the field
-    :func:`gaussian_pde.solve_batch` integrates.
-    """
-    kernel, params = compiled.rhs, compiled.params
-    ws = np.zeros(compiled.ws_size)
-    flat = out.reshape(-1)
-
-    def rhs(t, y):
-        counter.nfev += 1
-        # SciPy's implicit solvers may pass a strided view; the kernel takes contiguous
-        kernel(params, d, m, y if y.flags.c_contiguous else np.ascontiguousarray(y), flat, ws)
-        return flat
-
-    def field(Z):
-        kernel(params, d, m, np.ascontiguousarray(Z, dtype=float).reshape(-1), flat, ws)
-        return out
-
-    rhs.field = field
-    return rhs
+        return compiled_field_values(compiled, with_mean)
+    return reference_field(attention, with_mean)
 
 
 def compiled_field_values(compiled, with_mean):
@@ -154,6 +109,7 @@ def compiled_field_values(compiled, with_mean):
 
     def field(Z):
         res = np.empty(d * m)
+        # SciPy's implicit solvers may pass a strided view; the kernel takes contiguous
         kernel(params, d, m, np.ascontiguousarray(Z, dtype=float).reshape(-1), res, ws)
         return res.reshape(d, m)
 
@@ -161,7 +117,7 @@ def compiled_field_values(compiled, with_mean):
 
 
 def moment_jacobian(attention, with_mean):
-    r"""Exact Jacobian ``jac(t, y)`` of :func:`fortran_rhs`'s field (flattened state), or ``None``.
+    r"""Exact Jacobian ``jac(t, y)`` of :func:`state_field` (flattened state), or ``None``.
 
     The Jacobian kernel of the attention's
     :meth:`~gaussian_pde.Attention.compiled_field` where it has a closed form
@@ -172,9 +128,9 @@ def moment_jacobian(attention, with_mean):
     :math:`\partial L'/\partial\alpha = 0`; for a head whose field matrix depends on the
     second moment (linear attention) the whole state's rows, docs/math.md (3.16). At a
     state where the kernel has no closed form (it returns False: an L2 head past
-    :data:`~gaussian_pde.integrate._differences.JACOBIAN_SPREAD_MAX`, a non-finite
+    :data:`~gaussian_pde._common.differences.JACOBIAN_SPREAD_MAX`, a non-finite
     state), column-scaled central differences of the same field
-    (:func:`~gaussian_pde.integrate._differences.central_jacobian`). ``None`` where the
+    (:func:`~gaussian_pde._common.differences.central_jacobian`). ``None`` where the
     attention has no compiled closed form: the solvers then take their own differences.
     """
     compiled = compiled_field_of(attention)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gaussian_pde as gp
-from gaussian_pde.integrate._exact import (
+from gaussian_pde._exact import (
     blowup_time,
     exact_covariance,
     expm_stack,
