@@ -1297,10 +1297,13 @@ def _resolved(kernel, which):
 
 #: a single-head shape (type, ``d``, ``k``) asked for at least this many trajectories in
 #: this process (one batch, or the solves of a loop) runs its type's kernel compiled for
-#: its ``d`` and ``k`` (``CompiledField.specialised``, the same bits): a second or a few
+#: its ``d`` and ``k`` (``CompiledField.specialised``, the same bits): about half a second
 #: to compile at the first request of a shape on a machine, then loaded from Numba's disk
-#: cache in milliseconds; a shape asked for less takes the generic kernel
-SPECIALISE_FROM = 64
+#: cache in milliseconds; a shape asked for less takes the generic kernel. The saving is
+#: at most some hundreds of microseconds a trajectory at ``d = 2``, so it repays that
+#: compilation from about a thousand trajectories on (the main job, some hundreds of a
+#: shape, runs the generic kernels: a fresh machine does not compile a shape for it)
+SPECIALISE_FROM = 1024
 
 #: trajectories asked of each single-head shape ``(kernel, d, heads, size, k)`` in this process
 _DEMAND = collections.Counter()

@@ -404,7 +404,7 @@ def test_compiled_jacobian_equals_the_complex_step(rng):
         np.testing.assert_allclose(J_cs[:, 4], col, rtol=0, atol=1e-5 * np.abs(col).max())
 
 
-def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
+def test_every_compiled_type_batches_with_a_mean_like_solve(rng, monkeypatch):
     """solve_batch (compiled, generic and shape-compiled kernels) against solve, for every
     type with a compiled field and for a sum of two different ones."""
     from gaussian_pde.integrate import _compiled_batch as cb
@@ -431,6 +431,7 @@ def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
         # in its own units where one of them is not homogeneous in it, which moves the
         # last digits)
         one = gp.solve_batch(att, covs[b:b + 1], (0.0, 0.4), mean0s=means[b:b + 1])
+        monkeypatch.setattr(cb, "SPECIALISE_FROM", 16)     # (a small batch suffices)
         many = gp.solve_batch(att, np.repeat(covs[b:b + 1], cb.SPECIALISE_FROM, 0), (0.0, 0.4),
                               mean0s=np.repeat(means[b:b + 1], cb.SPECIALISE_FROM, 0))
         np.testing.assert_allclose(many.mean_final, np.repeat(one.mean_final,
