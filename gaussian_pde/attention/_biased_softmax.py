@@ -151,16 +151,13 @@ class BiasedSoftmax(SingleHeadAttention):
 # the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
 # ----------------------------------------------------------------------------------------
 
-@cf.compiled_later()
-def _field(data, k, d, m, y, out, ws):
-    r"""The head's :math:`Z'`: softmax's products with a query bias.
-
-    The bias :math:`q` is added to the mean's column of :math:`QZ`:
-    :math:`\alpha' = V\alpha + (cVL)(KL)^T(Q\alpha + q) = V\alpha + M\alpha + V\Sigma g`,
-    :math:`g = cK^Tq`; the covariance is softmax's. ``data = [c, cV, K, Q, q]``
-    (:func:`._softmax.softmax_products`).
-    """
-    _softmax.softmax_products(data, k, d, m, y, out, ws, 1 + (d + 2 * k) * d)
+#: the head's :math:`Z'`: softmax's products with a query bias. The bias :math:`q` is added
+#: to the mean's column of :math:`QZ`:
+#: :math:`\alpha' = V\alpha + (cVL)(KL)^T(Q\alpha + q) = V\alpha + M\alpha + V\Sigma g`,
+#: :math:`g = cK^Tq`; the covariance is softmax's. ``data = [c, cV, K, Q, q]``
+#: (:func:`._softmax.softmax_products`, whose copy it is)
+_field = _softmax.body_copy(__name__, "The biased softmax head's field (a copy of "
+                            "softmax_products: data = [c, cV, K, Q, q]).")
 
 
 @cf.compiled_later(counted=True)

@@ -729,7 +729,8 @@ def _sum_jac(P, d, m, y, J, ws):
 
 def _shape_rhs_template(P, d, m, y, out, ws):
     """One head's field with its shape ``_D``, ``_K`` compiled in (``m`` is ``_D`` or ``_M1``)."""
-    _body(P[3:], _K, _D, _D if m == _D else _M1, y, out, ws[2 * d * m:])   # noqa: F821
+    _body(P[3:3 + int(P[1])], _K, _D, _D if m == _D else _M1, y, out,   # noqa: F821
+          ws[2 * d * m:])
 
 
 # ----------------------------------------------------------------------------------------

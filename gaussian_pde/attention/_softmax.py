@@ -16,6 +16,8 @@ Against :math:`\mathcal N(\alpha,\Sigma)` the field is affine with
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 
 from .._generated import softmax as _gen
@@ -122,13 +124,17 @@ def _scalar_softmax(va, v, m0, s0, t):
 # the compiled field (plain Python, compiled by gaussian_pde.attention._compiled_fields)
 # ----------------------------------------------------------------------------------------
 
-@cf.compiled_later(inline=True)
-def softmax_products(data, k, d, m, y, out, ws, bias):
+def softmax_products(data, k, d, m, y, out, ws):
     r""":math:`Z' = \big((cVL)(KL)^T\big)(QZ)` with :math:`V\alpha` added to the mean's column.
 
-    ``data = [c, cV, K, Q, ...]`` (row-major); ``bias`` >= 0: the offset in ``data`` of a
-    query bias :math:`q` added to the mean's column of :math:`QZ` (a score
-    :math:`c(Qx + q)^TKy`); -1: none.
+    ``data = [c, cV, K, Q]`` (row-major), or ``[c, cV, K, Q, q]``: where ``data`` holds
+    ``k`` entries more, a query bias :math:`q` added to the mean's column of :math:`QZ`
+    (a score :math:`c(Qx + q)^TKy`).
+
+    Each type's body is a copy of this function (:func:`body_copy`), not a call of it:
+    the kernels inline their body in Numba's IR, and an inlined call inside an inlined
+    body would copy this function's IR twice more (half the compilation of a shape's
+    kernel, :meth:`~._compiled_fields.CompiledField.specialised`).
 
     The products in the order of the generated ``factor_apply`` (the derivation's):
     :math:`A = (cVL)(KL)^T` first, then :math:`A(QZ)`; near a
@@ -140,6 +146,7 @@ def softmax_products(data, k, d, m, y, out, ws, bias):
     """
     c = data[0]
     r = d + 2 * k
+    bias = 1 + r * d if data.size > 1 + r * d else -1
     pm = r * d
     pa = pm + r
     for i in range(r):                         # P = W Z
@@ -217,10 +224,21 @@ def softmax_parts(data, k, d, m, Z, A, C, M, N, r):
     return True
 
 
-@cf.compiled_later()
-def _field(data, k, d, m, y, out, ws):
-    """The head's :math:`Z'` (:func:`softmax_products`, no bias); ``data = [c, cV, K, Q]``."""
-    softmax_products(data, k, d, m, y, out, ws, -1)
+def body_copy(module, doc):
+    """A copy of :func:`softmax_products` named ``_field`` in ``module``, with ``doc``.
+
+    A type's own body (its name the type's module's, for :class:`._compiled_fields.HeadKernel`):
+    the same code, marked by :func:`._compiled_fields.compiled_later`.
+    """
+    fn = types.FunctionType(softmax_products.__code__, softmax_products.__globals__, "_field")
+    fn.__qualname__ = "_field"
+    fn.__module__ = module
+    fn.__doc__ = doc
+    return cf.compiled_later()(fn)
+
+
+#: the head's :math:`Z'` (:func:`softmax_products`, no bias); ``data = [c, cV, K, Q]``
+_field = body_copy(__name__, "Softmax's head field (a copy of softmax_products).")
 
 
 #: the compiled field of a softmax head
