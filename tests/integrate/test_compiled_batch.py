@@ -775,3 +775,28 @@ def test_the_second_stiffness_test_finishes_a_crawling_run():
         att.Q, att.K, att.V, scale=att.scale)
     c = gp.solve_batch(no_closed_form, cov0[None], (0.0, t1), max_nfev=budget)
     assert c.status[0] == "failed" and not c.implicit[0]
+
+
+def test_a_shape_in_the_disk_cache_is_taken_from_fewer_trajectories(rng, monkeypatch):
+    """Between SPECIALISE_CACHED_FROM and SPECIALISE_FROM trajectories a shape takes its
+    kernel only where Numba's disk cache holds it (loaded, not compiled); once compiled
+    (and so written to the cache) the probe finds it."""
+    from gaussian_pde.attention import _compiled_fields as cf
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    att = gp.Softmax.example(3, rng)
+    field = att.compiled_field()
+    head, k = field.heads[0], int(field.params[2])
+    special = field.specialised().rhs            # compiled (or loaded): now on disk
+    cf._shape_cached.cache_clear()
+    assert cf._shape_cached(head, 3, k)
+    assert field.specialised(compile=False).rhs is special
+    n = cb.SPECIALISE_CACHED_FROM
+    monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
+    assert cb.compiled_fields(att, n - 1)[0] is field.rhs
+    assert cb.compiled_fields(att, 1)[0] is special
+    # a shape not in the cache: the generic kernel until SPECIALISE_FROM
+    monkeypatch.setattr(cf, "_shape_cached", lambda *shape: False)
+    monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
+    assert cb.compiled_fields(att, cb.SPECIALISE_FROM - 1)[0] is field.rhs
+    assert cb.compiled_fields(att, 1)[0] is special
