@@ -138,7 +138,7 @@ class CompiledField:
         return CompiledField, (self.rhs, self.jac, self.params, self.d, self.ws_size,
                                self.exact_jacobian, self.heads)
 
-    def specialised(self):
+    def specialised(self, compile=True):
         """The same field with ``rhs`` compiled for its one head's kernel, ``d`` and ``k``.
 
         The constants let the compiler unroll the small loops: at ``d = k = 3`` the
@@ -148,13 +148,18 @@ class CompiledField:
         it only where a batch is large enough to repay that. A sum of heads, a type's
         own kernels (another package's), and a body that allocates (called, not
         inlined, so compiled in for nothing) keep the generic kernels (returned as they are).
+        ``compile`` False: only where Numba's disk cache holds that kernel already (loaded
+        in milliseconds), else the field as it is.
         """
         if len(self.heads) != 1 or not isinstance(self.heads[0], HeadKernel):
             return self
         head = self.heads[0]
         if self.rhs is not head.kernels()[0] or head.counted:
             return self                         # a sum of heads, or a body that allocates
-        rhs = _shape_rhs(head, self.d, int(self.params[2]))
+        k = int(self.params[2])
+        if not compile and not _shape_cached(head, self.d, k):
+            return self
+        rhs = _shape_rhs(head, self.d, k)
         return dataclasses.replace(self, rhs=rhs)
 
 
@@ -541,7 +546,8 @@ def _sum_jac(P, d, m, y, J, ws):
 
 def _shape_rhs_template(P, d, m, y, out, ws):
     """One head's field with its shape ``_D``, ``_K`` compiled in (``m`` is ``_D`` or ``_M1``)."""
-    _body(P[3:], _K, _D, _D if m == _D else _M1, y, out, ws[2 * d * m:])   # noqa: F821
+    _body(P[3:3 + int(P[1])], _K, _D, _D if m == _D else _M1, y, out,   # noqa: F821
+          ws[2 * d * m:])
 
 
 # ----------------------------------------------------------------------------------------
@@ -699,6 +705,13 @@ def _no_jacobian_kernel():
     return njit(signatures()[1], cache=True, _nrt=False)(_no_jacobian)
 
 
+def _shape_fn(head, d, k):
+    """The plain function :func:`_shape_rhs` compiles (its name carries the shape)."""
+    _compile_marked()
+    return _instance(_shape_rhs_template, f"shape_rhs_{_digest([head])}_{int(d)}_{int(k)}",
+                     _body=_inlined(head.body), _D=int(d), _K=int(k), _M1=int(d) + 1)
+
+
 @functools.cache
 def _shape_rhs(head, d, k):
     """The field of one head of kernel ``head`` with ``d`` and ``k`` compiled in.
@@ -711,10 +724,23 @@ def _shape_rhs(head, d, k):
     """
     from numba import njit
 
-    _compile_marked()
-    fn = _instance(_shape_rhs_template, f"shape_rhs_{_digest([head])}_{int(d)}_{int(k)}",
-                   _body=_inlined(head.body), _D=int(d), _K=int(k), _M1=int(d) + 1)
-    return njit(signatures()[0], _nrt=False, **_OPTS)(fn)
+    return njit(signatures()[0], _nrt=False, **_OPTS)(_shape_fn(head, d, k))
+
+
+@functools.cache
+def _shape_cached(head, d, k):
+    """Whether Numba's disk cache holds :func:`_shape_rhs` ``(head, d, k)`` for these sources.
+
+    Its cache index, read without compiling (an index written for other sources reads
+    as empty); False where that cannot be read.
+    """
+    from numba import njit
+
+    try:
+        probe = njit(_nrt=False, **_OPTS)(_shape_fn(head, d, k))
+        return bool(probe._cache._cache_file._load_index())
+    except Exception:       # a Numba whose cache reads otherwise: as if not cached
+        return False
 
 
 def _heads_of(field):

@@ -54,6 +54,7 @@ import warnings
 
 import numpy as np
 
+from .._common.jacobi import jacobi_svd as _svd
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
 from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
@@ -269,9 +270,15 @@ def _rank_gap(y, d, m, first, rank_tol):
             S[i, j] = c
     if not _finite(S.ravel()):
         return np.nan
-    w = np.linalg.eigvalsh(S)
-    j = min(first, d - 1)
-    return w[j] / max(w.sum(), 1e-300) - rank_tol
+    # the eigenvalues of S = LL^T: the squares of L's singular values (decreasing)
+    L = Z[:, :d].copy()
+    s = np.empty(d)
+    _svd(L, s, S)
+    total = 0.0
+    for i in range(d):
+        total += s[i] * s[i]
+    j = d - 1 - min(first, d - 1)
+    return s[j] * s[j] / max(total, 1e-300) - rank_tol
 
 
 def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
@@ -650,7 +657,10 @@ def _refactor(fns, y, f, d, m, atol, rtol):
 def _refactor_svd(Z, dZ, d, atol, rtol):
     """:func:`_refactor` past its cheap bound: the singular values decide."""
     L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
-    s = np.linalg.svd(L)[1]
+    s = np.empty(d)
+    U = L.copy()
+    W = np.empty((d, d))
+    _svd(U, s, W)                  # (its singular values; W: scratch)
     c = np.empty(d)
     for j in range(d):
         acc = 0.0
@@ -676,16 +686,19 @@ def _refactor_svd(Z, dZ, d, atol, rtol):
         if _col_sq(L, j, d) > 0:
             nz[q] = j
             q += 1
-    W = np.eye(d)
+    for i in range(d):
+        for j in range(d):
+            W[i, j] = 1.0 if i == j else 0.0
     if q >= 2:
         sub = np.empty((d, q))
         for a in range(q):
             for i in range(d):
                 sub[i, a] = L[i, nz[a]]
-        Vt = np.linalg.svd(sub, full_matrices=False)[2]
+        V = np.empty((q, q))
+        _svd(sub, s, V)            # the right singular vectors of the non-zero columns
         for a in range(q):
             for b in range(q):
-                W[nz[a], nz[b]] = Vt[b, a]
+                W[nz[a], nz[b]] = V[a, b]
     Ld = dZ[:, :d].copy()
     for i in range(d):
         for j in range(d):
@@ -1118,7 +1131,7 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
 _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
-            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
+            "_lu", "_lu_solve", "_svd", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
             "_stiffness_counts", "_crawl_counts")
@@ -1321,10 +1334,17 @@ def _resolved(kernel, which):
 
 #: a single-head shape (type, ``d``, ``k``) asked for at least this many trajectories in
 #: this process (one batch, or the solves of a loop) runs its type's kernel compiled for
-#: its ``d`` and ``k`` (``CompiledField.specialised``, the same bits): a second or a few
+#: its ``d`` and ``k`` (``CompiledField.specialised``, the same bits): about half a second
 #: to compile at the first request of a shape on a machine, then loaded from Numba's disk
-#: cache in milliseconds; a shape asked for less takes the generic kernel
-SPECIALISE_FROM = 64
+#: cache in milliseconds; a shape asked for less takes the generic kernel. The saving is
+#: at most some hundreds of microseconds a trajectory at ``d = 2``, so it repays that
+#: compilation from about a thousand trajectories on (the main job, some hundreds of a
+#: shape, runs the generic kernels: a fresh machine does not compile a shape for it)
+SPECIALISE_FROM = 1024
+#: ... and from this many where Numba's disk cache holds that kernel already (compiled by
+#: an earlier run on this machine: loading it costs milliseconds, and it saves about a
+#: third of a short trajectory's time at ``d = 2`` to ``5``)
+SPECIALISE_CACHED_FROM = 64
 
 #: trajectories asked of each single-head shape ``(kernel, d, heads, size, k)`` in this process
 _DEMAND = collections.Counter()
@@ -1338,7 +1358,8 @@ def compiled_fields(attentions, n=1):
     every trajectory) or a list of one per trajectory; ``n``: the trajectories. Where
     all have one head of one type and shape, and that shape has been asked for
     :data:`SPECIALISE_FROM` trajectories in this process (these ``n`` included), its
-    kernel compiled for that shape.
+    kernel compiled for that shape; from :data:`SPECIALISE_CACHED_FROM` where Numba's
+    disk cache holds that kernel already.
     """
     single = not isinstance(attentions, list)
     seen = {}
@@ -1366,6 +1387,8 @@ def compiled_fields(attentions, n=1):
         _DEMAND[shape] += n
         if _DEMAND[shape] >= SPECIALISE_FROM:
             rhs = fields[0].specialised().rhs
+        elif _DEMAND[shape] >= SPECIALISE_CACHED_FROM:
+            rhs = fields[0].specialised(compile=False).rhs
     return rhs, jac, params, max(cf.ws_size for cf in fields)
 
 

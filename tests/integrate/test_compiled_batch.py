@@ -404,7 +404,7 @@ def test_compiled_jacobian_equals_the_complex_step(rng):
         np.testing.assert_allclose(J_cs[:, 4], col, rtol=0, atol=1e-5 * np.abs(col).max())
 
 
-def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
+def test_every_compiled_type_batches_with_a_mean_like_solve(rng, monkeypatch):
     """solve_batch (compiled, generic and shape-compiled kernels) against solve, for every
     type with a compiled field and for a sum of two different ones."""
     from gaussian_pde.integrate import _compiled_batch as cb
@@ -431,6 +431,7 @@ def test_every_compiled_type_batches_with_a_mean_like_solve(rng):
         # in its own units where one of them is not homogeneous in it, which moves the
         # last digits)
         one = gp.solve_batch(att, covs[b:b + 1], (0.0, 0.4), mean0s=means[b:b + 1])
+        monkeypatch.setattr(cb, "SPECIALISE_FROM", 16)     # (a small batch suffices)
         many = gp.solve_batch(att, np.repeat(covs[b:b + 1], cb.SPECIALISE_FROM, 0), (0.0, 0.4),
                               mean0s=np.repeat(means[b:b + 1], cb.SPECIALISE_FROM, 0))
         np.testing.assert_allclose(many.mean_final, np.repeat(one.mean_final,
@@ -774,3 +775,28 @@ def test_the_second_stiffness_test_finishes_a_crawling_run():
         att.Q, att.K, att.V, scale=att.scale)
     c = gp.solve_batch(no_closed_form, cov0[None], (0.0, t1), max_nfev=budget)
     assert c.status[0] == "failed" and not c.implicit[0]
+
+
+def test_a_shape_in_the_disk_cache_is_taken_from_fewer_trajectories(rng, monkeypatch):
+    """Between SPECIALISE_CACHED_FROM and SPECIALISE_FROM trajectories a shape takes its
+    kernel only where Numba's disk cache holds it (loaded, not compiled); once compiled
+    (and so written to the cache) the probe finds it."""
+    from gaussian_pde.attention import _compiled_fields as cf
+    from gaussian_pde.integrate import _compiled_batch as cb
+
+    att = gp.Softmax.example(3, rng)
+    field = att.compiled_field()
+    head, k = field.heads[0], int(field.params[2])
+    special = field.specialised().rhs            # compiled (or loaded): now on disk
+    cf._shape_cached.cache_clear()
+    assert cf._shape_cached(head, 3, k)
+    assert field.specialised(compile=False).rhs is special
+    n = cb.SPECIALISE_CACHED_FROM
+    monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
+    assert cb.compiled_fields(att, n - 1)[0] is field.rhs
+    assert cb.compiled_fields(att, 1)[0] is special
+    # a shape not in the cache: the generic kernel until SPECIALISE_FROM
+    monkeypatch.setattr(cf, "_shape_cached", lambda *shape: False)
+    monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
+    assert cb.compiled_fields(att, cb.SPECIALISE_FROM - 1)[0] is field.rhs
+    assert cb.compiled_fields(att, 1)[0] is special
