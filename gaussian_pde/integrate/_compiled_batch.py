@@ -54,7 +54,6 @@ import warnings
 
 import numpy as np
 
-from .._common.jacobi import jacobi_svd as _svd
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
 from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
@@ -270,15 +269,9 @@ def _rank_gap(y, d, m, first, rank_tol):
             S[i, j] = c
     if not _finite(S.ravel()):
         return np.nan
-    # the eigenvalues of S = LL^T: the squares of L's singular values (decreasing)
-    L = Z[:, :d].copy()
-    s = np.empty(d)
-    _svd(L, s, S)
-    total = 0.0
-    for i in range(d):
-        total += s[i] * s[i]
-    j = d - 1 - min(first, d - 1)
-    return s[j] * s[j] / max(total, 1e-300) - rank_tol
+    w = np.linalg.eigvalsh(S)
+    j = min(first, d - 1)
+    return w[j] / max(w.sum(), 1e-300) - rank_tol
 
 
 def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
@@ -657,10 +650,7 @@ def _refactor(fns, y, f, d, m, atol, rtol):
 def _refactor_svd(Z, dZ, d, atol, rtol):
     """:func:`_refactor` past its cheap bound: the singular values decide."""
     L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
-    s = np.empty(d)
-    U = L.copy()
-    W = np.empty((d, d))
-    _svd(U, s, W)                  # (its singular values; W: scratch)
+    s = np.linalg.svd(L)[1]
     c = np.empty(d)
     for j in range(d):
         acc = 0.0
@@ -686,19 +676,16 @@ def _refactor_svd(Z, dZ, d, atol, rtol):
         if _col_sq(L, j, d) > 0:
             nz[q] = j
             q += 1
-    for i in range(d):
-        for j in range(d):
-            W[i, j] = 1.0 if i == j else 0.0
+    W = np.eye(d)
     if q >= 2:
         sub = np.empty((d, q))
         for a in range(q):
             for i in range(d):
                 sub[i, a] = L[i, nz[a]]
-        V = np.empty((q, q))
-        _svd(sub, s, V)            # the right singular vectors of the non-zero columns
+        Vt = np.linalg.svd(sub, full_matrices=False)[2]
         for a in range(q):
             for b in range(q):
-                W[nz[a], nz[b]] = V[a, b]
+                W[nz[a], nz[b]] = Vt[b, a]
     Ld = dZ[:, :d].copy()
     for i in range(d):
         for j in range(d):
@@ -1131,7 +1118,7 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
 _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
-            "_lu", "_lu_solve", "_svd", "_combine", "_dop_errors", "_dop_eval",
+            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
             "_stiffness_counts", "_crawl_counts")
