@@ -29,7 +29,7 @@ solutions, the reference problems of the tests, are their own module
 from .._common.tableaux import RODAS4, RODAS4P2
 from .._exact import blowup_time, exact_covariance, scalar_solution
 from ._batch import solve_batch
-from ._compiled_batch import compile_kernels
+from ._compiled_batch import compile_kernels, integrate_states
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -50,6 +50,7 @@ __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "RODAS4P2", "
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
            "blowup_verdict", "event_options",
-           "integrate_system", "rank_first", "rank_gap", "run_options", "steady_gap", "validate_method",
+           "integrate_states", "integrate_system", "rank_first", "rank_gap", "run_options",
+           "steady_gap", "validate_method",
            # the compiled kernels, compiled now (before a fork), or on two cores
            "COMPILE_ASIDE", "compile_kernels", "compile_on_two_cores"]

@@ -1579,6 +1579,11 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     return dataclasses.replace(sol, **extra)
 
 
+#: how a row of :func:`integrate_states` ended, by the engine's outcome code
+STATE_STOPS = {FINISHED: "finished", GROWTH: "growth", NFEV: "budget", SMALL: "small step",
+               SMALL_OVERFLOW: "small step", OVERFLOW: "overflow", FIELD0: "not finite"}
+
+
 def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     r"""Plain states in the core: RODAS4P2 from the first step, output at ``t_eval``.
 
@@ -1595,10 +1600,11 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     -------
     states : ndarray, shape (nb, len(t_eval), n)
         The states at ``t_eval``, where the steps land (NaN where not reached).
-    code : ndarray of int
-        ``FINISHED``, ``GROWTH`` (the measure passed its limit), ``NFEV`` (more than
-        ``max_nfev`` evaluations), ``SMALL``, ``SMALL_OVERFLOW``, ``OVERFLOW`` or
-        ``FIELD0``.
+    stop : ndarray of str
+        How each row ended (:data:`STATE_STOPS`): ``"finished"``, ``"growth"`` (the
+        measure passed its limit), ``"budget"`` (more than ``max_nfev`` evaluations),
+        ``"small step"`` (a step below rounding), ``"overflow"`` or ``"not finite"``
+        (the field at the start).
     nsteps : ndarray of int
         Accepted steps.
     t_final : ndarray
@@ -1621,7 +1627,8 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
          np.ascontiguousarray(limit, dtype=float), np.zeros(nb, dtype=np.int64), opt, ires, fres,
          np.zeros((nb, 0, 0, 0)), states, np.zeros((nb, 0)), np.zeros((nb, 0, n)),
          np.zeros(nb, dtype=np.int64))
-    return states, ires[:, I_CODE].copy(), ires[:, I_NSTEPS].copy(), fres[:, F_T].copy()
+    stop = np.array([STATE_STOPS[c] for c in ires[:, I_CODE]], dtype=object)
+    return states, stop, ires[:, I_NSTEPS].copy(), fres[:, F_T].copy()
 
 
 #: fewer trajectories than this run on the calling thread: starting threads costs more

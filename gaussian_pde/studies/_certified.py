@@ -27,7 +27,7 @@ quantity is formed from products of the factors, never from differences of the h
 entries of :math:`P`, and :math:`P` is positive definite by construction.
 
 **Stepper.** The package's engine
-(:func:`gaussian_pde.integrate._compiled_batch.integrate_states`, in parallel over the
+(:func:`gaussian_pde.integrate.integrate_states`, in parallel over the
 settings) on the autonomous system :math:`(y, \tau)`, :math:`\dot\tau = 1`: the
 L-stable RODAS4P2 from the first step, with the field's complex-step Jacobian (exact to
 rounding), the error norm :math:`\mathrm{rms}\big(e_i/(r(1 + \max(|y_i|, |y^{new}_i|)))\big)`
@@ -69,16 +69,7 @@ from .._common.validation import (
     validate_tolerance,
 )
 from ..attention import Attention, quadratic_heads, single_heads
-from ..integrate._compiled_batch import (
-    FIELD0,
-    FINISHED,
-    NFEV,
-    OVERFLOW,
-    SMALL,
-    SMALL_OVERFLOW,
-    integrate_states,
-)
-from ..integrate._compiled_batch import GROWTH as GROWTH_CODE
+from ..integrate import integrate_states
 from ._certified_field import kernels, pack
 
 __all__ = ["CertifiedLimit", "certified_limit", "certified_limits", "exact_precision_softmax",
@@ -533,8 +524,8 @@ def _certify_rows_raw(attentions, cov0s, t_max, rtol, fit_decades, drift_tol, ma
 
 
 #: the words of the engine's stops (its codes), as :func:`_decide` reports them
-_STOPS = {FINISHED: "", GROWTH_CODE: "growth", NFEV: "steps", SMALL: "step",
-          SMALL_OVERFLOW: "step", OVERFLOW: "overflow", FIELD0: "not finite"}
+_STOPS = {"finished": "", "growth": "growth", "budget": "steps", "small step": "step",
+          "overflow": "overflow", "not finite": "not finite"}
 
 
 def _integrate(kinds, V, A, H, ts, k, y0, taus, rtol, tr_max, max_steps):
@@ -560,9 +551,9 @@ def _integrate(kinds, V, A, H, ts, k, y0, taus, rtol, tr_max, max_steps):
     ya = np.concatenate([y0, np.zeros((nb, 1))], axis=1)
     fields = (*kernels(), pack(kinds, V, A, H, ts, k), 1)
     with np.errstate(all="ignore"):
-        states, code, steps, t_last = integrate_states(fields, ya, taus, tr_max, rtol=rtol,
+        states, ends, steps, t_last = integrate_states(fields, ya, taus, tr_max, rtol=rtol,
                                                        atol=rtol, max_nfev=7 * max_steps + 2)
-    stop = np.array([_STOPS[int(c)] for c in code], dtype=object)
+    stop = np.array([_STOPS[e] for e in ends], dtype=object)
     return states[:, :, :ny], steps, stop, t_last
 
 

@@ -4,7 +4,7 @@ The precision :math:`P = \Sigma^{-1}` in the variables of
 :class:`~gaussian_pde.studies._certified._LDLState`, written once, in explicit loops over
 the :math:`d\times d` factors, generic in the scalar type so that one source serves real
 states and the complex steps; :mod:`._certified` sets up the frame and the states, runs
-them on the engine (:func:`gaussian_pde.integrate._compiled_batch.integrate_states`:
+them on the engine (:func:`gaussian_pde.integrate.integrate_states`:
 RODAS4P2 from the first step, its error control, output at the checkpoints) and decides
 from the checkpoints. The tests run the same functions uncompiled (``py_func``) and hold
 the field to the precision equation :math:`P' = -(PM + M^TP)` written directly.
