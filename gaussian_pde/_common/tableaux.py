@@ -7,18 +7,14 @@ r"""The coefficients of the package's two step methods, written once.
   ``scipy/integrate/_ivp/dop853_coefficients.py`` (BSD-3-Clause) carries the same digits,
   and the arrays below are built with its arithmetic, so they hold the same floating-point
   numbers as :class:`scipy.integrate.DOP853`.
-* :data:`RODAS4`: the L-stable, stiffly accurate Rosenbrock method of order 4 with an
-  embedded estimate of order 3 and a continuous extension of order 3 (E. Hairer and
-  G. Wanner, *Solving Ordinary Differential Equations II*, 2nd ed., Springer 1996, section
-  IV.7; the numbers are those that the coefficient subroutine of their code ``rodas.f`` sets
-  for ``METH = 1``).
 * :data:`RODAS4P2`: Steinebach's L-stable, stiffly accurate Rosenbrock method of order 4
   (embedded order 3, continuous extension of order 3), the improvement of Rodas4P that
   satisfies further conditions against order reduction on very stiff problems
   (G. Steinebach, "Improvement of Rosenbrock-Wanner method RODASP", in *Progress in
   Differential-Algebraic Equations II*, Springer 2020, pp. 165-184; the digits as the
-  Julia package OrdinaryDiffEq.jl tabulates them, in the form of ``rodas.f``). The
-  compiled engine's stiff steps are this method's.
+  Julia package OrdinaryDiffEq.jl tabulates them, in the form of E. Hairer and
+  G. Wanner's code ``rodas.f``, *Solving Ordinary Differential Equations II*, 2nd ed.,
+  Springer 1996, section IV.7). The compiled engine's stiff steps are this method's.
 
 With them, the constants of the step-size rule that both methods share (:data:`SAFETY`,
 :data:`MIN_FACTOR`). The order conditions of both tableaux are checked in
@@ -31,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["DOP853", "RODAS4", "RODAS4P2", "ExplicitPair", "RosenbrockTableau", "SAFETY", "MIN_FACTOR"]
+__all__ = ["DOP853", "RODAS4P2", "ExplicitPair", "RosenbrockTableau", "SAFETY", "MIN_FACTOR"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,31 +268,8 @@ class RosenbrockTableau:
     h: np.ndarray
 
 
-def _rodas4():
-    """RODAS4's arrays (module docstring: the digits of rodas.f, ``METH = 1``)."""
-    a = np.zeros((6, 6))
-    a[1, 0] = 1.544
-    a[2, :2] = [0.9466785280815826, 0.2557011698983284]
-    a[3, :3] = [3.314825187068521, 2.896124015972201, 0.9986419139977817]
-    a[4, :4] = [1.221224509226641, 6.019134481288629, 12.53708332932087, -0.6878860361058950]
-    a[5, :5] = [*a[4, :4], 1.0]           # stage 6 is evaluated at stage 5 + U_5
-    b = np.array([*a[5, :5], 1.0])       # y_1 = stage 6 + U_6 (stiffly accurate); U_6 the error
-    c = np.zeros((6, 6))
-    c[1, 0] = -5.6688
-    c[2, :2] = [-2.430093356833875, -0.2063599157091915]
-    c[3, :3] = [-0.1073529058151375, -9.594562251023355, -20.47028614809616]
-    c[4, :4] = [7.496443313967647, -10.24680431464352, -33.99990352819905, 11.70890893206160]
-    c[5, :5] = [8.083246795921522, -7.981132988064893, -31.52159432874371, 16.31930543123136,
-                -6.058818238834054]
-    h = np.array([[10.12623508344586, -7.487995877610167, -34.80091861555747,
-                   -7.992771707568823, 1.025137723295662, 0.0],
-                  [-0.6762803392801253, 6.087714651680015, 16.43084320892478,
-                   24.76722511418386, -6.594389125716872, 0.0]])
-    return RosenbrockTableau(a=a, b=b, c=c, gamma=0.25, h=h)
-
-
 def _rodas4p2():
-    """RODAS4P2's arrays (module docstring), in RODAS4's form: stage 6 at stage 5 + ``U_5``."""
+    """RODAS4P2's arrays (module docstring), in ``rodas.f``'s form: stage 6 at stage 5 + ``U_5``."""
     a = np.zeros((6, 6))
     a[1, 0] = 3.0
     a[2, :2] = [0.906377755268814, -0.189707390391685]
@@ -320,8 +293,6 @@ def _rodas4p2():
 
 #: the Dormand-Prince 8(5,3) pair, for every DOP853 loop of the package
 DOP853 = _dop853()
-#: the RODAS4 coefficients (Hairer-Wanner form): public, for reference and comparison
-RODAS4 = _rodas4()
 #: the RODAS4P2 coefficients (Hairer-Wanner form): the compiled engine's stiff steps
 RODAS4P2 = _rodas4p2()
 

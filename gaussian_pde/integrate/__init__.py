@@ -19,14 +19,14 @@ Below the drivers, one module per concept, with no import back up:
 * ``_precompile``: a fresh machine's first run compiles the engine in a second process
   while this one compiles the fields.
 
-Shared with other loops, below this package: the DOP853, RODAS4 and RODAS4P2
+Shared with other loops, below this package: the DOP853 and RODAS4P2
 coefficients (:mod:`gaussian_pde._common.tableaux`), the differences that replace a
 closed-form Jacobian (:mod:`gaussian_pde._common.differences`); the closed-form
 solutions, the reference problems of the tests, are their own module
 (:mod:`gaussian_pde._exact`), re-exported here.
 """
 
-from .._common.tableaux import RODAS4, RODAS4P2
+from .._common.tableaux import RODAS4P2
 from .._exact import blowup_time, exact_covariance, scalar_solution
 from ._batch import solve_batch
 from ._compiled_batch import compile_kernels, integrate_states
@@ -45,7 +45,7 @@ from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
 from ._solve import integrate_system, solve
 
-__all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4", "RODAS4P2", "Status", "blowup_time",
+__all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4P2", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
