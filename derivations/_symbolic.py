@@ -970,7 +970,7 @@ def _eye_line(ref):
     return ("_eye", f"np.eye({ref}.shape[-1])")
 
 
-def affine_functions(field, title, signature=SIGNATURE, weights_doc="", kernel=True):
+def affine_functions(field, title, signature=SIGNATURE, weights_doc="", kernel=True, forms=None):
     """The generated functions for an affine field whose ``M`` and ``b`` are known.
 
     ``field_matrix``, ``field_offset``, ``moment_rhs``, ``cov_rhs`` (covariance only) and
@@ -979,12 +979,18 @@ def affine_functions(field, title, signature=SIGNATURE, weights_doc="", kernel=T
     weights every function takes first (default ``Q, K, V, scale``; a type with more
     weights, e.g. biases, lists them, and ``weights_doc`` documents the extra ones);
     ``kernel``: also the hoisted ``factor_weights``/``factor_apply``/``factor_kernel``
-    (for the default signature only).
+    (for the default signature only); ``forms``: ``{"M": expr, "b": expr}``, the same
+    matrices grouped in the order ``field_matrix`` and ``field_offset`` evaluate them
+    (e.g. the thin products first), each checked equal to the derived one by
+    :func:`check_forms` among the type's checks.
     """
     SIGNATURE = signature
     mean_rhs, cov_rhs, factor_rhs = moment_equations(M_sym, b_sym)
+    forms = forms or {}
     M_code = numpy_code(field.M)
     b_code = numpy_code(field.b)
+    M_form = numpy_code(forms["M"]) if "M" in forms else M_code
+    b_form = numpy_code(forms["b"]) if "b" in forms else b_code
     M_of_L = numpy_code(field.M.xreplace({Sigma: L * L.T}))
     eq_M, eq_b = latex_matrix(field.M), latex_matrix(field.b)
     common = STATE_DOC + weights_doc
@@ -998,13 +1004,13 @@ def affine_functions(field, title, signature=SIGNATURE, weights_doc="", kernel=T
             "field_matrix", SIGNATURE + ("Sigma",),
             f"{title}: linear part of the affine field, :math:`M = {eq_M}`.\n{common}"
             "Sigma : ndarray, shape (..., d, d)\n    Covariance.\n",
-            with_eye([("M", M_code)], "Sigma"), ("M",)),
+            with_eye([("M", M_form)], "Sigma"), ("M",)),
         Function(
             "field_offset", SIGNATURE + ("alpha", "Sigma"),
             f"{title}: constant part of the affine field, :math:`b = {eq_b}`.\n{common}"
             "alpha : ndarray, shape (..., d)\n    Mean.\n"
             "Sigma : ndarray, shape (..., d, d)\n    Covariance.\n",
-            with_eye([("alpha", "alpha[..., None]"), ("b", b_code)], "Sigma"),
+            with_eye([("alpha", "alpha[..., None]"), ("b", b_form)], "Sigma"),
             ("b[..., 0]",)),
         Function(
             "moment_rhs", SIGNATURE + ("alpha", "Sigma"),
@@ -1031,6 +1037,13 @@ def affine_functions(field, title, signature=SIGNATURE, weights_doc="", kernel=T
     if kernel:
         funcs.append(factor_kernel(field.M.xreplace({Sigma: L * L.T}) * L, title))
     return funcs
+
+
+def check_forms(derive, forms):
+    """Whether each of ``forms`` (:func:`affine_functions`) equals the derived ``M`` or ``b``."""
+    field = derive()
+    derived = {"M": field.M, "b": field.b}
+    return all(Program([], (expr,)).check(derived[name]) for name, expr in forms.items())
 
 
 # ------------------------------------------------- independent check by integration

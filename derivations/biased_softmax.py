@@ -50,6 +50,14 @@ def derive():
 INPUTS = softmax.INPUTS + ((q, "q", "k", "1"),)
 
 
+#: ``M`` and ``b`` grouped as ``field_matrix`` and ``field_offset`` evaluate them:
+#: softmax's :math:`c\,(V(\Sigma K^T))Q` and :math:`V(\alpha + c\,\Sigma(K^Tq))`, products of
+#: :math:`O(d^2k)` and :math:`O(d^2)` where the derived order starts with :math:`V\Sigma`
+FORMS = {"M": softmax.FORMS["M"],
+         "b": sp.MatMul(S.V, sp.MatAdd(S.alpha, sp.MatMul(S.scale, sp.MatMul(
+             S.Sigma, sp.MatMul(S.K.T, q)))))}
+
+
 def functions():
     r"""The generated functions: the affine field, the moment equations and the compiled head.
 
@@ -57,7 +65,7 @@ def functions():
     added to :math:`Q\alpha`: the covariance is softmax's, the mean gains :math:`V\Sigma g`.
     """
     return (S.affine_functions(derive(), TITLE, signature=SIGNATURE, weights_doc=WEIGHTS_DOC,
-                               kernel=False)
+                               kernel=False, forms=FORMS)
             + softmax.compiled_functions(TITLE, INPUTS, bias=q))
 
 
@@ -91,6 +99,8 @@ CHECKS["mean column alpha' = B(Q alpha + q) + (cV alpha)/c"] = (
     lambda: softmax.mean_form(derive, bias=q))
 CHECKS["Jacobian parts: M = A Sigma C, N, r = C alpha + K^T q"] = (
     lambda: softmax.jacobian_parts(derive, bias=q))
+CHECKS["field_matrix's and field_offset's groupings are M and b"] = (
+    lambda: S.check_forms(derive, FORMS))
 
 
 if __name__ == "__main__":

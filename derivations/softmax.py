@@ -152,15 +152,23 @@ def compiled_functions(title, inputs=INPUTS, bias=None):
                          mean_parts_program(bias))]
 
 
+#: the field matrix grouped as ``field_matrix`` evaluates it, :math:`c\,(V(\Sigma K^T))Q`:
+#: three products of :math:`O(d^2k)` where :math:`V\Sigma` first costs :math:`O(d^3)` (the
+#: heads of a wide model, :math:`k = d/H`, stay cheap)
+FORMS = {"M": sp.MatMul(S.scale, sp.MatMul(sp.MatMul(S.V, sp.MatMul(S.Sigma, S.K.T)), S.Q))}
+
+
 def functions():
     """Generated-code functions: :func:`derivations._symbolic.affine_functions` and the compiled head."""
-    return S.affine_functions(derive(), TITLE, kernel=False) + compiled_functions(TITLE)
+    return (S.affine_functions(derive(), TITLE, kernel=False, forms=FORMS)
+            + compiled_functions(TITLE))
 
 
 CHECKS = dict(S.integration_checks(SCORE, derive))
 CHECKS["thin-factor form of L' printed into the compiled head"] = thin_factor_form
 CHECKS["mean column alpha' = B Q alpha + (cV alpha)/c"] = mean_form
 CHECKS["Jacobian parts: M = A Sigma C, N, r"] = jacobian_parts
+CHECKS["field_matrix's grouping c (V (Sigma K^T)) Q is M"] = lambda: S.check_forms(derive, FORMS)
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ def test_completing_the_square_mutation_is_caught(monkeypatch):
 
 
 @pytest.mark.parametrize("name, old, new", [
-    ("softmax", "(V @ Sigma @ _T(K) @ Q)", "(V @ Sigma @ _T(Q) @ K)"),     # a transpose
+    ("softmax", "((V @ (Sigma @ _T(K))) @ Q)", "((V @ (Sigma @ _T(Q))) @ K)"),  # a transpose
     ("l2", "(V @ R @ G @ Q)", "(V @ R @ G @ K)"),                    # a wrong factor
 ])
 def test_printed_text_mutation_is_caught(name, old, new, rng):

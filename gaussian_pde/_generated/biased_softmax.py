@@ -44,7 +44,7 @@ def field_matrix(Q, K, V, scale, q, k_b, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    M = (scale * (V @ Sigma @ _T(K) @ Q))
+    M = (scale * ((V @ (Sigma @ _T(K))) @ Q))
     return M
 
 
@@ -67,7 +67,7 @@ def field_offset(Q, K, V, scale, q, k_b, alpha, Sigma):
         Covariance.
     """
     alpha = alpha[..., None]
-    b = ((V @ alpha) + (scale * (V @ Sigma @ _T(K) @ q)))
+    b = (V @ (alpha + (scale * (Sigma @ (_T(K) @ q)))))
     return b[..., 0]
 
 

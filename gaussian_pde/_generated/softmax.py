@@ -42,7 +42,7 @@ def field_matrix(Q, K, V, scale, Sigma):
     Sigma : ndarray, shape (..., d, d)
         Covariance.
     """
-    M = (scale * (V @ Sigma @ _T(K) @ Q))
+    M = (scale * ((V @ (Sigma @ _T(K))) @ Q))
     return M
 
 

@@ -86,17 +86,6 @@ class BiasedSoftmax(SingleHeadAttention):
     def weights(self):
         return self.Q, self.K, self.V, self.scale, self.q[:, None], self.k_b[:, None]
 
-    def field_matrix(self, cov):
-        r""":math:`M = cV\Sigma K^TQ` (the generated expression) as :math:`c\,(V(\Sigma K^T))Q`.
-
-        Three products of :math:`O(d^2k)` instead of one of :math:`O(d^3)`.
-        """
-        return self.scale * ((self.V @ (cov @ self.K.T)) @ self.Q)
-
-    def field_offset(self, mean, cov):
-        r""":math:`b = V(\alpha + c\Sigma K^Tq)` (the generated expression) in :math:`O(d^2)`."""
-        return (mean + self.scale * (cov @ (self.K.T @ self.q))) @ self.V.T
-
     def quadratic_score(self):
         """:math:`H = 0`, :math:`A = cK^TQ` and the linear term :math:`g = cK^Tq`."""
         return QuadraticScore(A=np.asarray(self.A), H=None, V=np.asarray(self.V),

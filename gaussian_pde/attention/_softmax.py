@@ -52,14 +52,6 @@ class Softmax(SingleHeadAttention):
         r"""True: :math:`\alpha' = (V + M)\alpha`."""
         return True
 
-    def field_matrix(self, cov):
-        r""":math:`M = cV\Sigma K^TQ` (the generated expression) as :math:`c\,(V(\Sigma K^T))Q`.
-
-        Three products of :math:`O(d^2k)` instead of one of :math:`O(d^3)`: the heads of a
-        wide model (:math:`k = d/H`) stay cheap.
-        """
-        return self.scale * ((self.V @ (cov @ self.K.T)) @ self.Q)
-
     def riccati_matrix(self):
         r""":math:`S = A + A^T` when :math:`V = I` (:math:`\Sigma' = \Sigma(A + A^T)\Sigma`), else None."""
         if not np.array_equal(self.V, np.eye(self.d)):
