@@ -1,7 +1,7 @@
 r"""Dense LU with partial pivoting, written once for the compiled stiff steppers.
 
-The Rosenbrock steps (RODAS4P2, RODAS4) of the compiled batch integrator and of the compiled
-certified limits solve :math:`(I/(\gamma h) - J)\,u = r` for the stages of every step:
+The Rosenbrock steps (RODAS4P2) of the compiled engine, for the Gaussians' factors and
+for the certified limits' plain states alike, solve :math:`(I/(\gamma h) - J)\,u = r` for the stages of every step:
 :math:`n` is small (the factor's entries, at most a few hundred), so a textbook
 in-place factorisation :math:`PW = LU` (unit lower :math:`L` below the diagonal, :math:`U`
 on and above it) beats a call into LAPACK per step. Both functions are plain Python
