@@ -177,36 +177,26 @@ class Field(typing.NamedTuple):
 
 
 class Work(typing.NamedTuple):
-    r"""The scratch of one trajectory, cut once from the driver's buffers (:func:`_work`).
+    r"""The scratch of one trajectory, cut once from the driver's buffers (:func:`_drive`).
 
     Attributes
     ----------
     ws : ndarray
         The field's scratch.
-    f, fnew : ndarray, (n,)
-        The rate at the step's start and at its end.
-    ynew : ndarray, (n,)
-        The step's end.
+    f, fnew, ynew : ndarray, (n,)
+        The rate at the step's start, the rate at its end, and its end.
     tmp, tmp2, xa, xb : ndarray, (n,)
         Stage states and rates; ``xa`` takes the dense output.
-    K : ndarray, (13, n)
-        DOP853's stages.
-    Kx : ndarray, (16, n)
-        DOP853's stages with the three of the dense output.
-    F : ndarray, (7, n)
-        DOP853's dense-output coefficients.
-    U : ndarray, (6, n)
-        RODAS4P2's stages.
-    J, W : ndarray, (n, n)
-        The Jacobian and RODAS4P2's matrix :math:`I/(\gamma h) - J` (its LU factors).
+    K, Kx, F : ndarray, (13, n), (16, n), (7, n)
+        DOP853's stages, with the three of the dense output, and its dense-output
+        coefficients.
+    U, J, W : ndarray, (6, n), (n, n), (n, n)
+        RODAS4P2's stages, the Jacobian and :math:`I/(\gamma h) - J` (its LU factors).
     ev : ndarray, (2,)
         The steady-state and rank-collapse events' last values.
-    piv : ndarray of int, (n,)
-        The LU factors' pivots.
-    have : ndarray of int, (1,)
-        1 where ``F`` holds the current step's coefficients.
-    p_out : ndarray of int, (1,)
-        The next output time's index in ``t_eval``.
+    piv, have, p_out : ndarray of int, (n,), (1,), (1,)
+        The LU factors' pivots; 1 where ``F`` holds the current step's coefficients; the
+        next output time's index in ``t_eval``.
     """
 
     ws: np.ndarray
@@ -1230,7 +1220,7 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     ``params``: the field's parameters, one row for all or one per trajectory.
 
     ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, cut into
-    the :class:`Work` (:func:`_work`) that each trajectory uses in turn (allocated by
+    the :class:`Work` that each trajectory uses in turn (allocated by
     the caller: the driver allocates nothing, so it is compiled without reference
     counting; :func:`_steps` runs each trajectory).
 
@@ -1244,22 +1234,9 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     of no columns.
     """
     steps = _at(fns, STEPS)
-    wk = _work(fbuf, ibuf, d * m, opt.ws_size)
-    for b in range(lo, hi):
-        p = b if params.shape[0] > 1 else 0
-        for i in range(ibuf.size):
-            ibuf[i] = 0
-        ibuf[0] = batch.p0
-        row = Row(batch.Y[b], batch.t_eval, batch.tr0[b], batch.first[b], batch.ires[b],
-                  batch.fres[b], batch.cov_out[b], batch.mean_out[b], batch.rec_t[b],
-                  batch.rec_y[b], batch.nrec[b:b + 1])
-        steps(Field(rhs, jac, params[p], d, m, fns), row, opt, wk)
-
-
-def _work(fbuf, ibuf, n, ws_size):
-    """The :class:`Work` of a trajectory of state size ``n``, cut from ``fbuf`` and ``ibuf``."""
-    ws = fbuf[:ws_size]
-    o = ws_size
+    n = d * m
+    ws = fbuf[:opt.ws_size]
+    o = opt.ws_size
     vec = fbuf[o:o + 7 * n].reshape((7, n))
     o += 7 * n
     K = fbuf[o:o + (_NS + 1) * n].reshape((_NS + 1, n))
@@ -1274,8 +1251,17 @@ def _work(fbuf, ibuf, n, ws_size):
     o += n * n
     W = fbuf[o:o + n * n].reshape((n, n))
     o += n * n
-    return Work(ws, vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6], K, Kx, F, U, J, W,
-                fbuf[o:o + 2], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
+    wk = Work(ws, vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6], K, Kx, F, U, J, W,
+              fbuf[o:o + 2], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
+    for b in range(lo, hi):
+        p = b if params.shape[0] > 1 else 0
+        for i in range(ibuf.size):
+            ibuf[i] = 0
+        ibuf[0] = batch.p0
+        row = Row(batch.Y[b], batch.t_eval, batch.tr0[b], batch.first[b], batch.ires[b],
+                  batch.fres[b], batch.cov_out[b], batch.mean_out[b], batch.rec_t[b],
+                  batch.rec_y[b], batch.nrec[b:b + 1])
+        steps(Field(rhs, jac, params[p], d, m, fns), row, opt, wk)
 
 
 def _scratch_sizes(n, opt):
@@ -1302,7 +1288,7 @@ _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts", "_step_end", "_output", "_work")
+            "_stiffness_counts", "_crawl_counts", "_step_end", "_output")
 
 
 def _at(fns, which):
@@ -1447,7 +1433,8 @@ def _core():
                                      **({} if name in _ALLOCATING else no_wrappers))(g[name])
             fns[place], _PIECE_SIGNATURES[place] = _piece_address(g[name])
         sig = T.void(*(types[a] for a in inspect.signature(_drive).parameters))
-        drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False)(_drive)
+        drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False,
+                           no_cfunc_wrapper=True)(_drive)
     return drive, fns
 
 
