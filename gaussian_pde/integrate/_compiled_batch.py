@@ -29,7 +29,7 @@ The field is the attention type's :class:`~gaussian_pde.attention._compiled_fiel
 ``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
 integrator is compiled once (cached on disk) for every type. Its large pieces (the
 steppers, the dense output, the events, an accepted step, a trajectory) are compiled
-once each too and called through their addresses (:func:`_at`): a callee called by
+once each too and called through their addresses (:func:`_call`): a callee called by
 name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given; or a plain
 state (:func:`integrate_states`, the certified limits' log-time field), with RODAS4P2 from
@@ -165,7 +165,7 @@ class Field(typing.NamedTuple):
     d, m : int
         The state's shape, :math:`Z` is ``d x m`` (``n = d m`` entries).
     fns : ndarray of int
-        The addresses of the :data:`_PIECES` (:func:`_at`).
+        The addresses of the :data:`_PIECES` (:func:`_call`).
     """
 
     rhs: object
@@ -700,7 +700,7 @@ def _dense_at(fld, y, h, imp, x, wk):
         return 0
     extra = 0
     if wk.have[0] == 0:     # three more evaluations, only when output or an event needs it
-        _at(fld.fns, DOP_DENSE)(fld, y, h, wk)
+        _call(fld.fns, DOP_DENSE, fld, y, h, wk)
         wk.have[0] = 1
         extra = 3
     _dop_eval(wk.F, y, x, wk.xa)
@@ -709,7 +709,6 @@ def _dense_at(fld, y, h, imp, x, wk):
 
 def _located(fld, row, opt, wk, t, h, imp):
     """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
-    rank_gap, dense_at = _at(fld.fns, RANK_GAP), _at(fld.fns, DENSE_AT)
     d, m, y, ynew, xa, xb, ev, first = fld.d, fld.m, row.y, wk.ynew, wk.xa, wk.xb, wk.ev, row.first
     stop_t = np.inf
     kind = 0
@@ -720,7 +719,7 @@ def _located(fld, row, opt, wk, t, h, imp):
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += dense_at(fld, y, h, imp, mid, wk)
+                extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
                 fld.rhs(fld.P, d, m, xa, xb, wk.ws)
                 extra += 1
                 if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
@@ -731,14 +730,14 @@ def _located(fld, row, opt, wk, t, h, imp):
             kind = 1
         ev[0] = g_new
     if opt.rank_tol >= 0:
-        g_new = rank_gap(ynew, d, m, first, opt.rank_tol)
+        g_new = _call(fld.fns, RANK_GAP, ynew, d, m, first, opt.rank_tol)
         if ev[1] > 0 and g_new <= 0 and first < d:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += dense_at(fld, y, h, imp, mid, wk)
+                extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
                 extra += 1
-                if rank_gap(xa, d, m, first, opt.rank_tol) > 0:
+                if _call(fld.fns, RANK_GAP, xa, d, m, first, opt.rank_tol) > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -799,7 +798,7 @@ def _refactor(fns, y, f, d, m, atol, rtol):
         top = max(top, math.sqrt(_col_sq(Z, j, d)))
     if atol > 0 and not _EPS * top / atol > REFACTOR_ABOVE:
         return False
-    return _at(fns, REFACTOR_SVD)(Z, f.reshape((d, m)), d, atol, rtol)
+    return _call(fns, REFACTOR_SVD, Z, f.reshape((d, m)), d, atol, rtol)
 
 
 def _refactor_svd(Z, dZ, d, atol, rtol):
@@ -873,12 +872,12 @@ def _attempt(fld, y, h, imp, fresh, wk, atol, rtol):
     if imp:
         nfev = 0
         if not fresh:
-            nfev += _at(fld.fns, JACOBIAN)(fld, y, wk)
+            nfev += _call(fld.fns, JACOBIAN, fld, y, wk)
             fresh = True
-        err = _at(fld.fns, ROS_ATTEMPT)(fld, y, h, wk, atol, rtol)
+        err = _call(fld.fns, ROS_ATTEMPT, fld, y, h, wk, atol, rtol)
         return err, 0.0, nfev + 5, -0.25, 6.0, fresh
     _copy(wk.K[0], wk.f)
-    err, hlamb = _at(fld.fns, DOP_ATTEMPT)(fld, y, h, wk, atol, rtol)
+    err, hlamb = _call(fld.fns, DOP_ATTEMPT, fld, y, h, wk, atol, rtol)
     return err, hlamb, _NS, -0.125, 10.0, fresh
 
 
@@ -950,9 +949,10 @@ def _steps(fld, row, opt, wk):
     Compiled without reference counting, as the driver and the helpers are (see
     :func:`_core`).
     """
-    d, m, y, f, t_eval, ires, fres = fld.d, fld.m, row.y, wk.f, row.t_eval, row.ires, row.fres
+    d, m, y, t_eval, ires, fres = fld.d, fld.m, row.y, row.t_eval, row.ires, row.fres
     atol, rtol, max_step, t0, t1 = opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1
     max_nfev, method = opt.max_nfev, opt.method
+    f = wk.f
     wk.ev[0], wk.ev[1] = 0.0, 0.0
     fld.rhs(fld.P, d, m, y, f, wk.ws)
     nfev = 1
@@ -965,9 +965,9 @@ def _steps(fld, row, opt, wk):
     if opt.steady_on:
         wk.ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        wk.ev[1] = _at(fld.fns, RANK_GAP)(y, d, m, row.first, opt.rank_tol)
+        wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, row.first, opt.rank_tol)
     imp = method == 2
-    h_abs = _at(fld.fns, INITIAL_STEP)(fld, y, wk, opt, -0.25 if imp else -0.125)
+    h_abs = _call(fld.fns, INITIAL_STEP, fld, y, wk, opt, -0.25 if imp else -0.125)
     nfev += 1
     t, base, tau = t0, 0.0, t0
     # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
@@ -996,9 +996,8 @@ def _steps(fld, row, opt, wk):
             code, fres[F_T] = (SMALL if _finite(wk.ynew) else SMALL_OVERFLOW), t
             break
         if acc:
-            code, clock = _at(fld.fns, ACCEPTED)(
-                fld, row, opt, wk, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh),
-                h, imp)
+            clock = Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+            code, clock = _call(fld.fns, ACCEPTED, fld, row, opt, wk, clock, h, imp)
             t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = clock
             if code >= 0:
                 break
@@ -1049,12 +1048,12 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         return FULL, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
     nsteps += 1
     wk.have[0] = 0
-    kind, stop_t, extra = _at(fld.fns, LOCATED)(fld, row, opt, wk, t, h, imp)
+    kind, stop_t, extra = _call(fld.fns, LOCATED, fld, row, opt, wk, t, h, imp)
     nfev += extra
     if row.t_eval.size:
         nfev += _output(fld, row, opt, wk, t, h, imp, min(t_new, stop_t))
     if kind > 0:
-        nfev += _at(fld.fns, DENSE_AT)(fld, y, h, imp, (stop_t - t) / h, wk)
+        nfev += _call(fld.fns, DENSE_AT, fld, y, h, imp, (stop_t - t) / h, wk)
         _copy(y, wk.xa)
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         if steps:
@@ -1070,10 +1069,10 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
     elif _l_trace(ynew.reshape((fld.d, fld.m)), fld.d) > limit * tr0:
         # where the trace passed the limit (kept by a single trajectory; located in a
         # batch too, so that both count the same evaluations)
-        xc, extra = _at(fld.fns, CROSSING)(fld, y, h, imp, wk, math.log(limit * tr0))
+        xc, extra = _call(fld.fns, CROSSING, fld, y, h, imp, wk, math.log(limit * tr0))
         nfev += extra
         _note_crossing(fres, t + xc * h)
-        tstar, finite = _at(fld.fns, BLOWUP_LOOK)(fld, t_new, wk)
+        tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, t_new, wk)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
@@ -1093,7 +1092,7 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
     if steps:
         _record(t, y, row.rec_t, row.rec_y, row.nrec)
     if nsteps % REFACTOR_EVERY == 0 and not opt.plain:
-        _at(fld.fns, REFACTOR)(fld.fns, y, f, fld.d, fld.m, opt.atol, opt.rtol)
+        _call(fld.fns, REFACTOR, fld.fns, y, f, fld.d, fld.m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= opt.t1 else -1
     return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
 
@@ -1126,12 +1125,11 @@ def _output(fld, row, opt, wk, t, h, imp, t_end):
     ``row.cov_out`` and ``row.mean_out`` (a batch).
     """
     t_eval, xa = row.t_eval, wk.xa
-    dense_at = _at(fld.fns, DENSE_AT)
     nfev = 0
     j = wk.p_out[0]
     while j < t_eval.size and t_eval[j] <= t_end:
         x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-        nfev += dense_at(fld, row.y, h, imp, x, wk)
+        nfev += _call(fld.fns, DENSE_AT, fld, row.y, h, imp, x, wk)
         if row.rec_t.size > 0:
             row.rec_t[j] = t_eval[j]
             _copy(row.rec_y[j], xa)
@@ -1198,14 +1196,13 @@ def _crossing(fld, y, h, imp, wk, level):
     Bisection on the dense output to rounding (the time of the blow-up event in the
     trajectory's ``t_events``); the state there has passed the level.
     """
-    dense_at = _at(fld.fns, DENSE_AT)
     lo, hi = 0.0, 1.0
     extra = 0
     for _ in range(_BISECT_FINE):
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        extra += dense_at(fld, y, h, imp, mid, wk)
+        extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
         if _log_trace(wk.xa, fld.d, fld.m) - level >= 0:
             hi = mid
         else:
@@ -1220,7 +1217,7 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     ``params``: the field's parameters, one row for all or one per trajectory.
 
     ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, cut into
-    the :class:`Work` that each trajectory uses in turn (allocated by
+    the :class:`Work` of each trajectory in turn (allocated by
     the caller: the driver allocates nothing, so it is compiled without reference
     counting; :func:`_steps` runs each trajectory).
 
@@ -1233,7 +1230,6 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     last), or at ``t_eval``; ``nrec[0]`` counts the step ends. A batch passes ``rec_t``
     of no columns.
     """
-    steps = _at(fns, STEPS)
     n = d * m
     ws = fbuf[:opt.ws_size]
     o = opt.ws_size
@@ -1261,7 +1257,7 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
         row = Row(batch.Y[b], batch.t_eval, batch.tr0[b], batch.first[b], batch.ires[b],
                   batch.fres[b], batch.cov_out[b], batch.mean_out[b], batch.rec_t[b],
                   batch.rec_y[b], batch.nrec[b:b + 1])
-        steps(Field(rhs, jac, params[p], d, m, fns), row, opt, wk)
+        _call(fns, STEPS, Field(rhs, jac, params[p], d, m, fns), row, opt, wk)
 
 
 def _scratch_sizes(n, opt):
@@ -1276,7 +1272,7 @@ _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_ste
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
-#: :func:`_at`), callees before their callers
+#: :func:`_call`), callees before their callers
 _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_step",
            "_dop_dense", "_dense_at", "_blowup_look", "_refactor_svd", "_refactor",
            "_located", "_crossing", "_accepted", "_steps")
@@ -1291,17 +1287,20 @@ _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_stiffness_counts", "_crawl_counts", "_step_end", "_output")
 
 
-def _at(fns, which):
-    """The piece ``_PIECES[which]`` of the engine, called through its address ``fns[which]``.
+def _call(fns, which, *args):
+    """Call the piece ``_PIECES[which]`` of the engine through its address ``fns[which]``.
 
-    Compiled (:func:`_core`), an intrinsic: the first-class function of the piece's
-    signature at that address, called with Numba's calling convention (its exceptions
-    reach the caller). A piece is compiled once, in its own library; a callee called
-    by name would be linked into each caller's library and optimised again there.
-    The address comes from the caller (an argument, not a constant), so every caller
-    stays in Numba's disk cache. In plain Python: the function itself.
+    Compiled (:func:`_core`), an intrinsic: a direct call of the code at that address
+    with Numba's calling convention (its exceptions reach the caller), the arguments
+    cast to the piece's signature. A piece is compiled once, in its own library; a
+    callee called by name would be linked into each caller's library and optimised
+    again there. The address comes from the caller (an argument, not a constant), so
+    every caller stays in Numba's disk cache. (Numba's first-class functions would
+    serve too, but each of their calls also compiles a fallback through a C pointer
+    that passes the named tuples by value, which costs more compilation than the call.)
+    In plain Python: the function itself, called.
     """
-    return globals()[_PIECES[which]]
+    return globals()[_PIECES[which]](*args)
 
 
 #: the signature of each piece (its place in ``fns``), known once it is compiled
@@ -1309,28 +1308,34 @@ _PIECE_SIGNATURES = {}
 
 
 def _piece_intrinsic():
-    """:func:`_at` compiled: an intrinsic of the table and a constant place in it."""
+    """:func:`_call` compiled: an intrinsic of the table, a constant place in it, the arguments."""
     from numba import types as T
     from numba.core import cgutils
     from numba.extending import intrinsic
 
     @intrinsic
-    def at(typingctx, fns, which):
+    def call(typingctx, fns, which, *args):
         if not isinstance(which, T.IntegerLiteral):
             return None
         place = which.literal_value
-        fnty = T.FunctionType(_PIECE_SIGNATURES[place])
+        piece = _PIECE_SIGNATURES[place]
 
-        def codegen(context, builder, sig, args):
-            table = context.make_array(fns)(context, builder, args[0])
+        def codegen(context, builder, sig, llargs):
+            table = context.make_array(fns)(context, builder, llargs[0])
             addr = builder.load(builder.gep(table.data, [context.get_constant(T.intp, place)]))
-            fn = cgutils.create_struct_proxy(fnty)(context, builder)
-            fn.jit_addr = builder.inttoptr(addr, context.get_value_type(T.voidptr))
-            return fn._getvalue()
+            values = [context.cast(builder, builder.extract_value(llargs[2], i), ty, to)
+                      for i, (ty, to) in enumerate(zip(args, piece.args))]
+            fnty = context.call_conv.get_function_type(piece.return_type, piece.args)
+            status, res = context.call_conv.call_function(
+                builder, builder.inttoptr(addr, fnty.as_pointer()), piece.return_type,
+                piece.args, values)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return res
 
-        return fnty(fns, which), codegen
+        return piece.return_type(fns, which, T.StarArgTuple.from_types(args)), codegen
 
-    return at
+    return call
 
 
 def _argument_types(rhs_sig, jac_sig):
@@ -1383,7 +1388,7 @@ def _core():
 
     Returns ``(drive, fns)``: ``fns`` holds the addresses of the :data:`_PIECES`, each
     compiled once with the argument types of :func:`_argument_types` and called
-    through its address (:func:`_at`), so that no caller compiles its code again;
+    through its address (:func:`_call`), so that no caller compiles its code again;
     the small helpers are linked into their callers, those in :data:`_INLINED`
     inlined. The driver releases the GIL. The pieces and the helpers that are not
     inlined are called from compiled code only: they are compiled without the wrappers
@@ -1421,7 +1426,7 @@ def _core():
     if numba.config.DISABLE_JIT:     # plain Python throughout: _at gives the functions
         return _drive, np.zeros(len(_PIECES), dtype=np.int64)
     types = _argument_types(*signatures())
-    g["_at"] = _piece_intrinsic()
+    g["_call"] = _piece_intrinsic()
     fns = np.zeros(len(_PIECES), dtype=np.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
