@@ -1031,7 +1031,17 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
     """
     t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = clock
     y, f, ynew, fnew, fres, tr0 = row.y, wk.f, wk.ynew, wk.fnew, row.fres, row.tr0
-    t_new, tau_new = _step_end(t, tau, base, h, opt, row.t_eval, wk.p_out[0])
+    tau_new = tau + h
+    t_new = base + tau_new
+    p, t1 = wk.p_out[0], opt.t1
+    if opt.plain and p < row.t_eval.size and h == row.t_eval[p] - t:
+        t_new = row.t_eval[p]          # landed: its output is the step's end, ynew
+        tau_new = t_new - base
+    elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
+        t_new = t1
+        tau_new = t1 - base
+    else:
+        t_new = min(t_new, t1)
     if imp:
         fld.rhs(fld.P, fld.d, fld.m, ynew, fnew, wk.ws)
         nfev += 1
@@ -1093,28 +1103,8 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         _record(t, y, row.rec_t, row.rec_y, row.nrec)
     if nsteps % REFACTOR_EVERY == 0 and not opt.plain:
         _call(fld.fns, REFACTOR, fld.fns, y, f, fld.d, fld.m, opt.atol, opt.rtol)
-    code = FINISHED if t_new >= opt.t1 else -1
+    code = FINISHED if t_new >= t1 else -1
     return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
-
-
-def _step_end(t, tau, base, h, opt, t_eval, p):
-    """The end ``(t_new, tau_new)`` of an accepted step of size ``h`` from ``t = base + tau``.
-
-    A plain state's step that was cut to land on ``t_eval[p]`` ends there; a step that
-    ends within rounding of ``t1`` ends on it.
-    """
-    t1 = opt.t1
-    tau_new = tau + h
-    t_new = base + tau_new
-    if opt.plain and p < t_eval.size and h == t_eval[p] - t:
-        t_new = t_eval[p]          # landed: its output is the step's end, ynew
-        tau_new = t_new - base
-    elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
-        t_new = t1
-        tau_new = t1 - base
-    else:
-        t_new = min(t_new, t1)
-    return t_new, tau_new
 
 
 def _output(fld, row, opt, wk, t, h, imp, t_end):
@@ -1284,7 +1274,7 @@ _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts", "_step_end", "_output")
+            "_stiffness_counts", "_crawl_counts", "_output")
 
 
 def _call(fns, which, *args):
