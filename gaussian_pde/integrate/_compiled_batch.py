@@ -426,10 +426,9 @@ def _jacobian(fld, y, wk):
     rhs, P, d, m, J, ws = fld.rhs, fld.P, fld.d, fld.m, wk.J, wk.ws
     if fld.jac(P, d, m, y, J, ws):
         return 1
-    up, fu, fd = wk.tmp, wk.xa, wk.xb
+    up, fu, fd, c = wk.tmp, wk.xa, wk.xb, wk.tmp2     # (c: the column norms, m <= n)
     n = d * m
     Z = y.reshape((d, m))
-    c = np.empty(m)
     shortest = np.inf
     for b in range(m):
         s = 0.0
@@ -1260,7 +1259,7 @@ def _scratch_sizes(n, opt):
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
             "_stiffness_counts", "_crawl_counts")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
-_ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
+_ALLOCATING = ("_rank_gap", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
 #: :func:`_call`), callees before their callers
 _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_step",
