@@ -1412,7 +1412,7 @@ def _core():
             g[name] = numba.njit(cache=True, error_model="numpy", inline=inline,
                                  _nrt=name in _ALLOCATING,
                                  **({} if name in _INLINED else no_wrappers))(g[name])
-    if numba.config.DISABLE_JIT:     # plain Python throughout: _at gives the functions
+    if numba.config.DISABLE_JIT:     # plain Python throughout: _call calls the functions
         return _drive, np.zeros(len(_PIECES), dtype=np.int64)
     types = _argument_types(*signatures())
     g["_call"] = _piece_intrinsic()
