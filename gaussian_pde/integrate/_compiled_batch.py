@@ -1257,7 +1257,7 @@ def _scratch_sizes(n, opt):
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts")
+            "_stiffness_counts", "_crawl_counts", "_output")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
