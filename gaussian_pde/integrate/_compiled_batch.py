@@ -1202,22 +1202,16 @@ def _crossing(fld, y, h, imp, wk, level):
 def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     r"""Integrate the rows ``lo`` to ``hi - 1`` of the :class:`Batch` ``batch``, one by one.
 
-    ``batch.Y`` is ``(B, n)``; each row is overwritten with its trajectory's final state.
-    ``params``: the field's parameters, one row for all or one per trajectory.
-
-    ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, cut into
-    the :class:`Work` of each trajectory in turn (allocated by
-    the caller: the driver allocates nothing, so it is compiled without reference
-    counting; :func:`_steps` runs each trajectory).
-
-    ``opt``: the solver options, a :class:`CoreOptions`. Writes ``batch.ires`` (code,
-    nfev, nsteps, implicit; indices ``I_*``) and ``batch.fres`` (t_final, t_blowup, and
-    the numbers the message needs; indices ``F_*``).
-
-    A single trajectory (:func:`integrate_one`, ``B = 1``) also writes its states into
-    ``rec_y`` at ``rec_t``: at every step end (the initial one first, an event's stop
-    last), or at ``t_eval``; ``nrec[0]`` counts the step ends. A batch passes ``rec_t``
-    of no columns.
+    Each row's state is overwritten with its trajectory's final state, its outcome goes
+    into ``ires`` (code, nfev, nsteps, implicit; indices ``I_*``) and ``fres`` (t_final,
+    t_blowup and the numbers the message needs; indices ``F_*``). ``params``: the field's
+    parameters, one row for all or one per trajectory; ``opt``: a :class:`CoreOptions`.
+    ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, cut once into
+    the :class:`Work` that each trajectory uses in turn (:func:`_steps` runs one); the
+    caller allocates it, so that the driver allocates nothing and is compiled without
+    reference counting. A single trajectory (:func:`integrate_one`) also records its
+    states: at every step end (the initial one first, an event's stop last), or at
+    ``t_eval``; a batch's ``rec_t`` has no columns.
     """
     n = d * m
     ws = fbuf[:opt.ws_size]
