@@ -29,7 +29,7 @@ The field is the attention type's :class:`~gaussian_pde.attention._compiled_fiel
 ``rhs`` and ``jac`` arrive as first-class functions of fixed signature, so the
 integrator is compiled once (cached on disk) for every type. Its large pieces (the
 steppers, the dense output, the events, an accepted step, a trajectory) are compiled
-once each too and called through their addresses (:func:`_at`): a callee called by
+once each too and called through their addresses (:func:`_call`): a callee called by
 name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given; or a plain
 state (:func:`integrate_states`, the certified limits' log-time field), with RODAS4P2 from
@@ -150,6 +150,153 @@ class CoreOptions(typing.NamedTuple):
     steady_on: bool
     ws_size: int
     plain: bool
+
+
+class Field(typing.NamedTuple):
+    r"""The field of one trajectory and the engine's table of pieces.
+
+    Attributes
+    ----------
+    rhs, jac : first-class functions
+        The field :math:`f(Z)` and its closed-form Jacobian (False where none holds
+        there), the attention type's compiled kernels.
+    P : ndarray
+        The trajectory's parameters, as the kernels read them.
+    d, m : int
+        The state's shape, :math:`Z` is ``d x m`` (``n = d m`` entries).
+    fns : ndarray of int
+        The addresses of the :data:`_PIECES` (:func:`_call`).
+    """
+
+    rhs: object
+    jac: object
+    P: np.ndarray
+    d: int
+    m: int
+    fns: np.ndarray
+
+
+class Work(typing.NamedTuple):
+    r"""The scratch of one trajectory, cut once from the driver's buffers (:func:`_drive`).
+
+    Attributes
+    ----------
+    ws : ndarray
+        The field's scratch.
+    f, fnew, ynew : ndarray, (n,)
+        The rate at the step's start, the rate at its end, and its end.
+    tmp, tmp2, xa, xb : ndarray, (n,)
+        Stage states and rates; ``xa`` takes the dense output.
+    K, Kx, F : ndarray, (13, n), (16, n), (7, n)
+        DOP853's stages, with the three of the dense output, and its dense-output
+        coefficients.
+    U, J, W : ndarray, (6, n), (n, n), (n, n)
+        RODAS4P2's stages, the Jacobian and :math:`I/(\gamma h) - J` (its LU factors).
+    ev : ndarray, (2,)
+        The steady-state and rank-collapse events' last values.
+    piv, have, p_out : ndarray of int, (n,), (1,), (1,)
+        The LU factors' pivots; 1 where ``F`` holds the current step's coefficients; the
+        next output time's index in ``t_eval``.
+    """
+
+    ws: np.ndarray
+    f: np.ndarray
+    fnew: np.ndarray
+    ynew: np.ndarray
+    tmp: np.ndarray
+    tmp2: np.ndarray
+    xa: np.ndarray
+    xb: np.ndarray
+    K: np.ndarray
+    Kx: np.ndarray
+    F: np.ndarray
+    U: np.ndarray
+    J: np.ndarray
+    W: np.ndarray
+    ev: np.ndarray
+    piv: np.ndarray
+    have: np.ndarray
+    p_out: np.ndarray
+
+
+class Batch(typing.NamedTuple):
+    r"""The rows of a batch and where their outcomes go (:func:`_drive` reads a row each).
+
+    Attributes
+    ----------
+    Y : ndarray, (B, n)
+        The initial states, overwritten with the final ones.
+    t_eval : ndarray
+        The output times (none: no columns).
+    p0 : int
+        The first output time after ``t0`` (those at ``t0`` are the caller's).
+    tr0 : ndarray, (B,)
+        The initial traces (a plain state: the growth stop's measure limits).
+    first : ndarray of int, (B,)
+        The rank event's first eigenvalue index.
+    ires, fres : ndarray, (B, I_SIZE) and (B, F_SIZE or more)
+        The outcomes (indices ``I_*`` and ``F_*``).
+    cov_out, mean_out : ndarray, (B, T, d, d) and (B, T, d)
+        A batch's output at ``t_eval`` (a plain state's: ``mean_out``, ``(B, T, n)``).
+    rec_t, rec_y, nrec : ndarray, (B, R), (B, R, n), (B,)
+        A single trajectory's record of states (a batch: no columns).
+    """
+
+    Y: np.ndarray
+    t_eval: np.ndarray
+    p0: int
+    tr0: np.ndarray
+    first: np.ndarray
+    ires: np.ndarray
+    fres: np.ndarray
+    cov_out: np.ndarray
+    mean_out: np.ndarray
+    rec_t: np.ndarray
+    rec_y: np.ndarray
+    nrec: np.ndarray
+
+
+class Row(typing.NamedTuple):
+    """One trajectory of a :class:`Batch`: its state, its start and its outcome's places.
+
+    ``y`` is the running state (the batch's row, overwritten); ``tr0`` and ``first`` its
+    initial trace and the rank event's index; ``nrec`` a one-entry view; the rest the
+    row's slices of the batch's arrays of the same names.
+    """
+
+    y: np.ndarray
+    t_eval: np.ndarray
+    tr0: float
+    first: int
+    ires: np.ndarray
+    fres: np.ndarray
+    cov_out: np.ndarray
+    mean_out: np.ndarray
+    rec_t: np.ndarray
+    rec_y: np.ndarray
+    nrec: np.ndarray
+
+
+class Clock(typing.NamedTuple):
+    """The running scalars of a trajectory, handed to and back from :func:`_accepted`.
+
+    ``t``: the time; ``tau``, ``base``: the time as ``base + tau`` (a blow-up look
+    restarts ``tau`` at 0); ``limit``: the next blow-up threshold (times ``tr0``);
+    ``susp``, ``s0``, ``s1``: a blow-up suspicion to confirm (the estimate and the time
+    of its look); ``nfev``, ``nsteps``: the evaluations and accepted steps; ``fresh``:
+    whether ``J`` is the Jacobian at the current state.
+    """
+
+    t: float
+    tau: float
+    base: float
+    limit: float
+    susp: bool
+    s0: float
+    s1: float
+    nfev: int
+    nsteps: int
+    fresh: bool
 
 
 def _columns(C, last, keep=()):
@@ -274,13 +421,14 @@ def _rank_gap(y, d, m, first, rank_tol):
     return w[j] / max(w.sum(), 1e-300) - rank_tol
 
 
-def _jacobian(rhs, jac, P, d, m, y, J, ws, up, fu, fd):
-    """The Jacobian into ``J``; returns the evaluations it cost (1 closed form, else 2n)."""
-    if jac(P, d, m, y, J, ws):
+def _jacobian(fld, y, wk):
+    """The Jacobian into ``wk.J``; returns the evaluations it cost (1 closed form, else 2n)."""
+    rhs, P, d, m, J, ws = fld.rhs, fld.P, fld.d, fld.m, wk.J, wk.ws
+    if fld.jac(P, d, m, y, J, ws):
         return 1
+    up, fu, fd, c = wk.tmp, wk.xa, wk.xb, wk.tmp2     # (c: the column norms, m <= n)
     n = d * m
     Z = y.reshape((d, m))
-    c = np.empty(m)
     shortest = np.inf
     for b in range(m):
         s = 0.0
@@ -374,11 +522,13 @@ def _dop_errors(y, ynew, K, atol, rtol, S):
     return num, den, e5, e3
 
 
-def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
+def _dop_attempt(fld, y, h, wk, atol, rtol):
     """One DOP853 step; ``K[0]`` holds ``f(y)``. Returns ``(err, hlamb)``; ``K[12] = f(ynew)``.
 
-    ``S``: scratch, at least ``(3, n)``.
+    The stages go into ``wk.K``, the step's end into ``wk.ynew``; ``wk.Kx`` is scratch.
     """
+    rhs, P, d, m = fld.rhs, fld.P, fld.d, fld.m
+    K, ynew, tmp, ws, S = wk.K, wk.ynew, wk.tmp, wk.ws, wk.Kx
     n = y.size
     top = 0.0
     for v in y:
@@ -408,8 +558,9 @@ def _dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, S):
     return err, hlamb
 
 
-def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
-    """DOP853's dense-output coefficients ``F`` (7, n) of the step (three more stages)."""
+def _dop_dense(fld, y, h, wk):
+    """DOP853's dense-output coefficients ``wk.F`` (7, n) of the step (three more stages)."""
+    K, Kx, F, f, ynew, tmp = wk.K, wk.Kx, wk.F, wk.f, wk.ynew, wk.tmp
     n = y.size
     for s in range(_NS + 1):
         _copy(Kx[s], K[s])
@@ -417,7 +568,7 @@ def _dop_dense(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws):
         _combine(_A, _A_COLS, s, Kx, tmp)
         for i in range(n):
             tmp[i] = y[i] + tmp[i] * h
-        rhs(P, d, m, tmp, Kx[s], ws)
+        fld.rhs(fld.P, fld.d, fld.m, tmp, Kx[s], wk.ws)
     for r in range(4):
         _combine(_D, _D_COLS, r, Kx, F[3 + r])
         for i in range(n):
@@ -439,8 +590,10 @@ def _dop_eval(F, y, x, out):
         out[i] = v + y[i]
 
 
-def _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, rr, ws, atol, rtol):
-    """One RODAS4P2 step with the Jacobian ``J``; returns the error norm (inf: reject)."""
+def _ros_attempt(fld, y, h, wk, atol, rtol):
+    """One RODAS4P2 step with the Jacobian ``wk.J``; returns the error norm (inf: reject)."""
+    rhs, P, d, m = fld.rhs, fld.P, fld.d, fld.m
+    J, W, piv, U, ynew, tmp, rr, ws = wk.J, wk.W, wk.piv, wk.U, wk.ynew, wk.tmp, wk.xa, wk.ws
     n = y.size
     top = 0.0
     for v in y:
@@ -453,7 +606,7 @@ def _ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, rr, ws, atol, r
         W[i, i] += g
     if not _lu(W, piv):
         return np.inf
-    _copy(U[0], f)
+    _copy(U[0], wk.f)
     _lu_solve(W, piv, U[0])
     bad = False
     for s in range(1, 6):
@@ -506,8 +659,10 @@ def _nmin(a, b):
     return a if a <= b else b
 
 
-def _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step, err_exp, tmp, tmp2, ws):
+def _initial_step(fld, y, wk, opt, err_exp):
     """Hairer, Norsett and Wanner II.4, as SciPy's ``select_initial_step``."""
+    f, tmp, tmp2 = wk.f, wk.tmp, wk.tmp2
+    atol, rtol, t0, t1 = opt.atol, opt.rtol, opt.t0, opt.t1
     n = y.size
     d0 = 0.0
     d1 = 0.0
@@ -521,7 +676,7 @@ def _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step, err_exp, tmp
     h0 = _nmin(h0, t1 - t0)
     for i in range(n):
         tmp[i] = y[i] + h0 * f[i]
-    rhs(P, d, m, tmp, tmp2, ws)
+    fld.rhs(fld.P, fld.d, fld.m, tmp, tmp2, wk.ws)
     d2 = 0.0
     for i in range(n):
         sc = atol + abs(y[i]) * rtol
@@ -534,39 +689,37 @@ def _initial_step(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step, err_exp, tmp
         if d2 != d2:
             big = d2
         h1 = (0.01 / max(big, 1e-300)) ** (-err_exp)
-    return _nmin(_nmin(_nmin(100 * h0, h1), t1 - t0), max_step)
+    return _nmin(_nmin(_nmin(100 * h0, h1), t1 - t0), opt.max_step)
 
 
-def _dense_at(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, out, have):
-    """The state at fraction ``x`` of the step; returns the evaluations it cost."""
+def _dense_at(fld, y, h, imp, x, wk):
+    """The state at fraction ``x`` of the step into ``wk.xa``; returns the evaluations it cost."""
     if imp:
-        _ros_eval(y, ynew, U, x, out)
+        _ros_eval(y, wk.ynew, wk.U, x, wk.xa)
         return 0
     extra = 0
-    if have[0] == 0:        # three more evaluations, only when output or an event needs it
-        _at(fns, DOP_DENSE)(rhs, P, d, m, y, ynew, f, h, K, Kx, F, tmp, ws)
-        have[0] = 1
+    if wk.have[0] == 0:     # three more evaluations, only when output or an event needs it
+        _call(fld.fns, DOP_DENSE, fld, y, h, wk)
+        wk.have[0] = 1
         extra = 3
-    _dop_eval(F, y, x, out)
+    _dop_eval(wk.F, y, x, wk.xa)
     return extra
 
 
-def _located(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, xa, xb, tmp, ws,
-             ev, first, opt, steady_on):
+def _located(fld, row, opt, wk, t, h, imp):
     """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
-    rank_gap, dense_at = _at(fns, RANK_GAP), _at(fns, DENSE_AT)
+    d, m, y, ynew, xa, xb, ev, first = fld.d, fld.m, row.y, wk.ynew, wk.xa, wk.xb, wk.ev, row.first
     stop_t = np.inf
     kind = 0
     extra = 0
-    if steady_on:
-        g_new = _steady_gap(ynew, fnew, d, m, opt.steady_tol, opt.steady_atol)
+    if opt.steady_on:
+        g_new = _steady_gap(ynew, wk.fnew, d, m, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp,
-                                  ws, xa, have)
-                rhs(P, d, m, xa, xb, ws)
+                extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
+                fld.rhs(fld.P, d, m, xa, xb, wk.ws)
                 extra += 1
                 if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
                     lo = mid
@@ -576,15 +729,14 @@ def _located(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx, F, U, have, 
             kind = 1
         ev[0] = g_new
     if opt.rank_tol >= 0:
-        g_new = rank_gap(ynew, d, m, first, opt.rank_tol)
+        g_new = _call(fld.fns, RANK_GAP, ynew, d, m, first, opt.rank_tol)
         if ev[1] > 0 and g_new <= 0 and first < d:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
-                extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp,
-                                  ws, xa, have)
+                extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
                 extra += 1
-                if rank_gap(xa, d, m, first, opt.rank_tol) > 0:
+                if _call(fld.fns, RANK_GAP, xa, d, m, first, opt.rank_tol) > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -608,15 +760,16 @@ def _store(y, d, m, cov_out, mean_out, j):
             mean_out[j, i] = Z[i, d]
 
 
-def _blowup_look(rhs, P, d, m, t, ynew, fnew, tmp, tmp2, ws):
+def _blowup_look(fld, t, wk):
     """:func:`~gaussian_pde.integrate._events.blowup_extrapolate` at the step end: ``(t*, finite)``."""
+    d, m, ynew, fnew, tmp, tmp2 = fld.d, fld.m, wk.ynew, wk.fnew, wk.tmp, wk.tmp2
     Z = ynew.reshape((d, m))
     tr = _l_trace(Z, d)
     dtr = _l_dot(Z, fnew.reshape((d, m)), d)
     hh = _PROBE * tr / (dtr if dtr > 0 else 1.0)
     for i in range(ynew.size):
         tmp[i] = ynew[i] + hh * fnew[i]
-    rhs(P, d, m, tmp, tmp2, ws)
+    fld.rhs(fld.P, d, m, tmp, tmp2, wk.ws)
     Z2 = tmp.reshape((d, m))
     tr2 = _l_trace(Z2, d)
     dtr2 = _l_dot(Z2, tmp2.reshape((d, m)), d)
@@ -644,7 +797,7 @@ def _refactor(fns, y, f, d, m, atol, rtol):
         top = max(top, math.sqrt(_col_sq(Z, j, d)))
     if atol > 0 and not _EPS * top / atol > REFACTOR_ABOVE:
         return False
-    return _at(fns, REFACTOR_SVD)(Z, f.reshape((d, m)), d, atol, rtol)
+    return _call(fns, REFACTOR_SVD, Z, f.reshape((d, m)), d, atol, rtol)
 
 
 def _refactor_svd(Z, dZ, d, atol, rtol):
@@ -706,27 +859,24 @@ def _col_sq(L, j, rows):
     return acc
 
 
-def _attempt(rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
-             ws, atol, rtol):
-    r"""One attempted step of size ``h`` from ``y`` (``f = f(y)``) with the current method.
+def _attempt(fld, y, h, imp, fresh, wk, atol, rtol):
+    r"""One attempted step of size ``h`` from ``y`` (``wk.f = f(y)``) with the current method.
 
     RODAS4P2 (``imp``; the Jacobian evaluated first unless ``fresh``) or DOP853 (the
-    stages in ``K``, ``Kx`` as scratch). Returns ``(err, hlamb, nfev, err_exp,
+    stages in ``wk.K``, ``wk.Kx`` as scratch). Returns ``(err, hlamb, nfev, err_exp,
     max_factor, fresh)``: the error norm (inf: reject), Hairer's :math:`h|\lambda|`
     (0 for RODAS4P2), the evaluations spent, the step-size rule's exponent and largest
-    factor, and whether ``J`` is the Jacobian at ``y``.
+    factor, and whether ``wk.J`` is the Jacobian at ``y``.
     """
-    jacobian, dop_attempt = _at(fns, JACOBIAN), _at(fns, DOP_ATTEMPT)
-    ros_attempt = _at(fns, ROS_ATTEMPT)
     if imp:
         nfev = 0
         if not fresh:
-            nfev += jacobian(rhs, jac, P, d, m, y, J, ws, tmp, xa, xb)
+            nfev += _call(fld.fns, JACOBIAN, fld, y, wk)
             fresh = True
-        err = ros_attempt(rhs, P, d, m, y, f, h, J, W, piv, U, ynew, tmp, xa, ws, atol, rtol)
+        err = _call(fld.fns, ROS_ATTEMPT, fld, y, h, wk, atol, rtol)
         return err, 0.0, nfev + 5, -0.25, 6.0, fresh
-    _copy(K[0], f)
-    err, hlamb = dop_attempt(rhs, P, d, m, y, h, K, ynew, tmp, ws, atol, rtol, Kx)
+    _copy(wk.K[0], wk.f)
+    err, hlamb = _call(fld.fns, DOP_ATTEMPT, fld, y, h, wk, atol, rtol)
     return err, hlamb, _NS, -0.125, 10.0, fresh
 
 
@@ -791,53 +941,32 @@ def _crawl_counts(acc, hlamb, block, crawl):
     return block, crawl, fired
 
 
-def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_out, mean_out,
-           rec_t, rec_y, nrec, fbuf, ibuf):
-    """:func:`_drive`'s work for one trajectory, in the scratch ``fbuf`` and ``ibuf``.
+def _steps(fld, row, opt, wk):
+    """:func:`_drive`'s work for one trajectory ``row``, in the scratch ``wk``.
 
-    The scratch (sizes from :func:`_scratch_sizes`) is cut into the views below;
-    ``ibuf`` arrives zeroed but for the first output index ``ibuf[0]``.
+    ``wk.p_out`` arrives at the first output index, ``wk.have`` and ``wk.piv`` zeroed.
     Compiled without reference counting, as the driver and the helpers are (see
     :func:`_core`).
     """
-    n = d * m
-    ws = fbuf[:opt.ws_size]
-    o = opt.ws_size
-    vec = fbuf[o:o + 7 * n].reshape((7, n))
-    o += 7 * n
-    K = fbuf[o:o + (_NS + 1) * n].reshape((_NS + 1, n))
-    o += (_NS + 1) * n
-    Kx = fbuf[o:o + 16 * n].reshape((16, n))
-    o += 16 * n
-    F = fbuf[o:o + 7 * n].reshape((7, n))
-    o += 7 * n
-    U = fbuf[o:o + 6 * n].reshape((6, n))
-    o += 6 * n
-    J = fbuf[o:o + n * n].reshape((n, n))
-    o += n * n
-    W = fbuf[o:o + n * n].reshape((n, n))
-    o += n * n
-    ev = fbuf[o:o + 2]
-    ev[0], ev[1] = 0.0, 0.0
-    p_out, have, piv = ibuf[0:1], ibuf[1:2], ibuf[2:2 + n]
+    d, m, y, t_eval, ires, fres = fld.d, fld.m, row.y, row.t_eval, row.ires, row.fres
     atol, rtol, max_step, t0, t1 = opt.atol, opt.rtol, opt.max_step, opt.t0, opt.t1
-    max_nfev, method, steady_on = opt.max_nfev, opt.method, opt.steady_on
-    f, fnew, ynew, tmp, tmp2, xa, xb = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
-    rhs(P, d, m, y, f, ws)
+    max_nfev, method = opt.max_nfev, opt.method
+    f = wk.f
+    wk.ev[0], wk.ev[1] = 0.0, 0.0
+    fld.rhs(fld.P, d, m, y, f, wk.ws)
     nfev = 1
     fres[F_T], fres[F_T_BLOWUP], fres[F_STIFF_FROM] = t1, np.nan, np.nan
     if not _finite(f):
         ires[I_CODE], ires[I_NFEV], fres[F_T] = FIELD0, nfev, t0
         return
-    if t_eval.size == 0 and rec_t.size > 0:
-        _record(t0, y, rec_t, rec_y, nrec)
-    if steady_on:
-        ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+    if t_eval.size == 0 and row.rec_t.size > 0:
+        _record(t0, y, row.rec_t, row.rec_y, row.nrec)
+    if opt.steady_on:
+        wk.ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        ev[1] = _at(fns, RANK_GAP)(y, d, m, first, opt.rank_tol)
+        wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, row.first, opt.rank_tol)
     imp = method == 2
-    h_abs = _at(fns, INITIAL_STEP)(rhs, P, d, m, y, f, t0, t1, atol, rtol, max_step,
-                                   -0.25 if imp else -0.125, tmp, tmp2, ws)
+    h_abs = _call(fld.fns, INITIAL_STEP, fld, y, wk, opt, -0.25 if imp else -0.125)
     nfev += 1
     t, base, tau = t0, 0.0, t0
     # np.bool_ and np.int64: a bare constant would be typed as a literal, and the helpers
@@ -854,24 +983,21 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
         if h_abs > max_step:
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
-        if opt.plain and p_out[0] < t_eval.size:     # a plain state lands on t_eval
-            h = _nmin(h, t_eval[p_out[0]] - t)
-        err, hlamb, spent, err_exp, max_factor, fresh = _attempt(
-            rhs, jac, fns, P, d, m, y, f, h, imp, fresh, K, Kx, J, W, piv, U, ynew, tmp, xa, xb,
-            ws, atol, rtol)
+        if opt.plain and wk.p_out[0] < t_eval.size:     # a plain state lands on t_eval
+            h = _nmin(h, t_eval[wk.p_out[0]] - t)
+        err, hlamb, spent, err_exp, max_factor, fresh = _attempt(fld, y, h, imp, fresh, wk,
+                                                                 atol, rtol)
         nfev += spent
         acc = err < 1
         h_abs = _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor)
         rejected = not acc
         if not acc and not h_abs >= min_step:
-            code, fres[F_T] = (SMALL if _finite(ynew) else SMALL_OVERFLOW), t
+            code, fres[F_T] = (SMALL if _finite(wk.ynew) else SMALL_OVERFLOW), t
             break
         if acc:
-            code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = _at(fns, ACCEPTED)(
-                rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
-                xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
-                limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
-                rec_t, rec_y, nrec)
+            clock = Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+            code, clock = _call(fld.fns, ACCEPTED, fld, row, opt, wk, clock, h, imp)
+            t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = clock
             if code >= 0:
                 break
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
@@ -881,7 +1007,7 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
                 imp = True
                 fresh = False
                 fres[F_STIFF_FROM] = t
-            elif crawling and jac(P, d, m, y, J, ws):
+            elif crawling and fld.jac(fld.P, d, m, y, wk.J, wk.ws):
                 # the second test, where the closed form holds: its Jacobian at y is the
                 # first Rosenbrock step's
                 imp = True
@@ -893,22 +1019,22 @@ def _steps(rhs, jac, fns, P, d, m, y, t_eval, tr0, first, opt, ires, fres, cov_o
     ires[I_CODE], ires[I_NFEV], ires[I_NSTEPS], ires[I_IMPLICIT] = code, nfev, nsteps, imp
 
 
-def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, F, U, have,
-              xa, xb, tmp, tmp2, ws, ev, first, opt, steady_on, t_eval, p_out, tr0,
-              limit, susp, s0, s1, nfev, nsteps, fresh, fres, cov_out, mean_out,
-              rec_t, rec_y, nrec):
+def _accepted(fld, row, opt, wk, clock, h, imp):
     """An accepted step: its rate, events, output, blow-up look, advance and re-factoring.
 
-    Returns the outcome code (negative: go on) and the updated scalars. The output goes
-    into ``cov_out``/``mean_out`` at ``t_eval`` (a batch) or, where ``rec_t`` has room
-    (a single trajectory, :func:`integrate_one`), as states into ``rec_y`` at ``rec_t``:
-    at ``t_eval``, or at every step end without it (``FULL`` where no room is left).
+    Returns the outcome code (negative: go on) and the updated :class:`Clock`. The
+    output goes into ``row.cov_out``/``row.mean_out`` at ``t_eval`` (a batch) or, where
+    ``row.rec_t`` has room (a single trajectory, :func:`integrate_one`), as states into
+    ``row.rec_y`` at ``row.rec_t``: at ``t_eval``, or at every step end without it
+    (``FULL`` where no room is left).
     """
-    t1 = opt.t1
+    t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh = clock
+    y, f, ynew, fnew, fres, tr0 = row.y, wk.f, wk.ynew, wk.fnew, row.fres, row.tr0
     tau_new = tau + h
     t_new = base + tau_new
-    if opt.plain and p_out[0] < t_eval.size and h == t_eval[p_out[0]] - t:
-        t_new = t_eval[p_out[0]]          # landed: its output is the step's end, ynew
+    p, t1 = wk.p_out[0], opt.t1
+    if opt.plain and p < row.t_eval.size and h == row.t_eval[p] - t:
+        t_new = row.t_eval[p]          # landed: its output is the step's end, ynew
         tau_new = t_new - base
     elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
         t_new = t1
@@ -916,72 +1042,54 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
     else:
         t_new = min(t_new, t1)
     if imp:
-        rhs(P, d, m, ynew, fnew, ws)
+        fld.rhs(fld.P, fld.d, fld.m, ynew, fnew, wk.ws)
         nfev += 1
     else:
-        _copy(fnew, K[_NS])
+        _copy(fnew, wk.K[_NS])
     # a plain state's measure: the field leaves it in ws[0], and its last call was at ynew
-    measure = ws[0] if opt.plain else 0.0
-    out = (t, tau, base, limit, susp, s0, s1)
+    measure = wk.ws[0] if opt.plain else 0.0
     if not (_finite(fnew) and _finite(ynew)):
         fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
-        return (OVERFLOW,) + out + (nfev, nsteps, fresh)
-    record = rec_t.size > 0
-    steps = record and t_eval.size == 0        # every step end is recorded
-    if steps and nrec[0] >= rec_t.size:
+        return OVERFLOW, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+    steps = row.rec_t.size > 0 and row.t_eval.size == 0        # every step end is recorded
+    if steps and row.nrec[0] >= row.rec_t.size:
         fres[F_T] = t
-        return (FULL,) + out + (nfev, nsteps, fresh)
+        return FULL, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
     nsteps += 1
-    have[0] = 0
-    kind, stop_t, extra = _at(fns, LOCATED)(rhs, fns, P, d, m, t, h, y, ynew, fnew, f, imp, K, Kx,
-                                            F, U, have, xa, xb, tmp, ws, ev, first, opt, steady_on)
+    wk.have[0] = 0
+    kind, stop_t, extra = _call(fld.fns, LOCATED, fld, row, opt, wk, t, h, imp)
     nfev += extra
-    if t_eval.size:
-        t_end = min(t_new, stop_t)
-        j = p_out[0]
-        while j < t_eval.size and t_eval[j] <= t_end:
-            x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
-            nfev += _at(fns, DENSE_AT)(imp, x, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d,
-                                       m, tmp, ws, xa, have)
-            if record:
-                rec_t[j] = t_eval[j]
-                _copy(rec_y[j], xa)
-            elif opt.plain:
-                _copy(mean_out[j], xa)
-            else:
-                _store(xa, d, m, cov_out, mean_out, j)
-            j += 1
-        p_out[0] = j
+    if row.t_eval.size:
+        nfev += _output(fld, row, opt, wk, t, h, imp, min(t_new, stop_t))
     if kind > 0:
-        nfev += _at(fns, DENSE_AT)(imp, (stop_t - t) / h, y, ynew, f, h, K, Kx, F, U, rhs, fns,
-                                   P, d, m, tmp, ws, xa, have)
-        _copy(y, xa)
+        nfev += _call(fld.fns, DENSE_AT, fld, y, h, imp, (stop_t - t) / h, wk)
+        _copy(y, wk.xa)
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         if steps:
-            _record(stop_t, y, rec_t, rec_y, nrec)
-        return (STEADY if kind == 1 else RANK,) + out + (nfev, nsteps, fresh)
+            _record(stop_t, y, row.rec_t, row.rec_y, row.nrec)
+        code = STEADY if kind == 1 else RANK
+        return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
     looked = False
     if opt.plain:
         if not measure <= limit * tr0:
             _copy(y, ynew)
             fres[F_T] = t_new
-            return (GROWTH,) + out + (nfev, nsteps, fresh)
-    elif _l_trace(ynew.reshape((d, m)), d) > limit * tr0:
+            return GROWTH, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+    elif _l_trace(ynew.reshape((fld.d, fld.m)), fld.d) > limit * tr0:
         # where the trace passed the limit (kept by a single trajectory; located in a
         # batch too, so that both count the same evaluations)
-        xc, extra = _at(fns, CROSSING)(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have,
-                                       tmp, ws, xa, imp, math.log(limit * tr0))
+        xc, extra = _call(fld.fns, CROSSING, fld, y, h, imp, wk, math.log(limit * tr0))
         nfev += extra
         _note_crossing(fres, t + xc * h)
-        tstar, finite = _at(fns, BLOWUP_LOOK)(rhs, P, d, m, t_new, ynew, fnew, tmp, tmp2, ws)
+        tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, t_new, wk)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
         if code >= 0:
             _copy(y, ynew)
             if steps:
-                _record(t_new, y, rec_t, rec_y, nrec)
-            return (code,) + out + (nfev, nsteps, fresh)
+                _record(t_new, y, row.rec_t, row.rec_y, row.nrec)
+            return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
         limit, susp, s0, s1 = limit_, susp_, s0_, s1_
         looked = True
     t, tau = t_new, tau_new
@@ -991,11 +1099,36 @@ def _accepted(rhs, fns, P, d, m, t, tau, base, h, y, ynew, f, fnew, imp, K, Kx, 
         base, tau = t_new, 0.0
     fresh = False
     if steps:
-        _record(t, y, rec_t, rec_y, nrec)
+        _record(t, y, row.rec_t, row.rec_y, row.nrec)
     if nsteps % REFACTOR_EVERY == 0 and not opt.plain:
-        _at(fns, REFACTOR)(fns, y, f, d, m, opt.atol, opt.rtol)
+        _call(fld.fns, REFACTOR, fld.fns, y, f, fld.d, fld.m, opt.atol, opt.rtol)
     code = FINISHED if t_new >= t1 else -1
-    return (code, t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+    return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
+
+
+def _output(fld, row, opt, wk, t, h, imp, t_end):
+    """The output at the times of ``row.t_eval`` in the step up to ``t_end``; the evaluations.
+
+    The state there (the dense output) goes into ``row.rec_y`` (a single trajectory),
+    whole into ``row.mean_out`` (a plain state), or as covariance and mean into
+    ``row.cov_out`` and ``row.mean_out`` (a batch).
+    """
+    t_eval, xa = row.t_eval, wk.xa
+    nfev = 0
+    j = wk.p_out[0]
+    while j < t_eval.size and t_eval[j] <= t_end:
+        x = min(max((t_eval[j] - t) / h, 0.0), 1.0)
+        nfev += _call(fld.fns, DENSE_AT, fld, row.y, h, imp, x, wk)
+        if row.rec_t.size > 0:
+            row.rec_t[j] = t_eval[j]
+            _copy(row.rec_y[j], xa)
+        elif opt.plain:
+            _copy(row.mean_out[j], xa)
+        else:
+            _store(xa, fld.d, fld.m, row.cov_out, row.mean_out, j)
+        j += 1
+    wk.p_out[0] = j
+    return nfev
 
 
 def _look_verdict(tstar, finite, t, limit, susp, s0, s1, fres):
@@ -1046,55 +1179,68 @@ def _log_trace(y, d, m):
     return math.log(max(_l_trace(y.reshape((d, m)), d), 1e-300))
 
 
-def _crossing(rhs, fns, P, d, m, y, ynew, f, h, K, Kx, F, U, have, tmp, ws, xa, imp, level):
+def _crossing(fld, y, h, imp, wk, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
     Bisection on the dense output to rounding (the time of the blow-up event in the
     trajectory's ``t_events``); the state there has passed the level.
     """
-    dense_at = _at(fns, DENSE_AT)
     lo, hi = 0.0, 1.0
     extra = 0
     for _ in range(_BISECT_FINE):
         mid = 0.5 * (lo + hi)
         if not lo < mid < hi:
             break
-        extra += dense_at(imp, mid, y, ynew, f, h, K, Kx, F, U, rhs, fns, P, d, m, tmp, ws, xa,
-                          have)
-        if _log_trace(xa, d, m) - level >= 0:
+        extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
+        if _log_trace(wk.xa, fld.d, fld.m) - level >= 0:
             hi = mid
         else:
             lo = mid
     return hi, extra
 
 
-def _drive(rhs, jac, fns, params, d, m, Y, t_eval, p0, tr0, first, opt, ires, fres,
-           cov_out, mean_out, rec_t, rec_y, nrec, lo, hi, fbuf, ibuf):
-    r"""Integrate the trajectories ``lo`` to ``hi - 1`` of ``Y``, one after the other.
+def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
+    r"""Integrate the rows ``lo`` to ``hi - 1`` of the :class:`Batch` ``batch``, one by one.
 
-    ``Y`` is ``(B, n)``; each row is overwritten with its trajectory's final state.
-
-    ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, used by
-    each trajectory in turn (allocated by the caller: the driver allocates nothing, so
-    it is compiled without reference counting; :func:`_steps` runs each trajectory).
-
-    ``opt``: the solver options, a :class:`CoreOptions`. Writes ``ires`` (code, nfev,
-    nsteps, implicit; indices ``I_*``) and ``fres`` (t_final, t_blowup, and the numbers
-    the message needs; indices ``F_*``).
-
-    A single trajectory (:func:`integrate_one`, ``B = 1``) also writes its states into
-    ``rec_y`` at ``rec_t``: at every step end (the initial one first, an event's stop
-    last), or at ``t_eval``; ``nrec[0]`` counts the step ends. A batch passes ``rec_t``
-    of no columns.
+    Each row's state is overwritten with its trajectory's final state, its outcome goes
+    into ``ires`` (code, nfev, nsteps, implicit; indices ``I_*``) and ``fres`` (t_final,
+    t_blowup and the numbers the message needs; indices ``F_*``). ``params``: the field's
+    parameters, one row for all or one per trajectory; ``opt``: a :class:`CoreOptions`.
+    ``fbuf`` and ``ibuf``: scratch of the sizes :func:`_scratch_sizes` gives, cut once into
+    the :class:`Work` that each trajectory uses in turn (:func:`_steps` runs one); the
+    caller allocates it, so that the driver allocates nothing and is compiled without
+    reference counting. A single trajectory (:func:`integrate_one`) also records its
+    states: at every step end (the initial one first, an event's stop last), or at
+    ``t_eval``; a batch's ``rec_t`` has no columns.
     """
-    steps = _at(fns, STEPS)
+    n = d * m
+    ws = fbuf[:opt.ws_size]
+    o = opt.ws_size
+    vec = fbuf[o:o + 7 * n].reshape((7, n))
+    o += 7 * n
+    K = fbuf[o:o + (_NS + 1) * n].reshape((_NS + 1, n))
+    o += (_NS + 1) * n
+    Kx = fbuf[o:o + 16 * n].reshape((16, n))
+    o += 16 * n
+    F = fbuf[o:o + 7 * n].reshape((7, n))
+    o += 7 * n
+    U = fbuf[o:o + 6 * n].reshape((6, n))
+    o += 6 * n
+    J = fbuf[o:o + n * n].reshape((n, n))
+    o += n * n
+    W = fbuf[o:o + n * n].reshape((n, n))
+    o += n * n
+    wk = Work(ws, vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6], K, Kx, F, U, J, W,
+              fbuf[o:o + 2], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
     for b in range(lo, hi):
-        row = b if params.shape[0] > 1 else 0
+        p = b if params.shape[0] > 1 else 0
         for i in range(ibuf.size):
             ibuf[i] = 0
-        ibuf[0] = p0
-        steps(rhs, jac, fns, params[row], d, m, Y[b], t_eval, tr0[b], first[b], opt, ires[b],
-              fres[b], cov_out[b], mean_out[b], rec_t[b], rec_y[b], nrec[b:b + 1], fbuf, ibuf)
+        ibuf[0] = batch.p0
+        row = Row(batch.Y[b], batch.t_eval, batch.tr0[b], batch.first[b], batch.ires[b],
+                  batch.fres[b], batch.cov_out[b], batch.mean_out[b], batch.rec_t[b],
+                  batch.rec_y[b], batch.nrec[b:b + 1])
+        _call(fns, STEPS, Field(rhs, jac, params[p], d, m, fns), row, opt, wk)
 
 
 def _scratch_sizes(n, opt):
@@ -1105,11 +1251,11 @@ def _scratch_sizes(n, opt):
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
 _INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts")
+            "_stiffness_counts", "_crawl_counts", "_output")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
-_ALLOCATING = ("_rank_gap", "_jacobian", "_refactor_svd")
+_ALLOCATING = ("_rank_gap", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
-#: :func:`_at`), callees before their callers
+#: :func:`_call`), callees before their callers
 _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_step",
            "_dop_dense", "_dense_at", "_blowup_look", "_refactor_svd", "_refactor",
            "_located", "_crossing", "_accepted", "_steps")
@@ -1121,20 +1267,23 @@ _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts")
+            "_stiffness_counts", "_crawl_counts", "_output")
 
 
-def _at(fns, which):
-    """The piece ``_PIECES[which]`` of the engine, called through its address ``fns[which]``.
+def _call(fns, which, *args):
+    """Call the piece ``_PIECES[which]`` of the engine through its address ``fns[which]``.
 
-    Compiled (:func:`_core`), an intrinsic: the first-class function of the piece's
-    signature at that address, called with Numba's calling convention (its exceptions
-    reach the caller). A piece is compiled once, in its own library; a callee called
-    by name would be linked into each caller's library and optimised again there.
-    The address comes from the caller (an argument, not a constant), so every caller
-    stays in Numba's disk cache. In plain Python: the function itself.
+    Compiled (:func:`_core`), an intrinsic: a direct call of the code at that address
+    with Numba's calling convention (its exceptions reach the caller), the arguments
+    cast to the piece's signature. A piece is compiled once, in its own library; a
+    callee called by name would be linked into each caller's library and optimised
+    again there. The address comes from the caller (an argument, not a constant), so
+    every caller stays in Numba's disk cache. (Numba's first-class functions would
+    serve too, but each of their calls also compiles a fallback through a C pointer
+    that passes the named tuples by value, which costs more compilation than the call.)
+    In plain Python: the function itself, called.
     """
-    return globals()[_PIECES[which]]
+    return globals()[_PIECES[which]](*args)
 
 
 #: the signature of each piece (its place in ``fns``), known once it is compiled
@@ -1142,49 +1291,69 @@ _PIECE_SIGNATURES = {}
 
 
 def _piece_intrinsic():
-    """:func:`_at` compiled: an intrinsic of the table and a constant place in it."""
+    """:func:`_call` compiled: an intrinsic of the table, a constant place in it, the arguments."""
     from numba import types as T
     from numba.core import cgutils
     from numba.extending import intrinsic
 
     @intrinsic
-    def at(typingctx, fns, which):
+    def call(typingctx, fns, which, *args):
         if not isinstance(which, T.IntegerLiteral):
             return None
         place = which.literal_value
-        fnty = T.FunctionType(_PIECE_SIGNATURES[place])
+        piece = _PIECE_SIGNATURES[place]
 
-        def codegen(context, builder, sig, args):
-            table = context.make_array(fns)(context, builder, args[0])
+        def codegen(context, builder, sig, llargs):
+            table = context.make_array(fns)(context, builder, llargs[0])
             addr = builder.load(builder.gep(table.data, [context.get_constant(T.intp, place)]))
-            fn = cgutils.create_struct_proxy(fnty)(context, builder)
-            fn.jit_addr = builder.inttoptr(addr, context.get_value_type(T.voidptr))
-            return fn._getvalue()
+            values = [context.cast(builder, builder.extract_value(llargs[2], i), ty, to)
+                      for i, (ty, to) in enumerate(zip(args, piece.args))]
+            fnty = context.call_conv.get_function_type(piece.return_type, piece.args)
+            status, res = context.call_conv.call_function(
+                builder, builder.inttoptr(addr, fnty.as_pointer()), piece.return_type,
+                piece.args, values)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return res
 
-        return fnty(fns, which), codegen
+        return piece.return_type(fns, which, T.StarArgTuple.from_types(args)), codegen
 
-    return at
+    return call
 
 
 def _argument_types(rhs_sig, jac_sig):
-    """The Numba type of each argument of the pieces, by its name."""
+    """The Numba type of each argument of the pieces and the driver, by its name."""
     from numba import types as T
 
+    vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
     scalar = {float: T.float64, int: T.int64, bool: T.boolean}
+    arrays = {"ws f fnew ynew tmp tmp2 xa xb ev y t_eval fres rec_t P": vec,
+              "K Kx F U J W Y rec_y mean_out": mat, "piv have p_out nrec fns ires": ivec}
+    by_field = {name: ty for names, ty in arrays.items() for name in names.split()}
+
+    def named(cls, **types):
+        """``cls`` (a named tuple) as a Numba type; ``types``: fields not in ``by_field``."""
+        fields = typing.get_type_hints(cls)
+        return T.NamedTuple([types[k] if k in types else by_field.get(k, scalar.get(fields[k]))
+                             for k in fields], cls)
+
     kinds = {
         T.FunctionType(rhs_sig): "rhs",
         T.FunctionType(jac_sig): "jac",
-        T.NamedTuple([scalar[kind] for kind in typing.get_type_hints(CoreOptions).values()],
-                     CoreOptions): "opt",
-        T.float64: ("h t tau base x tr0 limit s0 s1 atol rtol t0 t1 max_step err_exp level "
-                    "rank_tol"),
-        T.int64: "d m first nfev nsteps",
-        T.boolean: "imp steady_on susp fresh",
-        T.float64[::1]: ("P y ynew f fnew ws tmp tmp2 xa xb ev fres t_eval rec_t up fu fd rr "
-                         "out fbuf"),
-        T.float64[:, ::1]: "K Kx F U J W S mean_out rec_y Z dZ",
-        T.float64[:, :, ::1]: "cov_out",
-        T.int64[::1]: "have piv p_out nrec fns ires ibuf",
+        named(CoreOptions): "opt",
+        named(Field, rhs=T.FunctionType(rhs_sig), jac=T.FunctionType(jac_sig)): "fld",
+        named(Work): "wk",
+        named(Row, cov_out=T.float64[:, :, ::1]): "row",
+        named(Batch, tr0=vec, first=ivec, fres=mat, cov_out=T.float64[:, :, :, ::1],
+              mean_out=T.float64[:, :, ::1], rec_t=mat, rec_y=T.float64[:, :, ::1],
+              ires=T.int64[:, ::1]): "batch",
+        named(Clock): "clock",
+        T.float64: "h t x atol rtol err_exp level rank_tol",
+        T.int64: "d m first lo hi",
+        T.boolean: "imp",
+        vec: "y f fbuf",
+        mat: "Z dZ params",
+        ivec: "fns ibuf",
     }
     return {name: ty for ty, names in kinds.items() for name in names.split()}
 
@@ -1202,7 +1371,7 @@ def _core():
 
     Returns ``(drive, fns)``: ``fns`` holds the addresses of the :data:`_PIECES`, each
     compiled once with the argument types of :func:`_argument_types` and called
-    through its address (:func:`_at`), so that no caller compiles its code again;
+    through its address (:func:`_call`), so that no caller compiles its code again;
     the small helpers are linked into their callers, those in :data:`_INLINED`
     inlined. The driver releases the GIL. The pieces and the helpers that are not
     inlined are called from compiled code only: they are compiled without the wrappers
@@ -1237,10 +1406,10 @@ def _core():
             g[name] = numba.njit(cache=True, error_model="numpy", inline=inline,
                                  _nrt=name in _ALLOCATING,
                                  **({} if name in _INLINED else no_wrappers))(g[name])
-    if numba.config.DISABLE_JIT:     # plain Python throughout: _at gives the functions
+    if numba.config.DISABLE_JIT:     # plain Python throughout: _call calls the functions
         return _drive, np.zeros(len(_PIECES), dtype=np.int64)
     types = _argument_types(*signatures())
-    g["_at"] = _piece_intrinsic()
+    g["_call"] = _piece_intrinsic()
     fns = np.zeros(len(_PIECES), dtype=np.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
@@ -1251,12 +1420,9 @@ def _core():
                                      _nrt=name in _ALLOCATING,
                                      **({} if name in _ALLOCATING else no_wrappers))(g[name])
             fns[place], _PIECE_SIGNATURES[place] = _piece_address(g[name])
-        vec, mat, ivec = T.float64[::1], T.float64[:, ::1], T.int64[::1]
-        sig = T.void(types["rhs"], types["jac"], ivec, mat, T.int64, T.int64, mat, vec,
-                     T.int64, vec, ivec, types["opt"], T.int64[:, ::1], mat,
-                     T.float64[:, :, :, ::1], T.float64[:, :, ::1], mat, T.float64[:, :, ::1],
-                     ivec, T.int64, T.int64, vec, ivec)
-        drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False)(_drive)
+        sig = T.void(*(types[a] for a in inspect.signature(_drive).parameters))
+        drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False,
+                           no_cfunc_wrapper=True)(_drive)
     return drive, fns
 
 
@@ -1493,9 +1659,9 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
         Y = np.array(y0, dtype=float).reshape(1, n)
         ires = np.zeros((1, I_SIZE), dtype=np.int64)
         fres = np.zeros((1, F_CROSS + MAX_CROSSINGS))
-        _run(1, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0,
-             np.array([float(tr0)]), np.array([first], dtype=np.int64), opt, ires, fres,
-             np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec)
+        _run(rhs, jac, np.ascontiguousarray(params), d, m, opt,
+             Batch(Y, te, p0, np.array([float(tr0)]), np.array([first], dtype=np.int64), ires,
+                   fres, np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec))
         code = int(ires[0, I_CODE])
         if code != FULL:
             break
@@ -1548,9 +1714,9 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     ires = np.zeros((nb, I_SIZE), dtype=np.int64)
     fres = np.zeros((nb, F_SIZE))
     p0 = int(np.searchsorted(te, t0, side="right"))
-    _run(nb, rhs, jac, np.ascontiguousarray(params), d, m, Y, te, p0, tr0, first, opt, ires,
-         fres, cov_out, mean_out, np.zeros((nb, 0)), np.zeros((nb, 0, d * m)),
-         np.zeros(nb, dtype=np.int64))
+    _run(rhs, jac, np.ascontiguousarray(params), d, m, opt,
+         Batch(Y, te, p0, tr0, first, ires, fres, cov_out, mean_out, np.zeros((nb, 0)),
+               np.zeros((nb, 0, d * m)), np.zeros(nb, dtype=np.int64)))
     rec = BatchRecord(nb, d, t1, t_eval, method)
     Z = Y.reshape(nb, d, m)
     rec.L_final[:] = Z[:, :, :d]
@@ -1623,10 +1789,10 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     states[:, :p0] = y0[:, None]
     ires = np.zeros((nb, I_SIZE), dtype=np.int64)
     fres = np.zeros((nb, F_SIZE))
-    _run(nb, rhs, jac, np.ascontiguousarray(params, dtype=float), n, 1, y0, te, p0,
-         np.ascontiguousarray(limit, dtype=float), np.zeros(nb, dtype=np.int64), opt, ires, fres,
-         np.zeros((nb, 0, 0, 0)), states, np.zeros((nb, 0)), np.zeros((nb, 0, n)),
-         np.zeros(nb, dtype=np.int64))
+    _run(rhs, jac, np.ascontiguousarray(params, dtype=float), n, 1, opt,
+         Batch(y0, te, p0, np.ascontiguousarray(limit, dtype=float), np.zeros(nb, dtype=np.int64),
+               ires, fres, np.zeros((nb, 0, 0, 0)), states, np.zeros((nb, 0)),
+               np.zeros((nb, 0, n)), np.zeros(nb, dtype=np.int64)))
     stop = np.array([STATE_STOPS[c] for c in ires[:, I_CODE]], dtype=object)
     return states, stop, ires[:, I_NSTEPS].copy(), fres[:, F_T].copy()
 
@@ -1646,8 +1812,8 @@ def _threads():
     return max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
-def _run(nb, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, *out):
-    """The compiled driver over the ``nb`` rows of a batch.
+def _run(rhs, jac, params, d, m, opt, batch):
+    """The compiled driver over the rows of the :class:`Batch` ``batch``.
 
     On the calling thread for fewer than :data:`SERIAL_BELOW` trajectories, else over
     :func:`_threads` threads, each taking the next slice of rows until none is left;
@@ -1655,7 +1821,8 @@ def _run(nb, rhs, jac, params, d, m, Y, t_eval, p0, tr0, first, opt, *out):
     """
     drive, fns = _core()
     rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
-    args = (fns, params, d, m, Y, t_eval, p0, tr0, first, opt, *out)
+    nb = batch.Y.shape[0]
+    args = (fns, params, d, m, batch, opt)
     fsize, isize = _scratch_sizes(d * m, opt)
     workers = 1 if nb < SERIAL_BELOW else min(_threads(), nb)
     if workers == 1:
