@@ -1275,23 +1275,56 @@ class LoopPrinter:
         self.widths = dict(widths or {})    # symbolic sizes printed as a name (d + 1 -> m)
         self.lines = []
         self.offsets = []           # (local name, code): the scratch offsets, in order
+        self.bases = {}             # code -> local name: the compound sizes and offsets
         self._end = "0"
         self._count = 0
 
     # --- buffers -----------------------------------------------------------------
+    def _base(self, code, keep=("0",)):
+        """A local name for the size or offset ``code``: itself when a name or in ``keep``."""
+        if code.isidentifier() or code in keep:
+            return code
+        if code not in self.bases:
+            self.bases[code] = f"b{len(self.bases)}"
+        return self.bases[code]
+
+    def named(self, buf):
+        """``buf`` with its offsets and compound sizes read from locals (:meth:`prologue`)."""
+        if buf is None:
+            return None
+        return dataclasses.replace(
+            buf, off=self._base(buf.off), r0=self._base(buf.r0), c0=self._base(buf.c0),
+            rows=self._base(buf.rows, ("0", "1")), cols=self._base(buf.cols, ("0", "1")),
+            rs=self._base(buf.rs, ("0", "1")), cs=self._base(buf.cs, ("0", "1")))
+
+    def prologue(self, sizes=("k", "d", "m")):
+        r"""The lines that define the scratch offsets and :meth:`named`'s locals, then make
+        them and ``sizes`` unsigned integers.
+
+        Every index the loops print is then a sum of products of unsigned integers (the
+        loop counters too, ranges of unsigned bounds), which Numba uses without its
+        negative-index wrap (a compare and a select at every access of a signed index).
+        """
+        return ([f"{o} = np.uint64({code})" for o, code in self.offsets]
+                + [f"{name} = np.uint64({code})" for code, name in self.bases.items()]
+                + [f"{', '.join(sizes)} = {', '.join(f'np.uint64({n})' for n in sizes)}"])
+
     def shape(self, e):
         """The code of ``e``'s rows and columns."""
         return tuple(_code(sp.sympify(n).xreplace(self.widths)) for n in e.shape)
 
     def ref(self, e):
         """The buffer of an input, temporary, transpose or row slice; None otherwise."""
+        return self.named(self._ref(e))
+
+    def _ref(self, e):
         if e in self.refs:
             return self.refs[e]
         if isinstance(e, sp.Transpose):
-            inner = self.ref(e.arg)
+            inner = self._ref(e.arg)
             return None if inner is None else inner.T
         if isinstance(e, sp.MatrixSlice):
-            parent = self.ref(e.parent)
+            parent = self._ref(e.parent)
             (r0, r1, step), (c0, c1, _) = e.rowslice, e.colslice
             if parent is None or step != 1 or c0 != 0 or sp.simplify(c1 - e.parent.shape[1]) != 0:
                 return None
@@ -1304,12 +1337,13 @@ class LoopPrinter:
             name = f"t{self._count}"
             self._count += 1
         if not self.flat:
-            self.lines.append(f"{name} = np.empty(({rows}, {cols}))")
-            return Buffer(name, rows, cols, flat=False)
+            T = self.named(Buffer(name, rows, cols, flat=False))
+            self.lines.append(f"{name} = np.empty(({T.rows}, {T.cols}))")
+            return T
         off = f"o_{name}"
         self.offsets.append((off, self._end))
         self._end = _plus(off, _times(rows, cols))
-        return Buffer("ws", rows, cols, off=off, rs=cols)
+        return self.named(Buffer("ws", rows, cols, off=off, rs=cols))
 
     # --- printing ----------------------------------------------------------------
     def _loops(self, T, body):
@@ -1501,13 +1535,13 @@ class LoopPrinter:
             if isinstance(target, tuple):
                 self.call(target, e)
                 continue
-            T = self.refs.get(target)           # an output bound beforehand, or a temporary
+            T = self.named(self.refs.get(target))   # an output bound beforehand, or a temporary
             if T is None:
                 T = self.temporary(*self.shape(target), target.name)
                 self.refs[target] = T
             self.assign(T, e)
         for out, e in zip(outputs, program.returns):
-            self.assign(out, e)
+            self.assign(self.named(out), e)
 
 
 @dataclasses.dataclass
@@ -1581,10 +1615,9 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
     if mean is not None:
         printer.steps(mean, [Buffer("out", "d", "1", off="d", rs="m")])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
-    offsets = [f"{o} = {code}" for o, code in printer.offsets]
     counted = any("_kernels." in line for line in body)    # a call that allocates
     return LoopFunction(name, ("data", "k", "d", "m", "y", "out", "ws"), doc,
-                        _used(lines, body) + offsets + body,
+                        _used(lines, body) + printer.prologue() + body,
                         mark="_compiled_later(counted=True)" if counted else "_compiled_later()")
 
 
@@ -1622,7 +1655,7 @@ def head_parts(name, doc, inputs, parts, mean_parts=None, state=None, guards=())
         printer.steps(mean_parts, [])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
     return LoopFunction(name, ("data", "k", "d", "m", "Z", "A", "C", "M", "N", "r"), doc,
-                        checks + _used(lines, body) + body + ["return True"],
+                        checks + _used(lines, body) + printer.prologue() + body + ["return True"],
                         mark="_compiled_later(counted=True)")
 
 
