@@ -1298,8 +1298,7 @@ class LoopPrinter:
             rs=self._base(buf.rs, ("0", "1")), cs=self._base(buf.cs, ("0", "1")))
 
     def prologue(self, sizes=("k", "d", "m")):
-        r"""The lines that define the scratch offsets and :meth:`named`'s locals, then make
-        them and ``sizes`` unsigned integers.
+        r"""The scratch offsets, :meth:`named`'s locals and ``sizes`` as unsigned integers.
 
         Every index the loops print is then a sum of products of unsigned integers (the
         loop counters too, ranges of unsigned bounds), which Numba uses without its
