@@ -1262,13 +1262,17 @@ class LoopPrinter:
     - a product :math:`XY`: each entry ``acc = 0.0; acc += X[i, p] * Y[p, j]`` for
       ``p = 0, 1, ...``; into a column (``cols == 1``) with ``p`` in the outer loop (one
       accumulator per row, the same sums);
+      with ``calls``, a product of row-major scratch or weight buffers as a call of
+      ``_kernels.product`` (the same sums);
     - a sum of two terms: the first into the target, the second added entry by entry;
     - a factor :math:`c^{-1}` as a division by ``c``, a number as a multiplication;
     - a product of more factors, left to right, each partial product a temporary.
     """
 
-    def __init__(self, refs, scalars, flat=True, widths=None, failure=("return False",)):
+    def __init__(self, refs, scalars, flat=True, widths=None, failure=("return False",),
+                 calls=False):
         self.failure = list(failure)        # what a failed call does (a field: NaN, return)
+        self.calls = calls and flat         # row-major products as calls of _kernels.product
         self.refs = dict(refs)
         self.scalars = dict(scalars)
         self.flat = flat
@@ -1390,6 +1394,10 @@ class LoopPrinter:
         ``tail(i, j)``: code applied to the sum as it is stored (`` * (2.0 * c)``,
         `` + X[i, j]``); for a column, in a loop of its own after the sums.
         """
+        if self.calls and tail is None and T.cols != "1" and X.cs == Y.cs == T.cs == "1":
+            args = [f"{B.name}, {self._base(B.off, ())}, {B.rs}" for B in (X, Y, T)]
+            self.lines.append(f"_kernels.product({', '.join(args)}, {T.rows}, {T.cols}, {X.cols})")
+            return
         if T.cols == "1":
             self.lines += [f"for i in range({T.rows}):", f"    {T.at('i', '0')} = 0.0",
                            f"for p in range({X.cols}):", f"    yp = {Y.at('p', '0')}",
@@ -1586,7 +1594,8 @@ def _used(lines, body):
     return [line for line in lines if re.search(rf"\b{line.split(' = ')[0]}\b", text)]
 
 
-def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=False):
+def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=False,
+              calls=False):
     r"""The :class:`LoopFunction` ``name(data, k, d, m, y, out, ws)`` of one head's :math:`Z'`.
 
     ``inputs``: the weights in ``data``, in order, ``(expr, code name, rows, cols)``
@@ -1594,7 +1603,9 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
     ``state`` symbols) whose one return is :math:`L' = M L` (``out[:, :d]``); ``mean``: one
     in :data:`L` and :data:`alpha` whose one return is :math:`\alpha'` (``out[:, d]``,
     printed under ``if m > d``). ``second_moment``: ``factor`` is in the whole state
-    ``state`` (``d x m``) and returns all of :math:`Z'`.
+    ``state`` (``d x m``) and returns all of :math:`Z'`. ``calls``: the products of
+    row-major buffers as calls of the shared compiled ``_kernels.product`` (the same
+    sums; fewer loops for Numba to compile, a call per product at run time).
     """
     refs, scalars, lines = _data_layout(inputs)
     y = Buffer("y", "d", "m", rs="m")
@@ -1607,7 +1618,8 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
         refs[alpha] = Buffer("y", "d", "1", off="d", rs="m")
         outputs = [Buffer("out", "d", "d", rs="m")]
     printer = LoopPrinter(refs, scalars, widths={d + 1: sp.Symbol("m")},
-                          failure=("for i in range(d * m):", "    out[i] = np.nan", "return"))
+                          failure=("for i in range(d * m):", "    out[i] = np.nan", "return"),
+                          calls=calls)
     printer.steps(factor, outputs)
     body = printer.lines
     printer.lines = []

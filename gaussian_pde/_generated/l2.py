@@ -169,48 +169,24 @@ def field_body(data, k, d, m, y, out, ws):
     o_Xa = np.uint64(o_QKa + k)
     o_Ga = np.uint64(o_Xa + d)
     b0 = np.uint64(2 + d * d)
-    b1 = np.uint64(2)
-    b2 = np.uint64(2 + d * d + k * d)
-    b3 = np.uint64(2 + d * d + k * d + k * d + d * d)
+    b1 = np.uint64(0)
+    b2 = np.uint64(2)
+    b3 = np.uint64(2 + d * d + k * d)
+    b4 = np.uint64(2 + d * d + k * d + k * d + d * d)
     k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
-    for i in range(k):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[b0 + i * d + p] * y[p * m + j]
-            ws[o_B + i * d + j] = acc
+    _kernels.product(data, b0, d, y, b1, m, ws, o_B, d, k, d, d)
     if not _kernels.gain(ws[o_B:o_B + k * d].reshape((k, d)), ws[o_G:o_G + d * k].reshape((d, k)), ws[o_t0:o_t0 + k * k].reshape((k, k)), ws[o_t1:o_t1 + k * d].reshape((k, d)), ws[o_t0:o_t0 + k * k].reshape((k, k)), False):
         for i in range(d * m):
             out[i] = np.nan
         return
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[b1 + i * d + p] * y[p * m + j]
-            ws[o_X + i * d + j] = acc
-    for i in range(k):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[b2 + i * d + p] * y[p * m + j]
-            ws[o_t2 + i * d + j] = acc
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(k):
-                acc += ws[o_G + i * k + p] * ws[o_t2 + p * d + j]
-            ws[o_GQ + i * d + j] = acc
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += ws[o_X + i * d + p] * ws[o_GQ + p * d + j]
-            out[i * m + j] = acc
+    _kernels.product(data, b2, d, y, b1, m, ws, o_X, d, d, d, d)
+    _kernels.product(data, b3, d, y, b1, m, ws, o_t2, d, k, d, d)
+    _kernels.product(ws, o_G, k, ws, o_t2, d, ws, o_GQ, d, d, d, k)
+    _kernels.product(ws, o_X, d, ws, o_GQ, d, out, b1, m, d, d, d)
     if m > d:
         for i in range(k):
             for j in range(d):
-                ws[o_QmK + i * d + j] = data[b2 + i * d + j] - data[b3 + i * d + j]
+                ws[o_QmK + i * d + j] = data[b3 + i * d + j] - data[b4 + i * d + j]
         for i in range(k):
             ws[o_QKa + i] = 0.0
         for p in range(d):
@@ -222,7 +198,7 @@ def field_body(data, k, d, m, y, out, ws):
         for p in range(d):
             yp = y[d + p * m]
             for i in range(d):
-                ws[o_Xa + i] += data[b1 + i * d + p] * yp
+                ws[o_Xa + i] += data[b2 + i * d + p] * yp
         for i in range(d):
             ws[o_Ga + i] = 0.0
         for p in range(k):
