@@ -1275,36 +1275,72 @@ class LoopPrinter:
     - a product :math:`XY`: each entry ``acc = 0.0; acc += X[i, p] * Y[p, j]`` for
       ``p = 0, 1, ...``; into a column (``cols == 1``) with ``p`` in the outer loop (one
       accumulator per row, the same sums);
+      with ``calls``, a product of row-major scratch or weight buffers as a call of
+      ``_kernels.product`` (the same sums);
     - a sum of two terms: the first into the target, the second added entry by entry;
     - a factor :math:`c^{-1}` as a division by ``c``, a number as a multiplication;
     - a product of more factors, left to right, each partial product a temporary.
     """
 
-    def __init__(self, refs, scalars, flat=True, widths=None, failure=("return False",)):
+    def __init__(self, refs, scalars, flat=True, widths=None, failure=("return False",),
+                 calls=False):
         self.failure = list(failure)        # what a failed call does (a field: NaN, return)
+        self.calls = calls and flat         # row-major products as calls of _kernels.product
         self.refs = dict(refs)
         self.scalars = dict(scalars)
         self.flat = flat
         self.widths = dict(widths or {})    # symbolic sizes printed as a name (d + 1 -> m)
         self.lines = []
         self.offsets = []           # (local name, code): the scratch offsets, in order
+        self.bases = {}             # code -> local name: the compound sizes and offsets
         self._end = "0"
         self._count = 0
 
     # --- buffers -----------------------------------------------------------------
+    def _base(self, code, keep=("0",)):
+        """A local name for the size or offset ``code``: itself when a name or in ``keep``."""
+        if code.isidentifier() or code in keep:
+            return code
+        if code not in self.bases:
+            self.bases[code] = f"b{len(self.bases)}"
+        return self.bases[code]
+
+    def named(self, buf):
+        """``buf`` with its offsets and compound sizes read from locals (:meth:`prologue`)."""
+        if buf is None:
+            return None
+        return dataclasses.replace(
+            buf, off=self._base(buf.off), r0=self._base(buf.r0), c0=self._base(buf.c0),
+            rows=self._base(buf.rows, ("0", "1")), cols=self._base(buf.cols, ("0", "1")),
+            rs=self._base(buf.rs, ("0", "1")), cs=self._base(buf.cs, ("0", "1")))
+
+    def prologue(self, sizes=("k", "d", "m")):
+        r"""The scratch offsets, :meth:`named`'s locals and ``sizes`` as unsigned integers.
+
+        Every index the loops print is then a sum of products of unsigned integers (the
+        loop counters too, ranges of unsigned bounds), which Numba uses without its
+        negative-index wrap (a compare and a select at every access of a signed index).
+        """
+        return ([f"{o} = np.uint64({code})" for o, code in self.offsets]
+                + [f"{name} = np.uint64({code})" for code, name in self.bases.items()]
+                + [f"{', '.join(sizes)} = {', '.join(f'np.uint64({n})' for n in sizes)}"])
+
     def shape(self, e):
         """The code of ``e``'s rows and columns."""
         return tuple(_code(sp.sympify(n).xreplace(self.widths)) for n in e.shape)
 
     def ref(self, e):
         """The buffer of an input, temporary, transpose or row slice; None otherwise."""
+        return self.named(self._ref(e))
+
+    def _ref(self, e):
         if e in self.refs:
             return self.refs[e]
         if isinstance(e, sp.Transpose):
-            inner = self.ref(e.arg)
+            inner = self._ref(e.arg)
             return None if inner is None else inner.T
         if isinstance(e, sp.MatrixSlice):
-            parent = self.ref(e.parent)
+            parent = self._ref(e.parent)
             (r0, r1, step), (c0, c1, _) = e.rowslice, e.colslice
             if parent is None or step != 1 or c0 != 0 or sp.simplify(c1 - e.parent.shape[1]) != 0:
                 return None
@@ -1317,12 +1353,13 @@ class LoopPrinter:
             name = f"t{self._count}"
             self._count += 1
         if not self.flat:
-            self.lines.append(f"{name} = np.empty(({rows}, {cols}))")
-            return Buffer(name, rows, cols, flat=False)
+            T = self.named(Buffer(name, rows, cols, flat=False))
+            self.lines.append(f"{name} = np.empty(({T.rows}, {T.cols}))")
+            return T
         off = f"o_{name}"
         self.offsets.append((off, self._end))
         self._end = _plus(off, _times(rows, cols))
-        return Buffer("ws", rows, cols, off=off, rs=cols)
+        return self.named(Buffer("ws", rows, cols, off=off, rs=cols))
 
     # --- printing ----------------------------------------------------------------
     def _loops(self, T, body):
@@ -1370,6 +1407,10 @@ class LoopPrinter:
         ``tail(i, j)``: code applied to the sum as it is stored (`` * (2.0 * c)``,
         `` + X[i, j]``); for a column, in a loop of its own after the sums.
         """
+        if self.calls and tail is None and T.cols != "1" and X.cs == Y.cs == T.cs == "1":
+            args = [f"{B.name}, {self._base(B.off, ())}, {B.rs}" for B in (X, Y, T)]
+            self.lines.append(f"_kernels.product({', '.join(args)}, {T.rows}, {T.cols}, {X.cols})")
+            return
         if T.cols == "1":
             self.lines += [f"for i in range({T.rows}):", f"    {T.at('i', '0')} = 0.0",
                            f"for p in range({X.cols}):", f"    yp = {Y.at('p', '0')}",
@@ -1514,13 +1555,13 @@ class LoopPrinter:
             if isinstance(target, tuple):
                 self.call(target, e)
                 continue
-            T = self.refs.get(target)           # an output bound beforehand, or a temporary
+            T = self.named(self.refs.get(target))   # an output bound beforehand, or a temporary
             if T is None:
                 T = self.temporary(*self.shape(target), target.name)
                 self.refs[target] = T
             self.assign(T, e)
         for out, e in zip(outputs, program.returns):
-            self.assign(out, e)
+            self.assign(self.named(out), e)
 
 
 @dataclasses.dataclass
@@ -1566,7 +1607,8 @@ def _used(lines, body):
     return [line for line in lines if re.search(rf"\b{line.split(' = ')[0]}\b", text)]
 
 
-def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=False):
+def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=False,
+              calls=False):
     r"""The :class:`LoopFunction` ``name(data, k, d, m, y, out, ws)`` of one head's :math:`Z'`.
 
     ``inputs``: the weights in ``data``, in order, ``(expr, code name, rows, cols)``
@@ -1574,7 +1616,9 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
     ``state`` symbols) whose one return is :math:`L' = M L` (``out[:, :d]``); ``mean``: one
     in :data:`L` and :data:`alpha` whose one return is :math:`\alpha'` (``out[:, d]``,
     printed under ``if m > d``). ``second_moment``: ``factor`` is in the whole state
-    ``state`` (``d x m``) and returns all of :math:`Z'`.
+    ``state`` (``d x m``) and returns all of :math:`Z'`. ``calls``: the products of
+    row-major buffers as calls of the shared compiled ``_kernels.product`` (the same
+    sums; fewer loops for Numba to compile, a call per product at run time).
     """
     refs, scalars, lines = _data_layout(inputs)
     y = Buffer("y", "d", "m", rs="m")
@@ -1587,17 +1631,17 @@ def head_body(name, doc, inputs, factor, mean=None, state=None, second_moment=Fa
         refs[alpha] = Buffer("y", "d", "1", off="d", rs="m")
         outputs = [Buffer("out", "d", "d", rs="m")]
     printer = LoopPrinter(refs, scalars, widths={d + 1: sp.Symbol("m")},
-                          failure=("for i in range(d * m):", "    out[i] = np.nan", "return"))
+                          failure=("for i in range(d * m):", "    out[i] = np.nan", "return"),
+                          calls=calls)
     printer.steps(factor, outputs)
     body = printer.lines
     printer.lines = []
     if mean is not None:
         printer.steps(mean, [Buffer("out", "d", "1", off="d", rs="m")])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
-    offsets = [f"{o} = {code}" for o, code in printer.offsets]
     counted = any("_kernels." in line for line in body)    # a call that allocates
     return LoopFunction(name, ("data", "k", "d", "m", "y", "out", "ws"), doc,
-                        _used(lines, body) + offsets + body,
+                        _used(lines, body) + printer.prologue() + body,
                         mark="_compiled_later(counted=True)" if counted else "_compiled_later()")
 
 
@@ -1635,7 +1679,7 @@ def head_parts(name, doc, inputs, parts, mean_parts=None, state=None, guards=())
         printer.steps(mean_parts, [])
         body = body + ["if m > d:"] + [f"    {line}" for line in printer.lines]
     return LoopFunction(name, ("data", "k", "d", "m", "Z", "A", "C", "M", "N", "r"), doc,
-                        checks + _used(lines, body) + body + ["return True"],
+                        checks + _used(lines, body) + printer.prologue() + body + ["return True"],
                         mark="_compiled_later(counted=True)")
 
 

@@ -235,7 +235,9 @@ With :math:`G` the gain of :math:`B = sKL`, :math:`E = (I_k + BB^T)^{-1}` and
 def compiled_functions():
     """The printed head body and Jacobian parts (``field_body``, ``field_parts``)."""
     field, mean, parts, mean_parts = head_programs()
-    return [S.head_body("field_body", _BODY_DOC, INPUTS, field, mean),
+    # the products by calls: L2's head is the largest to compile, and next to its gain a
+    # call per product is a few per cent of an evaluation
+    return [S.head_body("field_body", _BODY_DOC, INPUTS, field, mean, calls=True),
             S.head_parts("field_parts", _PARTS_DOC, INPUTS, parts, mean_parts,
                          guards=("_kernels.spread_ok(Z, d)",))]
 

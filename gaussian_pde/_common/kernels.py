@@ -38,6 +38,21 @@ def mm(A, B, C):
 
 
 @compiled_later()
+def product(X, xo, xr, Y, yo, yr, T, to, tr, n, c, q):
+    r"""``T = X Y`` on flat row-major buffers, each entry summed over ``p`` in increasing order from 0.0.
+
+    Entry ``(i, j)`` of ``X`` is ``X[xo + i xr + j]`` (likewise ``Y``, ``T``); ``T`` is
+    ``n x c``, the sums of ``q`` terms. Offsets, strides and sizes unsigned.
+    """
+    for i in range(n):
+        for j in range(c):
+            acc = 0.0
+            for p in range(q):
+                acc += X[xo + i * xr + p] * Y[yo + p * yr + j]
+            T[to + i * tr + j] = acc
+
+
+@compiled_later()
 def copy2(dst, src):
     """``dst[:, :] = src`` (2-D) as loops.
 

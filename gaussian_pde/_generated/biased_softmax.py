@@ -150,37 +150,44 @@ def field_body(data, k, d, m, y, out, ws):
     (``gaussian_pde.attention._compiled_fields``).
     """
     c = data[0]
-    o_P = 0
-    o_B = o_P + (d + 2 * k) * d
-    o_Pa = o_B + d * k
-    o_Qb = o_Pa + d + 2 * k
-    for i in range(d + 2 * k):
+    o_P = np.uint64(0)
+    o_B = np.uint64(o_P + (d + 2 * k) * d)
+    o_Pa = np.uint64(o_B + d * k)
+    o_Qb = np.uint64(o_Pa + d + 2 * k)
+    b0 = np.uint64(d + 2 * k)
+    b1 = np.uint64(1)
+    b2 = np.uint64(o_P + d * d)
+    b3 = np.uint64(o_P + (d + k) * d)
+    b4 = np.uint64(o_Pa + d + k)
+    b5 = np.uint64(1 + (d + 2 * k) * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
+    for i in range(b0):
         for j in range(d):
             acc = 0.0
             for p in range(d):
-                acc += data[1 + i * d + p] * y[p * m + j]
+                acc += data[b1 + i * d + p] * y[p * m + j]
             ws[o_P + i * d + j] = acc
     for i in range(d):
         for j in range(k):
             acc = 0.0
             for p in range(d):
-                acc += ws[o_P + i * d + p] * ws[o_P + d * d + p + j * d]
+                acc += ws[o_P + i * d + p] * ws[b2 + p + j * d]
             ws[o_B + i * k + j] = acc
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += ws[o_B + i * k + p] * ws[o_P + (d + k) * d + p * d + j]
+                acc += ws[o_B + i * k + p] * ws[b3 + p * d + j]
             out[i * m + j] = acc
     if m > d:
-        for i in range(d + 2 * k):
+        for i in range(b0):
             ws[o_Pa + i] = 0.0
         for p in range(d):
             yp = y[d + p * m]
-            for i in range(d + 2 * k):
-                ws[o_Pa + i] += data[1 + i * d + p] * yp
+            for i in range(b0):
+                ws[o_Pa + i] += data[b1 + i * d + p] * yp
         for i in range(k):
-            ws[o_Qb + i] = ws[o_Pa + d + k + i] + data[1 + (d + 2 * k) * d + i]
+            ws[o_Qb + i] = ws[b4 + i] + data[b5 + i]
         for i in range(d):
             out[d + i * m] = 0.0
         for p in range(k):
@@ -201,14 +208,19 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     (:math:`d\alpha'[d\Sigma] = A\,d\Sigma\,r`). ``Z``: the state as a ``d x m`` array.
     """
     c = data[0]
+    b0 = np.uint64(1)
+    b1 = np.uint64(1 + d * d)
+    b2 = np.uint64(1 + (d + k) * d)
+    b3 = np.uint64(1 + (d + 2 * k) * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
     for i in range(d):
         for j in range(d):
-            A[i, j] = data[1 + i * d + j]
+            A[i, j] = data[b0 + i * d + j]
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += data[1 + d * d + i + p * d] * data[1 + (d + k) * d + p * d + j]
+                acc += data[b1 + i + p * d] * data[b2 + p * d + j]
             C[i, j] = acc
     S = np.empty((d, d))
     for i in range(d):
@@ -238,9 +250,9 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
         for i in range(d):
             t1[i, 0] = 0.0
         for p in range(k):
-            yp = data[1 + (d + 2 * k) * d + p]
+            yp = data[b3 + p]
             for i in range(d):
-                t1[i, 0] += data[1 + d * d + i + p * d] * yp
+                t1[i, 0] += data[b1 + i + p * d] * yp
         for i in range(d):
             r[i] = 0.0
         for p in range(d):

@@ -157,55 +157,36 @@ def field_body(data, k, d, m, y, out, ws):
     compiled by Numba (``gaussian_pde.attention._compiled_fields``).
     """
     s = data[1]
-    o_B = 0
-    o_G = o_B + k * d
-    o_t0 = o_G + d * k
-    o_t1 = o_t0 + k * k
-    o_X = o_t1 + k * d
-    o_GQ = o_X + d * d
-    o_t2 = o_GQ + d * d
-    o_QmK = o_t2 + k * d
-    o_QKa = o_QmK + k * d
-    o_Xa = o_QKa + k
-    o_Ga = o_Xa + d
-    for i in range(k):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[2 + d * d + i * d + p] * y[p * m + j]
-            ws[o_B + i * d + j] = acc
+    o_B = np.uint64(0)
+    o_G = np.uint64(o_B + k * d)
+    o_t0 = np.uint64(o_G + d * k)
+    o_t1 = np.uint64(o_t0 + k * k)
+    o_X = np.uint64(o_t1 + k * d)
+    o_GQ = np.uint64(o_X + d * d)
+    o_t2 = np.uint64(o_GQ + d * d)
+    o_QmK = np.uint64(o_t2 + k * d)
+    o_QKa = np.uint64(o_QmK + k * d)
+    o_Xa = np.uint64(o_QKa + k)
+    o_Ga = np.uint64(o_Xa + d)
+    b0 = np.uint64(2 + d * d)
+    b1 = np.uint64(0)
+    b2 = np.uint64(2)
+    b3 = np.uint64(2 + d * d + k * d)
+    b4 = np.uint64(2 + d * d + k * d + k * d + d * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
+    _kernels.product(data, b0, d, y, b1, m, ws, o_B, d, k, d, d)
     if not _kernels.gain(ws[o_B:o_B + k * d].reshape((k, d)), ws[o_G:o_G + d * k].reshape((d, k)), ws[o_t0:o_t0 + k * k].reshape((k, k)), ws[o_t1:o_t1 + k * d].reshape((k, d)), ws[o_t0:o_t0 + k * k].reshape((k, k)), False):
         for i in range(d * m):
             out[i] = np.nan
         return
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[2 + i * d + p] * y[p * m + j]
-            ws[o_X + i * d + j] = acc
-    for i in range(k):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += data[2 + d * d + k * d + i * d + p] * y[p * m + j]
-            ws[o_t2 + i * d + j] = acc
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(k):
-                acc += ws[o_G + i * k + p] * ws[o_t2 + p * d + j]
-            ws[o_GQ + i * d + j] = acc
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += ws[o_X + i * d + p] * ws[o_GQ + p * d + j]
-            out[i * m + j] = acc
+    _kernels.product(data, b2, d, y, b1, m, ws, o_X, d, d, d, d)
+    _kernels.product(data, b3, d, y, b1, m, ws, o_t2, d, k, d, d)
+    _kernels.product(ws, o_G, k, ws, o_t2, d, ws, o_GQ, d, d, d, k)
+    _kernels.product(ws, o_X, d, ws, o_GQ, d, out, b1, m, d, d, d)
     if m > d:
         for i in range(k):
             for j in range(d):
-                ws[o_QmK + i * d + j] = data[2 + d * d + k * d + i * d + j] - data[2 + d * d + k * d + k * d + d * d + i * d + j]
+                ws[o_QmK + i * d + j] = data[b3 + i * d + j] - data[b4 + i * d + j]
         for i in range(k):
             ws[o_QKa + i] = 0.0
         for p in range(d):
@@ -217,7 +198,7 @@ def field_body(data, k, d, m, y, out, ws):
         for p in range(d):
             yp = y[d + p * m]
             for i in range(d):
-                ws[o_Xa + i] += data[2 + i * d + p] * yp
+                ws[o_Xa + i] += data[b2 + i * d + p] * yp
         for i in range(d):
             ws[o_Ga + i] = 0.0
         for p in range(k):
@@ -248,12 +229,17 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
         return False
     c = data[0]
     s = data[1]
+    b0 = np.uint64(2 + d * d)
+    b1 = np.uint64(2 + d * d + k * d + k * d + d * d)
+    b2 = np.uint64(2 + d * d + k * d)
+    b3 = np.uint64(2 + d * d + k * d + k * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
     B = np.empty((k, d))
     for i in range(k):
         for j in range(d):
             acc = 0.0
             for p in range(d):
-                acc += data[2 + d * d + i * d + p] * Z[p, j]
+                acc += data[b0 + i * d + p] * Z[p, j]
             B[i, j] = acc
     G = np.empty((d, k))
     t0 = np.empty((k, k))
@@ -272,7 +258,7 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += LG[i, p] * data[2 + d * d + k * d + k * d + d * d + p * d + j]
+                acc += LG[i, p] * data[b1 + p * d + j]
             LGK[i, j] = acc
     Xi = np.empty((d, d))
     for i in range(d):
@@ -283,32 +269,32 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += LG[i, p] * data[2 + d * d + k * d + p * d + j]
+                acc += LG[i, p] * data[b2 + p * d + j]
             LGQ[i, j] = acc
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(d):
-                acc += data[2 + d * d + k * d + k * d + i * d + p] * Xi[p, j]
+                acc += data[b3 + i * d + p] * Xi[p, j]
             A[i, j] = acc * (2.0 * c)
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(d):
-                acc += data[2 + d * d + k * d + k * d + i * d + p] * LGQ[p, j]
+                acc += data[b3 + i * d + p] * LGQ[p, j]
             M[i, j] = acc * (2.0 * c / s)
     EQ = np.empty((k, d))
     for i in range(k):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += E[i, p] * data[2 + d * d + k * d + p * d + j]
+                acc += E[i, p] * data[b2 + p * d + j]
             EQ[i, j] = acc
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += data[2 + d * d + k * d + k * d + d * d + i + p * d] * EQ[p, j]
+                acc += data[b1 + i + p * d] * EQ[p, j]
             C[i, j] = acc
     if m > d:
         for i in range(d):
@@ -317,7 +303,7 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
         QmK = np.empty((k, d))
         for i in range(k):
             for j in range(d):
-                QmK[i, j] = data[2 + d * d + k * d + i * d + j] - data[2 + d * d + k * d + k * d + d * d + i * d + j]
+                QmK[i, j] = data[b2 + i * d + j] - data[b1 + i * d + j]
         QKa = np.empty((k, 1))
         for i in range(k):
             QKa[i, 0] = 0.0
@@ -337,5 +323,5 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
         for p in range(k):
             yp = Eq[p, 0]
             for i in range(d):
-                r[i] += data[2 + d * d + k * d + k * d + d * d + i + p * d] * yp
+                r[i] += data[b1 + i + p * d] * yp
     return True

@@ -118,25 +118,30 @@ def field_body(data, k, d, m, y, out, ws):
     ``data = [c, cV, K, Q]`` (row-major); ``out`` receives :math:`Z'`; ``ws``: scratch.
     Plain Python, compiled by Numba (``gaussian_pde.attention._compiled_fields``).
     """
-    o_P = 0
-    o_B = o_P + (d + 2 * k) * m
-    for i in range(d + 2 * k):
+    o_P = np.uint64(0)
+    o_B = np.uint64(o_P + (d + 2 * k) * m)
+    b0 = np.uint64(d + 2 * k)
+    b1 = np.uint64(1)
+    b2 = np.uint64(o_P + d * m)
+    b3 = np.uint64(o_P + (d + k) * m)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
+    for i in range(b0):
         for j in range(m):
             acc = 0.0
             for p in range(d):
-                acc += data[1 + i * d + p] * y[p * m + j]
+                acc += data[b1 + i * d + p] * y[p * m + j]
             ws[o_P + i * m + j] = acc
     for i in range(d):
         for j in range(k):
             acc = 0.0
             for p in range(m):
-                acc += ws[o_P + i * m + p] * ws[o_P + d * m + p + j * m]
+                acc += ws[o_P + i * m + p] * ws[b2 + p + j * m]
             ws[o_B + i * k + j] = acc
     for i in range(d):
         for j in range(m):
             acc = 0.0
             for p in range(k):
-                acc += ws[o_B + i * k + p] * ws[o_P + (d + k) * m + p * m + j]
+                acc += ws[o_B + i * k + p] * ws[b3 + p * m + j]
             out[i * m + j] = acc
 
 
@@ -147,14 +152,18 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     :math:`A = cV`, :math:`C = K^TQ` (:math:`dM[dP] = A\,dP\,C`, :math:`P = ZZ^T`),
     :math:`M = A(ZZ^T)C`; ``N`` and ``r`` are not used. ``Z``: the state as a ``d x m`` array.
     """
+    b0 = np.uint64(1)
+    b1 = np.uint64(1 + d * d)
+    b2 = np.uint64(1 + (d + k) * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
     for i in range(d):
         for j in range(d):
-            A[i, j] = data[1 + i * d + j]
+            A[i, j] = data[b0 + i * d + j]
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += data[1 + d * d + i + p * d] * data[1 + (d + k) * d + p * d + j]
+                acc += data[b1 + i + p * d] * data[b2 + p * d + j]
             C[i, j] = acc
     P2 = np.empty((d, d))
     for i in range(d):

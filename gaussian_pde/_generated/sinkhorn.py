@@ -161,10 +161,12 @@ def field_body(data, k, d, m, y, out, ws):
     row-major); ``ws``: scratch. Plain Python, compiled by Numba
     (``gaussian_pde.attention._compiled_fields``).
     """
-    o_AL = 0
-    o_B = o_AL + d * d
-    o_BPhi = o_B + d * d
-    o_VL = o_BPhi + d * d
+    o_AL = np.uint64(0)
+    o_B = np.uint64(o_AL + d * d)
+    o_BPhi = np.uint64(o_B + d * d)
+    o_VL = np.uint64(o_BPhi + d * d)
+    b0 = np.uint64(d * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
     for i in range(d):
         for j in range(d):
             acc = 0.0
@@ -196,7 +198,7 @@ def field_body(data, k, d, m, y, out, ws):
         for j in range(d):
             acc = 0.0
             for p in range(d):
-                acc += data[d * d + i * d + p] * y[p * m + j]
+                acc += data[b0 + i * d + p] * y[p * m + j]
             ws[o_VL + i * d + j] = acc
     for i in range(d):
         for j in range(d):
@@ -210,4 +212,4 @@ def field_body(data, k, d, m, y, out, ws):
         for p in range(d):
             yp = y[d + p * m]
             for i in range(d):
-                out[d + i * m] += data[d * d + i * d + p] * yp
+                out[d + i * m] += data[b0 + i * d + p] * yp

@@ -140,38 +140,44 @@ def field_body(data, k, d, m, y, out, ws):
     (``gaussian_pde.attention._compiled_fields``).
     """
     c = data[0]
-    o_P = 0
-    o_B = o_P + (d + 2 * k) * d
-    o_Pa = o_B + d * k
-    for i in range(d + 2 * k):
+    o_P = np.uint64(0)
+    o_B = np.uint64(o_P + (d + 2 * k) * d)
+    o_Pa = np.uint64(o_B + d * k)
+    b0 = np.uint64(d + 2 * k)
+    b1 = np.uint64(1)
+    b2 = np.uint64(o_P + d * d)
+    b3 = np.uint64(o_P + (d + k) * d)
+    b4 = np.uint64(o_Pa + d + k)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
+    for i in range(b0):
         for j in range(d):
             acc = 0.0
             for p in range(d):
-                acc += data[1 + i * d + p] * y[p * m + j]
+                acc += data[b1 + i * d + p] * y[p * m + j]
             ws[o_P + i * d + j] = acc
     for i in range(d):
         for j in range(k):
             acc = 0.0
             for p in range(d):
-                acc += ws[o_P + i * d + p] * ws[o_P + d * d + p + j * d]
+                acc += ws[o_P + i * d + p] * ws[b2 + p + j * d]
             ws[o_B + i * k + j] = acc
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += ws[o_B + i * k + p] * ws[o_P + (d + k) * d + p * d + j]
+                acc += ws[o_B + i * k + p] * ws[b3 + p * d + j]
             out[i * m + j] = acc
     if m > d:
-        for i in range(d + 2 * k):
+        for i in range(b0):
             ws[o_Pa + i] = 0.0
         for p in range(d):
             yp = y[d + p * m]
-            for i in range(d + 2 * k):
-                ws[o_Pa + i] += data[1 + i * d + p] * yp
+            for i in range(b0):
+                ws[o_Pa + i] += data[b1 + i * d + p] * yp
         for i in range(d):
             out[d + i * m] = 0.0
         for p in range(k):
-            yp = ws[o_Pa + d + k + p]
+            yp = ws[b4 + p]
             for i in range(d):
                 out[d + i * m] += ws[o_B + i * k + p] * yp
         for i in range(d):
@@ -188,14 +194,18 @@ def field_parts(data, k, d, m, Z, A, C, M, N, r):
     (:math:`d\alpha'[d\Sigma] = A\,d\Sigma\,r`). ``Z``: the state as a ``d x m`` array.
     """
     c = data[0]
+    b0 = np.uint64(1)
+    b1 = np.uint64(1 + d * d)
+    b2 = np.uint64(1 + (d + k) * d)
+    k, d, m = np.uint64(k), np.uint64(d), np.uint64(m)
     for i in range(d):
         for j in range(d):
-            A[i, j] = data[1 + i * d + j]
+            A[i, j] = data[b0 + i * d + j]
     for i in range(d):
         for j in range(d):
             acc = 0.0
             for p in range(k):
-                acc += data[1 + d * d + i + p * d] * data[1 + (d + k) * d + p * d + j]
+                acc += data[b1 + i + p * d] * data[b2 + p * d + j]
             C[i, j] = acc
     S = np.empty((d, d))
     for i in range(d):
