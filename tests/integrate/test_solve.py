@@ -466,7 +466,8 @@ def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
     one, the NumPy reference (``factor_rhs``, ``moment_rhs``) otherwise; the two sum in
     different orders, and the event loop's ``"auto"`` (LSODA, whose order and step
     choices follow that rounding) takes nearly the same steps: the same status, blow-up
-    times within 1e-10 and final states within 1e-7 (rounding grown along trajectories
+    times within 1e-9 (ten times rtol: a step or an order taken differently moves the
+    located blow-up by the runs' own error) and final states within 1e-7 (rounding grown along trajectories
     whose covariance grows a million times, within the runs' own error at rtol 1e-10),
     with a mean and without, over six settings whose covariance finishes or blows up.
     The default (the compiled engine) agrees with the NumPy field's run to its
@@ -487,7 +488,7 @@ def test_solve_evaluates_the_compiled_field_where_a_type_has_one(kind):
             assert a.status == b.status == c.status, (seed, a.message, b.message)
             statuses.add(str(a.status))
             if a.status == "blowup":
-                assert abs(a.t_blowup - b.t_blowup) <= 1e-10 * a.t_blowup
+                assert abs(a.t_blowup - b.t_blowup) <= 1e-9 * a.t_blowup
                 # the engine's DOP853 against the event loop's LSODA (the "auto" of a run
                 # with user events), both at rtol 1e-10
                 assert abs(c.t_blowup - b.t_blowup) <= 1e-8 * a.t_blowup
