@@ -375,13 +375,14 @@ class _StepEnd:
 
     def __init__(self, reason, t0, y0):
         self.reason_at, self.reason = reason, None
-        self.t0 = t0
+        self.t0, self.looked = t0, False
         self.t_last, self.y_last = t0, np.array(y0, dtype=float)
         self.t_stop = self.y_stop = None
 
     def __call__(self, t, y):
         if self.t_stop is None:
-            if t == self.t0:         # solve_ivp's look at the initial state
+            if not self.looked:      # solve_ivp's look at the initial state
+                self.looked = True
                 return 1.0
             self.reason = self.reason_at(t, y)
             if self.reason is None:

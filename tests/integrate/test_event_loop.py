@@ -114,3 +114,13 @@ def test_compiled_solves_in_threads_match_serial():
     for (c1, s1, n1), (c2, s2, n2) in zip(serial, parallel):
         np.testing.assert_array_equal(c1, c2)
         assert s1 == s2 and n1 == n2
+
+
+def test_a_span_below_lsodas_step_ends_at_the_budget():
+    """A span so short that LSODA's first step does not move t (``t + h == t``): every
+    step end after the first look counts against the budget, so the run stops ``failed``
+    at the budget instead of stepping in place for ever."""
+    att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
+    s = gp.solve(att, None, np.eye(2), (0.0, 1e-300), events=[lambda t, mean, cov: 1.0],
+                 max_nfev=500)
+    assert s.status == "failed" and s.nfev <= 510 and "500" in s.message
