@@ -375,7 +375,7 @@ class _StepEnd:
 
     def __init__(self, reason, t0, y0):
         self.reason_at, self.reason = reason, None
-        self.t0, self.looked = t0, False
+        self.looked = False
         self.t_last, self.y_last = t0, np.array(y0, dtype=float)
         self.t_stop = self.y_stop = None
 
