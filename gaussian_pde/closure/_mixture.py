@@ -83,6 +83,7 @@ from .._common.validation import (
 )
 from ..attention import quadratic_heads
 from ..integrate import METHODS, Status, integrate_system, run_options
+from ..integrate._solve import Run
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
 
@@ -837,6 +838,47 @@ def _check_size(mixture, system, opts, merge_tol, method):
     return per_eval
 
 
+def _solve_engine(heads, mixture, system, y0, opts):
+    r"""``method="auto"`` on the compiled engine; None where a head has no kernel there.
+
+    The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
+    :func:`gaussian_pde.integrate._compiled_batch.integrate_one`, its field the kernel of
+    :mod:`._mixture_field`, which also leaves a factor of the total covariance for the
+    events (``CoreOptions.cov_rows``): DOP853 with the stiffness switch to RODAS4P2
+    (central-difference Jacobian), the blow-up look, steady state and rank collapse on
+    :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and messages of
+    :func:`gaussian_pde.solve`.
+    """
+    from ..integrate import _compiled_batch as core
+    from ..integrate._events import rank_first
+    from ..integrate._solve import _strictly_increasing
+    from . import _mixture_field as mf
+
+    params = mf.pack(heads, mixture.weights, system.Z, system.W)
+    if params is None:
+        return None
+    K, d = mixture.K, mixture.d
+    fields = (*mf.kernels(), params, mf.ws_size(d, K))
+    ev = opts.events
+    cov0 = mixture.total_cov
+    first = d if ev.rank_tol is None else int(rank_first(cov0, ev.rank_tol))
+    tr0 = max(system.trace(y0), np.finfo(float).tiny)
+    out = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=(d, K * (d + 1)))
+    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
+        ["rank_collapse"] if first < d else [])
+    t_events = {k: np.empty(0) for k in names}
+    t_events["blowup"] = out.crossings
+    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
+        t_events[str(out.status)] = np.array([out.t])
+    message = out.message
+    if out.stiff_from is not None:
+        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4P2"
+    t, y = _strictly_increasing(out.t_rec, out.y_rec)
+    return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
+               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
+               stiff_from=out.stiff_from)
+
+
 def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
                   method="auto", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
                   steady_tol=None, steady_atol=0.0, rank_tol=None, merge_tol=None,
@@ -964,8 +1006,12 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     if not all(np.all(np.isfinite(f)) for f in f0):
         raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
                          "nodes overflows float64; rescale the data or the weights.")
-    jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
-    run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
+    run = None
+    if auto and not events and opts.first_step is None:
+        run = _solve_engine(heads, mixture, system, y0, opts)
+    if run is None:
+        jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
+        run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
     means, L = system.split(run.y)
     mf, Lf = system.split(run.y_final)
     t_events = dict(run.t_events)

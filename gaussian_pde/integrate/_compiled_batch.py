@@ -134,6 +134,15 @@ class CoreOptions(typing.NamedTuple):
         field's measure of the state (``ws[0]`` after ``rhs`` at it) passes ``tr0``
         times ``blowup_threshold``; the steps land on ``t_eval``, whose output is the
         whole state.
+    cov_rows, cov_cols : int
+        A plain state with a covariance (``cov_rows > 0``): its field's ``rhs`` leaves in
+        ``ws`` the trace of the covariance (``ws[0]``), a factor :math:`F` of it
+        (``cov_rows x cov_cols``, row-major, from ``ws[1]``) and its rate :math:`F'` after
+        it; called with ``m = 0`` it leaves the trace and :math:`F` only (no rate, no
+        evaluation counted). The factor events then run on :math:`\Sigma = FF^T` as on
+        :math:`LL^T`: the blow-up look, steady state and rank collapse, located on the
+        dense output; the steps do not land on ``t_eval`` and there is no growth stop.
+        Zero: none (the growth stop above).
     """
 
     atol: float
@@ -150,6 +159,8 @@ class CoreOptions(typing.NamedTuple):
     steady_on: bool
     ws_size: int
     plain: bool
+    cov_rows: int
+    cov_cols: int
 
 
 class Field(typing.NamedTuple):
@@ -192,8 +203,10 @@ class Work(typing.NamedTuple):
         coefficients.
     U, J, W : ndarray, (6, n), (n, n), (n, n)
         RODAS4P2's stages, the Jacobian and :math:`I/(\gamma h) - J` (its LU factors).
-    ev : ndarray, (2,)
-        The steady-state and rank-collapse events' last values.
+    ev : ndarray, (2,) or more
+        The steady-state and rank-collapse events' last values; then (a plain state with
+        a covariance, ``CoreOptions.cov_rows``) the field's measures at the step's end
+        (``ws[0]`` to ``ws[2 cov_rows cov_cols]``).
     piv, have, p_out : ndarray of int, (n,), (1,), (1,)
         The LU factors' pivots; 1 where ``F`` holds the current step's coefficients; the
         next output time's index in ``t_eval``.
@@ -369,6 +382,14 @@ def _l_trace(Z, d):
     return acc
 
 
+def _f_rate(F, dF):
+    """``2 <F, F'>``: the rate of ``tr(FF^T)`` (flat factors)."""
+    acc = 0.0
+    for i in range(F.size):
+        acc += F[i] * dF[i]
+    return 2.0 * acc
+
+
 def _l_dot(Z, dZ, d):
     acc = 0.0
     for i in range(d):
@@ -388,7 +409,8 @@ def _guard(Ys, ymax):
     return False
 
 
-def _steady_gap(y, f, d, m, tol, atol):
+def _steady_gap(y, f, d, m, cols, tol, atol):
+    """The steady-state event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
     Z = y.reshape((d, m))
     dZ = f.reshape((d, m))
     nc = 0.0
@@ -397,7 +419,7 @@ def _steady_gap(y, f, d, m, tol, atol):
         for j in range(d):
             c = 0.0
             e = 0.0
-            for p in range(d):
+            for p in range(cols):
                 c += Z[i, p] * Z[j, p]
                 e += dZ[i, p] * Z[j, p] + Z[i, p] * dZ[j, p]
             nc += c * c
@@ -405,13 +427,14 @@ def _steady_gap(y, f, d, m, tol, atol):
     return math.log(math.sqrt(nd) + 1e-300) - math.log(tol * math.sqrt(nc) + atol + 1e-300)
 
 
-def _rank_gap(y, d, m, first, rank_tol):
+def _rank_gap(y, d, m, cols, first, rank_tol):
+    """The rank-collapse event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
     Z = y.reshape((d, m))
     S = np.empty((d, d))
     for i in range(d):
         for j in range(d):
             c = 0.0
-            for p in range(d):
+            for p in range(cols):
                 c += Z[i, p] * Z[j, p]
             S[i, j] = c
     if not _finite(S.ravel()):
@@ -709,19 +732,32 @@ def _dense_at(fld, y, h, imp, x, wk):
 def _located(fld, row, opt, wk, t, h, imp):
     """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
     d, m, y, ynew, xa, xb, ev, first = fld.d, fld.m, row.y, wk.ynew, wk.xa, wk.xb, wk.ev, row.first
+    # a plain state with a covariance: the events read the field's factor F and rate F'
+    # (saved at the step's end in ev[3:], fresh in ws after a call at a dense point)
+    c, q, ws = opt.cov_rows, opt.cov_cols, wk.ws
+    cq = c * q
     stop_t = np.inf
     kind = 0
     extra = 0
     if opt.steady_on:
-        g_new = _steady_gap(ynew, wk.fnew, d, m, opt.steady_tol, opt.steady_atol)
+        if c > 0:
+            g_new = _steady_gap(ev[3:3 + cq], ev[3 + cq:3 + 2 * cq], c, q, q, opt.steady_tol,
+                                opt.steady_atol)
+        else:
+            g_new = _steady_gap(ynew, wk.fnew, d, m, d, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
                 extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-                fld.rhs(fld.P, d, m, xa, xb, wk.ws)
+                fld.rhs(fld.P, d, m, xa, xb, ws)
                 extra += 1
-                if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
+                if c > 0:
+                    gap = _steady_gap(ws[1:1 + cq], ws[1 + cq:1 + 2 * cq], c, q, q,
+                                      opt.steady_tol, opt.steady_atol)
+                else:
+                    gap = _steady_gap(xa, xb, d, m, d, opt.steady_tol, opt.steady_atol)
+                if gap > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -729,14 +765,22 @@ def _located(fld, row, opt, wk, t, h, imp):
             kind = 1
         ev[0] = g_new
     if opt.rank_tol >= 0:
-        g_new = _call(fld.fns, RANK_GAP, ynew, d, m, first, opt.rank_tol)
-        if ev[1] > 0 and g_new <= 0 and first < d:
+        if c > 0:
+            g_new = _call(fld.fns, RANK_GAP, ev[3:3 + cq], c, q, q, first, opt.rank_tol)
+        else:
+            g_new = _call(fld.fns, RANK_GAP, ynew, d, m, d, first, opt.rank_tol)
+        if ev[1] > 0 and g_new <= 0 and first < (c if c > 0 else d):
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
                 extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
                 extra += 1
-                if _call(fld.fns, RANK_GAP, xa, d, m, first, opt.rank_tol) > 0:
+                if c > 0:        # the factor alone (m = 0: no rate)
+                    fld.rhs(fld.P, d, 0, xa, xb, ws)
+                    gap = _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, first, opt.rank_tol)
+                else:
+                    gap = _call(fld.fns, RANK_GAP, xa, d, m, d, first, opt.rank_tol)
+                if gap > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -760,19 +804,32 @@ def _store(y, d, m, cov_out, mean_out, j):
             mean_out[j, i] = Z[i, d]
 
 
-def _blowup_look(fld, t, wk):
-    """:func:`~gaussian_pde.integrate._events.blowup_extrapolate` at the step end: ``(t*, finite)``."""
+def _blowup_look(fld, opt, t, wk):
+    """:func:`~gaussian_pde.integrate._events.blowup_extrapolate` at the step end: ``(t*, finite)``.
+
+    The trace and its rate: of :math:`LL^T`, or (a plain state with a covariance) the
+    field's measures, at the step's end (``wk.ev``) and at the probe (``wk.ws``).
+    """
     d, m, ynew, fnew, tmp, tmp2 = fld.d, fld.m, wk.ynew, wk.fnew, wk.tmp, wk.tmp2
-    Z = ynew.reshape((d, m))
-    tr = _l_trace(Z, d)
-    dtr = _l_dot(Z, fnew.reshape((d, m)), d)
+    cq = opt.cov_rows * opt.cov_cols
+    if cq > 0:
+        tr = wk.ev[2]
+        dtr = _f_rate(wk.ev[3:3 + cq], wk.ev[3 + cq:3 + 2 * cq])
+    else:
+        Z = ynew.reshape((d, m))
+        tr = _l_trace(Z, d)
+        dtr = _l_dot(Z, fnew.reshape((d, m)), d)
     hh = _PROBE * tr / (dtr if dtr > 0 else 1.0)
     for i in range(ynew.size):
         tmp[i] = ynew[i] + hh * fnew[i]
     fld.rhs(fld.P, d, m, tmp, tmp2, wk.ws)
-    Z2 = tmp.reshape((d, m))
-    tr2 = _l_trace(Z2, d)
-    dtr2 = _l_dot(Z2, tmp2.reshape((d, m)), d)
+    if cq > 0:
+        tr2 = wk.ws[0]
+        dtr2 = _f_rate(wk.ws[1:1 + cq], wk.ws[1 + cq:1 + 2 * cq])
+    else:
+        Z2 = tmp.reshape((d, m))
+        tr2 = _l_trace(Z2, d)
+        dtr2 = _l_dot(Z2, tmp2.reshape((d, m)), d)
     u = 1.0 / tr
     du = -(dtr / tr) / tr
     du2 = (-(dtr2 / tr2) / tr2 - du) / hh
@@ -961,10 +1018,19 @@ def _steps(fld, row, opt, wk):
         return
     if t_eval.size == 0 and row.rec_t.size > 0:
         _record(t0, y, row.rec_t, row.rec_y, row.nrec)
+    c, q, ws = opt.cov_rows, opt.cov_cols, wk.ws
+    cq = c * q
     if opt.steady_on:
-        wk.ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+        if c > 0:
+            wk.ev[0] = _steady_gap(ws[1:1 + cq], ws[1 + cq:1 + 2 * cq], c, q, q, opt.steady_tol,
+                                   opt.steady_atol)
+        else:
+            wk.ev[0] = _steady_gap(y, f, d, m, d, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, row.first, opt.rank_tol)
+        if c > 0:
+            wk.ev[1] = _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, row.first, opt.rank_tol)
+        else:
+            wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, d, row.first, opt.rank_tol)
     imp = method == 2
     h_abs = _call(fld.fns, INITIAL_STEP, fld, y, wk, opt, -0.25 if imp else -0.125)
     nfev += 1
@@ -983,7 +1049,7 @@ def _steps(fld, row, opt, wk):
         if h_abs > max_step:
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
-        if opt.plain and wk.p_out[0] < t_eval.size:     # a plain state lands on t_eval
+        if opt.plain and c == 0 and wk.p_out[0] < t_eval.size:   # lands on t_eval
             h = _nmin(h, t_eval[wk.p_out[0]] - t)
         err, hlamb, spent, err_exp, max_factor, fresh = _attempt(fld, y, h, imp, fresh, wk,
                                                                  atol, rtol)
@@ -1033,7 +1099,7 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
     tau_new = tau + h
     t_new = base + tau_new
     p, t1 = wk.p_out[0], opt.t1
-    if opt.plain and p < row.t_eval.size and h == row.t_eval[p] - t:
+    if opt.plain and opt.cov_rows == 0 and p < row.t_eval.size and h == row.t_eval[p] - t:
         t_new = row.t_eval[p]          # landed: its output is the step's end, ynew
         tau_new = t_new - base
     elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
@@ -1048,6 +1114,9 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         _copy(fnew, wk.K[_NS])
     # a plain state's measure: the field leaves it in ws[0], and its last call was at ynew
     measure = wk.ws[0] if opt.plain else 0.0
+    cq = opt.cov_rows * opt.cov_cols
+    for i in range(1 + 2 * cq if cq > 0 else 0):     # kept for the events (_located)
+        wk.ev[2 + i] = wk.ws[i]
     if not (_finite(fnew) and _finite(ynew)):
         fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
         return OVERFLOW, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
@@ -1070,18 +1139,18 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         code = STEADY if kind == 1 else RANK
         return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
     looked = False
-    if opt.plain:
+    if opt.plain and cq == 0:
         if not measure <= limit * tr0:
             _copy(y, ynew)
             fres[F_T] = t_new
             return GROWTH, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
-    elif _l_trace(ynew.reshape((fld.d, fld.m)), fld.d) > limit * tr0:
+    elif (wk.ev[2] if cq > 0 else _l_trace(ynew.reshape((fld.d, fld.m)), fld.d)) > limit * tr0:
         # where the trace passed the limit (kept by a single trajectory; located in a
         # batch too, so that both count the same evaluations)
-        xc, extra = _call(fld.fns, CROSSING, fld, y, h, imp, wk, math.log(limit * tr0))
+        xc, extra = _call(fld.fns, CROSSING, fld, opt, y, h, imp, wk, math.log(limit * tr0))
         nfev += extra
         _note_crossing(fres, t + xc * h)
-        tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, t_new, wk)
+        tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, opt, t_new, wk)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
@@ -1179,11 +1248,12 @@ def _log_trace(y, d, m):
     return math.log(max(_l_trace(y.reshape((d, m)), d), 1e-300))
 
 
-def _crossing(fld, y, h, imp, wk, level):
+def _crossing(fld, opt, y, h, imp, wk, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
     Bisection on the dense output to rounding (the time of the blow-up event in the
-    trajectory's ``t_events``); the state there has passed the level.
+    trajectory's ``t_events``); the state there has passed the level. A plain state with a
+    covariance takes the trace from its field's measures (``m = 0``: not counted).
     """
     lo, hi = 0.0, 1.0
     extra = 0
@@ -1192,7 +1262,12 @@ def _crossing(fld, y, h, imp, wk, level):
         if not lo < mid < hi:
             break
         extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-        if _log_trace(wk.xa, fld.d, fld.m) - level >= 0:
+        if opt.cov_rows > 0:
+            fld.rhs(fld.P, fld.d, 0, wk.xa, wk.xb, wk.ws)
+            lt = math.log(max(wk.ws[0], 1e-300))
+        else:
+            lt = _log_trace(wk.xa, fld.d, fld.m)
+        if lt - level >= 0:
             hi = mid
         else:
             lo = mid
@@ -1231,7 +1306,7 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     W = fbuf[o:o + n * n].reshape((n, n))
     o += n * n
     wk = Work(ws, vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6], K, Kx, F, U, J, W,
-              fbuf[o:o + 2], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
+              fbuf[o:fbuf.size], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
     for b in range(lo, hi):
         p = b if params.shape[0] > 1 else 0
         for i in range(ibuf.size):
@@ -1245,8 +1320,9 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
 
 def _scratch_sizes(n, opt):
     """The float and integer scratch (entries) :func:`_drive` needs at state size ``n``."""
-    return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2,
-            2 + n)
+    cq = opt.cov_rows * opt.cov_cols
+    return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2
+            + (1 + 2 * cq if cq > 0 else 0), 2 + n)
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
@@ -1263,7 +1339,7 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
 (RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
-_HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
+_HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_f_rate", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
@@ -1349,7 +1425,7 @@ def _argument_types(rhs_sig, jac_sig):
               ires=T.int64[:, ::1]): "batch",
         named(Clock): "clock",
         T.float64: "h t x atol rtol err_exp level rank_tol",
-        T.int64: "d m first lo hi",
+        T.int64: "d m cols first lo hi",
         T.boolean: "imp",
         vec: "y f fbuf",
         mat: "Z dZ params",
@@ -1586,7 +1662,8 @@ def _core_options(opts, method, ws_size):
         t0=float(opts.t0), t1=float(opts.t1),
         max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
         method=("auto", "DOP853", "rosenbrock").index(method),
-        steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False)
+        steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False, cov_rows=0,
+        cov_cols=0)
 
 
 @dataclasses.dataclass
@@ -1628,7 +1705,7 @@ RECORD_BYTES = 64 * 2**20
 MAX_CROSSINGS = 128
 
 
-def integrate_one(fields, y0, d, m, tr0, first, opts):
+def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
     r"""One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
 
     The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
@@ -1636,7 +1713,9 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
     (or at ``t_eval``) and the times where the trace passed each blow-up threshold,
     located on the dense output to rounding. ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's
     units; ``tr0``, ``first``: the initial trace and the first eigenvalue index of the
-    rank event. Returns a :class:`Trajectory`.
+    rank event. ``cov``: ``(rows, cols)`` of the factor of the covariance that the field
+    leaves in its scratch, for a plain state (``d = n``, ``m = 1``; ``CoreOptions.cov_rows``),
+    whose events then run on that covariance. Returns a :class:`Trajectory`.
     """
     from ._results import Status
 
@@ -1647,6 +1726,8 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
     p0 = int(np.searchsorted(te, opts.t0, side="right"))
     opt = _core_options(opts, "auto", ws_size)
+    if cov is not None:
+        opt = opt._replace(plain=True, cov_rows=int(cov[0]), cov_cols=int(cov[1]))
     while True:
         # written before they are read (the first ``kept`` rows): not zeroed, since the
         # room for a whole budget's steps is megabytes at d = 8
@@ -1783,7 +1864,7 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     opt = CoreOptions(atol=float(atol), rtol=float(rtol), max_step=np.inf, blowup_threshold=1.0,
                       steady_tol=0.0, steady_atol=0.0, rank_tol=-1.0, t0=float(te[0]),
                       t1=float(te[-1]), max_nfev=int(max_nfev), method=2, steady_on=False,
-                      ws_size=max(int(ws_size), 1), plain=True)
+                      ws_size=max(int(ws_size), 1), plain=True, cov_rows=0, cov_cols=0)
     states = np.full((nb, te.size, n), np.nan)
     p0 = int(np.searchsorted(te, te[0], side="right"))
     states[:, :p0] = y0[:, None]
