@@ -410,7 +410,7 @@ def _guard(Ys, ymax):
 
 
 def _steady_gap(y, f, d, m, cols, tol, atol):
-    """The steady-state event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
+    r"""The steady-state event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
     Z = y.reshape((d, m))
     dZ = f.reshape((d, m))
     nc = 0.0
@@ -428,7 +428,7 @@ def _steady_gap(y, f, d, m, cols, tol, atol):
 
 
 def _rank_gap(y, d, m, cols, first, rank_tol):
-    """The rank-collapse event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
+    r"""The rank-collapse event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
     Z = y.reshape((d, m))
     S = np.empty((d, d))
     for i in range(d):
