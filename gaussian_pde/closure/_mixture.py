@@ -87,8 +87,8 @@ from .._common.validation import (
 from ..attention import quadratic_heads
 from ..integrate import METHODS, Status, integrate_system, run_options
 from ..integrate._solve import Run
-from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from . import _mixture_field
+from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
 
 __all__ = [

@@ -85,9 +85,49 @@ def _unpack(P):
     return d, K, kinds, tilts, w, logw, V, A, H, g, Z, W
 
 
+def _lu_solve_logdet(G, X):
+    r"""``X <- G^{-1}X`` and :math:`\log|\det G|`, by LU with partial pivoting, in place.
+
+    Never raises: a state whose :math:`P_k = I + \Sigma_kH` is singular or not finite (a
+    wild trial state of a step, which the step's error test then rejects) gives inf or
+    NaN, where ``numpy.linalg`` would raise.
+    """
+    d = G.shape[0]
+    r = X.shape[1]
+    logdet = 0.0
+    for c in range(d):
+        p = c
+        for i in range(c + 1, d):
+            if abs(G[i, c]) > abs(G[p, c]):
+                p = i
+        if p != c:
+            for j in range(d):
+                G[c, j], G[p, j] = G[p, j], G[c, j]
+            for j in range(r):
+                X[c, j], X[p, j] = X[p, j], X[c, j]
+        piv = G[c, c]
+        logdet += math.log(abs(piv)) if piv != 0.0 else -np.inf
+        for i in range(c + 1, d):
+            f = G[i, c] / piv
+            for j in range(c, d):
+                G[i, j] -= f * G[c, j]
+            for j in range(r):
+                X[i, j] -= f * X[c, j]
+    for c in range(d - 1, -1, -1):
+        for j in range(r):
+            acc = X[c, j]
+            for i in range(c + 1, d):
+                acc -= G[c, i] * X[i, j]
+            X[c, j] = acc / G[c, c]
+    return logdet
+
+
 def _head_terms(kind, tilt, Vh, Ah, Hh, gh, logw, means, covs, coef, outc):
-    """One quadratic head's logit coefficients ``coef`` (K, 1 + d + d^2) and outputs
-    ``outc`` (K, d + d^2): ``[log w_k + a_k, b_k, vec M_k]`` and ``[c_k, vec B_k]``."""
+    """One quadratic head's logit coefficients and outputs, into ``coef`` and ``outc``.
+
+    ``coef[k] = [log w_k + a_k, b_k, vec M_k]`` (``1 + d + d^2``) and
+    ``outc[k] = [c_k, vec B_k]`` (``d + d^2``).
+    """
     K, d = means.shape
     mu = means.copy()
     lw = logw.copy()
@@ -126,8 +166,8 @@ def _head_terms(kind, tilt, Vh, Ah, Hh, gh, logw, means, covs, coef, outc):
                 rhs[i, 0] = mu[k, i]
                 for j in range(d):
                     rhs[i, 1 + j] = SA[i, j]
-            sol = np.linalg.solve(Pk, rhs)
-            sign, logdet = np.linalg.slogdet(Pk)
+            logdet = _lu_solve_logdet(Pk, rhs)
+            sol = rhs
             a = -0.5 * logdet
             for i in range(d):
                 outc[k, i] = sol[i, 0]
@@ -388,7 +428,7 @@ def pack(heads, weights, Z, W):
     return np.concatenate(parts)[None, :]
 
 
-_HELPERS = ("_unpack", "_head_terms", "_add_velocity", "_measures", "_rates")
+_HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_add_velocity", "_measures", "_rates")
 
 
 @functools.cache
