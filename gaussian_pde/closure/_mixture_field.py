@@ -395,8 +395,10 @@ def pack(heads, weights, Z, W):
     Returns
     -------
     ndarray, shape (1, p)
-        Or None where a head is of a kind the kernel does not know.
+        Or None where a head is of a kind the kernel does not know (a head with a
+        ``mixture_field`` of its own other than linear attention's).
     """
+    from ..attention._linear import Linear
     from ..attention._scores import QuadraticScore
 
     K = weights.size
@@ -411,7 +413,7 @@ def pack(heads, weights, Z, W):
             As.append(h.A)
             Hs.append(zero if h.H is None else h.H)
             gs.append(np.zeros(d) if h.g is None else h.g)
-        elif getattr(h, "name", None) == "linear":
+        elif type(h).mixture_field is Linear.mixture_field:     # Linear's own field
             kinds.append(KIND_LINEAR)
             tilts.append(0.0)
             Vs.append(h.V)
