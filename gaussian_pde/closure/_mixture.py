@@ -853,10 +853,13 @@ def _solve_engine(heads, mixture, system, y0, opts):
     The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
     :func:`gaussian_pde.integrate._compiled_batch.integrate_one`, its field the kernel of
     :mod:`._mixture_field`, which also leaves a factor of the total covariance for the
-    events (``CoreOptions.cov_rows``): DOP853 with the stiffness switch to RODAS4P2
-    (central-difference Jacobian), the blow-up look, steady state and rank collapse on
-    :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and messages of
-    :func:`gaussian_pde.solve`.
+    events (``CoreOptions.cov_rows``): DOP853 steps, the blow-up look, steady state and
+    rank collapse on :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and
+    messages of :func:`gaussian_pde.solve`. Returns ``(run, 0, None)``; or, where
+    Hairer's stiffness test fires, ``(None, nfev, t)``: the engine stops there (the field
+    has no closed-form Jacobian, and RODAS4P2 would take one by central differences,
+    :math:`2N` evaluations, at every step) and the caller hands the run to the event
+    loop's LSODA, which reuses its Jacobians.
     """
     from ..integrate import _compiled_batch as core
     from ..integrate._events import rank_first
@@ -870,6 +873,8 @@ def _solve_engine(heads, mixture, system, y0, opts):
     first = d if ev.rank_tol is None else int(rank_first(cov0, ev.rank_tol))
     tr0 = max(system.trace(y0), np.finfo(float).tiny)
     out = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=(d, K * (d + 1)))
+    if out.stiff_stop:
+        return None, out.nfev, out.t
     names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
         ["rank_collapse"] if first < d else [])
     t_events = {k: np.empty(0) for k in names}
@@ -882,7 +887,7 @@ def _solve_engine(heads, mixture, system, y0, opts):
     t, y = _strictly_increasing(out.t_rec, out.y_rec)
     return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
                t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
-               stiff_from=out.stiff_from)
+               stiff_from=out.stiff_from), 0, None
 
 
 def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
@@ -1026,10 +1031,19 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     if not all(np.all(np.isfinite(f)) for f in f0):
         raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
                          "nodes overflows float64; rescale the data or the weights.")
-    run = _solve_engine(heads, mixture, system, y0, opts) if engine else None
+    run, spent, stiff_at = (_solve_engine(heads, mixture, system, y0, opts) if engine
+                            else (None, 0, None))
     if run is None:
         jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
-        run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
+        loop_opts = opts
+        if spent and opts.max_nfev is not None:     # the budget left after the engine
+            loop_opts = dataclasses.replace(opts, max_nfev=max(opts.max_nfev - spent, 1))
+        run = integrate_system(system, y0, loop_opts, method, user_events=events, jac=jac)
+        if stiff_at is not None:
+            run = dataclasses.replace(
+                run, nfev=run.nfev + spent,
+                message=run.message + f"; stiff from t = {stiff_at:.6g} on: LSODA from the "
+                "start (the engine's DOP853 steps up to there counted in nfev)")
     means, L = system.split(run.y)
     mf, Lf = system.split(run.y_final)
     t_events = dict(run.t_events)

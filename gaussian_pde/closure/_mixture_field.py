@@ -209,41 +209,6 @@ def _head_terms(kind, tilt, Vh, Ah, Hh, gh, logw, means, covs, coef, outc):
                 coef[k, 1 + d + i * d + j] = 0.5 * acc
 
 
-def _add_velocity(x, coef, outc, Vh, logit, G):
-    r"""Adds one quadratic head's :math:`V\sum_k\pi_k(x)(c_k + B_kx)` at ``x`` to ``G``."""
-    K = coef.shape[0]
-    d = x.size
-    top = -np.inf
-    for k in range(K):
-        v = coef[k, 0]
-        for i in range(d):
-            v += coef[k, 1 + i] * x[i]
-        for i in range(d):
-            for j in range(d):
-                v += coef[k, 1 + d + i * d + j] * x[i] * x[j]
-        logit[k] = v
-        if v > top:
-            top = v
-    s = 0.0
-    for k in range(K):
-        e = math.exp(logit[k] - top)
-        logit[k] = e
-        s += e
-    mbar = np.zeros(d)
-    for k in range(K):
-        p = logit[k] / s
-        for i in range(d):
-            acc = outc[k, i]
-            for j in range(d):
-                acc += outc[k, d + i * d + j] * x[j]
-            mbar[i] += p * acc
-    for i in range(d):
-        acc = 0.0
-        for j in range(d):
-            acc += Vh[i, j] * mbar[j]
-        G[i] += acc
-
-
 def _measures(w, means, L, dm, dL, ws, rate):
     r"""The trace of :math:`\Sigma_{\mathrm{tot}}`, :math:`F` and (``rate``) :math:`F'` into ``ws``."""
     K, d = means.shape
@@ -319,9 +284,32 @@ def _rates(P, y, out, ws, rate):
         else:
             _head_terms(kind, tilts[h] != 0.0, V[h], A[h], H[h], g[h], logw, means, covs,
                         coef[h], outc[h])
+    # per quadratic head, transposed for loops along the components: the logit
+    # coefficients (F, K) of the features f = (1, x, x (x) x), and the outputs with V
+    # folded in (R, K): (V c_k, vec V B_k)
+    F = 1 + d + d * d
+    R = d + d * d
+    coefT = np.empty((nh, F, K))
+    outT = np.empty((nh, R, K))
+    for h in range(nh):
+        for k in range(K):
+            for f in range(F):
+                coefT[h, f, k] = coef[h, k, f]
+            for i in range(d):
+                acc = 0.0
+                for p in range(d):
+                    acc += V[h, i, p] * outc[h, k, p]
+                outT[h, i, k] = acc
+                for j in range(d):
+                    acc = 0.0
+                    for p in range(d):
+                        acc += V[h, i, p] * outc[h, k, d + p * d + j]
+                    outT[h, d + i * d + j, k] = acc
     x = np.empty(d)
     G = np.empty(d)
+    feat = np.empty(F)
     logit = np.empty(K)
+    r = np.empty(R)
     N = W.size
     for k in range(K):
         point = True
@@ -338,6 +326,11 @@ def _rates(P, y, out, ws, rate):
                         acc += Z[n, p] * L[k, i, p]
                 x[i] = acc
                 G[i] = 0.0
+            feat[0] = 1.0
+            for i in range(d):
+                feat[1 + i] = x[i]
+                for j in range(d):
+                    feat[1 + d + i * d + j] = x[i] * x[j]
             for h in range(nh):
                 if int(kinds[h]) == KIND_LINEAR:
                     for i in range(d):
@@ -345,8 +338,32 @@ def _rates(P, y, out, ws, rate):
                         for j in range(d):
                             acc += lin[h, i, j] * x[j]
                         G[i] += acc
-                else:
-                    _add_velocity(x, coef[h], outc[h], V[h], logit, G)
+                    continue
+                # the softmax over the components of V (c_j + B_j x), largest logit first
+                for c in range(K):
+                    logit[c] = coefT[h, 0, c]
+                for f in range(1, F):
+                    v = feat[f]
+                    for c in range(K):
+                        logit[c] += v * coefT[h, f, c]
+                top = -np.inf
+                for c in range(K):
+                    top = max(top, logit[c])
+                tot = 0.0
+                for c in range(K):
+                    e = math.exp(logit[c] - top)
+                    logit[c] = e
+                    tot += e
+                for q in range(R):
+                    acc = 0.0
+                    for c in range(K):
+                        acc += logit[c] * outT[h, q, c]
+                    r[q] = acc / tot
+                for i in range(d):
+                    acc = r[i]
+                    for j in range(d):
+                        acc += r[d + i * d + j] * x[j]
+                    G[i] += acc
             if point:
                 for i in range(d):
                     dm[k, i] = G[i]
@@ -430,7 +447,7 @@ def pack(heads, weights, Z, W):
     return np.concatenate(parts)[None, :]
 
 
-_HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_add_velocity", "_measures", "_rates")
+_HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_measures", "_rates")
 
 
 @functools.cache

@@ -67,6 +67,10 @@ FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH,
 #: a single trajectory's record of states is full (:func:`integrate_one` runs it again
 #: with more room)
 FULL = 10
+#: a plain state with a covariance whose field has no closed-form Jacobian turned stiff:
+#: stopped where the stiffness test fired (a Rosenbrock step would cost ``2n + 6``
+#: evaluations, its Jacobian by central differences at every step)
+STIFF = 11
 
 # a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
 #: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
@@ -141,8 +145,9 @@ class CoreOptions(typing.NamedTuple):
         it; called with ``m = 0`` it leaves the trace and :math:`F` only (no rate, no
         evaluation counted). The factor events then run on :math:`\Sigma = FF^T` as on
         :math:`LL^T`: the blow-up look, steady state and rank collapse, located on the
-        dense output; the steps do not land on ``t_eval`` and there is no growth stop.
-        Zero: none (the growth stop above).
+        dense output; the steps do not land on ``t_eval`` and there is no growth stop;
+        where the stiffness test fires and the field has no closed-form Jacobian, the run
+        stops there (``STIFF``). Zero: none (the growth stop above).
     """
 
     atol: float
@@ -1069,6 +1074,10 @@ def _steps(fld, row, opt, wk):
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
             block, crawl, crawling = _crawl_counts(acc, hlamb, block, crawl)
+            if iasti >= _STIFF_STEPS and opt.cov_rows > 0 and not fld.jac(fld.P, d, m, y,
+                                                                           wk.J, wk.ws):
+                code, fres[F_T], fres[F_STIFF_FROM] = STIFF, t, t
+                break
             if iasti >= _STIFF_STEPS:    # Rosenbrock steps from here on, for good
                 imp = True
                 fresh = False
@@ -1640,6 +1649,9 @@ def _messages(code, fres, t0, max_nfev):
     if code == FIELD0:
         return Status.FAILED, (f"the field is not finite at t = {t0:.10g}: the rate of the "
                                "initial covariance overflows float64")
+    if code == STIFF:
+        return Status.FAILED, (f"stiff at t = {fres[F_T]:.10g}, where the field has no "
+                               "closed-form Jacobian")
     if code in (SMALL, SMALL_OVERFLOW):
         return Status.FAILED, ("step size too small (required step below rounding)"
                                + ("; the trial states leave the floating-point range "
@@ -1680,6 +1692,8 @@ class Trajectory:
     t_blowup: float | None
     crossings: np.ndarray  # the times where the trace passed a blow-up threshold
     stiff_from: float | None   # where RODAS4P2 took over (``method="auto"``), or None
+    stiff_stop: bool = False   # stopped there instead (a plain state's field without a
+    #                            closed-form Jacobian: ``STIFF``)
 
 
 def record_rows(opts, n):
@@ -1757,7 +1771,8 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
                       t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
                                 else None),
                       crossings=fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy(),
-                      stiff_from=None if math.isnan(stiff_from) else stiff_from)
+                      stiff_from=None if math.isnan(stiff_from) else stiff_from,
+                      stiff_stop=code == STIFF)
 
 
 def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):

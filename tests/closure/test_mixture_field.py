@@ -168,3 +168,22 @@ def test_budget_and_t_eval():
     assert 60 < short.nfev <= 60 + 16
     assert short.t_final < 4 and np.all(short.t <= short.t_final)
     np.testing.assert_array_equal(short.t, t[:short.t.size])
+
+
+def test_a_stiff_run_is_handed_to_lsoda():
+    """Multi-head, K = 2 in d = 3 (a seeded setting found stiff at t = 1.86): the field has
+    no closed-form Jacobian, so the engine stops where Hairer's test fires and LSODA runs
+    it from the start, as ``method="LSODA"`` does; the evaluations of both are counted."""
+    rng = np.random.default_rng(1069)
+    att = gp.MultiHead.example(3, rng)
+    w = rng.random(2) + 0.3
+    means = rng.normal(size=(2, 3)) * (0.5 + rng.random())
+    B = rng.normal(size=(2, 3, 3)) * 0.4
+    mix = gp.GaussianMixture(w / w.sum(), means, B @ np.swapaxes(B, 1, 2) + 0.05 * np.eye(3))
+    kw = dict(rtol=1e-8, atol=1e-10, steady_tol=1e-3)
+    sol = gp.solve_mixture(att, mix, (0, 4), **kw)
+    ref = gp.solve_mixture(att, mix, (0, 4), method="LSODA", **kw)
+    assert sol.status == ref.status == "finished"
+    assert "stiff from t = 1.86" in sol.message and "LSODA" in sol.message
+    assert sol.nfev > ref.nfev
+    np.testing.assert_array_equal(sol.covs_final, ref.covs_final)
