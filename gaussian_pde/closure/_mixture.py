@@ -783,7 +783,7 @@ def _jacobian_arrays(method, engine=False):
         if method == "auto":
             if engine:
                 return _ENGINE_ARRAYS, "the engine (method='auto')"
-            return 1, "LSODA (method='auto' with user events)"
+            return 1, "LSODA (method='auto' on the event loop)"
         method = METHODS[method]
     for cls, count in _JACOBIAN_ARRAYS:
         if issubclass(method, cls):
@@ -909,9 +909,9 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     user ``events``, ``merge_tol`` or ``first_step``, on the compiled engine of
     :func:`gaussian_pde.solve` (:func:`~gaussian_pde.integrate._compiled_batch.integrate_one`,
     the field compiled in :mod:`gaussian_pde.closure._mixture_field`, which leaves a factor
-    of the total covariance for the events); every other run, those with merge events
-    included, on the event loop :func:`gaussian_pde.integrate._solve.integrate_system`
-    (:func:`scipy.integrate.solve_ivp`).
+    of the total covariance for the events), until it turns stiff; every other run, those
+    with merge events included, on the event loop
+    :func:`gaussian_pde.integrate._solve.integrate_system` (:func:`scipy.integrate.solve_ivp`).
 
     Parameters
     ----------
@@ -926,10 +926,13 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40); default 8.
     method : str or OdeSolver subclass
-        ``"auto"`` (the default): as :func:`gaussian_pde.solve`'s, on the compiled engine,
-        DOP853 steps with Hairer's stiffness test, then RODAS4P2 for good with a
-        central-difference Jacobian (the ``message`` ends with ``"; stiff from t = ... on:
-        RODAS4P2"``), the events located on the dense output; with user ``events``,
+        ``"auto"`` (the default): on the compiled engine of :func:`gaussian_pde.solve`,
+        DOP853 steps with Hairer's stiffness test, the events located on the dense
+        output; where the test fires, the run is handed to the event loop's LSODA from
+        the start (the ``message`` ends with ``"; stiff from t = ... on: LSODA from the
+        start ..."``, ``nfev`` counts both): the field has no closed-form Jacobian, and
+        RODAS4P2 would take one by central differences, :math:`2K(d + d^2)`
+        evaluations, at every step, where LSODA reuses its own. With user ``events``,
         ``merge_tol`` or ``first_step``, the event loop's LSODA, which switches between
         Adams and BDF steps itself (a forward-difference Jacobian up to
         ``_FD_JACOBIAN_MAX`` unknowns, its own differences above). Or a
@@ -978,8 +981,9 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     distances at every step, and an implicit method
     dense Jacobian-sized arrays of the :math:`N = K(d + d^2)` unknowns (:math:`N^2`
     doubles each: BDF holds at least 4, Radau 7, LSODA 1, the engine of ``"auto"`` 2,
-    for the Jacobian and the LU factors of its RODAS4P2 steps, which once stiff costs
-    :math:`2N` evaluations a step); a request whose memory would
+    the scratch of its RODAS4P2 steps, held though a mixture's run hands its stiff
+    stretch to LSODA: where they do not fit, ``"auto"`` takes the event loop); a request
+    whose memory would
     not fit, or whose fewest evaluations are estimated (by a pilot evaluation) at more
     than half an hour, is refused up front with a ``ValueError`` giving the size.
     """
@@ -1022,7 +1026,13 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         merge_tol = validate_positive(merge_tol, "merge_tol")
     engine = (auto and not events and merge_tol is None and opts.first_step is None
               and _mixture_field.pack(heads, mixture.weights, system.Z, system.W) is not None)
-    _check_size(mixture, system, opts, merge_tol, method, engine)
+    if engine:
+        try:
+            _check_size(mixture, system, opts, merge_tol, method, engine=True)
+        except ValueError:      # the engine's scratch does not fit: the event loop may
+            engine = False
+    if not engine:
+        _check_size(mixture, system, opts, merge_tol, method)
     if merge_tol is not None:
         events = events + tuple(_merge_events(system, merge_tol, bool(stop_at_merge)))
     y0 = system.pack(mixture.means, mixture.factors())

@@ -394,7 +394,7 @@ def test_too_many_components_refused_or_announced_up_front(monkeypatch):
         gp.solve_mixture(att, small, (0, 0.01))
 
 
-@pytest.mark.parametrize("method, held", [("auto", 2), ("LSODA", 1), ("BDF", 4),
+@pytest.mark.parametrize("method, held", [("auto", 1), ("LSODA", 1), ("BDF", 4),
                                           ("Radau", 7), (scipy_integrate.BDF, 4)])
 def test_the_jacobians_of_an_implicit_method_are_counted_up_front(monkeypatch, method, held):
     """K = 20,000 in d = 2 is N = 120,000 unknowns: one dense Jacobian is N^2 doubles."""
@@ -404,6 +404,29 @@ def test_the_jacobians_of_an_implicit_method_are_counted_up_front(monkeypatch, m
     gib = held * (K * 6) ** 2 * 8 / 2**30
     with pytest.raises(ValueError, match=rf"{held} dense 120000 x 120000 .*\({gib:.3g} GiB"):
         gp.solve_mixture(att, mix, (0, 0.01), method=method)
+
+
+def test_the_event_loop_takes_a_run_whose_engine_scratch_does_not_fit(monkeypatch):
+    """Memory for LSODA's one Jacobian-sized array but not for the engine's two: the
+    default runs on the event loop instead of refusing."""
+    rng = np.random.default_rng(4)
+    att = gp.Softmax.example(2, rng)
+    K = 200
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
+                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+    from gaussian_pde._common import validation
+    n = K * 6
+    monkeypatch.setattr(validation, "_memory_bytes", lambda: 3 * n * n * 8)   # half: 1.5 arrays
+    monkeypatch.setattr(mx, "_solve_engine", lambda *a, **k: pytest.fail("engine started"))
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+    monkeypatch.setattr(mx, "integrate_system", started)
+    with pytest.raises(Started):
+        gp.solve_mixture(att, mix, (0, 0.01))
 
 
 def test_twenty_thousand_components_refused_up_front_by_memory_or_time(monkeypatch):
