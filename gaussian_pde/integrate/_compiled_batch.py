@@ -34,7 +34,9 @@ name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given; or a plain
 state (:func:`integrate_states`, the certified limits' log-time field), with RODAS4P2 from
 the first step, steps landing on ``t_eval``, and instead of the factor events a growth
-stop on a measure the field supplies (``CoreOptions.plain``).
+stop on a measure the field supplies (``CoreOptions.plain``); or a plain state whose field
+supplies a factor of a covariance (:func:`integrate_one` with ``cov``, the mixture closure),
+on which the factor events run (``CoreOptions.cov_rows``).
 
 The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
 statuses and messages (through :func:`~gaussian_pde.integrate._events.blowup_verdict`
