@@ -16,7 +16,8 @@ log weights tilted by :math:`e^{g^Ty}` first), :math:`P_k = I + \Sigma_kH`,
 :math:`\log w_k + a_k + b_k^Tx + x^TM_kx` of :func:`._mixture._head_velocity`
 (:math:`a_k = -\frac12\log\det P_k - \frac12\alpha_k^THc_k`,
 :math:`b_k = \frac12A^T(c_k + \alpha_k) - \frac12B_k^TH\alpha_k`, :math:`M_k = \frac12B_k^TA`),
-softmax over :math:`k` with the largest logit subtracted; a linear head (its field sees
+softmax over :math:`k` with the largest logit subtracted (terms more than 50 below it
+taken as zero); a linear head (its field sees
 the mixture's second moment only) adds :math:`V\big(\sum_kw_k(\Sigma_k +
 \alpha_k\alpha_k^T)\big)Ax`. A point mass (:math:`L_k = 0`) moves with
 :math:`\Gamma(\alpha_k)` and keeps :math:`L_k' = 0`.
@@ -54,6 +55,10 @@ import numpy as np
 
 __all__ = ["pack", "kernels", "KIND_SCORE", "KIND_SCORE_H", "KIND_LINEAR"]
 
+#: a component whose logit is this far below the largest weighs nothing: all of them
+#: together weigh less than :math:`Ke^{-50} \approx 2\cdot10^{-22}K` against the largest
+#: term's 1 (as in :mod:`._mixture_kernel`)
+_CUTOFF = -50.0
 #: the head kinds of :func:`pack`
 KIND_SCORE, KIND_SCORE_H, KIND_LINEAR = 0, 1, 2
 
@@ -309,6 +314,8 @@ def _rates(P, y, out, ws, rate):
     G = np.empty(d)
     feat = np.empty(F)
     logit = np.empty(K)
+    act = np.empty(K, dtype=np.int64)
+    ew = np.empty(K)
     r = np.empty(R)
     N = W.size
     for k in range(K):
@@ -350,14 +357,19 @@ def _rates(P, y, out, ws, rate):
                 for c in range(K):
                     top = max(top, logit[c])
                 tot = 0.0
-                for c in range(K):
-                    e = math.exp(logit[c] - top)
-                    logit[c] = e
-                    tot += e
+                nact = 0
+                for c in range(K):      # the components that weigh (module docstring)
+                    z = logit[c] - top
+                    if z > _CUTOFF:
+                        e = math.exp(z)
+                        tot += e
+                        act[nact] = c
+                        ew[nact] = e
+                        nact += 1
                 for q in range(R):
                     acc = 0.0
-                    for c in range(K):
-                        acc += logit[c] * outT[h, q, c]
+                    for a in range(nact):
+                        acc += ew[a] * outT[h, q, act[a]]
                     r[q] = acc / tot
                 for i in range(d):
                     acc = r[i]
@@ -464,7 +476,9 @@ def kernels():
     g = globals()
     for name in _HELPERS:
         if not hasattr(g[name], "py_func"):
-            g[name] = numba.njit(cache=True, error_model="numpy")(g[name])
+            # the loops over the components may be vectorised (sums reassociated)
+            fast = {"fastmath": {"reassoc", "contract"}} if name == "_rates" else {}
+            g[name] = numba.njit(cache=True, error_model="numpy", **fast)(g[name])
     rhs_sig, jac_sig = compiled_signatures()
     return (numba.njit(rhs_sig, cache=True, error_model="numpy")(rhs),
             numba.njit(jac_sig, cache=True, error_model="numpy")(jac))
