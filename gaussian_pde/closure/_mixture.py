@@ -85,8 +85,14 @@ from .._common.validation import (
     validate_seed,
 )
 from ..attention import quadratic_heads
-from ..integrate import METHODS, Status, integrate_system, run_options
-from ..integrate._solve import Run
+from ..integrate import (
+    METHODS,
+    Status,
+    integrate_covariance_state,
+    integrate_system,
+    rank_first,
+    run_options,
+)
 from . import _mixture_field
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
@@ -848,46 +854,28 @@ def _check_size(mixture, system, opts, merge_tol, method, engine=False):
 
 
 def _solve_engine(heads, mixture, system, y0, opts):
-    r"""``method="auto"`` on the compiled engine (every head with a kernel there: :func:`._mixture_field.pack`).
+    r"""``method="auto"`` on the compiled engine (heads with a kernel: :func:`._mixture_field.pack`).
 
     The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
     :func:`gaussian_pde.integrate._compiled_batch.integrate_one`, its field the kernel of
     :mod:`._mixture_field`, which also leaves a factor of the total covariance for the
     events (``CoreOptions.cov_rows``): DOP853 steps, the blow-up look, steady state and
     rank collapse on :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and
-    messages of :func:`gaussian_pde.solve`. Returns ``(run, 0, None)``; or, where
+    messages of :func:`gaussian_pde.solve`
+    (:func:`gaussian_pde.integrate.integrate_covariance_state`). Returns
+    ``(run, nfev, None)``; or, where
     Hairer's stiffness test fires, ``(None, nfev, t)``: the engine stops there (the field
     has no closed-form Jacobian, and RODAS4P2 would take one by central differences,
     :math:`2N` evaluations, at every step) and the caller hands the run to the event
     loop's LSODA, which reuses its Jacobians.
     """
-    from ..integrate import _compiled_batch as core
-    from ..integrate._events import rank_first
-    from ..integrate._solve import _strictly_increasing
-
     params = _mixture_field.pack(heads, mixture.weights, system.Z, system.W)
     K, d = mixture.K, mixture.d
     fields = (*_mixture_field.kernels(), params, _mixture_field.ws_size(d, K))
     ev = opts.events
-    cov0 = mixture.total_cov
-    first = d if ev.rank_tol is None else int(rank_first(cov0, ev.rank_tol))
+    first = d if ev.rank_tol is None else int(rank_first(mixture.total_cov, ev.rank_tol))
     tr0 = max(system.trace(y0), np.finfo(float).tiny)
-    out = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=(d, K * (d + 1)))
-    if out.stiff_stop:
-        return None, out.nfev, out.t
-    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
-        ["rank_collapse"] if first < d else [])
-    t_events = {k: np.empty(0) for k in names}
-    t_events["blowup"] = out.crossings
-    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
-        t_events[str(out.status)] = np.array([out.t])
-    message = out.message
-    if out.stiff_from is not None:
-        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4P2"
-    t, y = _strictly_increasing(out.t_rec, out.y_rec)
-    return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
-               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
-               stiff_from=out.stiff_from), 0, None
+    return integrate_covariance_state(fields, y0, (d, K * (d + 1)), tr0, first, opts)
 
 
 def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,

@@ -244,17 +244,16 @@ def _measures(w, means, L, dm, dL, ws, rate):
     ws[0] = tr
 
 
-def _rates(P, y, out, ws, rate):
-    """The closure's rate of ``y`` into ``out`` (``rate``) and the measures into ``ws``."""
-    d, K, kinds, tilts, w, logw, V, A, H, g, Z, W = _unpack(P)
+def _heads_at(kinds, tilts, V, A, H, g, logw, means, L):
+    r"""Every head's terms at the state: ``(coefT, outT, lin)``.
+
+    Per quadratic head, transposed for loops along the components: the logit
+    coefficients ``coefT`` (F, K) of the features :math:`f = (1, x, x\otimes x)`, and the
+    outputs with :math:`V` folded in, ``outT`` (R, K): :math:`(Vc_k, \operatorname{vec}VB_k)`;
+    per linear head its map ``lin`` :math:`V\big(\sum_kw_k(\Sigma_k + \alpha_k\alpha_k^T)\big)A`.
+    """
     nh = kinds.size
-    means = y[:K * d].reshape((K, d))
-    L = y[K * d:K * d + K * d * d].reshape((K, d, d))
-    dm = np.zeros((K, d))
-    dL = np.zeros((K, d, d))
-    if not rate:
-        _measures(w, means, L, dm, dL, ws, False)
-        return
+    K, d = means.shape
     covs = np.empty((K, d, d))
     for k in range(K):
         for i in range(d):
@@ -289,9 +288,6 @@ def _rates(P, y, out, ws, rate):
         else:
             _head_terms(kind, tilts[h] != 0.0, V[h], A[h], H[h], g[h], logw, means, covs,
                         coef[h], outc[h])
-    # per quadratic head, transposed for loops along the components: the logit
-    # coefficients (F, K) of the features f = (1, x, x (x) x), and the outputs with V
-    # folded in (R, K): (V c_k, vec V B_k)
     F = 1 + d + d * d
     R = d + d * d
     coefT = np.empty((nh, F, K))
@@ -310,6 +306,18 @@ def _rates(P, y, out, ws, rate):
                     for p in range(d):
                         acc += V[h, i, p] * outc[h, k, d + p * d + j]
                     outT[h, d + i * d + j, k] = acc
+    return coefT, outT, lin
+
+
+def _quadrature(kinds, coefT, outT, lin, means, L, Z, W, dm, dL):
+    r"""The quadrature of the closure's rates into ``dm`` and ``dL``.
+
+    :math:`\alpha_k' = \sum_jW_j\Gamma(x_{kj})`, :math:`L_k' = \sum_jW_j\Gamma(x_{kj})z_j^T`
+    at the nodes :math:`x_{kj} = \alpha_k + L_kz_j` (a point mass: at its mean alone).
+    """
+    nh = kinds.size
+    K, d = means.shape
+    F, R = coefT.shape[1], outT.shape[1]
     x = np.empty(d)
     G = np.empty(d)
     feat = np.empty(F)
@@ -385,6 +393,20 @@ def _rates(P, y, out, ws, rate):
                 dm[k, i] += wg
                 for p in range(d):
                     dL[k, i, p] += wg * Z[n, p]
+
+
+def _rates(P, y, out, ws, rate):
+    """The closure's rate of ``y`` into ``out`` (``rate``) and the measures into ``ws``."""
+    d, K, kinds, tilts, w, logw, V, A, H, g, Z, W = _unpack(P)
+    means = y[:K * d].reshape((K, d))
+    L = y[K * d:K * d + K * d * d].reshape((K, d, d))
+    dm = np.zeros((K, d))
+    dL = np.zeros((K, d, d))
+    if not rate:
+        _measures(w, means, L, dm, dL, ws, False)
+        return
+    coefT, outT, lin = _heads_at(kinds, tilts, V, A, H, g, logw, means, L)
+    _quadrature(kinds, coefT, outT, lin, means, L, Z, W, dm, dL)
     for k in range(K):
         for i in range(d):
             out[k * d + i] = dm[k, i]
@@ -427,8 +449,7 @@ def pack(heads, weights, Z, W):
         Or None where a head is of a kind the kernel does not know (a head with a
         ``mixture_field`` of its own other than linear attention's).
     """
-    from ..attention._linear import Linear
-    from ..attention._scores import QuadraticScore
+    from ..attention import ATTENTIONS, QuadraticScore
 
     K = weights.size
     d = Z.shape[1]
@@ -442,7 +463,7 @@ def pack(heads, weights, Z, W):
             As.append(h.A)
             Hs.append(zero if h.H is None else h.H)
             gs.append(np.zeros(d) if h.g is None else h.g)
-        elif type(h).mixture_field is Linear.mixture_field:     # Linear's own field
+        elif type(h).mixture_field is ATTENTIONS["linear"].mixture_field:   # linear's own
             kinds.append(KIND_LINEAR)
             tilts.append(0.0)
             Vs.append(h.V)
@@ -459,7 +480,8 @@ def pack(heads, weights, Z, W):
     return np.concatenate(parts)[None, :]
 
 
-_HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_measures", "_rates")
+_HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_measures", "_heads_at",
+            "_quadrature", "_rates")
 
 
 @functools.cache
@@ -477,7 +499,7 @@ def kernels():
     for name in _HELPERS:
         if not hasattr(g[name], "py_func"):
             # the loops over the components may be vectorised (sums reassociated)
-            fast = {"fastmath": {"reassoc", "contract"}} if name == "_rates" else {}
+            fast = {"fastmath": {"reassoc", "contract"}} if name == "_quadrature" else {}
             g[name] = numba.njit(cache=True, error_model="numpy", **fast)(g[name])
     rhs_sig, jac_sig = compiled_signatures()
     return (numba.njit(rhs_sig, cache=True, error_model="numpy")(rhs),

@@ -11,8 +11,9 @@ Below the drivers, one module per concept, with no import back up:
   (the type's compiled kernels, else its NumPy reference);
 * ``_solve`` and ``_batch``: :func:`solve` (and ``integrate_system``, its event loop:
   :func:`scipy.integrate.solve_ivp` with the package's events, which the closure
-  solvers run too) and :func:`solve_batch` (its input, and the runs of the compiled
-  integrator);
+  solvers run too; ``integrate_covariance_state``, the engine for a state whose field
+  supplies a factor of its covariance, the mixture closure's) and :func:`solve_batch`
+  (its input, and the runs of the compiled integrator);
 * ``_compiled_batch``: the compiled engine (Numba, parallel over trajectories), for
   every type whose ``compiled_field()`` supplies the kernels: all of
   :func:`solve_batch`, and :func:`solve`'s default, one trajectory to its end;
@@ -43,14 +44,15 @@ from ._events import (
 from ._options import METHODS, run_options, validate_method
 from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
-from ._solve import integrate_system, solve
+from ._solve import integrate_covariance_state, integrate_system, solve
 
 __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4P2", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
            "blowup_verdict", "event_options",
-           "integrate_states", "integrate_system", "rank_first", "rank_gap", "run_options",
+           "integrate_covariance_state", "integrate_states", "integrate_system", "rank_first",
+           "rank_gap", "run_options",
            "steady_gap", "validate_method",
            # the compiled kernels, compiled now (before a fork), or on two cores
            "COMPILE_ASIDE", "compile_kernels", "compile_on_two_cores"]

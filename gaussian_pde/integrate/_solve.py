@@ -62,7 +62,7 @@ from ._moment_field import mean_is_linear, moment_jacobian, state_field
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._results import MomentSolution, Status, overflow_message
 
-__all__ = ["solve", "integrate_system", "Run", "AUTO_METHOD"]
+__all__ = ["solve", "integrate_system", "integrate_covariance_state", "Run", "AUTO_METHOD"]
 
 _TINY = np.finfo(float).tiny
 
@@ -613,6 +613,46 @@ def _solve_compiled(system, y0, opts):
     return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
                t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
                stiff_from=out.stiff_from)
+
+
+def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
+    r"""A plain state whose field leaves a factor of its covariance, on the engine.
+
+    ``method="auto"`` of :func:`solve` for a state that is not a factor
+    (:func:`gaussian_pde.integrate._compiled_batch.integrate_one` with ``cov``: the field
+    ``fields`` leaves the trace, a ``cov[0] x cov[1]`` factor :math:`F` of the covariance
+    and its rate in its scratch, ``CoreOptions.cov_rows``): DOP853 steps, the blow-up
+    look, steady state and rank collapse on :math:`FF^T` (``tr0`` its initial trace,
+    ``first`` the rank event's index), the budget, overflow, the statuses and messages of
+    :func:`solve`. The mixture closure's (:func:`gaussian_pde.solve_mixture`).
+
+    Returns
+    -------
+    run : Run or None
+        None where Hairer's stiffness test fired and the field has no closed-form
+        Jacobian: the engine stops there, for the caller to hand the run to the event
+        loop (RODAS4P2 would take central differences at every step).
+    nfev : int
+        The evaluations spent (those of ``run``, or up to the stop).
+    t_stiff : float or None
+        Where the stiffness test fired (None: it did not).
+    """
+    from . import _compiled_batch as core
+
+    ev = opts.events
+    out = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=cov)
+    if out.stiff_stop:
+        return None, out.nfev, out.t
+    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
+        ["rank_collapse"] if first < cov[0] else [])
+    t_events = {k: np.empty(0) for k in names}
+    t_events["blowup"] = out.crossings
+    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
+        t_events[str(out.status)] = np.array([out.t])
+    t, y = _strictly_increasing(out.t_rec, out.y_rec)
+    return Run(t=t, y=y, status=out.status, message=out.message, t_blowup=out.t_blowup,
+               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
+               stiff_from=out.stiff_from), out.nfev, None
 
 
 def _strictly_increasing(t, y):
