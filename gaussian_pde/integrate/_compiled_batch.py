@@ -1683,17 +1683,19 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
 
     ``mean_units``: hold the mean in the units of :func:`gaussian_pde.solve`
-    (:func:`~gaussian_pde.integrate._batch_record.mean_scale`; only where the mean's equation
-    is linear and homogeneous, ``Attention.mean_is_linear``); otherwise in its own units.
+    (:func:`~gaussian_pde.integrate._moment_field.mean_scale`; only where the mean's
+    equation is linear and homogeneous, ``Attention.mean_is_linear``); otherwise in its own
+    units.
     """
     from .._common.linalg import psd_factor
-    from ._batch_record import BatchRecord, mean_scales
-    from ._events import rank_first
+    from ._events import rank_first, rank_notes
+    from ._moment_field import mean_scales
+    from ._results import BatchSolution, Status
 
     rhs, jac, params, ws_size = fields
     nb, d = cov0s.shape[0], cov0s.shape[-1]
     m = d if mean0s is None else d + 1
-    t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
+    t0, t_eval = opts.t0, opts.t_eval
     ev = opts.events
     Y = np.zeros((nb, d, m))
     Y[:, :, :d] = psd_factor(cov0s)
@@ -1717,32 +1719,30 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     _run(rhs, jac, np.ascontiguousarray(params), d, m, opt,
          Batch(Y, te, p0, tr0, first, ires, fres, cov_out, mean_out, np.zeros((nb, 0)),
                np.zeros((nb, 0, d * m)), np.zeros(nb, dtype=np.int64)))
-    rec = BatchRecord(nb, d, t1, t_eval, method)
+    status = np.full(nb, Status.FINISHED, dtype=object)
+    message = ["reached the end of t_span"] * nb
+    for b in np.flatnonzero(ires[:, I_CODE] != FINISHED):
+        status[b], message[b] = _messages(int(ires[b, I_CODE]), fres[b], t0, opt.max_nfev)
     Z = Y.reshape(nb, d, m)
-    rec.L_final[:] = Z[:, :, :d]
-    rec.t_final[:] = fres[:, F_T]
-    rec.t_blowup[:] = fres[:, F_T_BLOWUP]
-    rec.nfev[:] = ires[:, I_NFEV]
-    rec.nsteps[:] = ires[:, I_NSTEPS]
-    rec.implicit[:] = ires[:, I_IMPLICIT] != 0
-    for b in np.flatnonzero(ires[:, I_CODE] != FINISHED):   # (the record starts "finished")
-        rec.status[b], rec.message[b] = _messages(int(ires[b, I_CODE]), fres[b], t0,
-                                                  opt.max_nfev)
+    L_final = Z[:, :, :d].copy()
+    cov_final = L_final @ np.swapaxes(L_final, -1, -2)
+    for b, note in rank_notes(cov0s, cov_final, status):
+        message[b] += note
+    mean = mean_final = None
     if t_eval is not None:
-        at0 = t_eval == t0
-        cov_out[:, at0] = cov0s[:, None]
-        rec.cov = cov_out
-    rec.note_rank(cov0s)
-    sol = rec.result(t_eval, 1)
-    extra = {"path": "compiled"}
+        cov_out[:, t_eval == t0] = cov0s[:, None]
     if mean0s is not None:
         mean_final = Z[:, :, d] * scale[:, None]
-        mean = None
         if t_eval is not None:
             mean = mean_out * scale[:, None, None]
             mean[:, t_eval == t0] = mean0s[:, None]
-        extra.update(mean=mean, mean_final=mean_final)
-    return dataclasses.replace(sol, **extra)
+    return BatchSolution(t=t_eval, cov=None if t_eval is None else cov_out,
+                         t_final=fres[:, F_T].copy(), cov_final=cov_final,
+                         factor_final=L_final, status=status,
+                         t_blowup=fres[:, F_T_BLOWUP].copy(), message=message,
+                         nfev=ires[:, I_NFEV].astype(int), nsteps=ires[:, I_NSTEPS].astype(int),
+                         ncalls=1, implicit=ires[:, I_IMPLICIT] != 0, mean=mean,
+                         mean_final=mean_final, path="compiled")
 
 
 #: how a row of :func:`integrate_states` ended, by the engine's outcome code

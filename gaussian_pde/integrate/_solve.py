@@ -47,7 +47,6 @@ from .._common.validation import validate_covariance, validate_t_span, validate_
 from .._exact import linear_mean
 from ..attention import require_mean, validate_attention
 from ._batch import solve_batch
-from ._batch_record import max_abs, mean_scale
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -58,7 +57,7 @@ from ._events import (
     steady_gap,
 )
 from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
-from ._moment_field import mean_is_linear, moment_jacobian, state_field
+from ._moment_field import max_abs, mean_scale, moment_jacobian, state_field
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._results import MomentSolution, Status, overflow_message
 
@@ -84,7 +83,7 @@ class _System:
     gives both rates. The mean's
     equation is linear and homogeneous, so the scaled mean obeys the same equation;
     ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
-    tolerances apply to it (see :func:`~gaussian_pde.integrate._batch_record.mean_scale`).
+    tolerances apply to it (see :func:`~gaussian_pde.integrate._moment_field.mean_scale`).
     """
 
     def __init__(self, attention, with_mean, mean_scale=1.0, zero_mean=False):
@@ -751,7 +750,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     # a zero mean of a type whose mean equation is linear and homogeneous
     # (alpha' = N(Sigma) alpha) stays exactly zero: it is left out of the state, so that
     # it changes neither the steps nor the cost
-    linear = with_mean and mean_is_linear(attention)
+    linear = with_mean and attention.mean_is_linear()
     zero_mean = linear and max_abs(mean0) == 0.0
     # a mean whose equation does not involve the covariance (alpha' = N alpha: Sinkhorn)
     # is exp((t - t0) N) mean0: not integrated at all (user events, which see the mean

@@ -631,7 +631,7 @@ def test_mean_against_radau_through_the_stiff_switch():
 
 
 def test_the_units_of_a_stack_of_means_are_those_of_each_mean():
-    from gaussian_pde.integrate._batch_record import mean_scale, mean_scales
+    from gaussian_pde.integrate._moment_field import mean_scale, mean_scales
 
     rng = np.random.default_rng(3)
     stack = rng.standard_normal((40, 3)) * 10.0 ** rng.integers(-8, 9, size=(40, 1))
@@ -644,7 +644,7 @@ def test_the_units_of_a_stack_of_means_are_those_of_each_mean():
 
 
 def test_mean_scale_is_a_power_of_two_and_changes_only_the_units():
-    from gaussian_pde.integrate._batch_record import mean_scale as _mean_scale
+    from gaussian_pde.integrate._moment_field import mean_scale as _mean_scale
     from gaussian_pde.integrate._solve import _System
 
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
