@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import functools
 import math
 import threading
@@ -1589,22 +1588,6 @@ def _core_options(opts, method, ws_size):
         steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False)
 
 
-@dataclasses.dataclass
-class Trajectory:
-    """What :func:`integrate_one` returns: the run's outcome and the states it kept."""
-
-    status: object         # Status
-    message: str           # as solve_batch words it (:func:`_messages`)
-    nfev: int
-    t: float               # where the run stopped (t_span's end where it finished)
-    y: np.ndarray          # the state there
-    t_rec: np.ndarray      # the recorded times (every step end, or ``t_eval`` up to ``t``)
-    y_rec: np.ndarray      # and states, (T, n)
-    t_blowup: float | None
-    crossings: np.ndarray  # the times where the trace passed a blow-up threshold
-    stiff_from: float | None   # where RODAS4P2 took over (``method="auto"``), or None
-
-
 def record_rows(opts, n):
     """Rows :func:`integrate_one` first allots to the record of a run's states.
 
@@ -1633,12 +1616,13 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
 
     The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
     ``"auto"`` for that trajectory, bit for bit; besides, the states at every step end
-    (or at ``t_eval``) and the times where the trace passed each blow-up threshold,
-    located on the dense output to rounding. ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's
-    units; ``tr0``, ``first``: the initial trace and the first eigenvalue index of the
-    rank event. Returns a :class:`Trajectory`.
+    (or at ``t_eval``) and, in ``t_events["blowup"]``, the times where the trace passed
+    each blow-up threshold, located on the dense output to rounding. ``y0``: the flat
+    state ``[L | mean]`` (``d x m``) in the solver's units; ``tr0``, ``first``: the initial
+    trace and the first eigenvalue index of the rank event. Returns a
+    :class:`~gaussian_pde.integrate._results.Run`.
     """
-    from ._results import Status
+    from ._results import Run, Status
 
     rhs, jac, params, ws_size = fields
     n = d * m
@@ -1670,13 +1654,22 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
     status, message = _messages(code, fres[0], opts.t0, opt.max_nfev)
+    t_events = {"blowup": fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()}
+    if opt.steady_on:
+        t_events["steady"] = np.empty(0)
+    if first < d:
+        t_events["rank_collapse"] = np.empty(0)
+    if status in (Status.STEADY, Status.RANK_COLLAPSE):
+        t_events[str(status)] = np.array([t])
     stiff_from = float(fres[0, F_STIFF_FROM])
-    return Trajectory(status=status, message=message, nfev=int(ires[0, I_NFEV]), t=t,
-                      y=Y[0], t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
-                      t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
-                                else None),
-                      crossings=fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy(),
-                      stiff_from=None if math.isnan(stiff_from) else stiff_from)
+    stiff_from = None if math.isnan(stiff_from) else stiff_from
+    if stiff_from is not None:
+        message += f"; stiff from t = {stiff_from:.6g} on: RODAS4P2"
+    return Run(t=rec_t[0, :kept].copy(), y=rec_y[0, :kept].copy(), status=status,
+               message=message, t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
+                                          else None),
+               t_final=t, y_final=Y[0], t_events=t_events, nfev=int(ires[0, I_NFEV]),
+               stiff_from=stiff_from)
 
 
 def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):

@@ -59,9 +59,9 @@ from ._events import (
 from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._moment_field import max_abs, mean_scale, moment_jacobian, state_field
 from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._results import MomentSolution, Status, overflow_message
+from ._results import MomentSolution, Run, Status, overflow_message
 
-__all__ = ["solve", "integrate_system", "Run", "AUTO_METHOD"]
+__all__ = ["solve", "integrate_system", "AUTO_METHOD"]
 
 _TINY = np.finfo(float).tiny
 
@@ -223,22 +223,6 @@ def _blowup_estimate(system, t, y):
 def accepts_jac(solver_cls):
     """Whether the SciPy solver class uses a Jacobian (the implicit ones)."""
     return issubclass(solver_cls, (Radau, BDF, LSODA))
-
-
-@dataclasses.dataclass
-class Run:
-    """What :func:`integrate_system` returns: the raw trajectory and its verdict."""
-
-    t: np.ndarray
-    y: np.ndarray               # (T, n)
-    status: Status
-    message: str
-    t_blowup: float | None
-    t_final: float
-    y_final: np.ndarray
-    t_events: dict
-    nfev: int
-    stiff_from: float | None = None   # the compiled engine: where RODAS4P2 took over
 
 
 def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
@@ -594,24 +578,13 @@ def _solve_compiled(system, y0, opts):
     ev = opts.events
     first = (system.d if ev.rank_tol is None
              else int(rank_first(system.mean_and_cov(y0)[1], ev.rank_tol)))
-    out = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
+    run = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
                              first, opts)
-    system.nfev = out.nfev
-    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
-        ["rank_collapse"] if first < system.d else [])
-    t_events = {k: np.empty(0) for k in names}
-    t_events["blowup"] = out.crossings
-    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
-        t_events[str(out.status)] = np.array([out.t])
-    message = out.message
-    if out.stiff_from is not None:
-        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4P2"
+    system.nfev = run.nfev
     # past a blow-up look the clock runs from there: near t* its steps can fall below
     # the rounding of t itself, and a stored time repeats
-    t, y = _strictly_increasing(out.t_rec, out.y_rec)
-    return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
-               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
-               stiff_from=out.stiff_from)
+    run.t, run.y = _strictly_increasing(run.t, run.y)
+    return run
 
 
 def _strictly_increasing(t, y):
