@@ -53,6 +53,7 @@ import warnings
 
 import numpy as np
 
+from .._common.compiled import ResolvedKernel, address_and_signature, address_caller
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
 from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
@@ -1272,52 +1273,16 @@ _HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
 def _call(fns, which, *args):
     """Call the piece ``_PIECES[which]`` of the engine through its address ``fns[which]``.
 
-    Compiled (:func:`_core`), an intrinsic: a direct call of the code at that address
-    with Numba's calling convention (its exceptions reach the caller), the arguments
-    cast to the piece's signature. A piece is compiled once, in its own library; a
-    callee called by name would be linked into each caller's library and optimised
-    again there. The address comes from the caller (an argument, not a constant), so
-    every caller stays in Numba's disk cache. (Numba's first-class functions would
-    serve too, but each of their calls also compiles a fallback through a C pointer
-    that passes the named tuples by value, which costs more compilation than the call.)
-    In plain Python: the function itself, called.
+    Compiled (:func:`_core`), the intrinsic of
+    :func:`~gaussian_pde._common.compiled.address_caller`: a piece is compiled once, in
+    its own library, where a callee called by name would be linked into each caller's
+    library and optimised again there. In plain Python: the function itself, called.
     """
     return globals()[_PIECES[which]](*args)
 
 
 #: the signature of each piece (its place in ``fns``), known once it is compiled
 _PIECE_SIGNATURES = {}
-
-
-def _piece_intrinsic():
-    """:func:`_call` compiled: an intrinsic of the table, a constant place in it, the arguments."""
-    from numba import types as T
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def call(typingctx, fns, which, *args):
-        if not isinstance(which, T.IntegerLiteral):
-            return None
-        place = which.literal_value
-        piece = _PIECE_SIGNATURES[place]
-
-        def codegen(context, builder, sig, llargs):
-            table = context.make_array(fns)(context, builder, llargs[0])
-            addr = builder.load(builder.gep(table.data, [context.get_constant(T.intp, place)]))
-            values = [context.cast(builder, builder.extract_value(llargs[2], i), ty, to)
-                      for i, (ty, to) in enumerate(zip(args, piece.args))]
-            fnty = context.call_conv.get_function_type(piece.return_type, piece.args)
-            status, res = context.call_conv.call_function(
-                builder, builder.inttoptr(addr, fnty.as_pointer()), piece.return_type,
-                piece.args, values)
-            with cgutils.if_unlikely(builder, status.is_error):
-                context.call_conv.return_status_propagate(builder, status)
-            return res
-
-        return piece.return_type(fns, which, T.StarArgTuple.from_types(args)), codegen
-
-    return call
 
 
 def _argument_types(rhs_sig, jac_sig):
@@ -1355,13 +1320,6 @@ def _argument_types(rhs_sig, jac_sig):
         ivec: "fns ibuf",
     }
     return {name: ty for ty, names in kinds.items() for name in names.split()}
-
-
-def _piece_address(disp):
-    """The address of a compiled piece (Numba's calling convention), and its signature."""
-    (sig,) = disp.nopython_signatures
-    cres = disp.get_compile_result(sig)
-    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), sig
 
 
 @functools.cache
@@ -1408,7 +1366,7 @@ def _core():
     if numba.config.DISABLE_JIT:     # plain Python throughout: _call calls the functions
         return _drive, np.zeros(len(_PIECES), dtype=np.int64)
     types = _argument_types(*signatures())
-    g["_call"] = _piece_intrinsic()
+    g["_call"] = address_caller(_PIECE_SIGNATURES)
     fns = np.zeros(len(_PIECES), dtype=np.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
@@ -1418,7 +1376,7 @@ def _core():
                 g[name] = numba.njit([args], cache=True, error_model="numpy",
                                      _nrt=name in _ALLOCATING,
                                      **({} if name in _ALLOCATING else no_wrappers))(g[name])
-            fns[place], _PIECE_SIGNATURES[place] = _piece_address(g[name])
+            fns[place], _PIECE_SIGNATURES[place] = address_and_signature(g[name])
         sig = T.void(*(types[a] for a in inspect.signature(_drive).parameters))
         drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False,
                            no_cfunc_wrapper=True)(_drive)
@@ -1440,42 +1398,16 @@ def compile_kernels():
     return True
 
 
-class _Resolved:
-    """A compiled kernel passed to the drivers by its address, looked up once.
-
-    Numba's wrapper-address protocol (``__wrapper_address__``, ``signature``): a
-    dispatcher passed as a first-class function is looked up again at every call of the
-    driver (about 30 us each, as long as a short trajectory); this object hands over the
-    address found at the first. It holds the dispatcher, which owns the code.
-    """
-
-    def __init__(self, kernel, sig):
-        from numba import types as T
-        from numba.experimental.function_type import _get_wrapper_address
-
-        self.kernel = kernel
-        self.sig = sig
-        self.address = _get_wrapper_address(kernel, sig)
-        self._numba_type_ = T.FunctionType(sig)
-
-    def __wrapper_address__(self):
-        return self.address
-
-    def signature(self):
-        return self.sig
-
-
 @functools.cache
 def _resolved(kernel, which):
-    """:class:`_Resolved` of ``kernel`` (once per kernel), or the kernel where that fails.
+    """:class:`~gaussian_pde._common.compiled.ResolvedKernel` of ``rhs`` (``which`` 0) or ``jac`` (1).
 
-    ``which``: 0 for a field (``rhs``), 1 for a Jacobian; its signature is that of
-    :func:`~gaussian_pde.attention.compiled_signatures`.
+    Made once per kernel; the kernel itself where that fails.
     """
     from ..attention import compiled_signatures
 
     try:
-        return _Resolved(kernel, compiled_signatures()[which])
+        return ResolvedKernel(kernel, compiled_signatures()[which])
     except Exception:       # a Numba without the protocol: the dispatcher itself serves
         return kernel
 
