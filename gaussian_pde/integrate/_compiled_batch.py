@@ -18,7 +18,7 @@ slice of the rows); each trajectory takes
   restarted there), steady state and rank collapse (bisection on the dense output to
   ``2**-30`` of the step), the evaluation budget, a step below rounding, overflow;
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
-  (:mod:`gaussian_pde.integrate._factor_rotation`);
+  (:mod:`gaussian_pde._common.factor_rotation`);
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
   a step that needs it; RODAS4P2's order-3 continuous extension): the covariance (and
   mean) of a batch, the state of a single trajectory, which also records every step
@@ -54,11 +54,13 @@ import warnings
 import numpy as np
 
 from .._common.compiled import ResolvedKernel, address_and_signature, address_caller
+from .._common.factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY
 from .._common.lu import lu_factor as _lu
 from .._common.lu import lu_solve as _lu_solve
 from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
 from .._common.tableaux import DOP853 as _dop
 from ..attention import compiled_field_of
+from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH
 
 __all__ = ["integrate_compiled", "integrate_states"]
 
@@ -328,10 +330,6 @@ _RC_ = np.ascontiguousarray(_RC)
 _RH_ = np.ascontiguousarray(_RH)
 _EPS = float(np.finfo(float).eps)
 _EPS3 = _EPS ** (1.0 / 3.0)
-#: the events' constants (gaussian_pde.integrate._events, _factor_rotation)
-from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH  # noqa: E402
-from ._factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
-
 _BISECT = 30
 #: a single trajectory's blow-up crossings are located to rounding
 _BISECT_FINE = 64

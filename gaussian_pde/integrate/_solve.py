@@ -42,6 +42,7 @@ import warnings
 import numpy as np
 from scipy.integrate import BDF, LSODA, Radau, solve_ivp
 
+from .._common.factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
 from .._exact import linear_mean
@@ -56,7 +57,6 @@ from ._events import (
     rank_note,
     steady_gap,
 )
-from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
 from ._moment_field import max_abs, mean_scale, moment_jacobian, state_field
 from ._options import METHODS, solver_options, validate_method, validate_user_events
 from ._results import MomentSolution, Run, Status, overflow_message
@@ -157,14 +157,14 @@ class _System:
             return Z[:, self.d] * self.mean_scale, L @ L.T
 
     def cancellation(self, y, atol, rtol, level):
-        """:func:`~gaussian_pde.integrate._factor_rotation.cancellation_exceeds` of the factor."""
+        """:func:`~gaussian_pde._common.factor_rotation.cancellation_exceeds` of the factor."""
         Z = y.reshape(self.d, self.m)
         return cancellation_exceeds(Z[:, :self.d], atol, rtol, level, fro2=self.trace(y))
 
     def refactor(self, y):
         r"""The same covariance (and mean) with the factor's columns made orthogonal.
 
-        :math:`L \mapsto LW` (:func:`gaussian_pde.integrate._factor_rotation.rotation`), an
+        :math:`L \mapsto LW` (:func:`gaussian_pde._common.factor_rotation.rotation`), an
         exact symmetry of the factor-form flow; the mean's column is left as it is.
         """
         Z = np.array(y, dtype=float).reshape(self.d, self.m)
@@ -386,7 +386,7 @@ class _EventLoop:
         self.system, self.opts = system, opts
         self.solver_cls, self.jac = solver_cls, jac
         self.user_events = user_events
-        # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._factor_rotation):
+        # re-factor L -> LW when its columns cancel (gaussian_pde._common.factor_rotation):
         # looked at every REFACTOR_EVERY-th step end (the cancellation builds up over many
         # steps; an SVD at every step would cost as much as the step), the run then goes
         # on from the rotated factor; a re-factoring restarts the solver, so after each

@@ -88,7 +88,7 @@ def test_compiled_takes_scipys_dop853_steps(rng, d):
     move on from there). A run that blows up has the verdict and the blow-up time of
     ``gp.solve`` (SciPy has no blow-up event; both extrapolate ``1/tr``, at the step end
     and at the located crossing: 1e-7)."""
-    from gaussian_pde.integrate._factor_rotation import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess
+    from gaussian_pde._common.factor_rotation import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess
 
     atts, covs = _settings(rng, d)
     statuses = set()
