@@ -1,23 +1,8 @@
-r"""Many covariance trajectories at once, each with its own steps, events and status.
+""":func:`solve_batch`: its input, turned into one attention per trajectory, and its runs.
 
-The factor-form covariance equation (docs/math.md section 3),
-
-.. math:: L_b' = M_b(\Sigma_b)\,L_b,\qquad \Sigma_b = L_bL_b^T,\qquad b = 1, \dots, B,
-
-(with the mean :math:`\alpha_b' = b_b + M_b\alpha_b` where one is given) is integrated
-for a stack of ``B`` trajectories by the compiled integrator
-(:mod:`gaussian_pde.integrate._compiled_batch`: the loop over trajectories in Numba,
-parallel over them). Every trajectory has its own time, step size and step control (the
-Dormand-Prince 8(5,3) pair of :func:`scipy.integrate.solve_ivp`'s ``DOP853``, with the
-same error norm and step-size rule, or, where it is stiff, the L-stable Rosenbrock method
-RODAS4P2: ``method="auto"`` switches per trajectory), its own events (blow-up with a time
-estimate, steady state, rank collapse, the definitions of :mod:`._events` that
-:func:`gaussian_pde.solve` shares) and its own status, so a trajectory that blows up
-early costs nothing afterwards.
-
-This module checks the input, turns it into one attention per trajectory (a mapping of
-stacked weights included), asks each for its compiled field
-(:meth:`~gaussian_pde.Attention.compiled_field`) and runs the integrator once for every
+The input is checked (a mapping of stacked weights becomes one attention per trajectory),
+each attention asked for its compiled field (:meth:`~gaussian_pde.Attention.compiled_field`),
+and the compiled engine (:mod:`gaussian_pde.integrate._compiled_batch`) run once for every
 pair of kernels among them.
 """
 

@@ -359,7 +359,7 @@ def _copy(dst, src):
 
 
 def _l_trace(Z, d):
-    """``tr(Sigma) = |L|_F^2`` and its rate ``2 <L, L'>`` (rate from the second state)."""
+    """``tr(Sigma) = |L|_F^2`` of the state ``Z = [L | mean]``."""
     acc = 0.0
     for i in range(d):
         for j in range(d):
@@ -368,6 +368,7 @@ def _l_trace(Z, d):
 
 
 def _l_dot(Z, dZ, d):
+    """The rate of the trace, ``2 <L, L'>``."""
     acc = 0.0
     for i in range(d):
         for j in range(d):
@@ -386,17 +387,25 @@ def _guard(Ys, ymax):
     return False
 
 
+def _cov_entry(Z, i, j, d):
+    """``Sigma[i, j] = (L L^T)[i, j]`` of the state ``Z = [L | mean]``."""
+    acc = 0.0
+    for p in range(d):
+        acc += Z[i, p] * Z[j, p]
+    return acc
+
+
 def _steady_gap(y, f, d, m, tol, atol):
+    """:func:`~gaussian_pde.integrate._events.steady_gap` of a flat state ``y`` and rate ``f``."""
     Z = y.reshape((d, m))
     dZ = f.reshape((d, m))
     nc = 0.0
     nd = 0.0
     for i in range(d):
         for j in range(d):
-            c = 0.0
+            c = _cov_entry(Z, i, j, d)
             e = 0.0
             for p in range(d):
-                c += Z[i, p] * Z[j, p]
                 e += dZ[i, p] * Z[j, p] + Z[i, p] * dZ[j, p]
             nc += c * c
             nd += e * e
@@ -404,14 +413,12 @@ def _steady_gap(y, f, d, m, tol, atol):
 
 
 def _rank_gap(y, d, m, first, rank_tol):
+    """:func:`~gaussian_pde.integrate._events.rank_gap` of a flat state ``y``."""
     Z = y.reshape((d, m))
     S = np.empty((d, d))
     for i in range(d):
         for j in range(d):
-            c = 0.0
-            for p in range(d):
-                c += Z[i, p] * Z[j, p]
-            S[i, j] = c
+            S[i, j] = _cov_entry(Z, i, j, d)
     if not _finite(S.ravel()):
         return np.nan
     w = np.linalg.eigvalsh(S)
@@ -747,13 +754,11 @@ def _located(fld, row, opt, wk, t, h, imp):
 
 
 def _store(y, d, m, cov_out, mean_out, j):
+    """A batch's output at ``t_eval[j]``: the covariance (and mean) of the state ``y``."""
     Z = y.reshape((d, m))
     for i in range(d):
         for k in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += Z[i, p] * Z[k, p]
-            cov_out[j, i, k] = acc
+            cov_out[j, i, k] = _cov_entry(Z, i, k, d)
         if m > d:
             mean_out[j, i] = Z[i, d]
 
@@ -1172,11 +1177,6 @@ def _note_crossing(fres, t_c):
         fres[F_NCROSS] = k + 1
 
 
-def _log_trace(y, d, m):
-    """``log tr(Sigma)`` of a flat state (the blow-up event's value before its offset)."""
-    return math.log(max(_l_trace(y.reshape((d, m)), d), 1e-300))
-
-
 def _crossing(fld, y, h, imp, wk, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
@@ -1190,7 +1190,7 @@ def _crossing(fld, y, h, imp, wk, level):
         if not lo < mid < hi:
             break
         extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-        if _log_trace(wk.xa, fld.d, fld.m) - level >= 0:
+        if math.log(max(_l_trace(wk.xa.reshape((fld.d, fld.m)), fld.d), 1e-300)) >= level:
             hi = mid
         else:
             lo = mid
@@ -1248,8 +1248,8 @@ def _scratch_sizes(n, opt):
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
-_INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts", "_output")
+_INLINED = ("_copy", "_cov_entry", "_guard", "_combine", "_dop_errors", "_attempt",
+            "_next_step_size", "_stiffness_counts", "_crawl_counts", "_output")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
@@ -1261,10 +1261,10 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
 (RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
-_HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
+_HELPERS = ("_copy", "_cov_entry", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
             "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
-            "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
+            "_record", "_note_crossing", "_attempt", "_next_step_size",
             "_stiffness_counts", "_crawl_counts", "_output")
 
 

@@ -1,4 +1,4 @@
-r"""Adaptive integration of the Gaussian moment ODEs with events.
+r""":func:`solve`: one trajectory of the Gaussian moment ODEs, and the event loop.
 
 The covariance is integrated in factor form (docs/math.md section 3): with
 :math:`\Sigma = LL^T`,
@@ -7,30 +7,16 @@ The covariance is integrated in factor form (docs/math.md section 3): with
 
 so :math:`\Sigma(t) = F(t)\Sigma_0F(t)^T` with :math:`F` invertible: the covariance is
 symmetric positive semi-definite and keeps its rank exactly, at every step, whatever the
-integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
-
-* **blow-up**: :math:`\operatorname{tr}\Sigma` passes ``blowup_threshold`` times its
-  initial value; the blow-up time is extrapolated from
-  :math:`u = 1/\operatorname{tr}\Sigma`, which vanishes like a power of :math:`t^* - t`
-  at a finite-time singularity, and reported only once a second estimate, after the
-  trace has grown 100 times more, agrees with it (:mod:`gaussian_pde.integrate._events`);
-* **steady state**: :math:`\|\Sigma'\|_F \le` ``steady_tol`` :math:`\|\Sigma\|_F` +
-  ``steady_atol``;
-* **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
-  above ``rank_tol`` falls below it.
+integration error. The events (blow-up, steady state, rank collapse) are those of
+:mod:`gaussian_pde.integrate._events`.
 
 Two paths. The default ``"auto"``, where the attention has a compiled field (and without
-user ``events`` or ``first_step``), runs the compiled engine of
-:func:`~gaussian_pde.solve_batch` on the one trajectory (:func:`_solve_compiled`,
-:func:`gaussian_pde.integrate._compiled_batch.integrate_one`): DOP853 steps with Hairer's
-stiffness test, RODAS4P2 for good once it fires, the events above, the evaluation budget
-and overflow, all located and worded by the engine, the same steps and verdicts as
-``solve_batch``'s. Every other run takes the event loop :func:`integrate_system`:
-:func:`scipy.integrate.solve_ivp` through its public API, with the events above as its
-event functions, for the method a user names; its ``"auto"`` is LSODA, which switches
-between Adams and BDF steps itself. The event loop serves any state with a covariance:
-the closure solvers run it too, so that every solver stops at the same events with the
-same verdicts.
+user ``events`` or ``first_step``), is one trajectory of the compiled engine
+(:func:`~gaussian_pde.integrate._compiled_batch.integrate_one`), the same steps and
+verdicts as :func:`~gaussian_pde.solve_batch`'s. Every other run takes the event loop
+:func:`integrate_system`: :func:`scipy.integrate.solve_ivp` through its public API, with
+the events as its event functions; its ``"auto"`` is LSODA. The closure solvers run the
+event loop too, so that every solver stops at the same events with the same verdicts.
 """
 
 from __future__ import annotations
@@ -559,14 +545,10 @@ def _gave_up(max_nfev, t, implicit):
 
 
 def _solve_compiled(system, y0, opts):
-    r"""``method="auto"`` in the compiled engine; None where it does not apply.
+    """``method="auto"`` in the compiled engine (a :class:`Run`); None where it does not apply.
 
-    The engine (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
-    trajectory of :func:`~gaussian_pde.solve_batch`'s ``"auto"``) runs the whole
-    trajectory: DOP853 steps with Hairer's stiffness test, RODAS4P2 for good once it fires
-    (``Run.stiff_from``), the blow-up looks, steady state, rank collapse, the budget,
-    overflow, with the statuses and messages of ``solve_batch``. Applies where the
-    attention has a compiled field, without user events or ``first_step``.
+    It applies where the attention has a compiled field and no ``first_step`` is given
+    (the caller sends user events to the event loop).
     """
     from . import _compiled_batch as core
 
