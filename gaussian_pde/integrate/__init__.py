@@ -30,6 +30,7 @@ from .._common.tableaux import RODAS4P2
 from .._exact import blowup_time, exact_covariance, scalar_solution
 from ._batch import solve_batch
 from ._compiled_batch import compile_kernels, integrate_states
+from ._event_loop import integrate_system
 from ._events import (
     blowup_extrapolate,
     blowup_probe_step,
@@ -43,7 +44,7 @@ from ._events import (
 from ._options import METHODS, run_options, validate_method
 from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
-from ._solve import integrate_system, solve
+from ._solve import solve
 
 __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4P2", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",

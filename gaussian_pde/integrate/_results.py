@@ -186,7 +186,7 @@ class BatchSolution:
 class Run:
     """One trajectory in the solver's state and its verdict.
 
-    What the event loop (:func:`~gaussian_pde.integrate._solve.integrate_system`) and the
+    What the event loop (:func:`~gaussian_pde.integrate._event_loop.integrate_system`) and the
     engine's single trajectory (:func:`~gaussian_pde.integrate._compiled_batch.integrate_one`)
     return; ``stiff_from``: where the engine's RODAS4P2 took over (None: never).
     """

@@ -261,7 +261,8 @@ def test_accelerating_exponential_growth_is_not_blowup():
     finite time. Here the trace passes 1e8 x its start at t = 16.8 while its growth rate
     still rises, and the first estimate (t* = 18.7) looks finite; the confirmation 100
     times further up must reject it."""
-    from gaussian_pde.integrate._solve import _blowup_estimate, _System
+    from gaussian_pde.integrate._event_loop import _blowup_estimate
+    from gaussian_pde.integrate._solve import _System
 
     att, cov0 = accelerating_sinkhorn_case()
     sol = gp.solve(att, None, cov0, (0, 20.0))
