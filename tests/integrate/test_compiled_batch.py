@@ -46,38 +46,6 @@ def _settings(rng, d, kinds=tuple(COMPILED)):
     return atts, np.array(covs)
 
 
-def test_stage_sums_skip_only_zero_coefficients(rng):
-    """The compiled sums of the stages over the nonzero coefficients only: the same bits
-    as the sum over every column in order, and every column a nonfinite stage could hide
-    in is kept."""
-    from gaussian_pde.integrate import _compiled_batch as cb
-
-    cb._core()
-    ns = cb._NS
-    tables = [(cb._A, cb._A_COLS, range(1, 16), lambda r: r),
-              (cb._B2, cb._B_COLS, [0], lambda r: ns),
-              (cb._E53, cb._E_COLS, [0, 1], lambda r: ns + 1),
-              (cb._D, cb._D_COLS, range(4), lambda r: 16)]
-    skipped = 0
-    for n in (9, 12, cb._ROWS_FROM + 4):       # dot products, and along the rows
-        K = rng.standard_normal((16, n)) * 10.0 ** rng.integers(-3, 4, size=(16, 1))
-        for C, cols, rows, last in tables:
-            for r in rows:
-                out = np.empty(n)
-                cb._combine(C, cols, r, K, out)
-                want = np.zeros(n)
-                for j in range(last(r)):        # every column, in order
-                    want = want + C[r, j] * K[j]
-                assert out.tobytes() == want.tobytes()
-                skipped += last(r) - cols[1][r]
-    assert skipped > 0
-    # the first nonfinite stage meets a nonzero coefficient in the next stage ...
-    assert all(cb._A[s, s - 1] != 0 for s in range(1, 16))
-    # ... and the new state and the error see every stage, f(y_new) included
-    assert cb._B_COLS[1][0] == ns and cb._E_COLS[1].tolist() == [9, 9]
-    assert cb._E_COLS[0][0, 8] == ns
-
-
 @pytest.mark.parametrize("d", [2, 4])
 def test_compiled_takes_scipys_dop853_steps(rng, d):
     """``method="DOP853"``: a finished run takes SciPy's DOP853 steps on the factor (the
@@ -560,7 +528,7 @@ print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
 _PIECES_CACHED = """
 from gaussian_pde.integrate import _compiled_batch as cb
 drive, fns = cb._core()
-disps = [drive] + [getattr(cb, name) for name in cb._PIECES]
+disps = [drive] + [cb._function(name) for name in cb._PIECES]
 print(sum(sum(d.stats.cache_misses.values()) for d in disps),
       sum(sum(d.stats.cache_hits.values()) for d in disps),
       max(len(d.signatures) for d in disps), int((fns > 0).all()))
@@ -725,29 +693,6 @@ _CRAWL = dict(
     cov0=np.array([[38.96732126702816, -57.625785470212186],
                    [-57.625785470212186, 100.84833725204943]]),
     t1=1.16061993706597e-06)
-
-
-def test_the_second_stiffness_test_counts_blocks_of_accepted_steps():
-    """It fires at the end of a block of accepted steps with at least ``_CRAWL_STEPS`` of
-    :math:`h|\\lambda| \\ge` ``_CRAWL_HLAMB``, never inside one; a rejected step does not
-    count."""
-    from gaussian_pde.integrate._compiled_batch import (
-        _CRAWL_BLOCK,
-        _CRAWL_HLAMB,
-        _CRAWL_STEPS,
-        _crawl_counts,
-    )
-
-    fired = []
-    block = crawl = 0
-    for n_crawl in (_CRAWL_STEPS, _CRAWL_STEPS - 1, _CRAWL_BLOCK):
-        for i in range(_CRAWL_BLOCK):
-            hlamb = _CRAWL_HLAMB if i < n_crawl else 0.5 * _CRAWL_HLAMB
-            block, crawl, f = _crawl_counts(True, hlamb, block, crawl)
-            fired.append(f)
-            block, crawl, f = _crawl_counts(False, hlamb, block, crawl)
-            assert not f
-    assert [k for k, f in enumerate(fired) if f] == [_CRAWL_BLOCK - 1, 3 * _CRAWL_BLOCK - 1]
 
 
 def test_the_second_stiffness_test_finishes_a_crawling_run():
