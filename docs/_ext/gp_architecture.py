@@ -75,8 +75,8 @@ FIELDS = [
 
 LOOPS = [
     Box("nb", "compiled batch loop",
-        ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba", "factor or plain states"),
-        ("gaussian_pde/integrate/_compiled_batch.py",)),
+        ("integrate/_compiled_engine.py", "DOP853, RODAS4P2: Numba", "factor or plain states"),
+        ("gaussian_pde/integrate/_compiled_engine.py",)),
     Box("ev", "event loop",
         ("integrate_system: _solve.py,", "_moment_field.py",
          "scipy.integrate.solve_ivp; auto: LSODA"),
@@ -123,7 +123,7 @@ ARROWS = [
     Arrow("quad", "ev", ("quadratic_heads",), label="mixture", extra_files=("gaussian_pde/closure/_mixture.py",)),
     Arrow("quad", "certified", ("quadratic_heads",)),
     Arrow("pk", "rk", ("particle_kernel",)),
-    Arrow("nb", "batch", ("integrate_compiled",)),
+    Arrow("nb", "batch", ("integrate_batch",)),
     Arrow("nb", "solve", ("integrate_one",), label="auto", label_at=0.72),
     Arrow("ev", "solve", ("integrate_system",)),
     Arrow("ev", "closure", ("integrate_system",)),

@@ -5,7 +5,7 @@ The mark lives here, below the attention types and the generated modules, so tha
 its functions without importing the attention package;
 :mod:`gaussian_pde.attention._compiled_fields` compiles what is marked.
 
-The integrator (:mod:`gaussian_pde.integrate._compiled_batch`) calls its large pieces,
+The integrator (:mod:`gaussian_pde.integrate._compiled_engine`) calls its large pieces,
 each compiled once, through their addresses (:func:`address_caller`), and hands the
 field kernels to its driver by an address looked up once (:class:`ResolvedKernel`).
 """

@@ -13,7 +13,7 @@ Below the drivers, one module per concept, with no import back up:
   :func:`scipy.integrate.solve_ivp` with the package's events, which the closure
   solvers run too) and :func:`solve_batch` (its input, and the runs of the compiled
   integrator);
-* ``_compiled_batch``: the compiled engine (Numba, parallel over trajectories), for
+* ``_compiled_engine``: the compiled engine (Numba, parallel over trajectories), for
   every type whose ``compiled_field()`` supplies the kernels: all of
   :func:`solve_batch`, and :func:`solve`'s default, one trajectory to its end;
 * ``_precompile``: a fresh machine's first run compiles the engine in a second process
@@ -29,7 +29,7 @@ solutions, the reference problems of the tests, are their own module
 from .._common.tableaux import RODAS4P2
 from .._exact import blowup_time, exact_covariance, scalar_solution
 from ._batch import solve_batch
-from ._compiled_batch import compile_kernels, integrate_states
+from ._compiled_engine import compile_kernels, integrate_states
 from ._event_loop import integrate_system
 from ._events import (
     blowup_extrapolate,

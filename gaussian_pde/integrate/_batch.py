@@ -2,7 +2,7 @@
 
 The input is checked (a mapping of stacked weights becomes one attention per trajectory),
 each attention asked for its compiled field (:meth:`~gaussian_pde.Attention.compiled_field`),
-and the compiled engine (:mod:`gaussian_pde.integrate._compiled_batch`) run once for every
+and the compiled engine (:mod:`gaussian_pde.integrate._compiled_engine`) run once for every
 pair of kernels among them.
 """
 
@@ -23,7 +23,7 @@ from ..attention import (
     has_hook,
     require_mean,
 )
-from . import _compiled_batch
+from . import _compiled_engine
 from ._options import solver_options
 
 __all__ = ["solve_batch"]
@@ -160,7 +160,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     if not (isinstance(method, str) and method in _METHODS):
         raise ValueError("`method` must be 'auto', 'DOP853' or 'rosenbrock', "
                          f"got {method!r}.")
-    fields = _compiled_batch.compiled_fields(atts, nb)
+    fields = _compiled_engine.compiled_fields(atts, nb)
     if fields is not None:
         return _run_compiled(fields, atts, cov0s, mean0s, opts, method)
     _require_compiled_fields(listed)
@@ -168,7 +168,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     for rows in _kernel_groups(atts):   # fields of several kernels: a run for each
         sub = [atts[i] for i in rows]
         parts.append((rows, _run_compiled(
-            _compiled_batch.compiled_fields(sub, len(rows)), sub, cov0s[rows],
+            _compiled_engine.compiled_fields(sub, len(rows)), sub, cov0s[rows],
             None if mean0s is None else mean0s[rows], opts, method)))
     return _gather(parts, nb)
 
@@ -205,7 +205,7 @@ def _run_compiled(fields, atts, cov0s, mean0s, opts, method):
         # a mean equation that is not homogeneous keeps the mean in its own units
         units = mean0s is None or all(
             a.mean_is_linear() for a in ([atts] if isinstance(atts, Attention) else atts))
-        return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method,
+        return _compiled_engine.integrate_batch(fields, cov0s, mean0s, opts, method,
                                                   mean_units=units)
 
 

@@ -133,7 +133,7 @@ class BatchSolution:
         Final means; ``None`` without ``mean0s``.
     path : str
         Which integrator ran: ``"compiled"``, the compiled batch integrator
-        (:mod:`gaussian_pde.integrate._compiled_batch`), the only one.
+        (:mod:`gaussian_pde.integrate._compiled_engine`), the only one.
     """
 
     t: np.ndarray | None
@@ -187,7 +187,7 @@ class Run:
     """One trajectory in the solver's state and its verdict.
 
     What the event loop (:func:`~gaussian_pde.integrate._event_loop.integrate_system`) and the
-    engine's single trajectory (:func:`~gaussian_pde.integrate._compiled_batch.integrate_one`)
+    engine's single trajectory (:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`)
     return; ``stiff_from``: where the engine's RODAS4P2 took over (None: never).
     """
 

@@ -12,7 +12,7 @@ integration error. The events (blow-up, steady state, rank collapse) are those o
 
 Two paths. The default ``"auto"``, where the attention has a compiled field (and without
 user ``events`` or ``first_step``), is one trajectory of the compiled engine
-(:func:`~gaussian_pde.integrate._compiled_batch.integrate_one`), the same steps and
+(:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`), the same steps and
 verdicts as :func:`~gaussian_pde.solve_batch`'s. Every other run takes the event loop
 (:func:`~gaussian_pde.integrate._event_loop.integrate_system`: ``solve_ivp`` with the
 events, for the method a user names; its ``"auto"`` is LSODA).
@@ -152,7 +152,7 @@ def _solve_compiled(system, y0, opts):
     It applies where the attention has a compiled field and no ``first_step`` is given
     (the caller sends user events to the event loop).
     """
-    from . import _compiled_batch as core
+    from . import _compiled_engine as core
 
     if opts.first_step is not None:
         return None

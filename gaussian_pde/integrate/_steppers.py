@@ -1,7 +1,7 @@
 r"""The engine's two steppers: DOP853 and RODAS4P2 attempts, their dense output, the step rule.
 
 Plain Python over flat float64 arrays, compiled by the engine
-(:func:`gaussian_pde.integrate._compiled_batch._core`) and called from its trajectory
+(:func:`gaussian_pde.integrate._compiled_engine._core`) and called from its trajectory
 loop. DOP853 takes SciPy's tableau, error norm and step-size rule (the coefficients of
 :mod:`gaussian_pde._common.tableaux`) with Hairer's stiffness test
 (:func:`_stiffness_counts`) and a second one for crawling at its stability limit

@@ -963,7 +963,7 @@ def test_auto_is_solve_batch_on_one_trajectory():
 def test_a_full_record_runs_the_trajectory_again(monkeypatch):
     """Where the record of states fills, the engine runs the trajectory again with four
     times the room: the same steps, every one kept once."""
-    from gaussian_pde.integrate import _compiled_batch as core
+    from gaussian_pde.integrate import _compiled_engine as core
 
     att = make_attention(gp.L2, np.random.default_rng(3), 3, 2)
     cov0 = random_spd(np.random.default_rng(4), 3)
@@ -979,7 +979,7 @@ def test_a_full_record_runs_the_trajectory_again(monkeypatch):
 def test_record_rows():
     """A step end costs at least 7 evaluations (RODAS4P2 with a closed-form Jacobian): room
     for every state a budget allows, up to a memory cap; ``t_eval`` needs its size."""
-    from gaussian_pde.integrate import _compiled_batch as core
+    from gaussian_pde.integrate import _compiled_engine as core
     from gaussian_pde.integrate._options import solver_options
 
     assert core.record_rows(solver_options((0, 1), max_nfev=1200), 12) == 1200 // 7 + 3

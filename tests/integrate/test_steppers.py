@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from gaussian_pde.integrate import _compiled_batch
+from gaussian_pde.integrate import _compiled_engine
 from gaussian_pde.integrate import _steppers as st
 
 
@@ -10,7 +10,7 @@ def test_stage_sums_skip_only_zero_coefficients(rng):
     """The compiled sums of the stages over the nonzero coefficients only: the same bits
     as the sum over every column in order, and every column a nonfinite stage could hide
     in is kept."""
-    _compiled_batch._core()      # (compiles the steppers' helpers too)
+    _compiled_engine._core()      # (compiles the steppers' helpers too)
     ns = st._NS
     tables = [(st._A, st._A_COLS, range(1, 16), lambda r: r),
               (st._B2, st._B_COLS, [0], lambda r: ns),

@@ -5,13 +5,10 @@ default (:func:`integrate_one`, one trajectory, the same code and bits): the loo
 trajectories runs in compiled code, in parallel over trajectories (threads, each on a
 slice of the rows); each trajectory takes
 
-* DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
-  :mod:`gaussian_pde._common.tableaux`), Hairer's stiffness test
-  (:math:`h|\lambda| > 6.1` on 15 accepted steps) and a second one for DOP853 crawling
-  at its stability limit (:func:`_crawl_counts`) and, with ``method="auto"``, the
-  switch for good to RODAS4P2 (the same coefficients, the Jacobian from the field's
-  closed form where it holds, column-scaled central differences otherwise; the
-  :math:`n \times n` matrix :math:`I/(\gamma h) - J` by LU with partial pivoting);
+* DOP853 steps with Hairer's stiffness test (:math:`h|\lambda| > 6.1` on 15 accepted
+  steps) and a second one for DOP853 crawling at its stability limit and, with
+  ``method="auto"``, the switch for good to RODAS4P2 (the steppers:
+  :mod:`gaussian_pde.integrate._steppers`);
 * the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
   the step that passed the trace threshold (probe step, extrapolation of
   :math:`1/\operatorname{tr}\Sigma`, confirmation 100 times further up, the clock
@@ -72,7 +69,7 @@ from ._steppers import (
     _stiffness_counts,
 )
 
-__all__ = ["integrate_compiled", "integrate_states"]
+__all__ = ["integrate_batch", "integrate_states"]
 
 # outcome codes
 FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH, NFEV = range(10)
@@ -309,7 +306,7 @@ _BISECT_FINE = 64
 
 
 # ----------------------------------------------------------------------------------------
-# small pieces (plain Python, compiled by _core())
+# the events' measures of a flat state (plain Python, compiled by _core())
 # ----------------------------------------------------------------------------------------
 
 def _l_trace(Z, d):
@@ -370,7 +367,7 @@ def _rank_gap(y, d, m, first, rank_tol):
 
 
 # ----------------------------------------------------------------------------------------
-# one trajectory
+# one trajectory (its steps are those of ._steppers)
 # ----------------------------------------------------------------------------------------
 
 def _dense_at(fld, y, h, imp, x, wk):
@@ -1229,7 +1226,7 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
                stiff_from=stiff_from)
 
 
-def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
+def integrate_batch(fields, cov0s, mean0s, opts, method, mean_units=True):
     """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
 
     ``mean_units``: hold the mean in the units of :func:`gaussian_pde.solve`

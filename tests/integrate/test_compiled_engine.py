@@ -219,7 +219,7 @@ def test_compiled_trajectories_are_independent_and_scale(rng):
     """A batch (the parallel driver) equals each trajectory alone (the serial driver):
     the same code runs per trajectory, so bit for bit; and softmax's quadratic field
     gives t*(c Sigma_0) = t*(Sigma_0) / c."""
-    from gaussian_pde.integrate._compiled_batch import SERIAL_BELOW
+    from gaussian_pde.integrate._compiled_engine import SERIAL_BELOW
 
     atts, covs = _settings(rng, 3)
     assert 1 < SERIAL_BELOW <= len(atts)
@@ -240,7 +240,7 @@ def test_one_driver_call_reuses_its_scratch_without_carrying_state(rng):
     in the same scratch (the stages, the event gaps, the dense-output flag, the
     rejection counts): each equals itself alone, bit for bit, whatever ran before it;
     here a run that stops at a steady state, one that blows up, one cut by t_eval."""
-    from gaussian_pde.integrate._compiled_batch import SERIAL_BELOW
+    from gaussian_pde.integrate._compiled_engine import SERIAL_BELOW
 
     q = np.array([[1.0, 0.3]])
     atts = [gp.Softmax(q, -q, np.eye(2)), gp.Softmax(np.eye(2), np.eye(2), np.eye(2)),
@@ -375,7 +375,7 @@ def test_compiled_jacobian_equals_the_complex_step(rng):
 def test_every_compiled_type_batches_with_a_mean_like_solve(rng, monkeypatch):
     """solve_batch (compiled, generic and shape-compiled kernels) against solve, for every
     type with a compiled field and for a sum of two different ones."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     d = 3
     heads = _compiled_heads(d, rng)
@@ -454,7 +454,7 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
     operations in the same order as the generic kernel, so the same states, steps,
     evaluations and statuses, bit for bit (with a mean too). A type whose body is
     called rather than inlined (it allocates) keeps the generic kernel."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     d, k = 3, 2
     cls = gp.ATTENTIONS[kind]
@@ -489,7 +489,7 @@ def test_a_loop_of_solves_takes_the_kernel_of_its_shape(rng, monkeypatch):
     """The solves of one shape count together: from the SPECIALISE_FROM-th trajectory
     asked of a type, d and k in the process, the kernel compiled for them (a batch of
     that many at once too); other shapes and sums of heads keep the generic kernel."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
     monkeypatch.setattr(cb, "SPECIALISE_FROM", 5)
@@ -526,7 +526,7 @@ print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
 
 
 _PIECES_CACHED = """
-from gaussian_pde.integrate import _compiled_batch as cb
+from gaussian_pde.integrate import _compiled_engine as cb
 drive, fns = cb._core()
 disps = [drive] + [cb._function(name) for name in cb._PIECES]
 print(sum(sum(d.stats.cache_misses.values()) for d in disps),
@@ -539,7 +539,7 @@ def test_the_integrators_pieces_are_compiled_once_and_loaded_from_the_disk_cache
     """Each large piece of the compiled integrator is compiled once, for one signature,
     into an entry of its own in Numba's disk cache, and the driver's table holds its
     address: a second process loads every piece and compiles none."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     _python(_PIECES_CACHED)
     misses, hits, signatures, addressed = _python(_PIECES_CACHED).split()
@@ -557,7 +557,7 @@ def test_kernels_passed_by_address_give_the_same_bits(rng, monkeypatch):
     """The drivers take each kernel by the address looked up once (Numba's wrapper-address
     protocol) or, where that lookup is not available, as the dispatcher itself: the
     same code runs, so the same bits, serial (one trajectory) and parallel."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     atts, covs = _settings(rng, 3)
     by_address = [gp.solve_batch(atts[0], covs[:1], (0.0, 2.0)),
@@ -649,7 +649,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options):
 
     import numba
 
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
     from gaussian_pde.integrate._options import solver_options
 
     opts = solver_options((0.0, 2.0), **options)
@@ -673,7 +673,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options):
 def test_the_switch_time_has_a_slot_of_its_own():
     """A run that stops reads the stop's slots and where RODAS4P2 took over; a single
     trajectory's blow-up crossings follow the batch's slots: no two share a place."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     look = {cb.F_TSTAR, cb.F_T_LOOK, cb.F_LIMIT, cb.F_S0, cb.F_S1, cb.F_FINITE}
     stop = {cb.F_T, cb.F_T_BLOWUP, cb.F_T_STOP, cb.F_T_NEXT}
@@ -727,7 +727,7 @@ def test_a_shape_in_the_disk_cache_is_taken_from_fewer_trajectories(rng, monkeyp
     kernel only where Numba's disk cache holds it (loaded, not compiled); once compiled
     (and so written to the cache) the probe finds it."""
     from gaussian_pde.attention import _compiled_fields as cf
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     att = gp.Softmax.example(3, rng)
     field = att.compiled_field()
