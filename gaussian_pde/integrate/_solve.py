@@ -211,29 +211,23 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        ``"auto"`` (default): DOP853 steps with Hairer's stiffness test after every
-        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires (or, where
-        the Jacobian has a closed form, once DOP853 crawls at its stability limit: 75
-        of a block of 100 accepted steps with :math:`h|\lambda| \ge 2`), RODAS4P2
-        (L-stable, order 4) takes the steps to the end, with the closed-form Jacobian of
-        the field where the type has one and central differences otherwise; the
-        ``message`` then ends with ``"; stiff from t = ... on: RODAS4P2"``. Where the
-        attention has a compiled field and neither user ``events`` nor ``first_step``
-        are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
-        trajectory, in the same compiled engine: the same steps, events, verdicts,
-        evaluations and messages (``t_events["blowup"]`` holds where the trace passed
-        each threshold, located on the dense output to rounding). Otherwise (user
-        ``events``, ``first_step``, a field without a compiled kernel) the event loop
-        runs :func:`scipy.integrate.solve_ivp` with ``"LSODA"``, which switches between
-        Adams and BDF steps itself, given the exact Jacobian of the factor form and of
-        the mean where the type has one. Or any :func:`scipy.integrate.solve_ivp`
-        method, stepped by ``solve_ivp`` itself; ``"LSODA"``, ``"Radau"`` and ``"BDF"``
-        get the exact Jacobian in covariance-only mode. Or ``"rosenbrock"``: the
-        L-stable linearly implicit RODAS4P2 of :func:`gaussian_pde.integrate._batch.solve_batch`
-        (one trajectory), for stiff runs to a
-        steady state; covariance only (``mean0=None``), without user ``events`` or
-        ``first_step``; ``t`` holds ``t_eval`` (up to the stop) or, without it, the
-        initial and final times; right-hand-side counts include the Jacobian's.
+        ``"auto"`` (default): where the attention has a compiled field and neither user
+        ``events`` nor ``first_step`` are given, :func:`~gaussian_pde.solve_batch`'s
+        ``"auto"`` for the one trajectory, in the same compiled engine: DOP853 steps,
+        RODAS4P2 to the end once the stiffness tests fire (see there), the same steps,
+        events, verdicts, evaluations and messages (the ``message`` then ends with
+        ``"; stiff from t = ... on: RODAS4P2"``; ``t_events["blowup"]`` holds where the
+        trace passed each threshold, located on the dense output to rounding).
+        Otherwise the event loop runs :func:`scipy.integrate.solve_ivp` with
+        ``"LSODA"``, which switches between Adams and BDF steps itself, given the exact
+        Jacobian of the factor form and of the mean where the type has one. Or any
+        :func:`scipy.integrate.solve_ivp` method, stepped by ``solve_ivp`` itself;
+        ``"LSODA"``, ``"Radau"`` and ``"BDF"`` get the exact Jacobian in covariance-only
+        mode. Or ``"rosenbrock"``: one trajectory of :func:`~gaussian_pde.solve_batch`'s
+        RODAS4P2, for stiff runs to a steady state; covariance only (``mean0=None``),
+        without user ``events`` or ``first_step``; ``t`` holds ``t_eval`` (up to the
+        stop) or, without it, the initial and final times; right-hand-side counts
+        include the Jacobian's.
     rtol, atol : float
         Tolerances, in solver units, on the entries of the mean and of ``L``.
     blowup_threshold : float
