@@ -952,15 +952,14 @@ def _core():
     once for each set of flags, and with the wrappers theirs are the other modules'.
 
     :func:`_run` spreads a batch's trajectories over threads that each call it on a
-    slice of the rows (each trajectory the same code, the same bits, whichever thread
-    runs it). Threads rather than Numba's ``prange``: a parallel loop is compiled a second
-    time, with the whole integrator inside, which doubled the first compilation.
+    slice of the rows.
 
     Only the helpers in :data:`_ALLOCATING` (those that allocate) are compiled with
     Numba's reference counting (``_nrt``); the driver's scratch comes from its caller.
     Every array the others see belongs to a caller that holds it for the whole call, and
     the counting would cost an atomic increment and decrement per array, view and call:
-    measured, about 40 % of a step at d = 3. A helper without it that allocated would fail to compile, not leak.
+    measured, about 40 % of a step at d = 3. A helper without it that allocated would fail
+    to compile, not leak.
     """
     import inspect
 
@@ -1352,26 +1351,24 @@ SERIAL_BELOW = 4
 _SLICES_PER_THREAD = 8
 
 
-def _threads():
-    """Threads a batch runs on: Numba's thread count (``NUMBA_NUM_THREADS``, the cores)."""
-    import numba
-
-    return max(1, int(numba.config.NUMBA_NUM_THREADS))
-
-
 def _run(rhs, jac, params, d, m, opt, batch):
     """The compiled driver over the rows of the :class:`Batch` ``batch``.
 
     On the calling thread for fewer than :data:`SERIAL_BELOW` trajectories, else over
-    :func:`_threads` threads, each taking the next slice of rows until none is left;
-    each thread with scratch of its own.
+    Numba's thread count (``NUMBA_NUM_THREADS``, the cores) of threads, each taking the
+    next slice of rows until none is left, with scratch of its own (each trajectory the
+    same code, the same bits, whichever thread runs it). Threads rather than Numba's
+    ``prange``: a parallel loop is compiled a second time, with the whole integrator
+    inside, which doubled the first compilation.
     """
+    import numba
+
     drive, fns = _core()
     rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
     nb = batch.Y.shape[0]
     args = (fns, params, d, m, batch, opt)
     fsize, isize = _scratch_sizes(d * m, opt)
-    workers = 1 if nb < SERIAL_BELOW else min(_threads(), nb)
+    workers = 1 if nb < SERIAL_BELOW else min(max(1, int(numba.config.NUMBA_NUM_THREADS)), nb)
     if workers == 1:
         drive(rhs, jac, *args, 0, nb, np.empty(fsize), np.empty(isize, dtype=np.int64))
         return
