@@ -78,15 +78,18 @@ class _System:
         """``(mean, L)`` of one state ``(n,)`` or a stack ``(T, n)``; copies."""
         y = np.asarray(y)
         Z = y.reshape(y.shape[:-1] + (self.d, self.m))
-        L = np.ascontiguousarray(Z[..., :self.d])
+        return self._mean(Z), np.ascontiguousarray(Z[..., :self.d])
+
+    def _mean(self, Z):
+        """The mean (zeros, or None without one) of a state ``Z`` ``(..., d, m)``, a new array."""
         if self.zero_mean:
-            return np.zeros(L.shape[:-1]), L
+            return np.zeros(Z.shape[:-1])
         if not self.with_mean:
-            return None, L
+            return None
         # a mean that grew past the floating-point range in its own units (the solver's
         # are a power of 2 smaller) is inf, as it is; the run's message says why it stopped
         with np.errstate(over="ignore"):
-            return Z[..., self.d] * self.mean_scale, L
+            return Z[..., self.d] * self.mean_scale
 
     def pack(self, mean, L):
         """The flat state of ``L`` and ``mean`` (left out where the state has no mean)."""
@@ -118,12 +121,7 @@ class _System:
         """``(mean, cov)`` of one state, new arrays (what the events see at every step)."""
         Z = y.reshape(self.d, self.m)
         L = Z[:, :self.d]
-        if self.zero_mean:
-            return np.zeros(self.d), L @ L.T
-        if not self.with_mean:
-            return None, L @ L.T
-        with np.errstate(over="ignore"):
-            return Z[:, self.d] * self.mean_scale, L @ L.T
+        return self._mean(Z), L @ L.T
 
     def cancellation(self, y, atol, rtol, level):
         """:func:`~gaussian_pde._common.factor_rotation.cancellation_exceeds` of the factor."""
