@@ -109,20 +109,10 @@ class CoreOptions(typing.NamedTuple):
 
     Attributes
     ----------
-    atol, rtol : float
-        The error tolerances, in the state's units.
-    max_step : float
-        The largest step size.
-    blowup_threshold : float
-        The first blow-up threshold, as a multiple of :math:`\operatorname{tr}\Sigma_0`.
-    steady_tol, steady_atol : float
-        The steady-state event's relative and absolute tolerances on the rate.
-    rank_tol : float
-        The rank-collapse event's tolerance (negative: no such event).
-    t0, t1 : float
-        The start and the end of the time span.
-    max_nfev : int
-        The budget of right-hand-side evaluations (negative: none).
+    atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol, t0, t1, max_nfev
+        Those of :class:`~gaussian_pde.integrate._options.SolverOptions` and its
+        :class:`~gaussian_pde.integrate._events.EventOptions`, with a negative number
+        for None (``steady_tol``: 0).
     method : int
         0 ``"auto"`` (DOP853, RODAS4P2 once stiff), 1 DOP853, 2 RODAS4P2.
     steady_on : bool

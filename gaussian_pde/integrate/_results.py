@@ -63,8 +63,7 @@ class MomentSolution:
     factor : ndarray, shape (T, d, d)
         Factors ``L`` with ``cov = L L^T``.
     status : Status
-        ``"finished"``, ``"blowup"``, ``"steady"``, ``"rank_collapse"``, ``"event"``
-        (a user's terminal event) or ``"failed"``.
+        How the run ended (:class:`Status`).
     message : str
         Human-readable reason.
     t_blowup : float or None
