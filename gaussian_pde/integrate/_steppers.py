@@ -405,10 +405,10 @@ def _crawl_counts(acc, hlamb, block, crawl):
     below 6.1 (:math:`h|\lambda|` of 1.5 to 3.3 on thousands of steps, where the stiff
     eigenvalue is :math:`10^5` times the growth rate). Accepted steps are counted in
     blocks of ``_CRAWL_BLOCK``; the test fires at the end of a block with at least
-    ``_CRAWL_STEPS`` steps of :math:`h|\lambda| \ge` ``_CRAWL_HLAMB``. It switches only
-    where the field's Jacobian has a closed form there (:func:`_steps`): with central
-    differences a Rosenbrock step costs :math:`2n + 6` evaluations, more than such
-    crawling saves.
+    ``_CRAWL_STEPS`` steps of :math:`h|\lambda| \ge` ``_CRAWL_HLAMB``. The engine's
+    trajectory loop switches on it only where the field's Jacobian has a closed form
+    there: with central differences a Rosenbrock step costs :math:`2n + 6` evaluations,
+    more than such crawling saves.
     """
     fired = False
     if acc:
