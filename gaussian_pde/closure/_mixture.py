@@ -53,7 +53,7 @@ exact moment ODE of :func:`gaussian_pde.solve`. The closure is exact whenever th
 is affine on every component, e.g. weak attention (:math:`\pi_k \approx w_k`); otherwise
 its error against particles is measured (:mod:`gaussian_pde.studies._clusters`).
 
-**Events.** :func:`solve_mixture` runs :func:`gaussian_pde.integrate._solve.integrate_system`
+**Events.** :func:`solve_mixture` runs :func:`gaussian_pde.integrate._event_loop.integrate_system`
 with the mixture's *total* covariance
 :math:`\Sigma_{\mathrm{tot}} = \sum_k w_k(\Sigma_k + \alpha_k\alpha_k^T) - \bar\alpha\bar\alpha^T`
 (:math:`\bar\alpha = \sum_k w_k\alpha_k`), so blow-up, steady state and rank collapse mean
@@ -852,7 +852,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
 
     :math:`z\sim\mathcal N(0, I)`, with the closed-form field of the module docstring and
     the Gauss-Hermite rule; weights constant. The event loop is
-    :func:`gaussian_pde.integrate._solve.integrate_system`, the one every solver shares,
+    :func:`gaussian_pde.integrate._event_loop.integrate_system`, the one every solver shares,
     on the *total* covariance of the mixture.
 
     Parameters
