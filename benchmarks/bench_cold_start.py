@@ -71,7 +71,7 @@ raise SystemExit(main(sys.argv[2:]))
 
 #: run in the child: the integrator alone (what the job compiles in a second process)
 _INTEGRATOR = _LISTEN + """
-from gaussian_pde.integrate._compiled_batch import _core
+from gaussian_pde.integrate._compiled_engine import _core
 _core()
 """
 
@@ -123,7 +123,7 @@ def job_times(job, repeat, tmp):
     best["compile_s"] = best["cold_s"] - best["warm_s"]
     best["compile_cpu_s"] = best["cold_cpu_s"] - best["warm_cpu_s"]
     aside = []
-    if not any(name.endswith("_compiled_batch._steps") for name, _ in compiled):
+    if not any(name.endswith("_compiled_engine._steps") for name, _ in compiled):
         # the job compiled the integrator in a second process: its compiles, measured alone
         cache = Path(tmp) / f"{job}-integrator"
         cache.mkdir()

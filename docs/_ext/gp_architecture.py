@@ -74,26 +74,26 @@ FIELDS = [
 ]
 
 LOOPS = [
-    Box("nb", "compiled batch loop",
-        ("integrate/_compiled_batch.py", "DOP853, RODAS4P2: Numba", "factor or plain states"),
-        ("gaussian_pde/integrate/_compiled_batch.py",)),
+    Box("nb", "compiled engine",
+        ("integrate/_compiled_engine.py,", "_steppers.py: DOP853, RODAS4P2", "Numba; factor or plain states"),
+        ("gaussian_pde/integrate/_compiled_engine.py", "gaussian_pde/integrate/_steppers.py")),
     Box("ev", "event loop",
-        ("integrate_system: _solve.py,", "_moment_field.py",
+        ("integrate_system: _event_loop.py,", "_moment_field.py",
          "scipy.integrate.solve_ivp; auto: LSODA"),
-        ("gaussian_pde/integrate/_solve.py", "gaussian_pde/integrate/_moment_field.py")),
+        ("gaussian_pde/integrate/_event_loop.py", "gaussian_pde/integrate/_moment_field.py")),
     Box("rk", "particle steps",
         ("particles/_simulate.py,", "_common/runge_kutta.py"),
         ("gaussian_pde/particles/_simulate.py", "gaussian_pde/_common/runge_kutta.py")),
 ]
 
 SHARED = Box("shared", "shared below the loops",
-             ("_common/tableaux.py: the DOP853 and RODAS4P2 coefficients (compiled batch "
-              "loop)",
-              "integrate/_events.py: blow-up, steady state, rank collapse (compiled batch "
-              "loop, event loop, particles)",
-              "_common/lu.py: the LU of the compiled Rosenbrock stages (compiled batch loop)"),
+             ("_common/tableaux.py: the DOP853 and RODAS4P2 coefficients (compiled engine)",
+              "integrate/_events.py: blow-up, steady state, rank collapse (compiled engine, "
+              "event loop, particles)",
+              "_common/factor_rotation.py: re-factoring L -> LW (compiled engine, event loop); "
+              "_common/lu.py: the LU of the Rosenbrock stages"),
              ("gaussian_pde/_common/tableaux.py", "gaussian_pde/integrate/_events.py",
-              "gaussian_pde/_common/lu.py"))
+              "gaussian_pde/_common/factor_rotation.py", "gaussian_pde/_common/lu.py"))
 
 CLIENTS = [
     Box("batch", "gp.solve_batch", ("integrate/_batch.py",), ("gaussian_pde/integrate/_batch.py",)),
@@ -123,7 +123,7 @@ ARROWS = [
     Arrow("quad", "ev", ("quadratic_heads",), label="mixture", extra_files=("gaussian_pde/closure/_mixture.py",)),
     Arrow("quad", "certified", ("quadratic_heads",)),
     Arrow("pk", "rk", ("particle_kernel",)),
-    Arrow("nb", "batch", ("integrate_compiled",)),
+    Arrow("nb", "batch", ("integrate_batch",)),
     Arrow("nb", "solve", ("integrate_one",), label="auto", label_at=0.72),
     Arrow("ev", "solve", ("integrate_system",)),
     Arrow("ev", "closure", ("integrate_system",)),
@@ -154,13 +154,56 @@ def _colour(arrow):
     return _C["type"]
 
 
+def _draw_arrows(ax, geom, fs_text):
+    """The :data:`ARROWS` between the boxes placed at ``geom``, with their labels."""
+    from matplotlib.patches import FancyArrowPatch
+
+    # arrows: spread the attachment points along each edge, ordered by the other end
+    outs, ins = {}, {}
+    for a in ARROWS:
+        outs.setdefault(a.tail, []).append(a)
+        ins.setdefault(a.head, []).append(a)
+
+    def centre_y(key):
+        x, y, w, h = geom[key]
+        return y + h / 2
+
+    def attach(key, group, other, side):
+        x, y, w, h = geom[key]
+        group = sorted(group, key=lambda a: -centre_y(getattr(a, other)))
+        n = len(group)
+        span = min(h * 0.7, 0.14 * (n - 1)) if n > 1 else 0.0
+        pts = {}
+        for i, a in enumerate(group):
+            yy = y + h / 2 + span / 2 - (span * i / (n - 1) if n > 1 else 0.0)
+            pts[id(a)] = (x + (w if side == "right" else 0.0), yy)
+        return pts
+
+    start, end = {}, {}
+    for key, group in outs.items():
+        start.update(attach(key, group, "head", "right"))
+    for key, group in ins.items():
+        end.update(attach(key, group, "tail", "left"))
+    for a in ARROWS:
+        (x1, y1), (x2, y2) = start[id(a)], end[id(a)]
+        ax.add_patch(FancyArrowPatch((x1, y1), (x2, y2), arrowstyle="-|>", mutation_scale=8,
+                                     color=_colour(a), lw=1.0,
+                                     shrinkA=0, shrinkB=1))
+        if a.label:
+            # the label on the arrow, at ``label_at`` of the way, clear of its neighbours
+            t = a.label_at
+            ax.text(x1 + t * (x2 - x1), y1 + t * (y2 - y1), a.label, ha="center", va="center",
+                    fontsize=fs_text - 1.0, color=_colour(a),
+                    bbox=dict(fc="white", ec="none", pad=0.4))
+
+
 def draw(path):
     """Draw the picture into ``path`` (PNG) and return the path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.patches import FancyBboxPatch
 
     W, H = 7.8, 7.0
     fig = plt.figure(figsize=(W, H), dpi=DPI)
@@ -217,44 +260,7 @@ def draw(path):
         ax.text(x0 + 0.08, y + h - 0.12 - line_h * (i + 1), ln, ha="left", va="top",
                 fontsize=fs_text)
 
-    # arrows: spread the attachment points along each edge, ordered by the other end
-    outs, ins = {}, {}
-    for a in ARROWS:
-        outs.setdefault(a.tail, []).append(a)
-        ins.setdefault(a.head, []).append(a)
-
-    def centre_y(key):
-        x, y, w, h = geom[key]
-        return y + h / 2
-
-    def attach(key, group, other, side):
-        x, y, w, h = geom[key]
-        group = sorted(group, key=lambda a: -centre_y(getattr(a, other)))
-        n = len(group)
-        span = min(h * 0.7, 0.14 * (n - 1)) if n > 1 else 0.0
-        pts = {}
-        for i, a in enumerate(group):
-            yy = y + h / 2 + span / 2 - (span * i / (n - 1) if n > 1 else 0.0)
-            pts[id(a)] = (x + (w if side == "right" else 0.0), yy)
-        return pts
-
-    start, end = {}, {}
-    for key, group in outs.items():
-        start.update(attach(key, group, "head", "right"))
-    for key, group in ins.items():
-        end.update(attach(key, group, "tail", "left"))
-    for a in ARROWS:
-        (x1, y1), (x2, y2) = start[id(a)], end[id(a)]
-        ax.add_patch(FancyArrowPatch((x1, y1), (x2, y2), arrowstyle="-|>", mutation_scale=8,
-                                     color=_colour(a), lw=1.0,
-                                     shrinkA=0, shrinkB=1))
-        if a.label:
-            # the label on the arrow, at ``label_at`` of the way, clear of its neighbours
-            t = a.label_at
-            ax.text(x1 + t * (x2 - x1), y1 + t * (y2 - y1), a.label, ha="center", va="center",
-                    fontsize=fs_text - 1.0, color=_colour(a),
-                    bbox=dict(fc="white", ec="none", pad=0.4))
-
+    _draw_arrows(ax, geom, fs_text)
     ax.text(0.05, geom["shared"][1] + geom["shared"][3] + 0.15,
             "arrow colour: the loop\nthat it feeds or serves", fontsize=fs_text, va="bottom",
             color="#444444")

@@ -4,11 +4,16 @@ The mark lives here, below the attention types and the generated modules, so tha
 ``gaussian_pde/_generated`` (whose head bodies are printed by ``derivations/``) can mark
 its functions without importing the attention package;
 :mod:`gaussian_pde.attention._compiled_fields` compiles what is marked.
+
+The integrator (:mod:`gaussian_pde.integrate._compiled_engine`) calls its large pieces,
+each compiled once, through their addresses (:func:`address_caller`), and hands the
+field kernels to its driver by an address looked up once (:class:`ResolvedKernel`).
 """
 
 from __future__ import annotations
 
-__all__ = ["MARKED", "compiled_later"]
+__all__ = ["MARKED", "compiled_later", "address_caller", "address_and_signature",
+           "ResolvedKernel"]
 
 #: the functions marked by :func:`compiled_later`, in the order of their definition
 MARKED = []
@@ -29,3 +34,76 @@ def compiled_later(inline=False, counted=False):
         MARKED.append(fn)
         return fn
     return mark
+
+
+def address_caller(signatures):
+    """An intrinsic ``call(table, place, *args)``: the compiled function at ``table[place]``.
+
+    ``table`` is an int64 array of addresses of functions compiled with Numba's calling
+    convention, ``place`` a constant, ``signatures[place]`` that function's signature
+    (read when a caller is compiled). A direct call of the code at that address, the
+    arguments cast to the signature, its exceptions propagated to the caller. The
+    address comes from the caller (an argument, not a constant), so that every caller
+    stays in Numba's disk cache. (Numba's first-class functions would serve too, but each
+    of their calls also compiles a fallback through a C pointer that passes named tuples
+    by value, which costs more compilation than the call.)
+    """
+    from numba import types as T
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def call(typingctx, table, which, *args):
+        if not isinstance(which, T.IntegerLiteral):
+            return None
+        place = which.literal_value
+        sig = signatures[place]
+
+        def codegen(context, builder, signature, llargs):
+            array = context.make_array(table)(context, builder, llargs[0])
+            addr = builder.load(builder.gep(array.data, [context.get_constant(T.intp, place)]))
+            values = [context.cast(builder, builder.extract_value(llargs[2], i), ty, to)
+                      for i, (ty, to) in enumerate(zip(args, sig.args))]
+            fnty = context.call_conv.get_function_type(sig.return_type, sig.args)
+            status, res = context.call_conv.call_function(
+                builder, builder.inttoptr(addr, fnty.as_pointer()), sig.return_type,
+                sig.args, values)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return res
+
+        return sig.return_type(table, which, T.StarArgTuple.from_types(args)), codegen
+
+    return call
+
+
+def address_and_signature(dispatcher):
+    """``(address, signature)`` of a dispatcher's one compiled function, for :func:`address_caller`."""
+    (sig,) = dispatcher.nopython_signatures
+    cres = dispatcher.get_compile_result(sig)
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), sig
+
+
+class ResolvedKernel:
+    """A compiled kernel passed to a compiled driver by its address, looked up once.
+
+    Numba's wrapper-address protocol (``__wrapper_address__``, ``signature``): a
+    dispatcher passed as a first-class function is looked up again at every call of the
+    driver (about 30 us each, as long as a short trajectory); this object hands over the
+    address found at the first. It holds the dispatcher, which owns the code.
+    """
+
+    def __init__(self, kernel, sig):
+        from numba import types as T
+        from numba.experimental.function_type import _get_wrapper_address
+
+        self.kernel = kernel
+        self.sig = sig
+        self.address = _get_wrapper_address(kernel, sig)
+        self._numba_type_ = T.FunctionType(sig)
+
+    def __wrapper_address__(self):
+        return self.address
+
+    def signature(self):
+        return self.sig

@@ -2,7 +2,7 @@ r"""Compiled (Numba) factor fields: the shared machinery, which names no attenti
 
 A type's :meth:`~gaussian_pde.Attention.compiled_field` returns a :class:`CompiledField`:
 two compiled kernels with fixed signatures and the type's weights packed into one
-float64 vector. The integrator (:mod:`gaussian_pde.integrate._compiled_batch`) is
+float64 vector. The integrator (:mod:`gaussian_pde.integrate._compiled_engine`) is
 compiled once against those signatures (first-class function types, cached on disk),
 so it serves every type that supplies kernels, without knowing which type it is.
 

@@ -425,7 +425,7 @@ def _finite_terms(field, mean, L, n_per_dim, mean_name, cov_name):
 
 
 class _ClosureSystem:
-    """The closure ODE's state ``(alpha, L)`` for :func:`gaussian_pde.integrate._solve.integrate_system`."""
+    """The closure ODE's state ``(alpha, L)`` for :func:`gaussian_pde.integrate._event_loop.integrate_system`."""
 
     def __init__(self, field, n_per_dim):
         self.field, self.d, self.n_per_dim = field, field.d, n_per_dim
@@ -484,7 +484,7 @@ def solve_closure(field, mean0, cov0, t_span, *, t_eval=None, n_per_dim=DEFAULT_
               \qquad \Sigma = LL^T .
 
     Speaks :func:`gaussian_pde.solve`'s language and runs its event loop
-    (:func:`gaussian_pde.integrate._solve.integrate_system`), so the statuses, the
+    (:func:`gaussian_pde.integrate._event_loop.integrate_system`), so the statuses, the
     blow-up time with its confirmation, the steady-state and rank-collapse events and the
     user events mean what they mean there (docs/math.md section 10). Where the field is
     an attention that preserves Gaussians, :math:`\Gamma = b + Mx`, the closure is exact

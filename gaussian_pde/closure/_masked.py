@@ -161,7 +161,7 @@ class MaskedClosureSolution:
 
 
 class _MaskedSystem:
-    r"""Block means and factors for :func:`gaussian_pde.integrate._solve.integrate_system`.
+    r"""Block means and factors for :func:`gaussian_pde.integrate._event_loop.integrate_system`.
 
     The events see the average block covariance :math:`\frac1B\sum_b \Sigma_b` (so
     identical blocks reach the verdicts of unmasked softmax with the same thresholds);

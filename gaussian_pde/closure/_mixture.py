@@ -54,9 +54,9 @@ is affine on every component, e.g. weak attention (:math:`\pi_k \approx w_k`); o
 its error against particles is measured (:mod:`gaussian_pde.studies._clusters`).
 
 **Events.** :func:`solve_mixture` runs the compiled engine
-(:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the field of
+(:func:`gaussian_pde.integrate._compiled_engine.integrate_one`, the field of
 :mod:`._mixture_field`) or the event loop
-:func:`gaussian_pde.integrate._solve.integrate_system`, both with the mixture's *total*
+:func:`gaussian_pde.integrate._event_loop.integrate_system`, both with the mixture's *total*
 covariance
 :math:`\Sigma_{\mathrm{tot}} = \sum_k w_k(\Sigma_k + \alpha_k\alpha_k^T) - \bar\alpha\bar\alpha^T`
 (:math:`\bar\alpha = \sum_k w_k\alpha_k`), so blow-up, steady state and rank collapse mean
@@ -857,7 +857,7 @@ def _solve_engine(heads, mixture, system, y0, opts):
     r"""``method="auto"`` on the compiled engine (heads with a kernel: :func:`._mixture_field.pack`).
 
     The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
-    :func:`gaussian_pde.integrate._compiled_batch.integrate_one`, its field the kernel of
+    :func:`gaussian_pde.integrate._compiled_engine.integrate_one`, its field the kernel of
     :mod:`._mixture_field`, which also leaves a factor of the total covariance for the
     events (``CoreOptions.cov_rows``): DOP853 steps, the blow-up look, steady state and
     rank collapse on :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and
@@ -895,11 +895,11 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     the Gauss-Hermite rule; weights constant. The events act on the *total* covariance of
     the mixture. Two or more distinct components run, with ``method="auto"`` and without
     user ``events``, ``merge_tol`` or ``first_step``, on the compiled engine of
-    :func:`gaussian_pde.solve` (:func:`~gaussian_pde.integrate._compiled_batch.integrate_one`,
+    :func:`gaussian_pde.solve` (:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`,
     the field compiled in :mod:`gaussian_pde.closure._mixture_field`, which leaves a factor
     of the total covariance for the events), until it turns stiff; every other run, those
     with merge events included, on the event loop
-    :func:`gaussian_pde.integrate._solve.integrate_system` (:func:`scipy.integrate.solve_ivp`).
+    :func:`gaussian_pde.integrate._event_loop.integrate_system` (:func:`scipy.integrate.solve_ivp`).
 
     Parameters
     ----------

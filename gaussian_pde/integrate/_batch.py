@@ -1,23 +1,8 @@
-r"""Many covariance trajectories at once, each with its own steps, events and status.
+""":func:`solve_batch`: its input, turned into one attention per trajectory, and its runs.
 
-The factor-form covariance equation (docs/math.md section 3),
-
-.. math:: L_b' = M_b(\Sigma_b)\,L_b,\qquad \Sigma_b = L_bL_b^T,\qquad b = 1, \dots, B,
-
-(with the mean :math:`\alpha_b' = b_b + M_b\alpha_b` where one is given) is integrated
-for a stack of ``B`` trajectories by the compiled integrator
-(:mod:`gaussian_pde.integrate._compiled_batch`: the loop over trajectories in Numba,
-parallel over them). Every trajectory has its own time, step size and step control (the
-Dormand-Prince 8(5,3) pair of :func:`scipy.integrate.solve_ivp`'s ``DOP853``, with the
-same error norm and step-size rule, or, where it is stiff, the L-stable Rosenbrock method
-RODAS4P2: ``method="auto"`` switches per trajectory), its own events (blow-up with a time
-estimate, steady state, rank collapse, the definitions of :mod:`._events` that
-:func:`gaussian_pde.solve` shares) and its own status, so a trajectory that blows up
-early costs nothing afterwards.
-
-This module checks the input, turns it into one attention per trajectory (a mapping of
-stacked weights included), asks each for its compiled field
-(:meth:`~gaussian_pde.Attention.compiled_field`) and runs the integrator once for every
+The input is checked (a mapping of stacked weights becomes one attention per trajectory),
+each attention asked for its compiled field (:meth:`~gaussian_pde.Attention.compiled_field`),
+and the compiled engine (:mod:`gaussian_pde.integrate._compiled_engine`) run once for every
 pair of kernels among them.
 """
 
@@ -38,7 +23,7 @@ from ..attention import (
     has_hook,
     require_mean,
 )
-from . import _compiled_batch
+from . import _compiled_engine
 from ._options import solver_options
 
 __all__ = ["solve_batch"]
@@ -175,7 +160,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     if not (isinstance(method, str) and method in _METHODS):
         raise ValueError("`method` must be 'auto', 'DOP853' or 'rosenbrock', "
                          f"got {method!r}.")
-    fields = _compiled_batch.compiled_fields(atts, nb)
+    fields = _compiled_engine.compiled_fields(atts, nb)
     if fields is not None:
         return _run_compiled(fields, atts, cov0s, mean0s, opts, method)
     _require_compiled_fields(listed)
@@ -183,7 +168,7 @@ def solve_batch(attentions_or_weights, cov0s, t_span, *, t_eval=None, rtol=1e-10
     for rows in _kernel_groups(atts):   # fields of several kernels: a run for each
         sub = [atts[i] for i in rows]
         parts.append((rows, _run_compiled(
-            _compiled_batch.compiled_fields(sub, len(rows)), sub, cov0s[rows],
+            _compiled_engine.compiled_fields(sub, len(rows)), sub, cov0s[rows],
             None if mean0s is None else mean0s[rows], opts, method)))
     return _gather(parts, nb)
 
@@ -220,7 +205,7 @@ def _run_compiled(fields, atts, cov0s, mean0s, opts, method):
         # a mean equation that is not homogeneous keeps the mean in its own units
         units = mean0s is None or all(
             a.mean_is_linear() for a in ([atts] if isinstance(atts, Attention) else atts))
-        return _compiled_batch.integrate_compiled(fields, cov0s, mean0s, opts, method,
+        return _compiled_engine.integrate_batch(fields, cov0s, mean0s, opts, method,
                                                   mean_units=units)
 
 

@@ -35,10 +35,9 @@ from .._common.linalg import has_full_numerical_rank, numerical_rank
 from .._common.validation import validate_positive, validate_tolerance
 from ._results import Status
 
-__all__ = ["EventOptions", "event_options", "rank_note", "blowup_probe_step", "blowup_signature",
-           "blowup_extrapolate",
-           "blowup_verdict", "steady_gap", "rank_first", "rank_gap",
-           "MAX_GROWTH", "CONFIRM_GROWTH", "CONFIRM_TOL"]
+__all__ = ["EventOptions", "event_options", "rank_note", "rank_notes", "blowup_probe_step",
+           "blowup_signature", "blowup_extrapolate", "blowup_verdict", "steady_gap",
+           "rank_first", "rank_gap", "MAX_GROWTH", "CONFIRM_GROWTH", "CONFIRM_TOL"]
 
 #: the largest trace ratio followed before giving up on a growing solution
 MAX_GROWTH = 1e200
@@ -247,3 +246,16 @@ def rank_note(cov0, cov_final, status):
     return (f"; the covariance's numerical rank fell from {r0} to {r1} (an eigenvalue of "
             "cov / tr(cov) decayed below d * eps, where rounding no longer resolves it; "
             "pass rank_tol to stop with status 'rank_collapse' instead)")
+
+
+def rank_notes(cov0s, cov_finals, statuses):
+    """``(b, note)`` for every row of a stack whose :func:`rank_note` is not empty.
+
+    The ranks of the whole stack in two batched ``eigvalsh`` calls; :func:`rank_note`
+    words the few rows whose rank fell.
+    """
+    finite = np.all(np.isfinite(cov_finals), axis=(-2, -1))
+    fell = np.zeros(finite.shape, dtype=bool)
+    if finite.any():
+        fell[finite] = numerical_rank(cov_finals[finite]) < numerical_rank(cov0s[finite])
+    return [(b, rank_note(cov0s[b], cov_finals[b], statuses[b])) for b in np.flatnonzero(fell)]

@@ -1,4 +1,4 @@
-r"""Right-hand side and Jacobian of one trajectory of :func:`gaussian_pde.solve`'s event loop.
+r"""One trajectory's state: its right-hand side, its Jacobian and the units of its mean.
 
 The state of one trajectory is the factor :math:`L` alone (covariance only) or the
 ``d x (d + 1)`` matrix :math:`Z = [L \mid \alpha]` (with the mean), stored row-major,
@@ -27,9 +27,14 @@ factor's columns spread past
 column-scaled central differences of the same field replace it. A type without a
 compiled field is integrated on its NumPy reference, :func:`reference_field` (the
 derivation's ``factor_rhs`` and ``moment_rhs``), and its stiff steps take differences.
+
+**Units.** The mean rides in the state divided by a power of 2 (:func:`mean_scale`), so
+that the solvers' tolerances on it are relative to its size.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -37,15 +42,7 @@ from .._common.differences import central_jacobian
 from ..attention import compiled_field_of
 
 __all__ = ["reference_field", "compiled_field_values", "state_field", "moment_jacobian",
-           "mean_is_linear"]
-
-
-def mean_is_linear(attention):
-    r"""Whether :math:`\alpha' = N(\Sigma)\alpha` is known to hold (every head's ``mean_is_linear``).
-
-    A scaled mean then obeys the same equation.
-    """
-    return attention.mean_is_linear()
+           "mean_scale", "mean_scales", "max_abs"]
 
 
 def reference_field(attention, with_mean):
@@ -155,3 +152,48 @@ def moment_jacobian(attention, with_mean):
         return central_jacobian(field[0], y.reshape(d, m))
 
     return jac
+
+
+def mean_scale(mean0, rtol, atol):
+    r"""Units of the mean in the solver's state for ``method="auto"``.
+
+    A power of 2 near :math:`(\text{rtol}/\text{atol})\max_i|\alpha_{0,i}|`. The
+    solvers control the error of every entry :math:`y_i` to
+    :math:`\text{atol} + \text{rtol}\,|y_i|`; for the scaled mean that is
+    :math:`\text{rtol}\,(\max_i|\alpha_{0,i}| + |\alpha_i|)` in the mean's own units:
+    relative to the mean's size as a vector, whatever its scale, instead of the absolute
+    ``atol`` (made for the entries of ``L``) on entries of the mean that pass near zero,
+    which made the mean dictate the step size (up to 1.3 times the evaluations of the
+    covariance alone, for errors far below ``rtol``). Identity (1) without a mean or for
+    a zero mean; only for a type whose mean equation is linear
+    (``Attention.mean_is_linear``, checked by the caller).
+    Computed on Python floats (a short solve spends microseconds, not tens, on it).
+    """
+    if mean0 is None:
+        return 1.0
+    return _units(max_abs(mean0), rtol, atol)
+
+
+def mean_scales(mean0s, rtol, atol):
+    """:func:`mean_scale` of every row of ``mean0s`` (``(B, d)``), as an array.
+
+    The sizes of a finite stack in one NumPy reduction (the same numbers: a maximum of
+    absolute values is exact), then the units as :func:`mean_scale` takes them.
+    """
+    if np.isfinite(mean0s).all():
+        sizes = np.max(np.abs(mean0s), axis=1, initial=0.0).tolist()
+    else:
+        sizes = [max_abs(mu) for mu in mean0s]
+    return np.array([_units(size, rtol, atol) for size in sizes])
+
+
+def _units(size, rtol, atol):
+    if not (size > 0 and math.isfinite(size)):
+        return 1.0
+    exponent = round(math.log2(rtol / atol) + math.log2(size))
+    return 2.0 ** min(max(exponent, -1000), 1000)
+
+
+def max_abs(vector):
+    r""":math:`\max_i |v_i|` of a 1-D float array, as a Python float."""
+    return max(map(abs, vector.tolist()), default=0.0)

@@ -1,7 +1,7 @@
 """Compiling on two cores: the integrator in a second process, the fields in this one.
 
 On a machine whose Numba disk cache is empty (a fresh machine: ``NUMBA_CACHE_DIR``
-pointing at an empty folder), the compiled integrator (:func:`._compiled_batch._core`)
+pointing at an empty folder), the compiled integrator (:func:`._compiled_engine._core`)
 and the attention types' field kernels (:func:`gaussian_pde.attention.compiled_field_kernels`)
 are compiled at their first use, one after the other, each on one core. They do not
 depend on each other (the integrator takes the fields as first-class functions of
@@ -33,7 +33,7 @@ COMPILE_ASIDE = "gaussian_pde:compile_aside"
 _CHILD = """
 import importlib, sys
 sys.path.insert(0, sys.argv[1])
-from gaussian_pde.integrate._compiled_batch import _core
+from gaussian_pde.integrate._compiled_engine import _core
 _core()
 for target in sys.argv[2:]:
     module, name = target.split(":")
@@ -44,17 +44,17 @@ for target in sys.argv[2:]:
 def _engine_cached():
     """Whether Numba's disk cache holds the integrator's driver for these sources.
 
-    Numba's cache index of :func:`._compiled_batch._drive` (an index written for other
+    Numba's cache index of :func:`._compiled_engine._drive` (an index written for other
     sources reads as empty). True where that cannot be read (then nothing runs aside).
     """
     try:
         import numba
 
-        from . import _compiled_batch
+        from . import _compiled_engine
 
         if numba.config.DISABLE_JIT:
             return True
-        drive = _compiled_batch._drive
+        drive = _compiled_engine._drive
         probe = numba.njit(cache=True)(getattr(drive, "py_func", drive))
         return bool(probe._cache._cache_file._load_index())
     except Exception:       # a Numba whose cache reads otherwise: do nothing aside
@@ -85,10 +85,10 @@ def compile_on_two_cores(here=(), aside=()):
     it as to Numba's own ``numba:compile``).
     """
     from ..attention import compiled_field_kernels  # (every type of this package)
-    from . import _compiled_batch
+    from . import _compiled_engine
 
     child = None
-    loaded = _compiled_batch._core.cache_info().currsize > 0    # here already
+    loaded = _compiled_engine._core.cache_info().currsize > 0    # here already
     if (os.cpu_count() or 1) >= 2 and not loaded and not _engine_cached():
         root = pathlib.Path(__file__).resolve().parent.parent.parent
         try:
@@ -115,7 +115,7 @@ def compile_on_two_cores(here=(), aside=()):
     if child is not None:
         event.end_event(COMPILE_ASIDE)
     if fields is not None:             # loaded from the cache the child filled, or compiled
-        _compiled_batch._core()
+        _compiled_engine._core()
     for target in aside:               # loaded, or (without a child) compiled here
         _call(target)
     return ok

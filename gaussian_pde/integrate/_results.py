@@ -14,7 +14,7 @@ import numpy as np
 from .._common.linalg import psd_sqrt
 from .._common.validation import validate_int
 
-__all__ = ["Status", "MomentSolution", "BatchSolution"]
+__all__ = ["Status", "MomentSolution", "BatchSolution", "Run"]
 
 
 class Status(str, enum.Enum):
@@ -63,8 +63,7 @@ class MomentSolution:
     factor : ndarray, shape (T, d, d)
         Factors ``L`` with ``cov = L L^T``.
     status : Status
-        ``"finished"``, ``"blowup"``, ``"steady"``, ``"rank_collapse"``, ``"event"``
-        (a user's terminal event) or ``"failed"``.
+        How the run ended (:class:`Status`).
     message : str
         Human-readable reason.
     t_blowup : float or None
@@ -133,7 +132,7 @@ class BatchSolution:
         Final means; ``None`` without ``mean0s``.
     path : str
         Which integrator ran: ``"compiled"``, the compiled batch integrator
-        (:mod:`gaussian_pde.integrate._compiled_batch`), the only one.
+        (:mod:`gaussian_pde.integrate._compiled_engine`), the only one.
     """
 
     t: np.ndarray | None
@@ -180,6 +179,30 @@ class BatchSolution:
             message=self.message[i], t_blowup=tb, t_final=float(self.t_final[i]),
             mean_final=self.mean_final[i] if with_mean else None,
             cov_final=self.cov_final[i], t_events={}, nfev=int(self.nfev[i]))
+
+
+@dataclasses.dataclass
+class Run:
+    """One trajectory in the solver's state and its verdict.
+
+    What the event loop (:func:`~gaussian_pde.integrate._event_loop.integrate_system`) and the
+    engine's single trajectory (:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`)
+    return; ``stiff_from``: where the engine's RODAS4P2 took over (None: never);
+    ``stiff_stop``: the engine stopped there instead (a plain state whose field has no
+    closed-form Jacobian, :func:`~gaussian_pde.integrate.integrate_covariance_state`).
+    """
+
+    t: np.ndarray
+    y: np.ndarray               # (T, n)
+    status: Status
+    message: str
+    t_blowup: float | None
+    t_final: float
+    y_final: np.ndarray
+    t_events: dict
+    nfev: int
+    stiff_from: float | None = None
+    stiff_stop: bool = False
 
 
 def overflow_message(t_last, t_next):

@@ -1,4 +1,4 @@
-r"""Adaptive integration of the Gaussian moment ODEs with events.
+r""":func:`solve`: one trajectory of the Gaussian moment ODEs.
 
 The covariance is integrated in factor form (docs/math.md section 3): with
 :math:`\Sigma = LL^T`,
@@ -7,70 +7,38 @@ The covariance is integrated in factor form (docs/math.md section 3): with
 
 so :math:`\Sigma(t) = F(t)\Sigma_0F(t)^T` with :math:`F` invertible: the covariance is
 symmetric positive semi-definite and keeps its rank exactly, at every step, whatever the
-integration error. Events add what :func:`scipy.integrate.solve_ivp` lacks:
-
-* **blow-up**: :math:`\operatorname{tr}\Sigma` passes ``blowup_threshold`` times its
-  initial value; the blow-up time is extrapolated from
-  :math:`u = 1/\operatorname{tr}\Sigma`, which vanishes like a power of :math:`t^* - t`
-  at a finite-time singularity, and reported only once a second estimate, after the
-  trace has grown 100 times more, agrees with it (:mod:`gaussian_pde.integrate._events`);
-* **steady state**: :math:`\|\Sigma'\|_F \le` ``steady_tol`` :math:`\|\Sigma\|_F` +
-  ``steady_atol``;
-* **rank collapse**: an eigenvalue of :math:`\Sigma/\operatorname{tr}\Sigma` that was
-  above ``rank_tol`` falls below it.
+integration error. The events (blow-up, steady state, rank collapse) are those of
+:mod:`gaussian_pde.integrate._events`.
 
 Two paths. The default ``"auto"``, where the attention has a compiled field (and without
-user ``events`` or ``first_step``), runs the compiled engine of
-:func:`~gaussian_pde.solve_batch` on the one trajectory (:func:`_solve_compiled`,
-:func:`gaussian_pde.integrate._compiled_batch.integrate_one`): DOP853 steps with Hairer's
-stiffness test, RODAS4P2 for good once it fires, the events above, the evaluation budget
-and overflow, all located and worded by the engine, the same steps and verdicts as
-``solve_batch``'s. Every other run takes the event loop :func:`integrate_system`:
-:func:`scipy.integrate.solve_ivp` through its public API, with the events above as its
-event functions, for the method a user names; its ``"auto"`` is LSODA, which switches
-between Adams and BDF steps itself. The event loop serves any state with a covariance:
-the closure solvers run it too, so that every solver stops at the same events with the
-same verdicts.
+user ``events`` or ``first_step``), is one trajectory of the compiled engine
+(:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`), the same steps and
+verdicts as :func:`~gaussian_pde.solve_batch`'s. Every other run takes the event loop
+(:func:`~gaussian_pde.integrate._event_loop.integrate_system`: ``solve_ivp`` with the
+events, for the method a user names; its ``"auto"`` is LSODA).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import warnings
 
 import numpy as np
-from scipy.integrate import BDF, LSODA, Radau, solve_ivp
 
+from .._common.factor_rotation import cancellation_exceeds, rotation
 from .._common.linalg import psd_factor, psd_sqrt
 from .._common.validation import validate_covariance, validate_t_span, validate_vector
 from .._exact import linear_mean
 from ..attention import require_mean, validate_attention
 from ._batch import solve_batch
-from ._batch_record import max_abs, mean_scale
-from ._events import (
-    blowup_extrapolate,
-    blowup_probe_step,
-    blowup_verdict,
-    rank_first,
-    rank_gap,
-    rank_note,
-    steady_gap,
-)
-from ._factor_rotation import REFACTOR_ABOVE_RESTART, REFACTOR_EVERY, cancellation_exceeds, rotation
-from ._moment_field import mean_is_linear, moment_jacobian, state_field
-from ._options import METHODS, solver_options, validate_method, validate_user_events
-from ._results import MomentSolution, Status, overflow_message
+from ._event_loop import integrate_system, strictly_increasing
+from ._events import rank_first, rank_note
+from ._moment_field import max_abs, mean_scale, moment_jacobian, state_field
+from ._options import solver_options, validate_method, validate_user_events
+from ._results import MomentSolution, Status
 
-__all__ = ["solve", "integrate_system", "integrate_covariance_state", "Run", "AUTO_METHOD"]
+__all__ = ["solve", "integrate_covariance_state"]
 
 _TINY = np.finfo(float).tiny
-
-#: the event loop's ``method="auto"``: LSODA switches between Adams and BDF steps by
-#: itself, so a run that turns stiff needs no hand-over (given the exact Jacobian where
-#: the field has one); SciPy's LSODA serves one problem at a time in a process (in
-#: threads, name an explicit method)
-AUTO_METHOD = "LSODA"
 
 
 class _System:
@@ -84,7 +52,7 @@ class _System:
     gives both rates. The mean's
     equation is linear and homogeneous, so the scaled mean obeys the same equation;
     ``mean_scale`` (a power of 2, exact) only sets the units in which the solver's
-    tolerances apply to it (see :func:`~gaussian_pde.integrate._batch_record.mean_scale`).
+    tolerances apply to it (see :func:`~gaussian_pde.integrate._moment_field.mean_scale`).
     """
 
     def __init__(self, attention, with_mean, mean_scale=1.0, zero_mean=False):
@@ -110,15 +78,18 @@ class _System:
         """``(mean, L)`` of one state ``(n,)`` or a stack ``(T, n)``; copies."""
         y = np.asarray(y)
         Z = y.reshape(y.shape[:-1] + (self.d, self.m))
-        L = np.ascontiguousarray(Z[..., :self.d])
+        return self._mean(Z), np.ascontiguousarray(Z[..., :self.d])
+
+    def _mean(self, Z):
+        """The mean (zeros, or None without one) of a state ``Z`` ``(..., d, m)``, a new array."""
         if self.zero_mean:
-            return np.zeros(L.shape[:-1]), L
+            return np.zeros(Z.shape[:-1])
         if not self.with_mean:
-            return None, L
+            return None
         # a mean that grew past the floating-point range in its own units (the solver's
         # are a power of 2 smaller) is inf, as it is; the run's message says why it stopped
         with np.errstate(over="ignore"):
-            return Z[..., self.d] * self.mean_scale, L
+            return Z[..., self.d] * self.mean_scale
 
     def pack(self, mean, L):
         """The flat state of ``L`` and ``mean`` (left out where the state has no mean)."""
@@ -150,22 +121,17 @@ class _System:
         """``(mean, cov)`` of one state, new arrays (what the events see at every step)."""
         Z = y.reshape(self.d, self.m)
         L = Z[:, :self.d]
-        if self.zero_mean:
-            return np.zeros(self.d), L @ L.T
-        if not self.with_mean:
-            return None, L @ L.T
-        with np.errstate(over="ignore"):
-            return Z[:, self.d] * self.mean_scale, L @ L.T
+        return self._mean(Z), L @ L.T
 
     def cancellation(self, y, atol, rtol, level):
-        """:func:`~gaussian_pde.integrate._factor_rotation.cancellation_exceeds` of the factor."""
+        """:func:`~gaussian_pde._common.factor_rotation.cancellation_exceeds` of the factor."""
         Z = y.reshape(self.d, self.m)
         return cancellation_exceeds(Z[:, :self.d], atol, rtol, level, fro2=self.trace(y))
 
     def refactor(self, y):
         r"""The same covariance (and mean) with the factor's columns made orthogonal.
 
-        :math:`L \mapsto LW` (:func:`gaussian_pde.integrate._factor_rotation.rotation`), an
+        :math:`L \mapsto LW` (:func:`gaussian_pde._common.factor_rotation.rotation`), an
         exact symmetry of the factor-form flow; the mean's column is left as it is.
         """
         Z = np.array(y, dtype=float).reshape(self.d, self.m)
@@ -178,414 +144,13 @@ class _System:
 _MEAN_RANGE = 1e300
 
 
-def _event(fun, terminal, direction, name):
-    fun.terminal = terminal
-    fun.direction = direction
-    fun.__name__ = name
-    return fun
-
-
-def _user_event(system, ev, i, base=0.0):
-    """A user's ``ev(t, mean, cov)`` as an event of the solver's state.
-
-    The solver's time runs from ``base`` (the segment's start, see
-    :func:`integrate_system`); the user's event sees the time itself.
-    """
-    def wrapped(t, y):
-        mean, cov = system.mean_and_cov(y)
-        try:
-            value = ev(base + t, mean, cov)
-        except Exception as exc:
-            raise _UserEventError(i, exc) from exc
-        return value
-
-    return _event(wrapped, bool(getattr(ev, "terminal", False)),
-                  float(getattr(ev, "direction", 0.0)),
-                  getattr(ev, "__name__", f"event{i}"))
-
-
-class _UserEventError(Exception):
-    def __init__(self, i, exc):
-        super().__init__(i, exc)
-        self.i, self.exc = i, exc
-
-
-def _blowup_estimate(system, t, y):
-    """:func:`blowup_extrapolate` at a state: ``u''`` from a probe step along the flow."""
-    cov, dcov = system.cov_and_rate(y)
-    tr, dtr = float(np.trace(cov)), float(np.trace(dcov))
-    if not (dtr > 0 and math.isfinite(dtr) and math.isfinite(tr)):
-        return None, False
-    h = float(blowup_probe_step(tr, dtr))
-    cov2, dcov2 = system.cov_and_rate(y + h * system(t, y))
-    return blowup_extrapolate(t, tr, dtr, float(np.trace(cov2)), float(np.trace(dcov2)), h)
-
-
-def accepts_jac(solver_cls):
-    """Whether the SciPy solver class uses a Jacobian (the implicit ones)."""
-    return issubclass(solver_cls, (Radau, BDF, LSODA))
-
-
-@dataclasses.dataclass
-class Run:
-    """What :func:`integrate_system` returns: the raw trajectory and its verdict."""
-
-    t: np.ndarray
-    y: np.ndarray               # (T, n)
-    status: Status
-    message: str
-    t_blowup: float | None
-    t_final: float
-    y_final: np.ndarray
-    t_events: dict
-    nfev: int
-    stiff_from: float | None = None   # the compiled engine: where RODAS4P2 took over
-
-
-def integrate_system(system, y0, opts, method, *, user_events=(), jac=None):
-    """Integrate ``system`` from ``y0`` with the package's events, by ``solve_ivp``.
-
-    One :func:`scipy.integrate.solve_ivp` call a segment, with blow-up, steady state,
-    rank collapse and the user's events as its event functions, and one more that stops
-    at the end of the step that spends ``max_nfev``, leaves the system's range, overflows
-    or asks for a re-factoring (:class:`_StepEnd`). A segment ends at ``t_span``'s end,
-    at a terminal event, or at such a step end; a blow-up threshold passed before the
-    blow-up is confirmed, or a re-factoring, starts the next one (on its own clock).
-
-    Parameters
-    ----------
-    system : object
-        ``fun(t, y)`` (counting ``system.nfev``), ``trace(y)``, ``cov_and_rate(y)``
-        (covariance and its rate) and ``mean_and_cov(y)`` (for user events); optionally
-        ``out_of_range(y)`` (a message where the field cannot be computed, else None) and
-        ``cancellation``/``refactor`` (:class:`_System`).
-    y0 : ndarray, shape (n,)
-        The initial state.
-    opts : SolverOptions
-        Validated by :func:`gaussian_pde.integrate._options.solver_options`.
-    method : str or OdeSolver subclass
-        Validated; a :func:`scipy.integrate.solve_ivp` method, or ``"auto"``:
-        :data:`AUTO_METHOD`.
-    user_events : tuple of callables
-        ``event(t, mean, cov)``, with optional ``terminal`` and ``direction``.
-    jac : callable, optional
-        Exact Jacobian, handed to the implicit methods only.
-
-    Returns
-    -------
-    Run
-    """
-    t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
-    if isinstance(method, str) and method == "auto":
-        method = AUTO_METHOD
-    solver_cls = METHODS[method] if isinstance(method, str) else method
-    if not accepts_jac(solver_cls):
-        jac = None
-    reason = _no_step_from(system, y0)
-    if reason is not None:
-        # no step can be taken: the initial state alone, with the reason
-        keep = np.array([t0]) if t_eval is None else t_eval[t_eval == t0]
-        return Run(t=keep, y=np.repeat(np.asarray(y0, dtype=float)[None], keep.size, 0),
-                   status=Status.FAILED, message=f"{reason} at t = {t0:.10g}",
-                   t_blowup=None, t_final=float(t0), y_final=np.asarray(y0), t_events={},
-                   nfev=system.nfev)
-    loop = _EventLoop(system, opts, solver_cls, jac, user_events, y0)
-    ts, ys, t_events = [], [], {}
-    t_start, y_start, limit = t0, y0, opts.events.blowup_threshold
-    suspected = None   # (t*, t) of a blow-up estimate awaiting confirmation
-    while True:
-        # a restarted segment runs on its own clock, tau = t - t_start from 0 (the
-        # dynamics are autonomous): near a blow-up at t*, the steps that resolve the time
-        # t* - t left are far below the rounding of t itself (ulp(t) ~ 1e-23 at t ~ 5e-8),
-        # but not of tau; the first segment runs on t itself, as solve_ivp does
-        base = 0.0 if t_start == t0 else t_start
-        evs = loop.events(limit, base)
-        # a restarted segment stores only times strictly after the restart time
-        seg_eval = None if t_eval is None else t_eval[
-            (t_eval > t_start) | ((t_eval == t_start) & (not ts))]
-        seg = loop.segment(evs, t_start, y_start, base, seg_eval)
-        keep = slice(1, None) if t_eval is None and ts else slice(None)   # no repeated restart
-        ts.append(seg.t[keep])
-        ys.append(seg.y[keep])
-        for ev, te in zip(evs, seg.t_events):
-            if ev is not evs[-1]:      # the step-end stop is no event of the run
-                t_events.setdefault(ev.__name__, []).extend(np.minimum(base + te, t1).tolist())
-        end = loop.outcome(seg, evs, limit, suspected)
-        if end[0] == "restart":
-            t_start, y_start, limit, suspected = end[1:]
-            continue
-        status, message, t_blowup = end[1:]
-        break
-    t_all = np.concatenate(ts) if ts else np.empty(0)
-    y_all = np.concatenate(ys, axis=0) if ys else np.empty((0, y0.size))
-    t_all, y_all = _strictly_increasing(t_all, y_all)
-    return Run(t=t_all, y=y_all, status=status, message=message, t_blowup=t_blowup,
-               t_final=float(seg.t_final), y_final=np.asarray(seg.y_final),
-               t_events={k: np.asarray(v) for k, v in t_events.items()}, nfev=system.nfev)
-
-
-def _no_step_from(system, y0):
-    """Why no step can be taken from ``y0`` (None: one can).
-
-    The system's own ``out_of_range(y0)``, or a right-hand side that is not finite there:
-    SciPy's first-step estimate is then NaN, and its explicit solvers reject NaN steps
-    without end.
-    """
-    out_of_range = getattr(system, "out_of_range", None)
-    if out_of_range is not None and out_of_range(y0) is not None:
-        return out_of_range(y0)
-    with np.errstate(all="ignore"):
-        if not np.isfinite(system.fun(0.0, y0)).all():
-            return "the right-hand side overflows (inf or NaN) at the initial state"
-    return None
-
-
-@dataclasses.dataclass
-class _Segment:
-    """One ``solve_ivp`` call of :func:`integrate_system`, on the run's clock.
-
-    ``t``/``y``: the stored times and states (``(T, n)``); ``t_events``: one array per
-    event, on the segment's clock; ``fired``: the terminal event that stopped it (None:
-    ``solve_ivp``'s status 0 or -1, in ``status`` and ``message``); ``t_final``,
-    ``y_final``: where it stopped.
-    """
-
-    t: np.ndarray
-    y: np.ndarray
-    status: int
-    message: str
-    t_events: list
-    fired: int | None
-    t_final: float
-    y_final: np.ndarray
-
-
-class _StepEnd:
-    """An event function that stops ``solve_ivp`` at the end of a step, and why.
-
-    ``solve_ivp`` calls its events with each accepted step's end state; this one returns
-    1 until ``reason(t, y)`` gives a reason to stop there (not None), and
-    :math:`t_s - t` from then on, so that the sign change lands on that step end
-    :math:`t_s` exactly (Brent's method returns an end where the function vanishes). It
-    keeps the last step end that gave no reason (``t_last``, ``y_last``: where a run
-    that ends with ``solve_ivp``'s own status stands) and the state at the stop.
-    """
-
-    terminal, direction, __name__ = True, -1.0, "step_end"
-
-    def __init__(self, reason, t0, y0):
-        self.reason_at, self.reason = reason, None
-        self.looked = False
-        self.t_last, self.y_last = t0, np.array(y0, dtype=float)
-        self.t_stop = self.y_stop = None
-
-    def __call__(self, t, y):
-        if self.t_stop is None:
-            if not self.looked:      # solve_ivp's look at the initial state
-                self.looked = True
-                return 1.0
-            self.reason = self.reason_at(t, y)
-            if self.reason is None:
-                self.t_last, self.y_last = t, np.array(y, dtype=float)
-                return 1.0
-            self.t_stop, self.y_stop = t, np.array(y, dtype=float)
-        return self.t_stop - t
-
-
-class _EventLoop:
-    """The pieces of :func:`integrate_system`'s loop.
-
-    The reasons to stop at a step end, the events of a segment, one segment's
-    ``solve_ivp`` call, and what its end means.
-    """
-
-    def __init__(self, system, opts, solver_cls, jac, user_events, y0):
-        self.system, self.opts = system, opts
-        self.solver_cls, self.jac = solver_cls, jac
-        self.user_events = user_events
-        # re-factor L -> LW when its columns cancel (gaussian_pde.integrate._factor_rotation):
-        # looked at every REFACTOR_EVERY-th step end (the cancellation builds up over many
-        # steps; an SVD at every step would cost as much as the step), the run then goes
-        # on from the rotated factor; a re-factoring restarts the solver, so after each
-        # one the look waits twice as many steps: a run whose spread keeps growing
-        # (K = -Q to t = 1e8) restarts O(log steps) times, not every REFACTOR_EVERY steps
-        self.refactor = getattr(system, "refactor", None)
-        self.out_of_range = getattr(system, "out_of_range", None)
-        self.due = {"steps": 0, "every": REFACTOR_EVERY}
-        self.tr0 = max(system.trace(y0), _TINY)
-        self.first = self.d = None
-        rank_tol = opts.events.rank_tol
-        if rank_tol is not None:
-            cov0 = system.mean_and_cov(y0)[1]
-            self.first, self.d = int(rank_first(cov0, rank_tol)), cov0.shape[-1]
-
-    def stop_reason(self, t, y):
-        """Why the run stops at this step end (None: it goes on).
-
-        ``("overflow",)``, ``("budget",)``, ``("range", message)`` or ``("refactor",)``.
-        """
-        system, due, max_nfev = self.system, self.due, self.opts.max_nfev
-        if not np.isfinite(y).all():
-            # an accepted step that left the floating-point range (an implicit method can
-            # accept one): the run ends at the last finite state
-            return ("overflow",)
-        if max_nfev is not None and system.nfev > max_nfev:
-            return ("budget",)
-        if self.out_of_range is not None:
-            message = self.out_of_range(y)
-            if message is not None:
-                return ("range", message)
-        if self.refactor is not None:
-            due["steps"] += 1
-            if due["steps"] >= due["every"]:
-                due["steps"] = 0
-                if system.cancellation(y, self.opts.atol, self.opts.rtol,
-                                       REFACTOR_ABOVE_RESTART):
-                    due["every"] *= 2
-                    return ("refactor",)
-        return None
-
-    def events(self, limit, base):
-        """The segment's events: blow-up, steady state, rank collapse and the user's.
-
-        Blow-up past ``limit`` times tr(Sigma_0); the user's events see the time on the
-        segment's clock from ``base``. :meth:`segment` appends the step-end stop.
-        """
-        system, ev_opts, first, d = self.system, self.opts.events, self.first, self.d
-        log_limit = math.log(limit * self.tr0)
-
-        def blowup(t, y):   # log tr(Sigma) - log(limit tr(Sigma_0))
-            return math.log(max(system.trace(y), 1e-300)) - log_limit
-
-        evs = [_event(blowup, True, 1.0, "blowup")]
-        if ev_opts.steady_on:
-            def steady(t, y):
-                cov, dcov = system.cov_and_rate(y)
-                return float(steady_gap(cov, dcov, ev_opts.steady_tol, ev_opts.steady_atol))
-
-            evs.append(_event(steady, True, -1.0, "steady"))
-        if first is not None and first < d:
-            def rank_collapse(t, y):
-                return float(rank_gap(system.mean_and_cov(y)[1], first, ev_opts.rank_tol))
-
-            evs.append(_event(rank_collapse, True, -1.0, "rank_collapse"))
-        evs += [_user_event(system, ev, i, base) for i, ev in enumerate(self.user_events)]
-        return evs
-
-    def segment(self, evs, t_start, y_start, base, seg_eval):
-        """``solve_ivp`` from ``t_start`` until ``t1``, an event or a step-end stop."""
-        opts, system = self.opts, self.system
-        watch = _StepEnd(self.stop_reason, t_start - base, y_start)
-        evs.append(watch)
-        kw = dict(rtol=opts.rtol, atol=opts.atol, max_step=opts.max_step)
-        if opts.first_step is not None:
-            kw["first_step"] = opts.first_step
-        if self.jac is not None:
-            kw["jac"] = self.jac
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                res = solve_ivp(system.fun, (t_start - base, opts.t1 - base), y_start,
-                                method=self.solver_cls, events=evs,
-                                t_eval=None if seg_eval is None else seg_eval - base, **kw)
-        except _UserEventError as err:
-            raise ValueError(f"`events[{err.i}]` raised {type(err.exc).__name__}: "
-                             f"{err.exc}") from err.exc
-        return _segment_of(res, evs, watch, base, opts.t1, seg_eval)
-
-    def outcome(self, seg, evs, limit, suspected):
-        """What a segment's end means: go on from ``(t, y)``, or stop.
-
-        ``("restart", t, y, limit, suspected)`` or ``("stop", status, message, t_blowup)``.
-        """
-        t_final, y_final = seg.t_final, seg.y_final
-        if seg.fired is None:
-            if seg.status == 0:
-                return "stop", Status.FINISHED, "reached the end of t_span", None
-            return "stop", Status.FAILED, seg.message, None
-        name = evs[seg.fired].__name__
-        if seg.fired == len(evs) - 1:        # the step-end stop
-            name = evs[-1].reason[0]
-        if name == "overflow":
-            return "stop", Status.FAILED, seg.message, None
-        if name == "range":
-            return "stop", Status.FAILED, f"{evs[-1].reason[1]} at t = {t_final:.10g}", None
-        if name == "refactor":
-            return "restart", t_final, self.refactor(y_final), limit, suspected
-        if name == "blowup":
-            t_star, finite = _blowup_estimate(self.system, t_final, y_final)
-            verdict, detail = blowup_verdict(t_star, finite, t_final, limit, suspected)
-            if verdict == Status.BLOWUP:
-                return "stop", verdict, detail, float(t_star)
-            if verdict == Status.FAILED:
-                return "stop", verdict, detail, None
-            suspected, new_limit = detail
-            return "restart", t_final, y_final, new_limit, suspected
-        if name == "budget":
-            return "stop", Status.FAILED, _gave_up(self.opts.max_nfev, t_final,
-                                                   accepts_jac(self.solver_cls)), None
-        status = {"steady": Status.STEADY, "rank_collapse": Status.RANK_COLLAPSE}.get(
-            name, Status.EVENT)
-        return "stop", status, f"terminal event {name!r} at t = {t_final:.10g}", None
-
-
-def _segment_of(res, evs, watch, base, t1, seg_eval):
-    """The :class:`_Segment` of a ``solve_ivp`` result, on the run's clock.
-
-    Where it stopped: the fired terminal event's time and state (the step-end stop's
-    exact step end, or, past an overflow, the last finite step end, with the stored
-    states after it dropped), else ``t1`` or the last step end.
-    """
-    # (solve_ivp returns empty lists where no output time was passed)
-    t = base + np.asarray(res.t, dtype=float)
-    y = np.reshape(res.y, (watch.y_last.size, -1)).T
-    fired = next((i for i, ev in enumerate(evs)
-                  if getattr(ev, "terminal", False) and len(res.t_events[i])), None)
-    message = res.message
-    if fired is None:
-        t_final, y_final = (t1, watch.y_last) if res.status == 0 else (
-            base + watch.t_last, watch.y_last)
-    elif fired == len(evs) - 1:
-        t_final, y_final = base + watch.t_stop, watch.y_stop
-        if watch.reason[0] == "overflow":
-            message = overflow_message(base + watch.t_last, t_final)
-            t_final, y_final = base + watch.t_last, watch.y_last
-            keep = t <= t_final
-            t, y = t[keep], y[keep]
-        elif seg_eval is None:
-            y = y.copy()
-            y[-1] = y_final          # the step end itself, not its dense output
-    else:
-        t_final, y_final = base + res.t_events[fired][-1], res.y_events[fired][-1]
-    if seg_eval is not None:
-        t = seg_eval[:t.size]        # the output times themselves, not base + tau
-    else:
-        # the solver's last step lands on tau1 exactly; base + tau1 may round past t1
-        t = np.minimum(t, t1)
-        if res.status == 0 and t.size:
-            t[-1] = t1
-    return _Segment(t=t, y=y, status=res.status, message=message, t_events=res.t_events,
-                    fired=fired, t_final=min(float(t_final), t1), y_final=y_final)
-
-
-def _gave_up(max_nfev, t, implicit):
-    """The message of a run that spent its evaluation budget at ``t``."""
-    advice = "a larger max_nfev" if implicit else "method='LSODA' or a larger max_nfev"
-    return (f"gave up after {max_nfev} right-hand-side evaluations at t = {t:.10g} "
-            f"(stiff or nearly singular dynamics; try {advice})")
-
-
 def _solve_compiled(system, y0, opts):
-    r"""``method="auto"`` in the compiled engine; None where it does not apply.
+    """``method="auto"`` in the compiled engine (a :class:`Run`); None where it does not apply.
 
-    The engine (:func:`gaussian_pde.integrate._compiled_batch.integrate_one`, the one
-    trajectory of :func:`~gaussian_pde.solve_batch`'s ``"auto"``) runs the whole
-    trajectory: DOP853 steps with Hairer's stiffness test, RODAS4P2 for good once it fires
-    (``Run.stiff_from``), the blow-up looks, steady state, rank collapse, the budget,
-    overflow, with the statuses and messages of ``solve_batch``. Applies where the
-    attention has a compiled field, without user events or ``first_step``.
+    It applies where the attention has a compiled field and no ``first_step`` is given
+    (the caller sends user events to the event loop).
     """
-    from . import _compiled_batch as core
+    from . import _compiled_engine as core
 
     if opts.first_step is not None:
         return None
@@ -595,31 +160,20 @@ def _solve_compiled(system, y0, opts):
     ev = opts.events
     first = (system.d if ev.rank_tol is None
              else int(rank_first(system.mean_and_cov(y0)[1], ev.rank_tol)))
-    out = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
+    run = core.integrate_one(fields, y0, system.d, system.m, max(system.trace(y0), _TINY),
                              first, opts)
-    system.nfev = out.nfev
-    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
-        ["rank_collapse"] if first < system.d else [])
-    t_events = {k: np.empty(0) for k in names}
-    t_events["blowup"] = out.crossings
-    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
-        t_events[str(out.status)] = np.array([out.t])
-    message = out.message
-    if out.stiff_from is not None:
-        message += f"; stiff from t = {out.stiff_from:.6g} on: RODAS4P2"
+    system.nfev = run.nfev
     # past a blow-up look the clock runs from there: near t* its steps can fall below
     # the rounding of t itself, and a stored time repeats
-    t, y = _strictly_increasing(out.t_rec, out.y_rec)
-    return Run(t=t, y=y, status=out.status, message=message, t_blowup=out.t_blowup,
-               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
-               stiff_from=out.stiff_from)
+    run.t, run.y = strictly_increasing(run.t, run.y)
+    return run
 
 
 def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
     r"""A plain state whose field leaves a factor of its covariance, on the engine.
 
     ``method="auto"`` of :func:`solve` for a state that is not a factor
-    (:func:`gaussian_pde.integrate._compiled_batch.integrate_one` with ``cov``: the field
+    (:func:`gaussian_pde.integrate._compiled_engine.integrate_one` with ``cov``: the field
     ``fields`` leaves the trace, a ``cov[0] x cov[1]`` factor :math:`F` of the covariance
     and its rate in its scratch, ``CoreOptions.cov_rows``): DOP853 steps, the blow-up
     look, steady state and rank collapse on :math:`FF^T` (``tr0`` its initial trace,
@@ -637,38 +191,13 @@ def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
     t_stiff : float or None
         Where the stiffness test fired (None: it did not).
     """
-    from . import _compiled_batch as core
+    from . import _compiled_engine as core
 
-    ev = opts.events
-    out = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=cov)
-    if out.stiff_stop:
-        return None, out.nfev, out.t
-    names = ["blowup"] + (["steady"] if ev.steady_on else []) + (
-        ["rank_collapse"] if first < cov[0] else [])
-    t_events = {k: np.empty(0) for k in names}
-    t_events["blowup"] = out.crossings
-    if out.status in (Status.STEADY, Status.RANK_COLLAPSE):
-        t_events[str(out.status)] = np.array([out.t])
-    t, y = _strictly_increasing(out.t_rec, out.y_rec)
-    return Run(t=t, y=y, status=out.status, message=out.message, t_blowup=out.t_blowup,
-               t_final=out.t, y_final=out.y, t_events=t_events, nfev=out.nfev,
-               stiff_from=out.stiff_from), out.nfev, None
-
-
-def _strictly_increasing(t, y):
-    """Drop a stored row whose time repeats the one before it (an event at a step end).
-
-    The loop stores each step end once and an event time strictly inside its step
-    (``solve_ivp`` and the compiled engine alike), so this keeps the invariant of the
-    result (``t`` strictly increasing) against rounding only.
-    """
-    if t.size < 2:
-        return t, y
-    keep = np.ones(t.size, dtype=bool)
-    keep[1:] = np.diff(t) > 0
-    if keep.all():
-        return t, y
-    return t[keep], y[keep]
+    run = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=cov)
+    if run.stiff_stop:
+        return None, run.nfev, run.t_final
+    run.t, run.y = strictly_increasing(run.t, run.y)
+    return run, run.nfev, None
 
 
 def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e-10,
@@ -711,29 +240,23 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     t_eval : array_like, optional
         Times at which to store the solution (within ``t_span``, increasing).
     method : str or OdeSolver subclass
-        ``"auto"`` (default): DOP853 steps with Hairer's stiffness test after every
-        accepted step (:math:`h|\lambda| > 6.1` on 15 steps); once it fires (or, where
-        the Jacobian has a closed form, once DOP853 crawls at its stability limit: 75
-        of a block of 100 accepted steps with :math:`h|\lambda| \ge 2`), RODAS4P2
-        (L-stable, order 4) takes the steps to the end, with the closed-form Jacobian of
-        the field where the type has one and central differences otherwise; the
-        ``message`` then ends with ``"; stiff from t = ... on: RODAS4P2"``. Where the
-        attention has a compiled field and neither user ``events`` nor ``first_step``
-        are given, this is :func:`~gaussian_pde.solve_batch`'s ``"auto"`` for the one
-        trajectory, in the same compiled engine: the same steps, events, verdicts,
-        evaluations and messages (``t_events["blowup"]`` holds where the trace passed
-        each threshold, located on the dense output to rounding). Otherwise (user
-        ``events``, ``first_step``, a field without a compiled kernel) the event loop
-        runs :func:`scipy.integrate.solve_ivp` with ``"LSODA"``, which switches between
-        Adams and BDF steps itself, given the exact Jacobian of the factor form and of
-        the mean where the type has one. Or any :func:`scipy.integrate.solve_ivp`
-        method, stepped by ``solve_ivp`` itself; ``"LSODA"``, ``"Radau"`` and ``"BDF"``
-        get the exact Jacobian in covariance-only mode. Or ``"rosenbrock"``: the
-        L-stable linearly implicit RODAS4P2 of :func:`gaussian_pde.integrate._batch.solve_batch`
-        (one trajectory), for stiff runs to a
-        steady state; covariance only (``mean0=None``), without user ``events`` or
-        ``first_step``; ``t`` holds ``t_eval`` (up to the stop) or, without it, the
-        initial and final times; right-hand-side counts include the Jacobian's.
+        ``"auto"`` (default): where the attention has a compiled field and neither user
+        ``events`` nor ``first_step`` are given, :func:`~gaussian_pde.solve_batch`'s
+        ``"auto"`` for the one trajectory, in the same compiled engine: DOP853 steps,
+        RODAS4P2 to the end once the stiffness tests fire (see there), the same steps,
+        events, verdicts, evaluations and messages (the ``message`` then ends with
+        ``"; stiff from t = ... on: RODAS4P2"``; ``t_events["blowup"]`` holds where the
+        trace passed each threshold, located on the dense output to rounding).
+        Otherwise the event loop runs :func:`scipy.integrate.solve_ivp` with
+        ``"LSODA"``, which switches between Adams and BDF steps itself, given the exact
+        Jacobian of the factor form and of the mean where the type has one. Or any
+        :func:`scipy.integrate.solve_ivp` method, stepped by ``solve_ivp`` itself;
+        ``"LSODA"``, ``"Radau"`` and ``"BDF"`` get the exact Jacobian in covariance-only
+        mode. Or ``"rosenbrock"``: one trajectory of :func:`~gaussian_pde.solve_batch`'s
+        RODAS4P2, for stiff runs to a steady state; covariance only (``mean0=None``),
+        without user ``events`` or ``first_step``; ``t`` holds ``t_eval`` (up to the
+        stop) or, without it, the initial and final times; right-hand-side counts
+        include the Jacobian's.
     rtol, atol : float
         Tolerances, in solver units, on the entries of the mean and of ``L``.
     blowup_threshold : float
@@ -791,7 +314,7 @@ def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e
     # a zero mean of a type whose mean equation is linear and homogeneous
     # (alpha' = N(Sigma) alpha) stays exactly zero: it is left out of the state, so that
     # it changes neither the steps nor the cost
-    linear = with_mean and mean_is_linear(attention)
+    linear = with_mean and attention.mean_is_linear()
     zero_mean = linear and max_abs(mean0) == 0.0
     # a mean whose equation does not involve the covariance (alpha' = N alpha: Sinkhorn)
     # is exp((t - t0) N) mean0: not integrated at all (user events, which see the mean

@@ -17,8 +17,8 @@ from gaussian_pde._common.differences import (
     closed_form_holds,
     column_steps,
 )
+from gaussian_pde._common.factor_rotation import rotation
 from gaussian_pde.attention import _compiled_fields as cf
-from gaussian_pde.integrate._factor_rotation import rotation
 from gaussian_pde.integrate._moment_field import compiled_field_values, moment_jacobian, reference_field
 
 

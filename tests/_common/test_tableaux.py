@@ -187,11 +187,11 @@ def test_rodas_order_conditions():
 
 
 def test_the_compiled_engine_reads_rodas4p2():
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _steppers
 
     for name in ("a", "b", "c", "h"):
-        assert np.array_equal(getattr(cb, f"_R{name.upper()}_"), getattr(RODAS4P2, name))
-    assert cb._RGAMMA == RODAS4P2.gamma
+        assert np.array_equal(getattr(_steppers, f"_R{name.upper()}_"), getattr(RODAS4P2, name))
+    assert _steppers._RGAMMA == RODAS4P2.gamma
 
 
 # ------------------------------------------------------------------------ typos fail

@@ -13,7 +13,7 @@ import pytest
 numba = pytest.importorskip("numba")
 
 from gaussian_pde.attention import compiled_signatures  # noqa: E402
-from gaussian_pde.integrate import _compiled_batch as cb  # noqa: E402
+from gaussian_pde.integrate import _compiled_engine as cb  # noqa: E402
 
 
 def _linear(P, d, m, y, out, ws):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gaussian_pde.integrate import _compiled_batch, _precompile
+from gaussian_pde.integrate import _compiled_engine, _precompile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def recorded(monkeypatch):
     log = _FakeChild.log = []
     monkeypatch.setattr(subprocess, "Popen", _FakeChild)
     monkeypatch.setattr(attention, "compiled_field_kernels", lambda: log.append("fields") or ())
-    monkeypatch.setattr(_compiled_batch, "_core",
+    monkeypatch.setattr(_compiled_engine, "_core",
                         functools.cache(lambda: log.append("integrator")))
     monkeypatch.setattr(_precompile, "_engine_cached", lambda: False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
@@ -73,7 +73,7 @@ def test_the_child_compiles_aside_and_a_lone_process_all(recorded, monkeypatch):
     (_, cmd, _), *rest = recorded
     assert cmd[4:] == ["aside_probe:run"]
     assert rest == ["fields", "child done", "integrator", "aside"]
-    _compiled_batch._core.cache_clear()
+    _compiled_engine._core.cache_clear()
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert not _precompile.compile_on_two_cores(aside=("aside_probe:run",))
     assert recorded[5:] == ["fields", "integrator", "aside"]
@@ -94,7 +94,7 @@ def test_the_child_is_announced_as_a_numba_event(recorded):
     with event.install_listener(_precompile.COMPILE_ASIDE, Listener()):
         _precompile.compile_on_two_cores()
         assert recorded[1:] == ["aside on", "fields", "child done", "aside off", "integrator"]
-        _compiled_batch._core.cache_clear()
+        _compiled_engine._core.cache_clear()
         _precompile._engine_cached = lambda: True      # (restored by the fixture)
         assert not _precompile.compile_on_two_cores()
     assert recorded[6:] == ["fields", "integrator"]
@@ -115,7 +115,7 @@ def test_one_core_or_a_warm_cache_compiles_here(recorded, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert not _precompile.compile_on_two_cores()
     assert recorded == ["fields", "integrator"]
-    _compiled_batch._core.cache_clear()
+    _compiled_engine._core.cache_clear()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(_precompile, "_engine_cached", lambda: True)
     assert not _precompile.compile_on_two_cores()
@@ -132,7 +132,7 @@ _COUNT = """
 import sys
 from numba.core import event
 from gaussian_pde.integrate._precompile import compile_on_two_cores, _engine_cached
-from gaussian_pde.integrate import _compiled_batch
+from gaussian_pde.integrate import _compiled_engine
 seen = []
 class L(event.Listener):
     def on_start(self, ev):
@@ -142,7 +142,7 @@ class L(event.Listener):
 event.register("numba:compile", L())
 cached = _engine_cached()
 child = compile_on_two_cores()
-engine = [n for n in seen if n.lstrip("_") in {p.lstrip("_") for p in _compiled_batch._PIECES}]
+engine = [n for n in seen if n.lstrip("_") in {p.lstrip("_") for p in _compiled_engine._PIECES}]
 print(cached, child, len(seen), len(engine))
 """
 

@@ -261,7 +261,8 @@ def test_accelerating_exponential_growth_is_not_blowup():
     finite time. Here the trace passes 1e8 x its start at t = 16.8 while its growth rate
     still rises, and the first estimate (t* = 18.7) looks finite; the confirmation 100
     times further up must reject it."""
-    from gaussian_pde.integrate._solve import _blowup_estimate, _System
+    from gaussian_pde.integrate._event_loop import _blowup_estimate
+    from gaussian_pde.integrate._solve import _System
 
     att, cov0 = accelerating_sinkhorn_case()
     sol = gp.solve(att, None, cov0, (0, 20.0))
@@ -631,7 +632,7 @@ def test_mean_against_radau_through_the_stiff_switch():
 
 
 def test_the_units_of_a_stack_of_means_are_those_of_each_mean():
-    from gaussian_pde.integrate._batch_record import mean_scale, mean_scales
+    from gaussian_pde.integrate._moment_field import mean_scale, mean_scales
 
     rng = np.random.default_rng(3)
     stack = rng.standard_normal((40, 3)) * 10.0 ** rng.integers(-8, 9, size=(40, 1))
@@ -644,7 +645,7 @@ def test_the_units_of_a_stack_of_means_are_those_of_each_mean():
 
 
 def test_mean_scale_is_a_power_of_two_and_changes_only_the_units():
-    from gaussian_pde.integrate._batch_record import mean_scale as _mean_scale
+    from gaussian_pde.integrate._moment_field import mean_scale as _mean_scale
     from gaussian_pde.integrate._solve import _System
 
     att = gp.Softmax(np.eye(2), np.eye(2), np.eye(2))
@@ -962,7 +963,7 @@ def test_auto_is_solve_batch_on_one_trajectory():
 def test_a_full_record_runs_the_trajectory_again(monkeypatch):
     """Where the record of states fills, the engine runs the trajectory again with four
     times the room: the same steps, every one kept once."""
-    from gaussian_pde.integrate import _compiled_batch as core
+    from gaussian_pde.integrate import _compiled_engine as core
 
     att = make_attention(gp.L2, np.random.default_rng(3), 3, 2)
     cov0 = random_spd(np.random.default_rng(4), 3)
@@ -978,7 +979,7 @@ def test_a_full_record_runs_the_trajectory_again(monkeypatch):
 def test_record_rows():
     """A step end costs at least 7 evaluations (RODAS4P2 with a closed-form Jacobian): room
     for every state a budget allows, up to a memory cap; ``t_eval`` needs its size."""
-    from gaussian_pde.integrate import _compiled_batch as core
+    from gaussian_pde.integrate import _compiled_engine as core
     from gaussian_pde.integrate._options import solver_options
 
     assert core.record_rows(solver_options((0, 1), max_nfev=1200), 12) == 1200 // 7 + 3

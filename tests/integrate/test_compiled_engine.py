@@ -46,38 +46,6 @@ def _settings(rng, d, kinds=tuple(COMPILED)):
     return atts, np.array(covs)
 
 
-def test_stage_sums_skip_only_zero_coefficients(rng):
-    """The compiled sums of the stages over the nonzero coefficients only: the same bits
-    as the sum over every column in order, and every column a nonfinite stage could hide
-    in is kept."""
-    from gaussian_pde.integrate import _compiled_batch as cb
-
-    cb._core()
-    ns = cb._NS
-    tables = [(cb._A, cb._A_COLS, range(1, 16), lambda r: r),
-              (cb._B2, cb._B_COLS, [0], lambda r: ns),
-              (cb._E53, cb._E_COLS, [0, 1], lambda r: ns + 1),
-              (cb._D, cb._D_COLS, range(4), lambda r: 16)]
-    skipped = 0
-    for n in (9, 12, cb._ROWS_FROM + 4):       # dot products, and along the rows
-        K = rng.standard_normal((16, n)) * 10.0 ** rng.integers(-3, 4, size=(16, 1))
-        for C, cols, rows, last in tables:
-            for r in rows:
-                out = np.empty(n)
-                cb._combine(C, cols, r, K, out)
-                want = np.zeros(n)
-                for j in range(last(r)):        # every column, in order
-                    want = want + C[r, j] * K[j]
-                assert out.tobytes() == want.tobytes()
-                skipped += last(r) - cols[1][r]
-    assert skipped > 0
-    # the first nonfinite stage meets a nonzero coefficient in the next stage ...
-    assert all(cb._A[s, s - 1] != 0 for s in range(1, 16))
-    # ... and the new state and the error see every stage, f(y_new) included
-    assert cb._B_COLS[1][0] == ns and cb._E_COLS[1].tolist() == [9, 9]
-    assert cb._E_COLS[0][0, 8] == ns
-
-
 @pytest.mark.parametrize("d", [2, 4])
 def test_compiled_takes_scipys_dop853_steps(rng, d):
     """``method="DOP853"``: a finished run takes SciPy's DOP853 steps on the factor (the
@@ -88,7 +56,7 @@ def test_compiled_takes_scipys_dop853_steps(rng, d):
     move on from there). A run that blows up has the verdict and the blow-up time of
     ``gp.solve`` (SciPy has no blow-up event; both extrapolate ``1/tr``, at the step end
     and at the located crossing: 1e-7)."""
-    from gaussian_pde.integrate._factor_rotation import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess
+    from gaussian_pde._common.factor_rotation import REFACTOR_ABOVE, REFACTOR_EVERY, cancellation_excess
 
     atts, covs = _settings(rng, d)
     statuses = set()
@@ -251,7 +219,7 @@ def test_compiled_trajectories_are_independent_and_scale(rng):
     """A batch (the parallel driver) equals each trajectory alone (the serial driver):
     the same code runs per trajectory, so bit for bit; and softmax's quadratic field
     gives t*(c Sigma_0) = t*(Sigma_0) / c."""
-    from gaussian_pde.integrate._compiled_batch import SERIAL_BELOW
+    from gaussian_pde.integrate._compiled_engine import SERIAL_BELOW
 
     atts, covs = _settings(rng, 3)
     assert 1 < SERIAL_BELOW <= len(atts)
@@ -272,7 +240,7 @@ def test_one_driver_call_reuses_its_scratch_without_carrying_state(rng):
     in the same scratch (the stages, the event gaps, the dense-output flag, the
     rejection counts): each equals itself alone, bit for bit, whatever ran before it;
     here a run that stops at a steady state, one that blows up, one cut by t_eval."""
-    from gaussian_pde.integrate._compiled_batch import SERIAL_BELOW
+    from gaussian_pde.integrate._compiled_engine import SERIAL_BELOW
 
     q = np.array([[1.0, 0.3]])
     atts = [gp.Softmax(q, -q, np.eye(2)), gp.Softmax(np.eye(2), np.eye(2), np.eye(2)),
@@ -407,7 +375,7 @@ def test_compiled_jacobian_equals_the_complex_step(rng):
 def test_every_compiled_type_batches_with_a_mean_like_solve(rng, monkeypatch):
     """solve_batch (compiled, generic and shape-compiled kernels) against solve, for every
     type with a compiled field and for a sum of two different ones."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     d = 3
     heads = _compiled_heads(d, rng)
@@ -486,7 +454,7 @@ def test_kernels_compiled_for_the_shape_give_the_generic_bits(rng, kind, monkeyp
     operations in the same order as the generic kernel, so the same states, steps,
     evaluations and statuses, bit for bit (with a mean too). A type whose body is
     called rather than inlined (it allocates) keeps the generic kernel."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     d, k = 3, 2
     cls = gp.ATTENTIONS[kind]
@@ -521,7 +489,7 @@ def test_a_loop_of_solves_takes_the_kernel_of_its_shape(rng, monkeypatch):
     """The solves of one shape count together: from the SPECIALISE_FROM-th trajectory
     asked of a type, d and k in the process, the kernel compiled for them (a batch of
     that many at once too); other shapes and sums of heads keep the generic kernel."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
     monkeypatch.setattr(cb, "SPECIALISE_FROM", 5)
@@ -558,9 +526,9 @@ print(sum(rhs.stats.cache_hits.values()), sum(rhs.stats.cache_misses.values()))
 
 
 _PIECES_CACHED = """
-from gaussian_pde.integrate import _compiled_batch as cb
+from gaussian_pde.integrate import _compiled_engine as cb
 drive, fns = cb._core()
-disps = [drive] + [getattr(cb, name) for name in cb._PIECES]
+disps = [drive] + [cb._function(name) for name in cb._PIECES]
 print(sum(sum(d.stats.cache_misses.values()) for d in disps),
       sum(sum(d.stats.cache_hits.values()) for d in disps),
       max(len(d.signatures) for d in disps), int((fns > 0).all()))
@@ -571,7 +539,7 @@ def test_the_integrators_pieces_are_compiled_once_and_loaded_from_the_disk_cache
     """Each large piece of the compiled integrator is compiled once, for one signature,
     into an entry of its own in Numba's disk cache, and the driver's table holds its
     address: a second process loads every piece and compiles none."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     _python(_PIECES_CACHED)
     misses, hits, signatures, addressed = _python(_PIECES_CACHED).split()
@@ -589,7 +557,7 @@ def test_kernels_passed_by_address_give_the_same_bits(rng, monkeypatch):
     """The drivers take each kernel by the address looked up once (Numba's wrapper-address
     protocol) or, where that lookup is not available, as the dispatcher itself: the
     same code runs, so the same bits, serial (one trajectory) and parallel."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     atts, covs = _settings(rng, 3)
     by_address = [gp.solve_batch(atts[0], covs[:1], (0.0, 2.0)),
@@ -681,7 +649,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options):
 
     import numba
 
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
     from gaussian_pde.integrate._options import solver_options
 
     opts = solver_options((0.0, 2.0), **options)
@@ -705,7 +673,7 @@ def test_core_options_reach_the_driver_by_name_and_type(options):
 def test_the_switch_time_has_a_slot_of_its_own():
     """A run that stops reads the stop's slots and where RODAS4P2 took over; a single
     trajectory's blow-up crossings follow the batch's slots: no two share a place."""
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     look = {cb.F_TSTAR, cb.F_T_LOOK, cb.F_LIMIT, cb.F_S0, cb.F_S1, cb.F_FINITE}
     stop = {cb.F_T, cb.F_T_BLOWUP, cb.F_T_STOP, cb.F_T_NEXT}
@@ -725,29 +693,6 @@ _CRAWL = dict(
     cov0=np.array([[38.96732126702816, -57.625785470212186],
                    [-57.625785470212186, 100.84833725204943]]),
     t1=1.16061993706597e-06)
-
-
-def test_the_second_stiffness_test_counts_blocks_of_accepted_steps():
-    """It fires at the end of a block of accepted steps with at least ``_CRAWL_STEPS`` of
-    :math:`h|\\lambda| \\ge` ``_CRAWL_HLAMB``, never inside one; a rejected step does not
-    count."""
-    from gaussian_pde.integrate._compiled_batch import (
-        _CRAWL_BLOCK,
-        _CRAWL_HLAMB,
-        _CRAWL_STEPS,
-        _crawl_counts,
-    )
-
-    fired = []
-    block = crawl = 0
-    for n_crawl in (_CRAWL_STEPS, _CRAWL_STEPS - 1, _CRAWL_BLOCK):
-        for i in range(_CRAWL_BLOCK):
-            hlamb = _CRAWL_HLAMB if i < n_crawl else 0.5 * _CRAWL_HLAMB
-            block, crawl, f = _crawl_counts(True, hlamb, block, crawl)
-            fired.append(f)
-            block, crawl, f = _crawl_counts(False, hlamb, block, crawl)
-            assert not f
-    assert [k for k, f in enumerate(fired) if f] == [_CRAWL_BLOCK - 1, 3 * _CRAWL_BLOCK - 1]
 
 
 def test_the_second_stiffness_test_finishes_a_crawling_run():
@@ -782,7 +727,7 @@ def test_a_shape_in_the_disk_cache_is_taken_from_fewer_trajectories(rng, monkeyp
     kernel only where Numba's disk cache holds it (loaded, not compiled); once compiled
     (and so written to the cache) the probe finds it."""
     from gaussian_pde.attention import _compiled_fields as cf
-    from gaussian_pde.integrate import _compiled_batch as cb
+    from gaussian_pde.integrate import _compiled_engine as cb
 
     att = gp.Softmax.example(3, rng)
     field = att.compiled_field()

@@ -5,20 +5,17 @@ default (:func:`integrate_one`, one trajectory, the same code and bits): the loo
 trajectories runs in compiled code, in parallel over trajectories (threads, each on a
 slice of the rows); each trajectory takes
 
-* DOP853 steps with SciPy's tableau, error norm and step-size rule (the coefficients of
-  :mod:`gaussian_pde._common.tableaux`), Hairer's stiffness test
-  (:math:`h|\lambda| > 6.1` on 15 accepted steps) and a second one for DOP853 crawling
-  at its stability limit (:func:`_crawl_counts`) and, with ``method="auto"``, the
-  switch for good to RODAS4P2 (the same coefficients, the Jacobian from the field's
-  closed form where it holds, column-scaled central differences otherwise; the
-  :math:`n \times n` matrix :math:`I/(\gamma h) - J` by LU with partial pivoting);
+* DOP853 steps with Hairer's stiffness test (:math:`h|\lambda| > 6.1` on 15 accepted
+  steps) and a second one for DOP853 crawling at its stability limit and, with
+  ``method="auto"``, the switch for good to RODAS4P2 (the steppers:
+  :mod:`gaussian_pde.integrate._steppers`);
 * the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
   the step that passed the trace threshold (probe step, extrapolation of
   :math:`1/\operatorname{tr}\Sigma`, confirmation 100 times further up, the clock
   restarted there), steady state and rank collapse (bisection on the dense output to
   ``2**-30`` of the step), the evaluation budget, a step below rounding, overflow;
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
-  (:mod:`gaussian_pde.integrate._factor_rotation`);
+  (:mod:`gaussian_pde._common.factor_rotation`);
 * dense output at ``t_eval`` (DOP853's 7th-order interpolant, three more evaluations in
   a step that needs it; RODAS4P2's order-3 continuous extension): the covariance (and
   mean) of a batch, the state of a single trajectory, which also records every step
@@ -47,7 +44,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import functools
 import math
 import threading
@@ -56,13 +52,26 @@ import warnings
 
 import numpy as np
 
-from .._common.lu import lu_factor as _lu
-from .._common.lu import lu_solve as _lu_solve
-from .._common.tableaux import _RA, _RB, _RC, _RGAMMA, _RH, _WILD, MIN_FACTOR, SAFETY
-from .._common.tableaux import DOP853 as _dop
+from .._common.compiled import ResolvedKernel, address_and_signature, address_caller
+from .._common.factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY
 from ..attention import compiled_field_of
+from . import _steppers
+from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH
+from ._steppers import (
+    _EPS,
+    _NS,
+    _STIFF_STEPS,
+    _copy,
+    _crawl_counts,
+    _dop_eval,
+    _finite,
+    _next_step_size,
+    _nmin,
+    _ros_eval,
+    _stiffness_counts,
+)
 
-__all__ = ["integrate_compiled", "integrate_states"]
+__all__ = ["integrate_batch", "integrate_states"]
 
 # outcome codes
 FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH, NFEV = range(10)
@@ -95,14 +104,6 @@ F_SIZE = 9
 #: crossings, and their times from ``F_CROSS`` on
 F_NCROSS, F_CROSS = 9, 10
 
-_NS = _dop.N_STAGES
-_A = np.ascontiguousarray(_dop.A)
-_B = np.ascontiguousarray(_dop.B)
-_E3 = np.ascontiguousarray(_dop.E3)
-_E5 = np.ascontiguousarray(_dop.E5)
-_D = np.ascontiguousarray(_dop.D)
-_B2 = _B[None, :].copy()
-_E53 = np.stack([_E5, _E3])
 
 
 class CoreOptions(typing.NamedTuple):
@@ -114,20 +115,10 @@ class CoreOptions(typing.NamedTuple):
 
     Attributes
     ----------
-    atol, rtol : float
-        The error tolerances, in the state's units.
-    max_step : float
-        The largest step size.
-    blowup_threshold : float
-        The first blow-up threshold, as a multiple of :math:`\operatorname{tr}\Sigma_0`.
-    steady_tol, steady_atol : float
-        The steady-state event's relative and absolute tolerances on the rate.
-    rank_tol : float
-        The rank-collapse event's tolerance (negative: no such event).
-    t0, t1 : float
-        The start and the end of the time span.
-    max_nfev : int
-        The budget of right-hand-side evaluations (negative: none).
+    atol, rtol, max_step, blowup_threshold, steady_tol, steady_atol, rank_tol, t0, t1, max_nfev
+        Those of :class:`~gaussian_pde.integrate._options.SolverOptions` and its
+        :class:`~gaussian_pde.integrate._events.EventOptions`, with a negative number
+        for None (``steady_tol``: 0).
     method : int
         0 ``"auto"`` (DOP853, RODAS4P2 once stiff), 1 DOP853, 2 RODAS4P2.
     steady_on : bool
@@ -319,69 +310,17 @@ class Clock(typing.NamedTuple):
     fresh: bool
 
 
-def _columns(C, last, keep=()):
-    """Row ``r`` of ``C``'s nonzero columns below ``last[r]`` (``keep``: those kept besides).
-
-    ``(cols, count)``: ``cols[r, :count[r]]`` in increasing order. :func:`_combine` sums
-    over them only: a zero coefficient adds an exact zero to a sum that starts at +0 (so
-    never holds -0), which leaves every bit as it is wherever the stages are finite.
-    """
-    cols = np.zeros(C.shape, dtype=np.int64)
-    count = np.zeros(C.shape[0], dtype=np.int64)
-    for r in range(C.shape[0]):
-        js = [j for j in range(last[r]) if C[r, j] != 0 or j in keep]
-        cols[r, :len(js)], count[r] = js, len(js)
-    return cols, count
-
-
-# DOP853's stages (the first nonfinite stage always meets a nonzero coefficient in the
-# next one, so the step is rejected as before); the solution's weights and the error's
-# keep every column, zero or not: a nonfinite stage makes the new state or the error
-# nonfinite as it did (the error keeps f(y_new), the last).
-_A_COLS = _columns(_A, range(_A.shape[0]))
-_B_COLS = _columns(_B2, [_NS], keep=range(_NS))
-_E_COLS = _columns(_E53, [_NS + 1] * 2, keep=(_NS,))
-_D_COLS = _columns(_D, [16] * _D.shape[0])
-_RA_ = np.ascontiguousarray(_RA)
-_RB_ = np.ascontiguousarray(_RB)
-_RC_ = np.ascontiguousarray(_RC)
-_RH_ = np.ascontiguousarray(_RH)
-_EPS = float(np.finfo(float).eps)
-_EPS3 = _EPS ** (1.0 / 3.0)
-#: the events' constants (gaussian_pde.integrate._events, _factor_rotation)
-from ._events import _NONFINITE_GROWTH, _P_FINITE, _PROBE, CONFIRM_GROWTH, CONFIRM_TOL, MAX_GROWTH  # noqa: E402
-from ._factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY  # noqa: E402
-
 _BISECT = 30
 #: a single trajectory's blow-up crossings are located to rounding
 _BISECT_FINE = 64
-#: :func:`_combine` runs along the rows of ``K`` from this state size on
-_ROWS_FROM = 16
-_STIFF_HLAMB, _STIFF_STEPS, _NONSTIFF_RESET = 6.1, 15, 6
-#: the second stiffness test (:func:`_crawl_counts`): at least ``_CRAWL_STEPS`` of a block
-#: of ``_CRAWL_BLOCK`` accepted explicit steps with :math:`h|\lambda| \ge` ``_CRAWL_HLAMB``
-_CRAWL_HLAMB, _CRAWL_STEPS, _CRAWL_BLOCK = 2.0, 75, 100
 
 
 # ----------------------------------------------------------------------------------------
-# small pieces (plain Python, compiled by _core())
+# the events' measures of a flat state (plain Python, compiled by _core())
 # ----------------------------------------------------------------------------------------
-
-def _finite(x):
-    for v in x:
-        if not math.isfinite(v):
-            return False
-    return True
-
-
-def _copy(dst, src):
-    """``dst[:] = src`` (1-D) as a loop: no temporary, so no allocation."""
-    for i in range(src.size):
-        dst[i] = src[i]
-
 
 def _l_trace(Z, d):
-    """``tr(Sigma) = |L|_F^2`` and its rate ``2 <L, L'>`` (rate from the second state)."""
+    """``tr(Sigma) = |L|_F^2`` of the state ``Z = [L | mean]``."""
     acc = 0.0
     for i in range(d):
         for j in range(d):
@@ -398,6 +337,7 @@ def _f_rate(F, dF):
 
 
 def _l_dot(Z, dZ, d):
+    """The rate of the trace, ``2 <L, L'>``."""
     acc = 0.0
     for i in range(d):
         for j in range(d):
@@ -405,29 +345,29 @@ def _l_dot(Z, dZ, d):
     return 2.0 * acc
 
 
-def _guard(Ys, ymax):
-    """Zero a stage state that is not finite or wild; True where it was (reject the step)."""
-    wild = 0
-    for v in Ys:                      # a count, not an early exit: the loop vectorises
-        wild += not abs(v) <= ymax    # (NaN too)
-    if wild:
-        Ys[:] = 0.0
-        return True
-    return False
+def _cov_entry(Z, i, j, d):
+    """``Sigma[i, j] = (L L^T)[i, j]`` of the state ``Z = [L | mean]``."""
+    acc = 0.0
+    for p in range(d):
+        acc += Z[i, p] * Z[j, p]
+    return acc
 
 
 def _steady_gap(y, f, d, m, cols, tol, atol):
-    r"""The steady-state event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
+    r""":func:`~gaussian_pde.integrate._events.steady_gap` of a flat state ``y`` and rate ``f``.
+
+    On :math:`\Sigma = ZZ^T` over the first ``cols`` columns of ``Z`` (``d``: the factor's;
+    a plain state's covariance factor: all of them).
+    """
     Z = y.reshape((d, m))
     dZ = f.reshape((d, m))
     nc = 0.0
     nd = 0.0
     for i in range(d):
         for j in range(d):
-            c = 0.0
+            c = _cov_entry(Z, i, j, cols)
             e = 0.0
             for p in range(cols):
-                c += Z[i, p] * Z[j, p]
                 e += dZ[i, p] * Z[j, p] + Z[i, p] * dZ[j, p]
             nc += c * c
             nd += e * e
@@ -435,15 +375,15 @@ def _steady_gap(y, f, d, m, cols, tol, atol):
 
 
 def _rank_gap(y, d, m, cols, first, rank_tol):
-    r"""The rank-collapse event's value on :math:`\Sigma = ZZ^T` (the first ``cols`` columns)."""
+    r""":func:`~gaussian_pde.integrate._events.rank_gap` of a flat state ``y``.
+
+    On :math:`\Sigma = ZZ^T` over the first ``cols`` columns of ``Z`` (as :func:`_steady_gap`).
+    """
     Z = y.reshape((d, m))
     S = np.empty((d, d))
     for i in range(d):
         for j in range(d):
-            c = 0.0
-            for p in range(cols):
-                c += Z[i, p] * Z[j, p]
-            S[i, j] = c
+            S[i, j] = _cov_entry(Z, i, j, cols)
     if not _finite(S.ravel()):
         return np.nan
     w = np.linalg.eigvalsh(S)
@@ -451,276 +391,9 @@ def _rank_gap(y, d, m, cols, first, rank_tol):
     return w[j] / max(w.sum(), 1e-300) - rank_tol
 
 
-def _jacobian(fld, y, wk):
-    """The Jacobian into ``wk.J``; returns the evaluations it cost (1 closed form, else 2n)."""
-    rhs, P, d, m, J, ws = fld.rhs, fld.P, fld.d, fld.m, wk.J, wk.ws
-    if fld.jac(P, d, m, y, J, ws):
-        return 1
-    up, fu, fd, c = wk.tmp, wk.xa, wk.xb, wk.tmp2     # (c: the column norms, m <= n)
-    n = d * m
-    Z = y.reshape((d, m))
-    shortest = np.inf
-    for b in range(m):
-        s = 0.0
-        for i in range(d):
-            s += Z[i, b] * Z[i, b]
-        c[b] = math.sqrt(s)
-        if c[b] > 0 and c[b] < shortest:
-            shortest = c[b]
-    if not math.isfinite(shortest):
-        shortest = 1.0
-    for j in range(n):
-        b = j % m
-        delta = _EPS3 * (c[b] if c[b] > 0 else shortest)
-        _copy(up, y)
-        up[j] = y[j] + delta
-        rhs(P, d, m, up, fu, ws)
-        hi = up[j]
-        up[j] = y[j] - delta
-        rhs(P, d, m, up, fd, ws)
-        step = hi - up[j]
-        for i in range(n):
-            J[i, j] = (fu[i] - fd[i]) / step
-    return 2 * n
-
-
 # ----------------------------------------------------------------------------------------
-# the two steppers and their dense output
+# one trajectory (its steps are those of ._steppers)
 # ----------------------------------------------------------------------------------------
-
-def _combine(C, cols, r, K, out):
-    """``out[i] = sum_j C[r, j] K[j, i]`` over the columns ``cols`` (``(index, count)``).
-
-    Summed over ``j`` in increasing order (see :func:`_columns`). From
-    :data:`_ROWS_FROM` entries on, the loop over ``i`` runs innermost, along the rows of
-    ``K``, so that the compiler vectorises it; below, dot products, four entries at a
-    time (faster for short rows; four sums in flight, where one would wait on each add).
-    Both sum each entry in the same order: the same bits.
-    """
-    n = out.size
-    idx, count = cols
-    s = count[r]
-    if n < _ROWS_FROM:
-        i = 0
-        while i + 4 <= n:       # four sums in flight: each add waits on its own sum only
-            a0 = a1 = a2 = a3 = 0.0
-            for q in range(s):
-                j = idx[r, q]
-                c = C[r, j]
-                a0 += c * K[j, i]
-                a1 += c * K[j, i + 1]
-                a2 += c * K[j, i + 2]
-                a3 += c * K[j, i + 3]
-            out[i], out[i + 1], out[i + 2], out[i + 3] = a0, a1, a2, a3
-            i += 4
-        for p in range(i, n):
-            acc = 0.0
-            for q in range(s):
-                j = idx[r, q]
-                acc += C[r, j] * K[j, p]
-            out[p] = acc
-        return
-    for i in range(n):
-        out[i] = 0.0
-    for q in range(s):
-        j = idx[r, q]
-        a = C[r, j]
-        for i in range(n):
-            out[i] += a * K[j, i]
-
-
-def _dop_errors(y, ynew, K, atol, rtol, S):
-    """The sums of DOP853's error norms and of its stiffness ratio (``S``: scratch).
-
-    ``S[0]`` holds the last stage's state (from :func:`_dop_attempt`); the two error
-    combinations of the stages (:func:`_combine`) go into ``S[1:3]``, then one pass.
-    """
-    n = y.size
-    _combine(_E53, _E_COLS, 0, K, S[1])
-    _combine(_E53, _E_COLS, 1, K, S[2])
-    num = 0.0
-    den = 0.0
-    e5 = 0.0
-    e3 = 0.0
-    for i in range(n):
-        ylast = S[0, i]
-        num += (K[_NS, i] - K[_NS - 1, i]) ** 2
-        den += (ynew[i] - ylast) ** 2
-        sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
-        e5 += (S[1, i] / sc) ** 2
-        e3 += (S[2, i] / sc) ** 2
-    return num, den, e5, e3
-
-
-def _dop_attempt(fld, y, h, wk, atol, rtol):
-    """One DOP853 step; ``K[0]`` holds ``f(y)``. Returns ``(err, hlamb)``; ``K[12] = f(ynew)``.
-
-    The stages go into ``wk.K``, the step's end into ``wk.ynew``; ``wk.Kx`` is scratch.
-    """
-    rhs, P, d, m = fld.rhs, fld.P, fld.d, fld.m
-    K, ynew, tmp, ws, S = wk.K, wk.ynew, wk.tmp, wk.ws, wk.Kx
-    n = y.size
-    top = 0.0
-    for v in y:
-        top = max(top, abs(v))
-    ymax = _WILD * top
-    bad = False
-    for s in range(1, _NS):
-        _combine(_A, _A_COLS, s, K, tmp)
-        for i in range(n):
-            tmp[i] = y[i] + tmp[i] * h
-        if s == _NS - 1:        # the last stage's state: the stiffness test's
-            _copy(S[0], tmp)
-        bad |= _guard(tmp, ymax)
-        rhs(P, d, m, tmp, K[s], ws)
-    _combine(_B2, _B_COLS, 0, K, ynew)
-    for i in range(n):
-        ynew[i] = y[i] + h * ynew[i]
-        tmp[i] = ynew[i]
-    bad |= _guard(tmp, ymax)
-    rhs(P, d, m, tmp, K[_NS], ws)
-    num, den, e5, e3 = _dop_errors(y, ynew, K, atol, rtol, S)
-    hlamb = h * math.sqrt(num / den) if den > 0 else 0.0
-    denom = e5 + 0.01 * e3
-    err = h * e5 / math.sqrt(denom * n) if denom > 0 else 0.0
-    if bad or not math.isfinite(err):
-        err = np.inf
-    return err, hlamb
-
-
-def _dop_dense(fld, y, h, wk):
-    """DOP853's dense-output coefficients ``wk.F`` (7, n) of the step (three more stages)."""
-    K, Kx, F, f, ynew, tmp = wk.K, wk.Kx, wk.F, wk.f, wk.ynew, wk.tmp
-    n = y.size
-    for s in range(_NS + 1):
-        _copy(Kx[s], K[s])
-    for s in range(_NS + 1, 16):
-        _combine(_A, _A_COLS, s, Kx, tmp)
-        for i in range(n):
-            tmp[i] = y[i] + tmp[i] * h
-        fld.rhs(fld.P, fld.d, fld.m, tmp, Kx[s], wk.ws)
-    for r in range(4):
-        _combine(_D, _D_COLS, r, Kx, F[3 + r])
-        for i in range(n):
-            F[3 + r, i] = h * F[3 + r, i]
-    for i in range(n):
-        dy = ynew[i] - y[i]
-        F[0, i] = dy
-        F[1, i] = h * f[i] - dy
-        F[2, i] = 2 * dy - h * (K[_NS, i] + f[i])
-
-
-def _dop_eval(F, y, x, out):
-    n = y.size
-    for i in range(n):
-        v = 0.0
-        for r in range(7):
-            v += F[6 - r, i]
-            v *= x if r % 2 == 0 else 1.0 - x
-        out[i] = v + y[i]
-
-
-def _ros_attempt(fld, y, h, wk, atol, rtol):
-    """One RODAS4P2 step with the Jacobian ``wk.J``; returns the error norm (inf: reject)."""
-    rhs, P, d, m = fld.rhs, fld.P, fld.d, fld.m
-    J, W, piv, U, ynew, tmp, rr, ws = wk.J, wk.W, wk.piv, wk.U, wk.ynew, wk.tmp, wk.xa, wk.ws
-    n = y.size
-    top = 0.0
-    for v in y:
-        top = max(top, abs(v))
-    ymax = _WILD * top
-    g = 1.0 / (_RGAMMA * h)
-    for i in range(n):
-        for j in range(n):
-            W[i, j] = -J[i, j]
-        W[i, i] += g
-    if not _lu(W, piv):
-        return np.inf
-    _copy(U[0], wk.f)
-    _lu_solve(W, piv, U[0])
-    bad = False
-    for s in range(1, 6):
-        for i in range(n):
-            acc = 0.0
-            for j in range(s):
-                acc += _RA_[s, j] * U[j, i]
-            tmp[i] = y[i] + acc
-        bad |= _guard(tmp, ymax)
-        rhs(P, d, m, tmp, rr, ws)
-        for i in range(n):
-            acc = 0.0
-            for j in range(s):
-                acc += _RC_[s, j] * U[j, i]
-            U[s, i] = rr[i] + acc / h
-        _lu_solve(W, piv, U[s])
-    acc_e = 0.0
-    for i in range(n):
-        acc = 0.0
-        for j in range(6):
-            acc += _RB_[j] * U[j, i]
-        ynew[i] = y[i] + acc
-        sc = atol + max(abs(y[i]), abs(ynew[i])) * rtol
-        acc_e += (U[5, i] / sc) ** 2
-    err = math.sqrt(acc_e / n)
-    if bad or not math.isfinite(err):
-        err = np.inf
-    return err
-
-
-def _ros_eval(y, ynew, U, x, out):
-    n = y.size
-    for i in range(n):
-        h1 = 0.0
-        h2 = 0.0
-        for j in range(6):
-            h1 += _RH_[0, j] * U[j, i]
-            h2 += _RH_[1, j] * U[j, i]
-        out[i] = (1 - x) * y[i] + x * (ynew[i] + (1 - x) * (h1 + x * h2))
-
-
-# ----------------------------------------------------------------------------------------
-# one trajectory
-# ----------------------------------------------------------------------------------------
-
-def _nmin(a, b):
-    """``numpy.minimum`` of two floats (NaN propagates)."""
-    if a != a or b != b:
-        return np.nan
-    return a if a <= b else b
-
-
-def _initial_step(fld, y, wk, opt, err_exp):
-    """Hairer, Norsett and Wanner II.4, as SciPy's ``select_initial_step``."""
-    f, tmp, tmp2 = wk.f, wk.tmp, wk.tmp2
-    atol, rtol, t0, t1 = opt.atol, opt.rtol, opt.t0, opt.t1
-    n = y.size
-    d0 = 0.0
-    d1 = 0.0
-    for i in range(n):
-        sc = atol + abs(y[i]) * rtol
-        d0 += (y[i] / sc) ** 2
-        d1 += (f[i] / sc) ** 2
-    d0 = math.sqrt(d0 / n)
-    d1 = math.sqrt(d1 / n)
-    h0 = 1e-6 if (d0 < 1e-5 or d1 < 1e-5) else 0.01 * d0 / max(d1, 1e-300)
-    h0 = _nmin(h0, t1 - t0)
-    for i in range(n):
-        tmp[i] = y[i] + h0 * f[i]
-    fld.rhs(fld.P, fld.d, fld.m, tmp, tmp2, wk.ws)
-    d2 = 0.0
-    for i in range(n):
-        sc = atol + abs(y[i]) * rtol
-        d2 += ((tmp2[i] - f[i]) / sc) ** 2
-    d2 = math.sqrt(d2 / n) / h0
-    if d1 <= 1e-15 and d2 <= 1e-15:
-        h1 = max(1e-6, h0 * 1e-3)
-    else:
-        big = d1 if d1 >= d2 else d2
-        if d2 != d2:
-            big = d2
-        h1 = (0.01 / max(big, 1e-300)) ** (-err_exp)
-    return _nmin(_nmin(_nmin(100 * h0, h1), t1 - t0), opt.max_step)
-
 
 def _dense_at(fld, y, h, imp, x, wk):
     """The state at fraction ``x`` of the step into ``wk.xa``; returns the evaluations it cost."""
@@ -800,13 +473,11 @@ def _located(fld, row, opt, wk, t, h, imp):
 
 
 def _store(y, d, m, cov_out, mean_out, j):
+    """A batch's output at ``t_eval[j]``: the covariance (and mean) of the state ``y``."""
     Z = y.reshape((d, m))
     for i in range(d):
         for k in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += Z[i, p] * Z[k, p]
-            cov_out[j, i, k] = acc
+            cov_out[j, i, k] = _cov_entry(Z, i, k, d)
         if m > d:
             mean_out[j, i] = Z[i, d]
 
@@ -942,67 +613,6 @@ def _attempt(fld, y, h, imp, fresh, wk, atol, rtol):
     _copy(wk.K[0], wk.f)
     err, hlamb = _call(fld.fns, DOP_ATTEMPT, fld, y, h, wk, atol, rtol)
     return err, hlamb, _NS, -0.125, 10.0, fresh
-
-
-def _next_step_size(h_abs, err, acc, rejected, err_exp, max_factor):
-    r"""SciPy's step-size rule: the next :math:`|h|` after an attempt with error norm ``err``.
-
-    Accepted: :math:`|h|\min(f_{\max}, 0.9\,\mathrm{err}^{e})` (no growth right after a
-    rejection), rejected: :math:`|h|\max(0.2, 0.9\,\mathrm{err}^{e})`, with the exponent
-    :math:`e` = ``err_exp`` and :math:`f_{\max}` = ``max_factor`` (``SAFETY`` and
-    ``MIN_FACTOR`` of :mod:`gaussian_pde._common.tableaux`).
-    """
-    if err == 0:
-        fac = max_factor
-    else:
-        fac = min(max_factor, SAFETY * (err if err > 0 else 1.0) ** err_exp)
-    if acc:
-        h_abs *= min(1.0, fac) if rejected else fac
-    else:
-        e = err if (math.isfinite(err) and err > 0) else 1e300
-        h_abs *= max(MIN_FACTOR, SAFETY * e ** err_exp)
-    return h_abs
-
-
-def _stiffness_counts(acc, hlamb, iasti, nonsti):
-    r"""Hairer's stiffness test after an explicit step: the updated ``(iasti, nonsti)``.
-
-    An accepted step with :math:`h|\lambda| > 6.1` counts towards stiffness (the test
-    fires at ``_STIFF_STEPS`` of them), any other accepted step towards non-stiffness;
-    ``_NONSTIFF_RESET`` of those in a row clear the count (``dop853.f``).
-    """
-    if acc:
-        if hlamb > _STIFF_HLAMB:
-            iasti += 1
-            nonsti = 0
-        else:
-            nonsti += 1
-    if nonsti >= _NONSTIFF_RESET:
-        iasti = 0
-    return iasti, nonsti
-
-
-def _crawl_counts(acc, hlamb, block, crawl):
-    r"""The second stiffness test after an explicit step: ``(block, crawl, fired)``.
-
-    DOP853 can crawl at its stability limit while the estimate of Hairer's test stays
-    below 6.1 (:math:`h|\lambda|` of 1.5 to 3.3 on thousands of steps, where the stiff
-    eigenvalue is :math:`10^5` times the growth rate). Accepted steps are counted in
-    blocks of ``_CRAWL_BLOCK``; the test fires at the end of a block with at least
-    ``_CRAWL_STEPS`` steps of :math:`h|\lambda| \ge` ``_CRAWL_HLAMB``. It switches only
-    where the field's Jacobian has a closed form there (:func:`_steps`): with central
-    differences a Rosenbrock step costs :math:`2n + 6` evaluations, more than such
-    crawling saves.
-    """
-    fired = False
-    if acc:
-        block += 1
-        if hlamb >= _CRAWL_HLAMB:
-            crawl += 1
-        if block >= _CRAWL_BLOCK:
-            fired = crawl >= _CRAWL_STEPS
-            block, crawl = 0, 0
-    return block, crawl, fired
 
 
 def _steps(fld, row, opt, wk):
@@ -1254,11 +864,6 @@ def _note_crossing(fres, t_c):
         fres[F_NCROSS] = k + 1
 
 
-def _log_trace(y, d, m):
-    """``log tr(Sigma)`` of a flat state (the blow-up event's value before its offset)."""
-    return math.log(max(_l_trace(y.reshape((d, m)), d), 1e-300))
-
-
 def _crossing(fld, opt, y, h, imp, wk, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
@@ -1277,8 +882,8 @@ def _crossing(fld, opt, y, h, imp, wk, level):
             fld.rhs(fld.P, fld.d, 0, wk.xa, wk.xb, wk.ws)
             lt = math.log(max(wk.ws[0], 1e-300))
         else:
-            lt = _log_trace(wk.xa, fld.d, fld.m)
-        if lt - level >= 0:
+            lt = math.log(max(_l_trace(wk.xa.reshape((fld.d, fld.m)), fld.d), 1e-300))
+        if lt >= level:
             hi = mid
         else:
             lo = mid
@@ -1337,8 +942,8 @@ def _scratch_sizes(n, opt):
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
-_INLINED = ("_copy", "_guard", "_combine", "_dop_errors", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts", "_output")
+_INLINED = ("_copy", "_cov_entry", "_guard", "_combine", "_dop_errors", "_attempt",
+            "_next_step_size", "_stiffness_counts", "_crawl_counts", "_output")
 #: the helpers that allocate (compiled with Numba's reference counting; see _core())
 _ALLOCATING = ("_rank_gap", "_refactor_svd")
 #: the engine's large pieces, each compiled once and called through its address (see
@@ -1350,62 +955,31 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
 (RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
-_HELPERS = ("_copy", "_finite", "_l_trace", "_l_dot", "_f_rate", "_guard", "_steady_gap",
-            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
+_HELPERS = ("_copy", "_cov_entry", "_finite", "_l_trace", "_l_dot", "_f_rate", "_guard",
+            "_steady_gap", "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
-            "_record", "_note_crossing", "_log_trace", "_attempt", "_next_step_size",
+            "_record", "_note_crossing", "_attempt", "_next_step_size",
             "_stiffness_counts", "_crawl_counts", "_output")
 
 
 def _call(fns, which, *args):
     """Call the piece ``_PIECES[which]`` of the engine through its address ``fns[which]``.
 
-    Compiled (:func:`_core`), an intrinsic: a direct call of the code at that address
-    with Numba's calling convention (its exceptions reach the caller), the arguments
-    cast to the piece's signature. A piece is compiled once, in its own library; a
-    callee called by name would be linked into each caller's library and optimised
-    again there. The address comes from the caller (an argument, not a constant), so
-    every caller stays in Numba's disk cache. (Numba's first-class functions would
-    serve too, but each of their calls also compiles a fallback through a C pointer
-    that passes the named tuples by value, which costs more compilation than the call.)
-    In plain Python: the function itself, called.
+    Compiled (:func:`_core`), the intrinsic of
+    :func:`~gaussian_pde._common.compiled.address_caller`: a piece is compiled once, in
+    its own library, where a callee called by name would be linked into each caller's
+    library and optimised again there. In plain Python: the function itself, called.
     """
-    return globals()[_PIECES[which]](*args)
+    return _function(_PIECES[which])(*args)
+
+
+def _function(name):
+    """The engine's function ``name``: this module's or the steppers' (:mod:`._steppers`)."""
+    return globals()[name] if name in globals() else vars(_steppers)[name]
 
 
 #: the signature of each piece (its place in ``fns``), known once it is compiled
 _PIECE_SIGNATURES = {}
-
-
-def _piece_intrinsic():
-    """:func:`_call` compiled: an intrinsic of the table, a constant place in it, the arguments."""
-    from numba import types as T
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def call(typingctx, fns, which, *args):
-        if not isinstance(which, T.IntegerLiteral):
-            return None
-        place = which.literal_value
-        piece = _PIECE_SIGNATURES[place]
-
-        def codegen(context, builder, sig, llargs):
-            table = context.make_array(fns)(context, builder, llargs[0])
-            addr = builder.load(builder.gep(table.data, [context.get_constant(T.intp, place)]))
-            values = [context.cast(builder, builder.extract_value(llargs[2], i), ty, to)
-                      for i, (ty, to) in enumerate(zip(args, piece.args))]
-            fnty = context.call_conv.get_function_type(piece.return_type, piece.args)
-            status, res = context.call_conv.call_function(
-                builder, builder.inttoptr(addr, fnty.as_pointer()), piece.return_type,
-                piece.args, values)
-            with cgutils.if_unlikely(builder, status.is_error):
-                context.call_conv.return_status_propagate(builder, status)
-            return res
-
-        return piece.return_type(fns, which, T.StarArgTuple.from_types(args)), codegen
-
-    return call
 
 
 def _argument_types(rhs_sig, jac_sig):
@@ -1445,13 +1019,6 @@ def _argument_types(rhs_sig, jac_sig):
     return {name: ty for ty, names in kinds.items() for name in names.split()}
 
 
-def _piece_address(disp):
-    """The address of a compiled piece (Numba's calling convention), and its signature."""
-    (sig,) = disp.nopython_signatures
-    cres = disp.get_compile_result(sig)
-    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), sig
-
-
 @functools.cache
 def _core():
     """The compiled driver :func:`_drive` and its table of pieces (Numba, cached on disk).
@@ -1467,15 +1034,14 @@ def _core():
     once for each set of flags, and with the wrappers theirs are the other modules'.
 
     :func:`_run` spreads a batch's trajectories over threads that each call it on a
-    slice of the rows (each trajectory the same code, the same bits, whichever thread
-    runs it). Threads rather than Numba's ``prange``: a parallel loop is compiled a second
-    time, with the whole integrator inside, which doubled the first compilation.
+    slice of the rows.
 
     Only the helpers in :data:`_ALLOCATING` (those that allocate) are compiled with
     Numba's reference counting (``_nrt``); the driver's scratch comes from its caller.
     Every array the others see belongs to a caller that holds it for the whole call, and
     the counting would cost an atomic increment and decrement per array, view and call:
-    measured, about 40 % of a step at d = 3. A helper without it that allocated would fail to compile, not leak.
+    measured, about 40 % of a step at d = 3. A helper without it that allocated would fail
+    to compile, not leak.
     """
     import inspect
 
@@ -1486,27 +1052,34 @@ def _core():
 
     # called from compiled code only: no wrapper for calls from Python or C
     no_wrappers = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
-    g = globals()
+
+    def compiled(name, **options):
+        """``name`` compiled once, in place of the plain function wherever code calls it."""
+        fn = _function(name)
+        if not hasattr(fn, "py_func"):
+            fn = numba.njit(cache=True, error_model="numpy", _nrt=name in _ALLOCATING,
+                            **options)(fn)
+        for space in (globals(), vars(_steppers)):
+            if name in space:
+                space[name] = fn
+        return fn
+
     for name in _HELPERS:
-        if not hasattr(g[name], "py_func"):
-            inline = "always" if name in _INLINED else "never"
-            g[name] = numba.njit(cache=True, error_model="numpy", inline=inline,
-                                 _nrt=name in _ALLOCATING,
-                                 **({} if name in _INLINED else no_wrappers))(g[name])
+        inline = name in _INLINED
+        compiled(name, inline="always" if inline else "never", **({} if inline else no_wrappers))
     if numba.config.DISABLE_JIT:     # plain Python throughout: _call calls the functions
         return _drive, np.zeros(len(_PIECES), dtype=np.int64)
     types = _argument_types(*signatures())
-    g["_call"] = _piece_intrinsic()
+    globals()["_call"] = address_caller(_PIECE_SIGNATURES)
     fns = np.zeros(len(_PIECES), dtype=np.int64)
     with warnings.catch_warnings():   # first-class function types are "experimental"
         warnings.simplefilter("ignore", numba.NumbaExperimentalFeatureWarning)
         for place, name in enumerate(_PIECES):
-            if not hasattr(g[name], "py_func"):
-                args = tuple(types[a] for a in inspect.signature(g[name]).parameters)
-                g[name] = numba.njit([args], cache=True, error_model="numpy",
-                                     _nrt=name in _ALLOCATING,
-                                     **({} if name in _ALLOCATING else no_wrappers))(g[name])
-            fns[place], _PIECE_SIGNATURES[place] = _piece_address(g[name])
+            plain = getattr(_function(name), "py_func", _function(name))
+            args = tuple(types[a] for a in inspect.signature(plain).parameters)
+            piece = compiled(name, signature_or_function=[args],
+                             **({} if name in _ALLOCATING else no_wrappers))
+            fns[place], _PIECE_SIGNATURES[place] = address_and_signature(piece)
         sig = T.void(*(types[a] for a in inspect.signature(_drive).parameters))
         drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False,
                            no_cfunc_wrapper=True)(_drive)
@@ -1528,42 +1101,16 @@ def compile_kernels():
     return True
 
 
-class _Resolved:
-    """A compiled kernel passed to the drivers by its address, looked up once.
-
-    Numba's wrapper-address protocol (``__wrapper_address__``, ``signature``): a
-    dispatcher passed as a first-class function is looked up again at every call of the
-    driver (about 30 us each, as long as a short trajectory); this object hands over the
-    address found at the first. It holds the dispatcher, which owns the code.
-    """
-
-    def __init__(self, kernel, sig):
-        from numba import types as T
-        from numba.experimental.function_type import _get_wrapper_address
-
-        self.kernel = kernel
-        self.sig = sig
-        self.address = _get_wrapper_address(kernel, sig)
-        self._numba_type_ = T.FunctionType(sig)
-
-    def __wrapper_address__(self):
-        return self.address
-
-    def signature(self):
-        return self.sig
-
-
 @functools.cache
 def _resolved(kernel, which):
-    """:class:`_Resolved` of ``kernel`` (once per kernel), or the kernel where that fails.
+    """:class:`~gaussian_pde._common.compiled.ResolvedKernel` of ``rhs`` (``which`` 0) or ``jac`` (1).
 
-    ``which``: 0 for a field (``rhs``), 1 for a Jacobian; its signature is that of
-    :func:`~gaussian_pde.attention.compiled_signatures`.
+    Made once per kernel; the kernel itself where that fails.
     """
     from ..attention import compiled_signatures
 
     try:
-        return _Resolved(kernel, compiled_signatures()[which])
+        return ResolvedKernel(kernel, compiled_signatures()[which])
     except Exception:       # a Numba without the protocol: the dispatcher itself serves
         return kernel
 
@@ -1680,24 +1227,6 @@ def _core_options(opts, method, ws_size):
         cov_cols=0)
 
 
-@dataclasses.dataclass
-class Trajectory:
-    """What :func:`integrate_one` returns: the run's outcome and the states it kept."""
-
-    status: object         # Status
-    message: str           # as solve_batch words it (:func:`_messages`)
-    nfev: int
-    t: float               # where the run stopped (t_span's end where it finished)
-    y: np.ndarray          # the state there
-    t_rec: np.ndarray      # the recorded times (every step end, or ``t_eval`` up to ``t``)
-    y_rec: np.ndarray      # and states, (T, n)
-    t_blowup: float | None
-    crossings: np.ndarray  # the times where the trace passed a blow-up threshold
-    stiff_from: float | None   # where RODAS4P2 took over (``method="auto"``), or None
-    stiff_stop: bool = False   # stopped there instead (a plain state's field without a
-    #                            closed-form Jacobian: ``STIFF``)
-
-
 def record_rows(opts, n):
     """Rows :func:`integrate_one` first allots to the record of a run's states.
 
@@ -1726,14 +1255,16 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
 
     The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
     ``"auto"`` for that trajectory, bit for bit; besides, the states at every step end
-    (or at ``t_eval``) and the times where the trace passed each blow-up threshold,
-    located on the dense output to rounding. ``y0``: the flat state ``[L | mean]`` (``d x m``) in the solver's
-    units; ``tr0``, ``first``: the initial trace and the first eigenvalue index of the
-    rank event. ``cov``: ``(rows, cols)`` of the factor of the covariance that the field
-    leaves in its scratch, for a plain state (``d = n``, ``m = 1``; ``CoreOptions.cov_rows``),
-    whose events then run on that covariance. Returns a :class:`Trajectory`.
+    (or at ``t_eval``) and, in ``t_events["blowup"]``, the times where the trace passed
+    each blow-up threshold, located on the dense output to rounding. ``y0``: the flat
+    state ``[L | mean]`` (``d x m``) in the solver's units; ``tr0``, ``first``: the initial
+    trace and the first eigenvalue index of the rank event. ``cov``: ``(rows, cols)`` of
+    the factor of the covariance that the field leaves in its scratch, for a plain state
+    (``d = n``, ``m = 1``; ``CoreOptions.cov_rows``), whose events then run on that
+    covariance. Returns a :class:`~gaussian_pde.integrate._results.Run` (``stiff_stop``:
+    such a state stopped where the stiffness test fired, ``STIFF``).
     """
-    from ._results import Status
+    from ._results import Run, Status
 
     rhs, jac, params, ws_size = fields
     n = d * m
@@ -1767,31 +1298,41 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
     status, message = _messages(code, fres[0], opts.t0, opt.max_nfev)
+    t_events = {"blowup": fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()}
+    if opt.steady_on:
+        t_events["steady"] = np.empty(0)
+    if first < (d if cov is None else int(cov[0])):
+        t_events["rank_collapse"] = np.empty(0)
+    if status in (Status.STEADY, Status.RANK_COLLAPSE):
+        t_events[str(status)] = np.array([t])
     stiff_from = float(fres[0, F_STIFF_FROM])
-    return Trajectory(status=status, message=message, nfev=int(ires[0, I_NFEV]), t=t,
-                      y=Y[0], t_rec=rec_t[0, :kept].copy(), y_rec=rec_y[0, :kept].copy(),
-                      t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
-                                else None),
-                      crossings=fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy(),
-                      stiff_from=None if math.isnan(stiff_from) else stiff_from,
-                      stiff_stop=code == STIFF)
+    stiff_from = None if math.isnan(stiff_from) else stiff_from
+    if stiff_from is not None and code != STIFF:
+        message += f"; stiff from t = {stiff_from:.6g} on: RODAS4P2"
+    return Run(t=rec_t[0, :kept].copy(), y=rec_y[0, :kept].copy(), status=status,
+               message=message, t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
+                                          else None),
+               t_final=t, y_final=Y[0], t_events=t_events, nfev=int(ires[0, I_NFEV]),
+               stiff_from=stiff_from, stiff_stop=code == STIFF)
 
 
-def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
+def integrate_batch(fields, cov0s, mean0s, opts, method, mean_units=True):
     """:func:`gaussian_pde.solve_batch` on the compiled path; a :class:`BatchSolution`.
 
     ``mean_units``: hold the mean in the units of :func:`gaussian_pde.solve`
-    (:func:`~gaussian_pde.integrate._batch_record.mean_scale`; only where the mean's equation
-    is linear and homogeneous, ``Attention.mean_is_linear``); otherwise in its own units.
+    (:func:`~gaussian_pde.integrate._moment_field.mean_scale`; only where the mean's
+    equation is linear and homogeneous, ``Attention.mean_is_linear``); otherwise in its own
+    units.
     """
     from .._common.linalg import psd_factor
-    from ._batch_record import BatchRecord, mean_scales
-    from ._events import rank_first
+    from ._events import rank_first, rank_notes
+    from ._moment_field import mean_scales
+    from ._results import BatchSolution, Status
 
     rhs, jac, params, ws_size = fields
     nb, d = cov0s.shape[0], cov0s.shape[-1]
     m = d if mean0s is None else d + 1
-    t0, t1, t_eval = opts.t0, opts.t1, opts.t_eval
+    t0, t_eval = opts.t0, opts.t_eval
     ev = opts.events
     Y = np.zeros((nb, d, m))
     Y[:, :, :d] = psd_factor(cov0s)
@@ -1815,32 +1356,30 @@ def integrate_compiled(fields, cov0s, mean0s, opts, method, mean_units=True):
     _run(rhs, jac, np.ascontiguousarray(params), d, m, opt,
          Batch(Y, te, p0, tr0, first, ires, fres, cov_out, mean_out, np.zeros((nb, 0)),
                np.zeros((nb, 0, d * m)), np.zeros(nb, dtype=np.int64)))
-    rec = BatchRecord(nb, d, t1, t_eval, method)
+    status = np.full(nb, Status.FINISHED, dtype=object)
+    message = ["reached the end of t_span"] * nb
+    for b in np.flatnonzero(ires[:, I_CODE] != FINISHED):
+        status[b], message[b] = _messages(int(ires[b, I_CODE]), fres[b], t0, opt.max_nfev)
     Z = Y.reshape(nb, d, m)
-    rec.L_final[:] = Z[:, :, :d]
-    rec.t_final[:] = fres[:, F_T]
-    rec.t_blowup[:] = fres[:, F_T_BLOWUP]
-    rec.nfev[:] = ires[:, I_NFEV]
-    rec.nsteps[:] = ires[:, I_NSTEPS]
-    rec.implicit[:] = ires[:, I_IMPLICIT] != 0
-    for b in np.flatnonzero(ires[:, I_CODE] != FINISHED):   # (the record starts "finished")
-        rec.status[b], rec.message[b] = _messages(int(ires[b, I_CODE]), fres[b], t0,
-                                                  opt.max_nfev)
+    L_final = Z[:, :, :d].copy()
+    cov_final = L_final @ np.swapaxes(L_final, -1, -2)
+    for b, note in rank_notes(cov0s, cov_final, status):
+        message[b] += note
+    mean = mean_final = None
     if t_eval is not None:
-        at0 = t_eval == t0
-        cov_out[:, at0] = cov0s[:, None]
-        rec.cov = cov_out
-    rec.note_rank(cov0s)
-    sol = rec.result(t_eval, 1)
-    extra = {"path": "compiled"}
+        cov_out[:, t_eval == t0] = cov0s[:, None]
     if mean0s is not None:
         mean_final = Z[:, :, d] * scale[:, None]
-        mean = None
         if t_eval is not None:
             mean = mean_out * scale[:, None, None]
             mean[:, t_eval == t0] = mean0s[:, None]
-        extra.update(mean=mean, mean_final=mean_final)
-    return dataclasses.replace(sol, **extra)
+    return BatchSolution(t=t_eval, cov=None if t_eval is None else cov_out,
+                         t_final=fres[:, F_T].copy(), cov_final=cov_final,
+                         factor_final=L_final, status=status,
+                         t_blowup=fres[:, F_T_BLOWUP].copy(), message=message,
+                         nfev=ires[:, I_NFEV].astype(int), nsteps=ires[:, I_NSTEPS].astype(int),
+                         ncalls=1, implicit=ires[:, I_IMPLICIT] != 0, mean=mean,
+                         mean_final=mean_final, path="compiled")
 
 
 #: how a row of :func:`integrate_states` ended, by the engine's outcome code
@@ -1903,26 +1442,24 @@ SERIAL_BELOW = 4
 _SLICES_PER_THREAD = 8
 
 
-def _threads():
-    """Threads a batch runs on: Numba's thread count (``NUMBA_NUM_THREADS``, the cores)."""
-    import numba
-
-    return max(1, int(numba.config.NUMBA_NUM_THREADS))
-
-
 def _run(rhs, jac, params, d, m, opt, batch):
     """The compiled driver over the rows of the :class:`Batch` ``batch``.
 
     On the calling thread for fewer than :data:`SERIAL_BELOW` trajectories, else over
-    :func:`_threads` threads, each taking the next slice of rows until none is left;
-    each thread with scratch of its own.
+    Numba's thread count (``NUMBA_NUM_THREADS``, the cores) of threads, each taking the
+    next slice of rows until none is left, with scratch of its own (each trajectory the
+    same code, the same bits, whichever thread runs it). Threads rather than Numba's
+    ``prange``: a parallel loop is compiled a second time, with the whole integrator
+    inside, which doubled the first compilation.
     """
+    import numba
+
     drive, fns = _core()
     rhs, jac = _resolved(rhs, 0), _resolved(jac, 1)
     nb = batch.Y.shape[0]
     args = (fns, params, d, m, batch, opt)
     fsize, isize = _scratch_sizes(d * m, opt)
-    workers = 1 if nb < SERIAL_BELOW else min(_threads(), nb)
+    workers = 1 if nb < SERIAL_BELOW else min(max(1, int(numba.config.NUMBA_NUM_THREADS)), nb)
     if workers == 1:
         drive(rhs, jac, *args, 0, nb, np.empty(fsize), np.empty(isize, dtype=np.int64))
         return

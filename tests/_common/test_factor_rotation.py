@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from gaussian_pde.integrate import _factor_rotation as rotation
-from gaussian_pde.integrate._factor_rotation import cancellation_exceeds, cancellation_excess
+from gaussian_pde._common import factor_rotation as rotation
+from gaussian_pde._common.factor_rotation import cancellation_exceeds, cancellation_excess
 
 
 def _graded_factor(rng, d, spread, scale):
