@@ -36,8 +36,18 @@ random components (means N(0, 4 I), covariances 0.1 I, equal weights), over t in
 :math:`K^2 n^d d^2` (constant if the cost grows like :math:`K^2`), and, for K up to 400,
 the one-shot evaluation the closure used before (every node against every component in
 one ``(K n^d, K)`` array, reimplemented here) timed on the same state, interleaved: the
-ratio old / new per evaluation. The exponent of the time per evaluation in K is fitted on
-K >= 100. Writes ``bench_mixture_scaling.json`` through ``_record.py``.
+ratio old / new per evaluation, and the whole run on the event loop (``method="LSODA"``,
+the default before the engine) against the default on the compiled engine, interleaved.
+The exponent of the time per evaluation in K is fitted on K >= 100. Writes
+``bench_mixture_scaling.json`` through ``_record.py``.
+
+**Engine against event loop** (``--engine``): seeded mixtures (K = 2..4 components in
+d = 2, 3; softmax, L2, biased softmax, linear and multi-head; some blow up), each solved
+by the default (``solve_mixture`` on the compiled engine: DOP853, RODAS4P2 once stiff)
+and by ``method="LSODA"`` (the event loop, :func:`scipy.integrate.solve_ivp`, the default
+before), interleaved, best of 3 each: statuses, evaluations, times and the ratio
+event loop / engine per setting, with the median and the extremes. Writes
+``bench_mixture_engine.json``.
 """
 
 from __future__ import annotations
@@ -82,7 +92,7 @@ def _one_shot(head, logw, means, covs, X):
 def scaling(ks, json_path=None):
     """Time per evaluation and per run against K (module docstring)."""
     att = gp.Softmax.example(2, 0)
-    (head,) = MX._heads(att)
+    (head,) = MX.quadratic_heads(att)
     rows = []
     for K in ks:
         rng = np.random.default_rng(K)
@@ -100,19 +110,25 @@ def scaling(ks, json_path=None):
                 t0 = time.perf_counter()
                 _one_shot(head, logw, mix.means, mix.covs, X)
                 old.append(time.perf_counter() - t0)
-        runs = []
+        runs, loop = [], []
         for _ in range(2):
             t0 = time.perf_counter()
             sol = gp.solve_mixture(att, mix, (0, 0.01))
             runs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ref = gp.solve_mixture(att, mix, (0, 0.01), method="LSODA")
+            loop.append(time.perf_counter() - t0)
         per = min(new)
         row = {"K": K, "solve_s": min(runs), "nfev": sol.nfev, "status": str(sol.status),
+               "lsoda_solve_s": min(loop), "lsoda_nfev": ref.nfev,
+               "lsoda_status": str(ref.status), "lsoda_over_engine": min(loop) / min(runs),
                "eval_s": per, "eval_per_K2_n_d2_ns": 1e9 * per / (K * K * Z.shape[0] * 4),
                "old_eval_s": min(old) if old else None,
                "old_over_new": min(old) / per if old else None}
         rows.append(row)
         print(f"K = {K:5d}: solve {row['solve_s']:7.2f} s ({sol.nfev} evaluations, "
-              f"{sol.status}); one evaluation {per:.4f} s = "
+              f"{sol.status}; LSODA {row['lsoda_solve_s']:.2f} s, {ref.nfev} evaluations, "
+              f"{row['lsoda_over_engine']:.2f}x); one evaluation {per:.4f} s = "
               f"{row['eval_per_K2_n_d2_ns']:.2f} ns x K^2 n^d d^2"
               + (f"; before: {row['old_eval_s']:.4f} s ({row['old_over_new']:.1f}x)"
                  if old else ""))
@@ -129,6 +145,71 @@ def scaling(ks, json_path=None):
     return rows
 
 
+def _engine_settings():
+    """Seeded (name, attention, mixture, t_span, options) of ``--engine``."""
+    names = ["softmax", "l2", "biased_softmax", "linear", "multihead"]
+    out = []
+    for seed in range(30):
+        rng = np.random.default_rng(2000 + seed)
+        name = names[seed % len(names)]
+        K, d = 2 + seed % 3, 2 + (seed // 3) % 2
+        att = gp.ATTENTIONS[name].example(d, rng)
+        w = rng.random(K) + 0.3
+        B = rng.normal(size=(K, d, d)) * 0.4
+        mix = gp.GaussianMixture(w / w.sum(), rng.normal(size=(K, d)) * (0.5 + rng.random()),
+                                 B @ np.swapaxes(B, 1, 2) + 0.05 * np.eye(d))
+        kw = {"steady_tol": 1e-3} if seed % 4 == 1 else {}
+        out.append((f"{name} K={K} d={d}", att, mix, (0.0, 4.0), kw))
+    return out
+
+
+def engine(json_path=None, repeats=3):
+    """The default on the engine against the event loop (module docstring)."""
+    rows = []
+    for label, att, mix, span, kw in _engine_settings():
+        t_new, t_old = [], []
+        for _ in range(repeats):            # interleaved: both see the same load
+            t0 = time.perf_counter()
+            new = gp.solve_mixture(att, mix, span, **kw)
+            t_new.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            old = gp.solve_mixture(att, mix, span, method="LSODA", **kw)
+            t_old.append(time.perf_counter() - t0)
+        row = {"setting": label, "options": sorted(kw), "status": str(new.status),
+               "lsoda_status": str(old.status), "nfev": new.nfev, "lsoda_nfev": old.nfev,
+               "engine_s": min(t_new), "lsoda_s": min(t_old),
+               "lsoda_over_engine": min(t_old) / min(t_new),
+               "stiff": "stiff from" in new.message}
+        rows.append(row)
+        print(f"{label:28s} {row['status']:13s} engine {row['engine_s'] * 1e3:8.2f} ms "
+              f"({new.nfev:5d} ev.) | LSODA {row['lsoda_status']:13s} "
+              f"{row['lsoda_s'] * 1e3:8.2f} ms ({old.nfev:5d} ev.) | "
+              f"{row['lsoda_over_engine']:6.1f}x")
+    r = np.array([row["lsoda_over_engine"] for row in rows])
+    e = np.array([row["lsoda_nfev"] / row["nfev"] for row in rows])
+    same = sum(row["status"] == row["lsoda_status"] for row in rows)
+    summary = {"lsoda_over_engine_median": float(np.median(r)),
+               "lsoda_over_engine_min": float(r.min()), "lsoda_over_engine_max": float(r.max()),
+               "evaluations_lsoda_over_engine_median": float(np.median(e)),
+               "same_status": same, "settings": len(rows)}
+    print(f"event loop / engine: median {np.median(r):.1f}x, min {r.min():.1f}x, "
+          f"max {r.max():.1f}x; evaluations LSODA / engine median {np.median(e):.2f}; "
+          f"same status {same}/{len(rows)}")
+    from _record import write_record
+
+    columns = ["setting", "options", "status", "LSODA status", "evaluations",
+               "LSODA evaluations", "engine s", "LSODA s", "LSODA / engine"]
+    table = [[r["setting"], ", ".join(r["options"]), r["status"], r["lsoda_status"], r["nfev"],
+              r["lsoda_nfev"], r["engine_s"], r["lsoda_s"], r["lsoda_over_engine"]]
+             for r in rows]
+    write_record("bench_mixture_engine", {
+        "repeats": repeats, **summary,
+        "tables": [{"title": "solve_mixture: the default on the engine against the event "
+                             "loop's LSODA (best of 3 each, interleaved)",
+                    "columns": columns, "rows": table}]}, json_path)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="t = 5 and a smaller reference")
@@ -136,8 +217,14 @@ def main(argv=None):
                     help="time per evaluation and per run against K (d = 2)")
     ap.add_argument("--ks", type=int, nargs="+", default=[25, 50, 100, 200, 400, 1000],
                     help="component counts of --scaling")
-    ap.add_argument("--json", default=None, help="where --scaling writes its record")
+    ap.add_argument("--engine", action="store_true",
+                    help="the default on the engine against the event loop (LSODA)")
+    ap.add_argument("--json", default=None,
+                    help="where --scaling or --engine writes its record")
     args = ap.parse_args(argv)
+    if args.engine:
+        engine(args.json)
+        return
     if args.scaling:
         scaling(args.ks, args.json)
         return

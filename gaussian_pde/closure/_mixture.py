@@ -53,8 +53,11 @@ exact moment ODE of :func:`gaussian_pde.solve`. The closure is exact whenever th
 is affine on every component, e.g. weak attention (:math:`\pi_k \approx w_k`); otherwise
 its error against particles is measured (:mod:`gaussian_pde.studies._clusters`).
 
-**Events.** :func:`solve_mixture` runs :func:`gaussian_pde.integrate._event_loop.integrate_system`
-with the mixture's *total* covariance
+**Events.** :func:`solve_mixture` runs the compiled engine
+(:func:`gaussian_pde.integrate._compiled_engine.integrate_one`, the field of
+:mod:`._mixture_field`) or the event loop
+:func:`gaussian_pde.integrate._event_loop.integrate_system`, both with the mixture's *total*
+covariance
 :math:`\Sigma_{\mathrm{tot}} = \sum_k w_k(\Sigma_k + \alpha_k\alpha_k^T) - \bar\alpha\bar\alpha^T`
 (:math:`\bar\alpha = \sum_k w_k\alpha_k`), so blow-up, steady state and rank collapse mean
 what they mean for :func:`gaussian_pde.solve`; a *merge* event (``merge_tol``) records
@@ -82,7 +85,15 @@ from .._common.validation import (
     validate_seed,
 )
 from ..attention import quadratic_heads
-from ..integrate import METHODS, Status, integrate_system, run_options
+from ..integrate import (
+    METHODS,
+    Status,
+    integrate_covariance_state,
+    integrate_system,
+    rank_first,
+    run_options,
+)
+from . import _mixture_field
 from ._engine import DEFAULT_N_PER_DIM, standard_nodes
 from ._mixture_kernel import softmax_average
 
@@ -765,15 +776,20 @@ _REFUSE_S = 1800.0
 #: dense (N, N) arrays an implicit method holds at the least, N = K (d + d^2) unknowns
 #: (complex ones count twice): BDF its identity, Jacobian, iteration matrix and LU
 #: factors; Radau the identity, Jacobian, the real LU and the complex matrix and LU;
-#: LSODA the Jacobian in its Fortran work array. ``"auto"`` is LSODA.
+#: LSODA the Jacobian in its Fortran work array; the engine (``"auto"``) the Jacobian and
+#: the LU factors of its RODAS4P2 steps. ``"auto"`` with user events is LSODA.
 _JACOBIAN_ARRAYS = ((BDF, 4), (Radau, 7), (LSODA, 1))
+#: dense (N, N) arrays the engine holds
+_ENGINE_ARRAYS = 2
 
 
-def _jacobian_arrays(method):
+def _jacobian_arrays(method, engine=False):
     """How many dense Jacobian-sized arrays ``method`` holds (0 for an explicit one)."""
     if isinstance(method, str):
         if method == "auto":
-            return 1, "LSODA (method='auto')"
+            if engine:
+                return _ENGINE_ARRAYS, "the engine (method='auto')"
+            return 1, "LSODA (method='auto' on the event loop)"
         method = METHODS[method]
     for cls, count in _JACOBIAN_ARRAYS:
         if issubclass(method, cls):
@@ -781,7 +797,7 @@ def _jacobian_arrays(method):
     return 0, ""
 
 
-def _check_size(mixture, system, opts, merge_tol, method):
+def _check_size(mixture, system, opts, merge_tol, method, engine=False):
     """Refuse what would not fit in memory or finish in half an hour; announce a long run.
 
     The time is a pilot: one evaluation of the field on a few components' nodes (after
@@ -800,7 +816,7 @@ def _check_size(mixture, system, opts, merge_tol, method):
     if merge_tol is not None:       # the pairwise distances, their square roots and heights
         need += K * (K - 1) // 2 * (6 * d * d + 4)
         what += " and their K(K-1)/2 pairwise distances (`merge_tol`)"
-    count, holder = _jacobian_arrays(method)
+    count, holder = _jacobian_arrays(method, engine)
     if count:
         n = K * (d + d * d)
         need += count * n * n
@@ -837,6 +853,31 @@ def _check_size(mixture, system, opts, merge_tol, method):
     return per_eval
 
 
+def _solve_engine(heads, mixture, system, y0, opts):
+    r"""``method="auto"`` on the compiled engine (heads with a kernel: :func:`._mixture_field.pack`).
+
+    The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
+    :func:`gaussian_pde.integrate._compiled_engine.integrate_one`, its field the kernel of
+    :mod:`._mixture_field`, which also leaves a factor of the total covariance for the
+    events (``CoreOptions.cov_rows``): DOP853 steps, the blow-up look, steady state and
+    rank collapse on :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and
+    messages of :func:`gaussian_pde.solve`
+    (:func:`gaussian_pde.integrate.integrate_covariance_state`). Returns
+    ``(run, nfev, None)``; or, where
+    Hairer's stiffness test fires, ``(None, nfev, t)``: the engine stops there (the field
+    has no closed-form Jacobian, and RODAS4P2 would take one by central differences,
+    :math:`2N` evaluations, at every step) and the caller hands the run to the event
+    loop's LSODA, which reuses its Jacobians.
+    """
+    params = _mixture_field.pack(heads, mixture.weights, system.Z, system.W)
+    K, d = mixture.K, mixture.d
+    fields = (*_mixture_field.kernels(), params, _mixture_field.ws_size(d, K))
+    ev = opts.events
+    first = d if ev.rank_tol is None else int(rank_first(mixture.total_cov, ev.rank_tol))
+    tr0 = max(system.trace(y0), np.finfo(float).tiny)
+    return integrate_covariance_state(fields, y0, (d, K * (d + 1)), tr0, first, opts)
+
+
 def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
                   method="auto", rtol=1e-8, atol=1e-10, blowup_threshold=1e8,
                   steady_tol=None, steady_atol=0.0, rank_tol=None, merge_tol=None,
@@ -851,9 +892,14 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         \Gamma(x) = V\sum_k\pi_k(x)\,m_k(x),
 
     :math:`z\sim\mathcal N(0, I)`, with the closed-form field of the module docstring and
-    the Gauss-Hermite rule; weights constant. The event loop is
-    :func:`gaussian_pde.integrate._event_loop.integrate_system`, the one every solver shares,
-    on the *total* covariance of the mixture.
+    the Gauss-Hermite rule; weights constant. The events act on the *total* covariance of
+    the mixture. Two or more distinct components run, with ``method="auto"`` and without
+    user ``events``, ``merge_tol`` or ``first_step``, on the compiled engine of
+    :func:`gaussian_pde.solve` (:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`,
+    the field compiled in :mod:`gaussian_pde.closure._mixture_field`, which leaves a factor
+    of the total covariance for the events), until it turns stiff; every other run, those
+    with merge events included, on the event loop
+    :func:`gaussian_pde.integrate._event_loop.integrate_system` (:func:`scipy.integrate.solve_ivp`).
 
     Parameters
     ----------
@@ -868,11 +914,17 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     n_per_dim : int
         Gauss-Hermite nodes per dimension (2..40); default 8.
     method : str or OdeSolver subclass
-        ``"auto"`` (the default, as in :func:`gaussian_pde.solve` with user events: LSODA,
-        which switches between Adams and BDF steps itself, for two or more distinct
-        components with a forward-difference Jacobian up to ``_FD_JACOBIAN_MAX``
-        unknowns and its own differences above) or a :func:`scipy.integrate.solve_ivp`
-        method.
+        ``"auto"`` (the default): on the compiled engine of :func:`gaussian_pde.solve`,
+        DOP853 steps with Hairer's stiffness test, the events located on the dense
+        output; where the test fires, the run is handed to the event loop's LSODA from
+        the start (the ``message`` ends with ``"; stiff from t = ... on: LSODA from the
+        start ..."``, ``nfev`` counts both): the field has no closed-form Jacobian, and
+        RODAS4P2 would take one by central differences, :math:`2K(d + d^2)`
+        evaluations, at every step, where LSODA reuses its own. With user ``events``,
+        ``merge_tol`` or ``first_step``, the event loop's LSODA, which switches between
+        Adams and BDF steps itself (a forward-difference Jacobian up to
+        ``_FD_JACOBIAN_MAX`` unknowns, its own differences above). Or a
+        :func:`scipy.integrate.solve_ivp` method, on the event loop.
     rtol, atol : float
         Tolerances on the entries of the means and factors.
     blowup_threshold, steady_tol, steady_atol, rank_tol
@@ -885,6 +937,8 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         falls below ``merge_tol``, i.e. whenever the number of clusters
         :math:`1 + \#\{h_j > \text{merge\_tol}\}` drops. Not terminal by default: the
         times of every merge are in ``t_events["merge"]`` and :attr:`MixtureSolution.merge_times`.
+        A run with merge events takes the event loop (LSODA for ``"auto"``), not the
+        compiled engine: the distances need matrix square roots at every step.
     stop_at_merge : bool
         Make the merge event terminal: stop at the first merge with status ``"event"``.
     events : callable or sequence of callables
@@ -912,9 +966,12 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     (``K`` components, :math:`n^d` nodes each, every node against every component) and
     :math:`O(Kn^d d)` memory; a run estimated at a minute or more says so when it starts
     (a ``UserWarning`` with the estimate). Merge events need the :math:`K(K-1)/2` pairwise
-    distances at every step, and an implicit method (``"auto"`` is LSODA)
+    distances at every step, and an implicit method
     dense Jacobian-sized arrays of the :math:`N = K(d + d^2)` unknowns (:math:`N^2`
-    doubles each: BDF holds at least 4, Radau 7, LSODA 1); a request whose memory would
+    doubles each: BDF holds at least 4, Radau 7, LSODA 1, the engine of ``"auto"`` 2,
+    the scratch of its RODAS4P2 steps, held though a mixture's run hands its stiff
+    stretch to LSODA: where they do not fit, ``"auto"`` takes the event loop); a request
+    whose memory would
     not fit, or whose fewest evaluations are estimated (by a pilot evaluation) at more
     than half an hour, is refused up front with a ``ValueError`` giving the size.
     """
@@ -955,7 +1012,15 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)
     if merge_tol is not None:
         merge_tol = validate_positive(merge_tol, "merge_tol")
-    _check_size(mixture, system, opts, merge_tol, method)
+    engine = (auto and not events and merge_tol is None and opts.first_step is None
+              and _mixture_field.pack(heads, mixture.weights, system.Z, system.W) is not None)
+    if engine:
+        try:
+            _check_size(mixture, system, opts, merge_tol, method, engine=True)
+        except ValueError:      # the engine's scratch does not fit: the event loop may
+            engine = False
+    if not engine:
+        _check_size(mixture, system, opts, merge_tol, method)
     if merge_tol is not None:
         events = events + tuple(_merge_events(system, merge_tol, bool(stop_at_merge)))
     y0 = system.pack(mixture.means, mixture.factors())
@@ -964,8 +1029,19 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     if not all(np.all(np.isfinite(f)) for f in f0):
         raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
                          "nodes overflows float64; rescale the data or the weights.")
-    jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
-    run = integrate_system(system, y0, opts, method, user_events=events, jac=jac)
+    run, spent, stiff_at = (_solve_engine(heads, mixture, system, y0, opts) if engine
+                            else (None, 0, None))
+    if run is None:
+        jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
+        loop_opts = opts
+        if spent and opts.max_nfev is not None:     # the budget left after the engine
+            loop_opts = dataclasses.replace(opts, max_nfev=max(opts.max_nfev - spent, 1))
+        run = integrate_system(system, y0, loop_opts, method, user_events=events, jac=jac)
+        if stiff_at is not None:
+            run = dataclasses.replace(
+                run, nfev=run.nfev + spent,
+                message=run.message + f"; stiff from t = {stiff_at:.6g} on: LSODA from the "
+                "start (the engine's DOP853 steps up to there counted in nfev)")
     means, L = system.split(run.y)
     mf, Lf = system.split(run.y_final)
     t_events = dict(run.t_events)

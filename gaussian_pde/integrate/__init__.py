@@ -18,7 +18,8 @@ Below the drivers, one module per concept, with no import back up:
 * ``_event_loop``: ``integrate_system``, :func:`scipy.integrate.solve_ivp` with the
   package's events, which :func:`solve`'s other methods and the closure solvers run;
 * ``_solve`` and ``_batch``: :func:`solve` and :func:`solve_batch`, their input and
-  their paths;
+  their paths (and ``integrate_covariance_state``, the engine for a state whose field
+  supplies a factor of its covariance: the mixture closure's);
 * ``_precompile``: a fresh machine's first run compiles the engine in a second process
   while this one compiles the fields.
 
@@ -48,14 +49,15 @@ from ._events import (
 from ._options import METHODS, run_options, validate_method
 from ._precompile import COMPILE_ASIDE, compile_on_two_cores
 from ._results import BatchSolution, MomentSolution, Status
-from ._solve import solve
+from ._solve import integrate_covariance_state, solve
 
 __all__ = ["METHODS", "BatchSolution", "MomentSolution", "RODAS4P2", "Status", "blowup_time",
            "exact_covariance", "scalar_solution", "solve", "solve_batch",
            # the event loop and its pieces, which the closures and particles share
            "blowup_extrapolate", "blowup_probe_step", "blowup_signature",
            "blowup_verdict", "event_options",
-           "integrate_states", "integrate_system", "rank_first", "rank_gap", "run_options",
+           "integrate_covariance_state", "integrate_states", "integrate_system", "rank_first",
+           "rank_gap", "run_options",
            "steady_gap", "validate_method",
            # the compiled kernels, compiled now (before a fork), or on two cores
            "COMPILE_ASIDE", "compile_kernels", "compile_on_two_cores"]

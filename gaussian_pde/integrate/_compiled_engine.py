@@ -31,7 +31,9 @@ name would be compiled into each of its callers again. The state is
 :math:`Z = [L \mid \alpha]` (``d x m``), with the mean where one is given; or a plain
 state (:func:`integrate_states`, the certified limits' log-time field), with RODAS4P2 from
 the first step, steps landing on ``t_eval``, and instead of the factor events a growth
-stop on a measure the field supplies (``CoreOptions.plain``).
+stop on a measure the field supplies (``CoreOptions.plain``); or a plain state whose field
+supplies a factor of a covariance (:func:`integrate_one` with ``cov``, the mixture closure),
+on which the factor events run (``CoreOptions.cov_rows``).
 
 The trajectory's outcome comes back as codes and numbers; :func:`_messages` words the
 statuses and messages (through :func:`~gaussian_pde.integrate._events.blowup_verdict`
@@ -76,6 +78,10 @@ FINISHED, BLOWUP, STEADY, RANK, FIELD0, SMALL, SMALL_OVERFLOW, OVERFLOW, GROWTH,
 #: a single trajectory's record of states is full (:func:`integrate_one` runs it again
 #: with more room)
 FULL = 10
+#: a plain state with a covariance whose field has no closed-form Jacobian turned stiff:
+#: stopped where the stiffness test fired (a Rosenbrock step would cost ``2n + 6``
+#: evaluations, its Jacobian by central differences at every step)
+STIFF = 11
 
 # a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
 #: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
@@ -125,6 +131,16 @@ class CoreOptions(typing.NamedTuple):
         field's measure of the state (``ws[0]`` after ``rhs`` at it) passes ``tr0``
         times ``blowup_threshold``; the steps land on ``t_eval``, whose output is the
         whole state.
+    cov_rows, cov_cols : int
+        A plain state with a covariance (``cov_rows > 0``): its field's ``rhs`` leaves in
+        ``ws`` the trace of the covariance (``ws[0]``), a factor :math:`F` of it
+        (``cov_rows x cov_cols``, row-major, from ``ws[1]``) and its rate :math:`F'` after
+        it; called with ``m = 0`` it leaves the trace and :math:`F` only (no rate, no
+        evaluation counted). The factor events then run on :math:`\Sigma = FF^T` as on
+        :math:`LL^T`: the blow-up look, steady state and rank collapse, located on the
+        dense output; the steps do not land on ``t_eval`` and there is no growth stop;
+        where the stiffness test fires and the field has no closed-form Jacobian, the run
+        stops there (``STIFF``). Zero: none (the growth stop above).
     """
 
     atol: float
@@ -141,6 +157,8 @@ class CoreOptions(typing.NamedTuple):
     steady_on: bool
     ws_size: int
     plain: bool
+    cov_rows: int
+    cov_cols: int
 
 
 class Field(typing.NamedTuple):
@@ -183,8 +201,10 @@ class Work(typing.NamedTuple):
         coefficients.
     U, J, W : ndarray, (6, n), (n, n), (n, n)
         RODAS4P2's stages, the Jacobian and :math:`I/(\gamma h) - J` (its LU factors).
-    ev : ndarray, (2,)
-        The steady-state and rank-collapse events' last values.
+    ev : ndarray, (2,) or more
+        The steady-state and rank-collapse events' last values; then (a plain state with
+        a covariance, ``CoreOptions.cov_rows``) the field's measures at the step's end
+        (``ws[0]`` to ``ws[2 cov_rows cov_cols]``).
     piv, have, p_out : ndarray of int, (n,), (1,), (1,)
         The LU factors' pivots; 1 where ``F`` holds the current step's coefficients; the
         next output time's index in ``t_eval``.
@@ -308,6 +328,14 @@ def _l_trace(Z, d):
     return acc
 
 
+def _f_rate(F, dF):
+    """``2 <F, F'>``: the rate of ``tr(FF^T)`` (flat factors)."""
+    acc = 0.0
+    for i in range(F.size):
+        acc += F[i] * dF[i]
+    return 2.0 * acc
+
+
 def _l_dot(Z, dZ, d):
     """The rate of the trace, ``2 <L, L'>``."""
     acc = 0.0
@@ -325,30 +353,37 @@ def _cov_entry(Z, i, j, d):
     return acc
 
 
-def _steady_gap(y, f, d, m, tol, atol):
-    """:func:`~gaussian_pde.integrate._events.steady_gap` of a flat state ``y`` and rate ``f``."""
+def _steady_gap(y, f, d, m, cols, tol, atol):
+    r""":func:`~gaussian_pde.integrate._events.steady_gap` of a flat state ``y`` and rate ``f``.
+
+    On :math:`\Sigma = ZZ^T` over the first ``cols`` columns of ``Z`` (``d``: the factor's;
+    a plain state's covariance factor: all of them).
+    """
     Z = y.reshape((d, m))
     dZ = f.reshape((d, m))
     nc = 0.0
     nd = 0.0
     for i in range(d):
         for j in range(d):
-            c = _cov_entry(Z, i, j, d)
+            c = _cov_entry(Z, i, j, cols)
             e = 0.0
-            for p in range(d):
+            for p in range(cols):
                 e += dZ[i, p] * Z[j, p] + Z[i, p] * dZ[j, p]
             nc += c * c
             nd += e * e
     return math.log(math.sqrt(nd) + 1e-300) - math.log(tol * math.sqrt(nc) + atol + 1e-300)
 
 
-def _rank_gap(y, d, m, first, rank_tol):
-    """:func:`~gaussian_pde.integrate._events.rank_gap` of a flat state ``y``."""
+def _rank_gap(y, d, m, cols, first, rank_tol):
+    r""":func:`~gaussian_pde.integrate._events.rank_gap` of a flat state ``y``.
+
+    On :math:`\Sigma = ZZ^T` over the first ``cols`` columns of ``Z`` (as :func:`_steady_gap`).
+    """
     Z = y.reshape((d, m))
     S = np.empty((d, d))
     for i in range(d):
         for j in range(d):
-            S[i, j] = _cov_entry(Z, i, j, d)
+            S[i, j] = _cov_entry(Z, i, j, cols)
     if not _finite(S.ravel()):
         return np.nan
     w = np.linalg.eigvalsh(S)
@@ -377,19 +412,32 @@ def _dense_at(fld, y, h, imp, x, wk):
 def _located(fld, row, opt, wk, t, h, imp):
     """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
     d, m, y, ynew, xa, xb, ev, first = fld.d, fld.m, row.y, wk.ynew, wk.xa, wk.xb, wk.ev, row.first
+    # a plain state with a covariance: the events read the field's factor F and rate F'
+    # (saved at the step's end in ev[3:], fresh in ws after a call at a dense point)
+    c, q, ws = opt.cov_rows, opt.cov_cols, wk.ws
+    cq = c * q
     stop_t = np.inf
     kind = 0
     extra = 0
     if opt.steady_on:
-        g_new = _steady_gap(ynew, wk.fnew, d, m, opt.steady_tol, opt.steady_atol)
+        if c > 0:
+            g_new = _steady_gap(ev[3:3 + cq], ev[3 + cq:3 + 2 * cq], c, q, q, opt.steady_tol,
+                                opt.steady_atol)
+        else:
+            g_new = _steady_gap(ynew, wk.fnew, d, m, d, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
                 extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-                fld.rhs(fld.P, d, m, xa, xb, wk.ws)
+                fld.rhs(fld.P, d, m, xa, xb, ws)
                 extra += 1
-                if _steady_gap(xa, xb, d, m, opt.steady_tol, opt.steady_atol) > 0:
+                if c > 0:
+                    gap = _steady_gap(ws[1:1 + cq], ws[1 + cq:1 + 2 * cq], c, q, q,
+                                      opt.steady_tol, opt.steady_atol)
+                else:
+                    gap = _steady_gap(xa, xb, d, m, d, opt.steady_tol, opt.steady_atol)
+                if gap > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -397,14 +445,22 @@ def _located(fld, row, opt, wk, t, h, imp):
             kind = 1
         ev[0] = g_new
     if opt.rank_tol >= 0:
-        g_new = _call(fld.fns, RANK_GAP, ynew, d, m, first, opt.rank_tol)
-        if ev[1] > 0 and g_new <= 0 and first < d:
+        if c > 0:
+            g_new = _call(fld.fns, RANK_GAP, ev[3:3 + cq], c, q, q, first, opt.rank_tol)
+        else:
+            g_new = _call(fld.fns, RANK_GAP, ynew, d, m, d, first, opt.rank_tol)
+        if ev[1] > 0 and g_new <= 0 and first < (c if c > 0 else d):
             lo, hi = 0.0, 1.0
             for _ in range(_BISECT):
                 mid = 0.5 * (lo + hi)
                 extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
                 extra += 1
-                if _call(fld.fns, RANK_GAP, xa, d, m, first, opt.rank_tol) > 0:
+                if c > 0:        # the factor alone (m = 0: no rate)
+                    fld.rhs(fld.P, d, 0, xa, xb, ws)
+                    gap = _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, first, opt.rank_tol)
+                else:
+                    gap = _call(fld.fns, RANK_GAP, xa, d, m, d, first, opt.rank_tol)
+                if gap > 0:
                     lo = mid
                 else:
                     hi = mid
@@ -426,19 +482,32 @@ def _store(y, d, m, cov_out, mean_out, j):
             mean_out[j, i] = Z[i, d]
 
 
-def _blowup_look(fld, t, wk):
-    """:func:`~gaussian_pde.integrate._events.blowup_extrapolate` at the step end: ``(t*, finite)``."""
+def _blowup_look(fld, opt, t, wk):
+    """:func:`~gaussian_pde.integrate._events.blowup_extrapolate` at the step end: ``(t*, finite)``.
+
+    The trace and its rate: of :math:`LL^T`, or (a plain state with a covariance) the
+    field's measures, at the step's end (``wk.ev``) and at the probe (``wk.ws``).
+    """
     d, m, ynew, fnew, tmp, tmp2 = fld.d, fld.m, wk.ynew, wk.fnew, wk.tmp, wk.tmp2
-    Z = ynew.reshape((d, m))
-    tr = _l_trace(Z, d)
-    dtr = _l_dot(Z, fnew.reshape((d, m)), d)
+    cq = opt.cov_rows * opt.cov_cols
+    if cq > 0:
+        tr = wk.ev[2]
+        dtr = _f_rate(wk.ev[3:3 + cq], wk.ev[3 + cq:3 + 2 * cq])
+    else:
+        Z = ynew.reshape((d, m))
+        tr = _l_trace(Z, d)
+        dtr = _l_dot(Z, fnew.reshape((d, m)), d)
     hh = _PROBE * tr / (dtr if dtr > 0 else 1.0)
     for i in range(ynew.size):
         tmp[i] = ynew[i] + hh * fnew[i]
     fld.rhs(fld.P, d, m, tmp, tmp2, wk.ws)
-    Z2 = tmp.reshape((d, m))
-    tr2 = _l_trace(Z2, d)
-    dtr2 = _l_dot(Z2, tmp2.reshape((d, m)), d)
+    if cq > 0:
+        tr2 = wk.ws[0]
+        dtr2 = _f_rate(wk.ws[1:1 + cq], wk.ws[1 + cq:1 + 2 * cq])
+    else:
+        Z2 = tmp.reshape((d, m))
+        tr2 = _l_trace(Z2, d)
+        dtr2 = _l_dot(Z2, tmp2.reshape((d, m)), d)
     u = 1.0 / tr
     du = -(dtr / tr) / tr
     du2 = (-(dtr2 / tr2) / tr2 - du) / hh
@@ -566,10 +635,19 @@ def _steps(fld, row, opt, wk):
         return
     if t_eval.size == 0 and row.rec_t.size > 0:
         _record(t0, y, row.rec_t, row.rec_y, row.nrec)
+    c, q, ws = opt.cov_rows, opt.cov_cols, wk.ws
+    cq = c * q
     if opt.steady_on:
-        wk.ev[0] = _steady_gap(y, f, d, m, opt.steady_tol, opt.steady_atol)
+        if c > 0:
+            wk.ev[0] = _steady_gap(ws[1:1 + cq], ws[1 + cq:1 + 2 * cq], c, q, q, opt.steady_tol,
+                                   opt.steady_atol)
+        else:
+            wk.ev[0] = _steady_gap(y, f, d, m, d, opt.steady_tol, opt.steady_atol)
     if opt.rank_tol >= 0:
-        wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, row.first, opt.rank_tol)
+        if c > 0:
+            wk.ev[1] = _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, row.first, opt.rank_tol)
+        else:
+            wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, d, row.first, opt.rank_tol)
     imp = method == 2
     h_abs = _call(fld.fns, INITIAL_STEP, fld, y, wk, opt, -0.25 if imp else -0.125)
     nfev += 1
@@ -588,7 +666,7 @@ def _steps(fld, row, opt, wk):
         if h_abs > max_step:
             h_abs = max_step
         h = _nmin(h_abs, (t1 - base) - tau)
-        if opt.plain and wk.p_out[0] < t_eval.size:     # a plain state lands on t_eval
+        if opt.plain and c == 0 and wk.p_out[0] < t_eval.size:   # lands on t_eval
             h = _nmin(h, t_eval[wk.p_out[0]] - t)
         err, hlamb, spent, err_exp, max_factor, fresh = _attempt(fld, y, h, imp, fresh, wk,
                                                                  atol, rtol)
@@ -608,6 +686,10 @@ def _steps(fld, row, opt, wk):
         if method == 0 and not imp:      # Hairer's stiffness test on the explicit steps
             iasti, nonsti = _stiffness_counts(acc, hlamb, iasti, nonsti)
             block, crawl, crawling = _crawl_counts(acc, hlamb, block, crawl)
+            if iasti >= _STIFF_STEPS and opt.cov_rows > 0 and not fld.jac(fld.P, d, m, y,
+                                                                           wk.J, wk.ws):
+                code, fres[F_T], fres[F_STIFF_FROM] = STIFF, t, t
+                break
             if iasti >= _STIFF_STEPS:    # Rosenbrock steps from here on, for good
                 imp = True
                 fresh = False
@@ -638,7 +720,7 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
     tau_new = tau + h
     t_new = base + tau_new
     p, t1 = wk.p_out[0], opt.t1
-    if opt.plain and p < row.t_eval.size and h == row.t_eval[p] - t:
+    if opt.plain and opt.cov_rows == 0 and p < row.t_eval.size and h == row.t_eval[p] - t:
         t_new = row.t_eval[p]          # landed: its output is the step's end, ynew
         tau_new = t_new - base
     elif t1 - t_new < 4 * abs(np.nextafter(t1, np.inf) - t1):
@@ -653,6 +735,9 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         _copy(fnew, wk.K[_NS])
     # a plain state's measure: the field leaves it in ws[0], and its last call was at ynew
     measure = wk.ws[0] if opt.plain else 0.0
+    cq = opt.cov_rows * opt.cov_cols
+    for i in range(1 + 2 * cq if cq > 0 else 0):     # kept for the events (_located)
+        wk.ev[2 + i] = wk.ws[i]
     if not (_finite(fnew) and _finite(ynew)):
         fres[F_T], fres[F_T_STOP], fres[F_T_NEXT] = t, t, t_new
         return OVERFLOW, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
@@ -675,18 +760,18 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         code = STEADY if kind == 1 else RANK
         return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
     looked = False
-    if opt.plain:
+    if opt.plain and cq == 0:
         if not measure <= limit * tr0:
             _copy(y, ynew)
             fres[F_T] = t_new
             return GROWTH, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
-    elif _l_trace(ynew.reshape((fld.d, fld.m)), fld.d) > limit * tr0:
+    elif (wk.ev[2] if cq > 0 else _l_trace(ynew.reshape((fld.d, fld.m)), fld.d)) > limit * tr0:
         # where the trace passed the limit (kept by a single trajectory; located in a
         # batch too, so that both count the same evaluations)
-        xc, extra = _call(fld.fns, CROSSING, fld, y, h, imp, wk, math.log(limit * tr0))
+        xc, extra = _call(fld.fns, CROSSING, fld, opt, y, h, imp, wk, math.log(limit * tr0))
         nfev += extra
         _note_crossing(fres, t + xc * h)
-        tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, t_new, wk)
+        tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, opt, t_new, wk)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
                                                       s0, s1, fres)
@@ -779,11 +864,12 @@ def _note_crossing(fres, t_c):
         fres[F_NCROSS] = k + 1
 
 
-def _crossing(fld, y, h, imp, wk, level):
+def _crossing(fld, opt, y, h, imp, wk, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
     Bisection on the dense output to rounding (the time of the blow-up event in the
-    trajectory's ``t_events``); the state there has passed the level.
+    trajectory's ``t_events``); the state there has passed the level. A plain state with a
+    covariance takes the trace from its field's measures (``m = 0``: not counted).
     """
     lo, hi = 0.0, 1.0
     extra = 0
@@ -792,7 +878,12 @@ def _crossing(fld, y, h, imp, wk, level):
         if not lo < mid < hi:
             break
         extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-        if math.log(max(_l_trace(wk.xa.reshape((fld.d, fld.m)), fld.d), 1e-300)) >= level:
+        if opt.cov_rows > 0:
+            fld.rhs(fld.P, fld.d, 0, wk.xa, wk.xb, wk.ws)
+            lt = math.log(max(wk.ws[0], 1e-300))
+        else:
+            lt = math.log(max(_l_trace(wk.xa.reshape((fld.d, fld.m)), fld.d), 1e-300))
+        if lt >= level:
             hi = mid
         else:
             lo = mid
@@ -831,7 +922,7 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
     W = fbuf[o:o + n * n].reshape((n, n))
     o += n * n
     wk = Work(ws, vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6], K, Kx, F, U, J, W,
-              fbuf[o:o + 2], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
+              fbuf[o:fbuf.size], ibuf[2:2 + n], ibuf[1:2], ibuf[0:1])
     for b in range(lo, hi):
         p = b if params.shape[0] > 1 else 0
         for i in range(ibuf.size):
@@ -845,8 +936,9 @@ def _drive(rhs, jac, fns, params, d, m, batch, opt, lo, hi, fbuf, ibuf):
 
 def _scratch_sizes(n, opt):
     """The float and integer scratch (entries) :func:`_drive` needs at state size ``n``."""
-    return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2,
-            2 + n)
+    cq = opt.cov_rows * opt.cov_cols
+    return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2
+            + (1 + 2 * cq if cq > 0 else 0), 2 + n)
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
@@ -863,8 +955,8 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
 (RANK_GAP, JACOBIAN, DOP_ATTEMPT, ROS_ATTEMPT, INITIAL_STEP, DOP_DENSE, DENSE_AT, BLOWUP_LOOK,
  REFACTOR_SVD, REFACTOR, LOCATED, CROSSING, ACCEPTED, STEPS) = range(len(_PIECES))
 #: the helpers the pieces and the driver call as compiled globals (linked into each caller)
-_HELPERS = ("_copy", "_cov_entry", "_finite", "_l_trace", "_l_dot", "_guard", "_steady_gap",
-            "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
+_HELPERS = ("_copy", "_cov_entry", "_finite", "_l_trace", "_l_dot", "_f_rate", "_guard",
+            "_steady_gap", "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
             "_record", "_note_crossing", "_attempt", "_next_step_size",
             "_stiffness_counts", "_crawl_counts", "_output")
@@ -918,7 +1010,7 @@ def _argument_types(rhs_sig, jac_sig):
               ires=T.int64[:, ::1]): "batch",
         named(Clock): "clock",
         T.float64: "h t x atol rtol err_exp level rank_tol",
-        T.int64: "d m first lo hi",
+        T.int64: "d m cols first lo hi",
         T.boolean: "imp",
         vec: "y f fbuf",
         mat: "Z dZ params",
@@ -1106,6 +1198,9 @@ def _messages(code, fres, t0, max_nfev):
     if code == FIELD0:
         return Status.FAILED, (f"the field is not finite at t = {t0:.10g}: the rate of the "
                                "initial covariance overflows float64")
+    if code == STIFF:
+        return Status.FAILED, (f"stiff at t = {fres[F_T]:.10g}, where the field has no "
+                               "closed-form Jacobian")
     if code in (SMALL, SMALL_OVERFLOW):
         return Status.FAILED, ("step size too small (required step below rounding)"
                                + ("; the trial states leave the floating-point range "
@@ -1128,7 +1223,8 @@ def _core_options(opts, method, ws_size):
         t0=float(opts.t0), t1=float(opts.t1),
         max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
         method=("auto", "DOP853", "rosenbrock").index(method),
-        steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False)
+        steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False, cov_rows=0,
+        cov_cols=0)
 
 
 def record_rows(opts, n):
@@ -1154,7 +1250,7 @@ RECORD_BYTES = 64 * 2**20
 MAX_CROSSINGS = 128
 
 
-def integrate_one(fields, y0, d, m, tr0, first, opts):
+def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
     r"""One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
 
     The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
@@ -1162,8 +1258,11 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
     (or at ``t_eval``) and, in ``t_events["blowup"]``, the times where the trace passed
     each blow-up threshold, located on the dense output to rounding. ``y0``: the flat
     state ``[L | mean]`` (``d x m``) in the solver's units; ``tr0``, ``first``: the initial
-    trace and the first eigenvalue index of the rank event. Returns a
-    :class:`~gaussian_pde.integrate._results.Run`.
+    trace and the first eigenvalue index of the rank event. ``cov``: ``(rows, cols)`` of
+    the factor of the covariance that the field leaves in its scratch, for a plain state
+    (``d = n``, ``m = 1``; ``CoreOptions.cov_rows``), whose events then run on that
+    covariance. Returns a :class:`~gaussian_pde.integrate._results.Run` (``stiff_stop``:
+    such a state stopped where the stiffness test fired, ``STIFF``).
     """
     from ._results import Run, Status
 
@@ -1174,6 +1273,8 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
     te = np.zeros(0) if t_eval is None else np.ascontiguousarray(t_eval, dtype=float)
     p0 = int(np.searchsorted(te, opts.t0, side="right"))
     opt = _core_options(opts, "auto", ws_size)
+    if cov is not None:
+        opt = opt._replace(plain=True, cov_rows=int(cov[0]), cov_cols=int(cov[1]))
     while True:
         # written before they are read (the first ``kept`` rows): not zeroed, since the
         # room for a whole budget's steps is megabytes at d = 8
@@ -1200,19 +1301,19 @@ def integrate_one(fields, y0, d, m, tr0, first, opts):
     t_events = {"blowup": fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()}
     if opt.steady_on:
         t_events["steady"] = np.empty(0)
-    if first < d:
+    if first < (d if cov is None else int(cov[0])):
         t_events["rank_collapse"] = np.empty(0)
     if status in (Status.STEADY, Status.RANK_COLLAPSE):
         t_events[str(status)] = np.array([t])
     stiff_from = float(fres[0, F_STIFF_FROM])
     stiff_from = None if math.isnan(stiff_from) else stiff_from
-    if stiff_from is not None:
+    if stiff_from is not None and code != STIFF:
         message += f"; stiff from t = {stiff_from:.6g} on: RODAS4P2"
     return Run(t=rec_t[0, :kept].copy(), y=rec_y[0, :kept].copy(), status=status,
                message=message, t_blowup=(float(fres[0, F_T_BLOWUP]) if status == Status.BLOWUP
                                           else None),
                t_final=t, y_final=Y[0], t_events=t_events, nfev=int(ires[0, I_NFEV]),
-               stiff_from=stiff_from)
+               stiff_from=stiff_from, stiff_stop=code == STIFF)
 
 
 def integrate_batch(fields, cov0s, mean0s, opts, method, mean_units=True):
@@ -1319,7 +1420,7 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     opt = CoreOptions(atol=float(atol), rtol=float(rtol), max_step=np.inf, blowup_threshold=1.0,
                       steady_tol=0.0, steady_atol=0.0, rank_tol=-1.0, t0=float(te[0]),
                       t1=float(te[-1]), max_nfev=int(max_nfev), method=2, steady_on=False,
-                      ws_size=max(int(ws_size), 1), plain=True)
+                      ws_size=max(int(ws_size), 1), plain=True, cov_rows=0, cov_cols=0)
     states = np.full((nb, te.size, n), np.nan)
     p0 = int(np.searchsorted(te, te[0], side="right"))
     states[:, :p0] = y0[:, None]

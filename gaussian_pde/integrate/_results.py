@@ -187,7 +187,9 @@ class Run:
 
     What the event loop (:func:`~gaussian_pde.integrate._event_loop.integrate_system`) and the
     engine's single trajectory (:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`)
-    return; ``stiff_from``: where the engine's RODAS4P2 took over (None: never).
+    return; ``stiff_from``: where the engine's RODAS4P2 took over (None: never);
+    ``stiff_stop``: the engine stopped there instead (a plain state whose field has no
+    closed-form Jacobian, :func:`~gaussian_pde.integrate.integrate_covariance_state`).
     """
 
     t: np.ndarray
@@ -200,6 +202,7 @@ class Run:
     t_events: dict
     nfev: int
     stiff_from: float | None = None
+    stiff_stop: bool = False
 
 
 def overflow_message(t_last, t_next):

@@ -36,7 +36,7 @@ from ._moment_field import max_abs, mean_scale, moment_jacobian, state_field
 from ._options import solver_options, validate_method, validate_user_events
 from ._results import MomentSolution, Status
 
-__all__ = ["solve"]
+__all__ = ["solve", "integrate_covariance_state"]
 
 _TINY = np.finfo(float).tiny
 
@@ -167,6 +167,37 @@ def _solve_compiled(system, y0, opts):
     # the rounding of t itself, and a stored time repeats
     run.t, run.y = strictly_increasing(run.t, run.y)
     return run
+
+
+def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
+    r"""A plain state whose field leaves a factor of its covariance, on the engine.
+
+    ``method="auto"`` of :func:`solve` for a state that is not a factor
+    (:func:`gaussian_pde.integrate._compiled_engine.integrate_one` with ``cov``: the field
+    ``fields`` leaves the trace, a ``cov[0] x cov[1]`` factor :math:`F` of the covariance
+    and its rate in its scratch, ``CoreOptions.cov_rows``): DOP853 steps, the blow-up
+    look, steady state and rank collapse on :math:`FF^T` (``tr0`` its initial trace,
+    ``first`` the rank event's index), the budget, overflow, the statuses and messages of
+    :func:`solve`. The mixture closure's (:func:`gaussian_pde.solve_mixture`).
+
+    Returns
+    -------
+    run : Run or None
+        None where Hairer's stiffness test fired and the field has no closed-form
+        Jacobian: the engine stops there, for the caller to hand the run to the event
+        loop (RODAS4P2 would take central differences at every step).
+    nfev : int
+        The evaluations spent (those of ``run``, or up to the stop).
+    t_stiff : float or None
+        Where the stiffness test fired (None: it did not).
+    """
+    from . import _compiled_engine as core
+
+    run = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=cov)
+    if run.stiff_stop:
+        return None, run.nfev, run.t_final
+    run.t, run.y = strictly_increasing(run.t, run.y)
+    return run, run.nfev, None
 
 
 def solve(attention, mean0, cov0, t_span, *, t_eval=None, method="auto", rtol=1e-10,

@@ -370,7 +370,8 @@ def _twenty_thousand(monkeypatch):
     K = 20_000
     mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
                              np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
-    monkeypatch.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("work started"))
+    for runner in ("integrate_system", "_solve_engine"):     # the event loop, the engine
+        monkeypatch.setattr(mx, runner, lambda *a, **k: pytest.fail("work started"))
     return att, mix, K
 
 
@@ -387,7 +388,7 @@ def test_too_many_components_refused_or_announced_up_front(monkeypatch):
 
     def started(*args, **kwargs):
         raise Started
-    monkeypatch.setattr(mx, "integrate_system", started)
+    monkeypatch.setattr(mx, "_solve_engine", started)
     with pytest.warns(UserWarning, match=r"400 components x 64 nodes.*one evaluation takes "
                                          r"about .* s here"), pytest.raises(Started):
         gp.solve_mixture(att, small, (0, 0.01))
@@ -403,6 +404,29 @@ def test_the_jacobians_of_an_implicit_method_are_counted_up_front(monkeypatch, m
     gib = held * (K * 6) ** 2 * 8 / 2**30
     with pytest.raises(ValueError, match=rf"{held} dense 120000 x 120000 .*\({gib:.3g} GiB"):
         gp.solve_mixture(att, mix, (0, 0.01), method=method)
+
+
+def test_the_event_loop_takes_a_run_whose_engine_scratch_does_not_fit(monkeypatch):
+    """Memory for LSODA's one Jacobian-sized array but not for the engine's two: the
+    default runs on the event loop instead of refusing."""
+    rng = np.random.default_rng(4)
+    att = gp.Softmax.example(2, rng)
+    K = 200
+    mix = gp.GaussianMixture(np.full(K, 1 / K), rng.normal(size=(K, 2)),
+                             np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
+    from gaussian_pde._common import validation
+    n = K * 6
+    monkeypatch.setattr(validation, "_memory_bytes", lambda: 3 * n * n * 8)   # half: 1.5 arrays
+    monkeypatch.setattr(mx, "_solve_engine", lambda *a, **k: pytest.fail("engine started"))
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+    monkeypatch.setattr(mx, "integrate_system", started)
+    with pytest.raises(Started):
+        gp.solve_mixture(att, mix, (0, 0.01))
 
 
 def test_twenty_thousand_components_refused_up_front_by_memory_or_time(monkeypatch):
