@@ -14,8 +14,13 @@ loads them). Reported per job, the minimum over ``--repeat`` runs of
   events), and the five that cost most, with their seconds (without the functions they
   compiled in turn). Where the job compiles the integrator in a second process
   (:mod:`gaussian_pde.integrate._precompile`, beside the fields on a second core), that
-  process's compilations are counted from a run of the integrator alone in another
-  empty cache (*of them in a second process*).
+  process's compilations are counted from a run of what it compiles (the integrator and
+  the published replay's kernel) alone in another empty cache (*of them in a second
+  process*).
+
+The third table: the cold run's compilations one by one (which process compiled each:
+``main`` or ``second``), the costliest first. ``load``: the machine's one-minute load
+average before and after (the machine may be shared).
 
 ``new_shape``: seconds to compile a single-head kernel for a shape not yet asked for
 (:meth:`~gaussian_pde.attention._compiled_fields.CompiledField.specialised`: what a batch
@@ -69,10 +74,15 @@ from gaussian_pde.cli._main import main
 raise SystemExit(main(sys.argv[2:]))
 """
 
-#: run in the child: the integrator alone (what the job compiles in a second process)
+#: run in the child: what the job compiles in a second process (the integrator, and the
+#: published replay's kernel beside it)
 _INTEGRATOR = _LISTEN + """
+import importlib
+from gaussian_pde.cli._main_job import _PUBLISHED_KERNEL
 from gaussian_pde.integrate._compiled_engine import _core
 _core()
+module, name = _PUBLISHED_KERNEL.split(":")
+getattr(importlib.import_module(module), name)()
 """
 
 #: run in the child: the generic kernels (loaded), then one shape's kernel, timed
@@ -130,8 +140,25 @@ def job_times(job, repeat, tmp):
         events = Path(tmp) / f"{job}-integrator.json"
         _child(["-c", _INTEGRATOR, str(events)], cache)
         aside = [[name + " (2nd process)", t] for name, t in json.loads(events.read_text())]
+    everything = ([[name, "main", t] for name, t in compiled]
+                  + [[name.removesuffix(" (2nd process)"), "second", t] for name, t in aside])
     top = sorted(compiled + aside, key=lambda e: -e[1])[:5]
-    return best, len(compiled) + len(aside), len(aside), top
+    return best, len(compiled) + len(aside), len(aside), top, everything
+
+
+def per_function(everything, count=20):
+    """The ``count`` costliest compiles, and the rest summed per process and module."""
+    rows = sorted(everything, key=lambda e: -e[2])
+    out = [[name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1], where, round(t, 2)]
+           for name, where, t in rows[:count]]
+    rest = {}
+    for name, where, t in rows[count:]:
+        module = name.split(".<locals>")[0].rsplit(".", 1)[0]
+        key = ("numba (overloads)" if module.startswith("numba.") else module, where)
+        rest[key] = rest.get(key, 0.0) + t
+    out += [[f"the rest of {module}", where, round(t, 2)]
+            for (module, where), t in sorted(rest.items(), key=lambda e: -e[1])]
+    return out
 
 
 def new_shape_times(repeat, tmp):
@@ -159,10 +186,13 @@ def main():
     args = parser.parse_args()
     global ROOT
     ROOT = Path(args.root).resolve() if args.root else ROOT
-    rows, notes = [], []
+    rows, notes, functions = [], [], None
+    load = [round(os.getloadavg()[0], 2)]
     with tempfile.TemporaryDirectory() as tmp:
         for job in args.jobs:
-            best, n, n_aside, top = job_times(job, args.repeat, tmp)
+            best, n, n_aside, top, everything = job_times(job, args.repeat, tmp)
+            if functions is None:
+                functions = (job, per_function(everything))
             rows.append([f"gaussian-pde {' '.join(JOBS[job])}".strip()]
                         + [round(best[k], 2) for k in ("cold_s", "warm_s", "compile_s",
                                                        "cold_cpu_s", "warm_cpu_s",
@@ -173,6 +203,7 @@ def main():
                          + ".")
             print(rows[-1], file=sys.stderr)
         shapes = new_shape_times(args.repeat, tmp)
+    load.append(round(os.getloadavg()[0], 2))
     payload = {
         "tables": [
             {"title": "The main job on a fresh machine (empty NUMBA_CACHE_DIR) and on a warm "
@@ -183,8 +214,13 @@ def main():
              "rows": rows},
             {"title": "Compiling a single-head kernel for a new type and shape (seconds)",
              "columns": ["type", "d", "k", "compile s"], "rows": shapes},
+            {"title": f"What the cold run of gaussian-pde {' '.join(JOBS[functions[0]])} "
+                      "compiles: each function's own seconds (without the functions it "
+                      "compiled), the costliest, then the rest per module",
+             "columns": ["function", "process", "seconds"], "rows": functions[1]},
         ],
         "notes": notes,
+        "load": load,
         "repeat": args.repeat,
     }
     print(write_record("bench_cold_start", payload, args.json))
