@@ -224,6 +224,10 @@ class Attention(abc.ABC):
         for a head without a quadratic score: its field at the tokens ``x`` against the
         mixture :math:`\sum_k w_k\mathcal N(\alpha_k, \Sigma_k)` in closed form (the
         mixture closure), or ``None`` (default);
+    ``second_moment_map()``
+        ``(V, A)`` for a head whose field against every distribution is
+        :math:`\Gamma[\mu](x) = V\,\mathbb E_\mu[yy^T]A\,x` (the mixture closure's
+        compiled kernel then takes it), or ``None`` (default);
     ``gaussian_closure_field(mean, cov, x, tol)``
         for a type that does not preserve Gaussians: its field against the Gaussian
         at the tokens ``x`` (the Gaussian closure of :func:`gaussian_pde.solve_closure`),
@@ -362,6 +366,15 @@ class Attention(abc.ABC):
         :math:`\sum_k w_k\mathcal N(\alpha_k,\Sigma_k)` is in closed form (``logw``
         (K,), ``means`` (K, d), ``covs`` (K, d, d), ``x`` (n, d)); the mixture closure
         (:func:`gaussian_pde.solve_mixture`) then takes it.
+        """
+        return None
+
+    def second_moment_map(self):
+        r"""``(V, A)`` where the field is :math:`V\,\mathbb E_\mu[yy^T]A\,x`, or ``None`` (default).
+
+        Such a field sees a distribution only through its second moment, so against a
+        mixture it is in closed form and the mixture closure's compiled kernel
+        (:mod:`gaussian_pde.closure._mixture_field`) runs it.
         """
         return None
 

@@ -121,6 +121,10 @@ class Linear(SingleHeadAttention):
         second = np.einsum("k,kij->ij", w, covs + means[:, :, None] * means[:, None, :])
         return self.velocity(mean, second - np.outer(mean, mean), x)
 
+    def second_moment_map(self):
+        r"""``(V, A)``: the field is :math:`V\,\mathbb E_\mu[yy^T]A\,x` for every :math:`\mu`."""
+        return self.V, self.A
+
     def compiled_field(self):
         """The compiled field (:data:`FIELD`, generated): weights ``c, [cV; K; Q]``."""
         c = float(self.scale)

@@ -437,7 +437,7 @@ def pack(heads, weights, Z, W):
     ----------
     heads : list
         :func:`gaussian_pde.attention.quadratic_heads` ``(attention, fields=True)``: each a
-        :class:`~gaussian_pde.attention.QuadraticScore` or a linear head.
+        :class:`~gaussian_pde.attention.QuadraticScore` or a head with a ``second_moment_map``.
     weights : ndarray, shape (K,)
         The component weights.
     Z, W : ndarray, shapes (N, d) and (N,)
@@ -446,10 +446,10 @@ def pack(heads, weights, Z, W):
     Returns
     -------
     ndarray, shape (1, p)
-        Or None where a head is of a kind the kernel does not know (a head with a
-        ``mixture_field`` of its own other than linear attention's).
+        Or None where a head is of a kind the kernel does not know (neither a quadratic
+        score nor a ``second_moment_map``).
     """
-    from ..attention import ATTENTIONS, QuadraticScore
+    from ..attention import QuadraticScore
 
     K = weights.size
     d = Z.shape[1]
@@ -463,11 +463,12 @@ def pack(heads, weights, Z, W):
             As.append(h.A)
             Hs.append(zero if h.H is None else h.H)
             gs.append(np.zeros(d) if h.g is None else h.g)
-        elif type(h).mixture_field is ATTENTIONS["linear"].mixture_field:   # linear's own
+        elif getattr(h, "second_moment_map", lambda: None)() is not None:
+            V, A = h.second_moment_map()
             kinds.append(KIND_LINEAR)
             tilts.append(0.0)
-            Vs.append(h.V)
-            As.append(h.scale * h.K.T @ h.Q)
+            Vs.append(V)
+            As.append(A)
             Hs.append(zero)
             gs.append(np.zeros(d))
         else:

@@ -150,6 +150,12 @@ def test_linear_attention_blows_up_at_the_exact_time():
     A = att.scale * K.T @ Q
     R = mx.psd_sqrt(P0)
     t_star = 1.0 / np.linalg.eigvalsh(R @ (A + A.T) @ R)[-1]
+    # the compiled kernel takes it by its capability (second_moment_map), not its name
+    from gaussian_pde.attention import quadratic_heads
+    from gaussian_pde.closure import _mixture_field
+
+    heads = quadratic_heads(att, fields=True)
+    assert _mixture_field.pack(heads, mix.weights, np.zeros((1, 3)), np.ones(1)) is not None
     sol = gp.solve_mixture(att, mix, (0, 2 * t_star), rtol=1e-10, atol=1e-12)
     assert sol.status == "blowup"
     assert abs(sol.t_blowup - t_star) < 1e-6 * t_star
