@@ -26,7 +26,7 @@ plain-Python head into ``gaussian_pde/_generated/<type>.py`` (``field_body``,
     inner size ``k``;
 ``parts(data, k, d, m, Z, A, C, M, N, r) -> bool`` (optional)
     the pieces of its closed-form Jacobian, where :math:`dM[d\Sigma] = A\,d\Sigma\,C`
-    (:func:`gaussian_pde.integrate._field.analytic_jacobian`) and, with the mean,
+    (assembled by :func:`assemble`, below) and, with the mean,
     :math:`\partial\alpha'/\partial\alpha = N`, ``r`` the vector of the mean rows below;
     False where the closed form does not hold. A head whose field matrix depends on
     the second moment :math:`P = ZZ^T = \Sigma + \alpha\alpha^T` (``second_moment``:
