@@ -13,7 +13,7 @@ field kernels to its driver by an address looked up once (:class:`ResolvedKernel
 from __future__ import annotations
 
 __all__ = ["MARKED", "compiled_later", "address_caller", "address_and_signature",
-           "ResolvedKernel"]
+           "ResolvedKernel", "engine_field_kernels"]
 
 #: the functions marked by :func:`compiled_later`, in the order of their definition
 MARKED = []
@@ -107,3 +107,23 @@ class ResolvedKernel:
 
     def signature(self):
         return self.sig
+
+
+def engine_field_kernels(namespace, helpers, signatures, fast=()):
+    """A plain-state field module's ``(rhs, jac)``, compiled for the engine (Numba, cached).
+
+    The module's ``helpers`` (names in ``namespace``, its globals) are compiled in place,
+    so their uncompiled source stays at ``py_func`` (the tests run it) and ``rhs`` and
+    ``jac`` call the compiled code; then ``namespace["rhs"]`` and ``namespace["jac"]`` with
+    the engine's kernel ``signatures`` ``(rhs_sig, jac_sig)``. The helpers named in
+    ``fast`` may have their sums reassociated (``fastmath``: reassoc, contract).
+    """
+    import numba
+
+    for name in helpers:
+        if not hasattr(namespace[name], "py_func"):
+            opts = {"fastmath": {"reassoc", "contract"}} if name in fast else {}
+            namespace[name] = numba.njit(cache=True, error_model="numpy", **opts)(namespace[name])
+    rhs_sig, jac_sig = signatures
+    return (numba.njit(rhs_sig, cache=True, error_model="numpy")(namespace["rhs"]),
+            numba.njit(jac_sig, cache=True, error_model="numpy")(namespace["jac"]))

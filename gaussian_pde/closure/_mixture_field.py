@@ -490,18 +490,11 @@ def kernels():
     """``(rhs, jac)`` compiled with the engine's signatures (Numba, cached on disk).
 
     The helpers are compiled in place (module globals), so the uncompiled source stays
-    at ``py_func``.
+    at ``py_func``; the loops over the components of ``_quadrature`` may be vectorised
+    (its sums reassociated).
     """
-    import numba
-
+    from .._common.compiled import engine_field_kernels
     from ..attention import compiled_signatures
 
-    g = globals()
-    for name in _HELPERS:
-        if not hasattr(g[name], "py_func"):
-            # the loops over the components may be vectorised (sums reassociated)
-            fast = {"fastmath": {"reassoc", "contract"}} if name == "_quadrature" else {}
-            g[name] = numba.njit(cache=True, error_model="numpy", **fast)(g[name])
-    rhs_sig, jac_sig = compiled_signatures()
-    return (numba.njit(rhs_sig, cache=True, error_model="numpy")(rhs),
-            numba.njit(jac_sig, cache=True, error_model="numpy")(jac))
+    return engine_field_kernels(globals(), _HELPERS, compiled_signatures(),
+                                fast=("_quadrature",))

@@ -259,14 +259,7 @@ def kernels():
     The helpers are compiled in place (module globals), so the uncompiled source stays
     at ``py_func``.
     """
-    import numba
-
+    from .._common.compiled import engine_field_kernels
     from ..attention import compiled_signatures
 
-    g = globals()
-    for name in _HELPERS:
-        if not hasattr(g[name], "py_func"):
-            g[name] = numba.njit(cache=True, error_model="numpy")(g[name])
-    rhs_sig, jac_sig = compiled_signatures()
-    return (numba.njit(rhs_sig, cache=True, error_model="numpy")(rhs),
-            numba.njit(jac_sig, cache=True, error_model="numpy")(jac))
+    return engine_field_kernels(globals(), _HELPERS, compiled_signatures())
