@@ -278,7 +278,13 @@ def component_terms(A, H, means, covs):
     P = np.eye(d) + covs @ H
     sign, logdet = np.linalg.slogdet(P)
     rhs = np.concatenate([means[:, :, None], covs @ A], axis=2)   # (K, d, 1 + d)
-    sol = np.linalg.solve(P, rhs)
+    try:
+        sol = np.linalg.solve(P, rhs)
+    except np.linalg.LinAlgError:
+        # a singular P_k (a trial state past a blow-up): no field there, the integrator
+        # sees a state that is not finite and treats it as such
+        sol = np.full(rhs.shape, np.nan)
+        logdet = np.full(means.shape[0], np.nan)
     return sol[:, :, 0], sol[:, :, 1:], logdet
 
 

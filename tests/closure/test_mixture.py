@@ -456,3 +456,23 @@ def test_a_thousand_components_still_run_in_d2():
                              np.broadcast_to(0.1 * np.eye(2), (K, 2, 2)))
     sol = gp.solve_mixture(att, mix, (0, 0.01))
     assert str(sol.status) == "finished" and np.all(np.isfinite(sol.covs_final))
+
+
+def test_a_singular_P_k_gives_no_field_and_the_event_loop_ends_the_run():
+    r"""A trial state past a blow-up can make :math:`P_k = I + \Sigma_kH` singular
+    (here :math:`H = -\Sigma^{-1}`, so :math:`P = 0`): no field there (NaN), not
+    NumPy's ``LinAlgError``; a named method's run then ends ``failed`` at the blow-up the
+    engine finds, with its message, instead of raising."""
+    c, B, logdet = mx.component_terms(np.eye(2), -np.eye(2), np.zeros((1, 2)), np.eye(2)[None])
+    assert np.isnan(c).all() and np.isnan(B).all() and np.isnan(logdet).all()
+    rng = np.random.default_rng(1079)           # a multi-head mixture that blows up
+    att = gp.ATTENTIONS["multihead"].example(2, rng)
+    w = rng.random(3) + 0.3
+    means = rng.normal(size=(3, 2)) * (0.5 + rng.random())
+    Bs = rng.normal(size=(3, 2, 2)) * 0.4
+    mix = gp.GaussianMixture(w / w.sum(), means, Bs @ np.swapaxes(Bs, 1, 2) + 0.05 * np.eye(2))
+    engine = gp.solve_mixture(att, mix, (0.0, 4.0), rtol=1e-8, atol=1e-10)
+    assert engine.status == "blowup"
+    named = gp.solve_mixture(att, mix, (0.0, 4.0), rtol=1e-8, atol=1e-10, method="LSODA")
+    assert named.status == "failed" and "floating-point range" in named.message
+    assert abs(named.t_final - engine.t_blowup) < 1e-6 * engine.t_blowup
