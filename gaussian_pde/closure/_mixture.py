@@ -859,8 +859,8 @@ def _check_size(mixture, system, opts, merge_tol, method, engine=False):
     return per_eval
 
 
-def _solve_engine(heads, mixture, system, y0, opts):
-    r"""``method="auto"`` on the compiled engine (heads with a kernel: :func:`._mixture_field.pack`).
+def _solve_engine(params, mixture, system, y0, opts):
+    r"""``method="auto"`` on the compiled engine (``params``: :func:`._mixture_field.pack`).
 
     The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
     :func:`gaussian_pde.integrate._compiled_engine.integrate_one`, its field the kernel of
@@ -875,7 +875,6 @@ def _solve_engine(heads, mixture, system, y0, opts):
     :math:`2N` evaluations, at every step) and the caller hands the run to the event
     loop's LSODA, which reuses its Jacobians.
     """
-    params = _mixture_field.pack(heads, mixture.weights, system.Z, system.W)
     K, d = mixture.K, mixture.d
     fields = (*_mixture_field.kernels(), params, _mixture_field.ws_size(d, K))
     ev = opts.events
@@ -1018,8 +1017,10 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)
     if merge_tol is not None:
         merge_tol = validate_positive(merge_tol, "merge_tol")
-    engine = (auto and not events and merge_tol is None and opts.first_step is None
-              and _mixture_field.pack(heads, mixture.weights, system.Z, system.W) is not None)
+    params = (_mixture_field.pack(heads, mixture.weights, system.Z, system.W)
+              if auto and not events and merge_tol is None and opts.first_step is None
+              else None)
+    engine = params is not None
     if engine:
         try:
             _check_size(mixture, system, opts, merge_tol, method, engine=True)
@@ -1035,7 +1036,7 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     if not all(np.all(np.isfinite(f)) for f in f0):
         raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
                          "nodes overflows float64; rescale the data or the weights.")
-    run, spent, stiff_at = (_solve_engine(heads, mixture, system, y0, opts) if engine
+    run, spent, stiff_at = (_solve_engine(params, mixture, system, y0, opts) if engine
                             else (None, 0, None))
     if run is None:
         jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
