@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the command line of each job
 JOBS = {"quick": ["--quick"], "full": []}
 
-#: Numba's compile events recorded into argv[1] at exit: [name, own seconds], in order
+#: Numba's compile events recorded into argv[1] at exit: [name, own seconds], in order (the
+#: engine's functions without the stamp of its sources in their names)
 _LISTEN = """
 import atexit, json, sys, time
 from numba.core import event
@@ -61,8 +62,12 @@ class L(event.Listener):
         dt = time.perf_counter() - t0
         if stack:
             stack[-1][1] += dt
-        disp = ev.data["dispatcher"]
-        done.append([disp.py_func.__module__ + "." + disp.py_func.__qualname__, dt - inner])
+        fn = ev.data["dispatcher"].py_func
+        name = fn.__qualname__
+        if fn.__module__.startswith("gaussian_pde.integrate."):   # the engine's source stamp
+            from gaussian_pde.integrate._compiled_engine import engine_stamp
+            name = name.removesuffix("_" + engine_stamp())
+        done.append([fn.__module__ + "." + name, dt - inner])
 
 event.register("numba:compile", L())
 atexit.register(lambda path=sys.argv[1]: json.dump(done, open(path, "w")))

@@ -8,12 +8,27 @@ its functions without importing the attention package;
 The integrator (:mod:`gaussian_pde.integrate._compiled_engine`) calls its large pieces,
 each compiled once, through their addresses (:func:`address_caller`), and hands the
 field kernels to its driver by an address looked up once (:class:`ResolvedKernel`).
+
+Numba's disk cache checks the source file of the function it compiles, not those of the
+functions and constants it compiles in from other modules; the names of the compiled
+functions carry a stamp of those sources instead (:func:`sources_stamp`,
+:func:`imported_sources`, :func:`stamped`), so that an edit of any of them compiles
+them again.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
+import importlib
+import importlib.util
+import os
+import types
+
 __all__ = ["MARKED", "compiled_later", "address_caller", "address_and_signature",
-           "ResolvedKernel", "engine_field_kernels"]
+           "ResolvedKernel", "engine_field_kernels", "imported_sources", "sources_stamp",
+           "stamped"]
 
 #: the functions marked by :func:`compiled_later`, in the order of their definition
 MARKED = []
@@ -127,3 +142,101 @@ def engine_field_kernels(namespace, helpers, signatures, fast=()):
     rhs_sig, jac_sig = signatures
     return (numba.njit(rhs_sig, cache=True, error_model="numpy")(namespace["rhs"]),
             numba.njit(jac_sig, cache=True, error_model="numpy")(namespace["jac"]))
+
+
+def sources_stamp(paths, *names):
+    """A 16-digit hex digest of the files ``paths`` (each one's size and modification time) and ``names``.
+
+    In the names of compiled functions cached on disk (:func:`stamped`): it changes
+    with any edit of a file (or a newer copy of it), where Numba's own check reads
+    only the file that defines the function.
+    """
+    h = hashlib.sha1()
+    for name in names:
+        h.update(name.encode())
+    for path in sorted(set(map(str, paths))):
+        try:
+            st = os.stat(path)
+            h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode())
+        except OSError:             # not a file (a zipped install): its name alone
+            h.update(path.encode())
+    return h.hexdigest()[:16]
+
+
+def imported_sources(modules, within):
+    """The source files of ``modules`` and of the modules they import from ``within``, transitively.
+
+    ``modules``: module names; ``within``: name prefixes (such as
+    ``"gaussian_pde.integrate"``): the imports followed, read from each module's source
+    (its top-level ``import`` and ``from ... import`` statements, relative ones
+    resolved; ``from package import name`` counts the module ``package.name`` where
+    there is one, else the package). For the stamp of a compiled function whose code
+    reads functions and constants of those modules.
+    """
+    def name_is_package(name):
+        spec = importlib.util.find_spec(name)
+        return spec is not None and spec.submodule_search_locations is not None
+
+    seen, todo, files = set(), list(modules), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or not name.startswith(tuple(within)):
+            continue
+        seen.add(name)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        files.add(spec.origin)
+        package = name if spec.submodule_search_locations else name.rpartition(".")[0]
+        for node in _top_level_imports(spec.origin):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""),
+                                                   package) if node.level else node.module
+                is_package = name_is_package(base)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    todo.append(sub if is_package and importlib.util.find_spec(sub) else base)
+    return files
+
+
+def _top_level_imports(path):
+    """The top-level import statements of the Python file ``path`` (AST nodes).
+
+    Only the statements are parsed (those starting a line, with their parenthesised
+    continuation lines), not the whole file: a tenth of the time. A line of a docstring
+    that parses as an import counts as one (a file more in a stamp, never one less).
+    """
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    nodes, i = [], 0
+    while i < len(lines):
+        if lines[i].startswith(("import ", "from ")):
+            j = i
+            if "(" in lines[i] and ")" not in lines[i]:
+                while ")" not in lines[j] and j + 1 < len(lines):
+                    j += 1
+            try:
+                nodes += ast.parse("\n".join(lines[i:j + 1])).body
+                i = j
+            except SyntaxError:         # a line of a docstring: not a statement
+                pass
+        i += 1
+    return nodes
+
+
+@functools.cache
+def stamped(fn, stamp):
+    """A copy of the plain function ``fn`` named ``<name>_<stamp>`` (same code, same globals).
+
+    Compiled with ``cache=True``, it is cached on disk under that name: a new ``stamp``
+    (:func:`sources_stamp`) compiles it anew instead of loading code compiled from older
+    sources. One copy per function and stamp.
+    """
+    copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{stamp}",
+                              fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = f"{fn.__qualname__}_{stamp}"
+    copy.__doc__ = fn.__doc__
+    copy.__dict__.update(fn.__dict__)
+    return copy

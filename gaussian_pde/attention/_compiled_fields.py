@@ -71,18 +71,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib
 import inspect
 import math
-import os
 import sys
 import types
 
 import numpy as np
 
 from .._common.compiled import MARKED as _MARKED
-from .._common.compiled import compiled_later
+from .._common.compiled import compiled_later, sources_stamp
 from .._common.kernels import (  # noqa: F401 (the heads' shared numerics, also as cf.<name>)
     SPREAD_MAX,
     cholesky_solve,
@@ -338,15 +336,10 @@ def _digest(heads):
     In the names of the compiled kernels: Numba's disk cache checks the source of the
     module that defines a function, not those of the functions it calls.
     """
-    h = hashlib.sha1()
     files = set()
     for head in heads:
-        h.update(head.name().encode())
         files |= head.sources()
-    for path in sorted(files):
-        st = os.stat(path)
-        h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
+    return sources_stamp(files, *(head.name() for head in heads))
 
 
 def _instance(template, name, **bound):

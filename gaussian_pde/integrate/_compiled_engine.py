@@ -52,7 +52,14 @@ import warnings
 
 import numpy as np
 
-from .._common.compiled import ResolvedKernel, address_and_signature, address_caller
+from .._common.compiled import (
+    ResolvedKernel,
+    address_and_signature,
+    address_caller,
+    imported_sources,
+    sources_stamp,
+    stamped,
+)
 from .._common.factor_rotation import _CANCELS, REFACTOR_ABOVE, REFACTOR_EVERY
 from ..attention import compiled_field_of
 from . import _steppers
@@ -1058,7 +1065,7 @@ def _core():
         fn = _function(name)
         if not hasattr(fn, "py_func"):
             fn = numba.njit(cache=True, error_model="numpy", _nrt=name in _ALLOCATING,
-                            **options)(fn)
+                            **options)(stamped(fn, engine_stamp()))
         for space in (globals(), vars(_steppers)):
             if name in space:
                 space[name] = fn
@@ -1082,8 +1089,22 @@ def _core():
             fns[place], _PIECE_SIGNATURES[place] = address_and_signature(piece)
         sig = T.void(*(types[a] for a in inspect.signature(_drive).parameters))
         drive = numba.njit(sig, cache=True, nogil=True, error_model="numpy", _nrt=False,
-                           no_cfunc_wrapper=True)(_drive)
+                           no_cfunc_wrapper=True)(stamped(_drive, engine_stamp()))
     return drive, fns
+
+
+@functools.cache
+def engine_stamp():
+    """The stamp of the engine's sources in the names of its compiled functions.
+
+    :func:`~gaussian_pde._common.compiled.sources_stamp` of this module, the steppers
+    and every module of ``integrate`` and ``_common`` they import (the tableaux, the LU,
+    the events' constants...): Numba's disk cache reads only the file of the function
+    it compiles, so an edit of the tableaux alone would otherwise load the engine
+    compiled with the old coefficients.
+    """
+    return sources_stamp(imported_sources([__name__, _steppers.__name__],
+                                          ("gaussian_pde.integrate", "gaussian_pde._common")))
 
 
 def compile_kernels():

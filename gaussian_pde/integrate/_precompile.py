@@ -44,8 +44,9 @@ for target in sys.argv[2:]:
 def _engine_cached():
     """Whether Numba's disk cache holds the integrator's driver for these sources.
 
-    Numba's cache index of :func:`._compiled_engine._drive` (an index written for other
-    sources reads as empty). True where that cannot be read (then nothing runs aside).
+    Numba's cache index of :func:`._compiled_engine._drive` under its stamped name
+    (:func:`._compiled_engine.engine_stamp`; an index written for other sources reads as
+    empty). True where that cannot be read (then nothing runs aside).
     """
     try:
         import numba
@@ -54,8 +55,8 @@ def _engine_cached():
 
         if numba.config.DISABLE_JIT:
             return True
-        drive = _compiled_engine._drive
-        probe = numba.njit(cache=True)(getattr(drive, "py_func", drive))
+        probe = numba.njit(cache=True)(_compiled_engine.stamped(
+            _compiled_engine._drive, _compiled_engine.engine_stamp()))
         return bool(probe._cache._cache_file._load_index())
     except Exception:       # a Numba whose cache reads otherwise: do nothing aside
         return True

@@ -142,7 +142,8 @@ class L(event.Listener):
 event.register("numba:compile", L())
 cached = _engine_cached()
 child = compile_on_two_cores()
-engine = [n for n in seen if n.lstrip("_") in {p.lstrip("_") for p in _compiled_engine._PIECES}]
+stamp = _compiled_engine.engine_stamp()
+engine = [n for n in seen if n in {f"{p}_{stamp}" for p in _compiled_engine._PIECES}]
 print(cached, child, len(seen), len(engine))
 """
 
@@ -171,3 +172,62 @@ def test_the_command_line_says_compiling_once(tmp_path):
     for expected in (1, 0):
         err = _run(code, cache, *args).stderr.splitlines()
         assert err.count(COMPILING) == expected
+
+
+def test_the_engine_is_cached_under_a_stamp_of_every_source_it_compiles_in():
+    """The tableaux, the LU and the events' constants are compiled into the engine from
+    other modules than its own: their files are in its stamp, and its compiled
+    functions carry the stamp in their names (Numba's cache reads only their own file)."""
+    from gaussian_pde._common.compiled import imported_sources
+
+    sources = imported_sources([_compiled_engine.__name__, _compiled_engine._steppers.__name__],
+                               ("gaussian_pde.integrate", "gaussian_pde._common"))
+    names = {Path(f).relative_to(ROOT / "gaussian_pde").as_posix() for f in sources}
+    assert {"_common/tableaux.py", "_common/lu.py", "_common/factor_rotation.py",
+            "integrate/_events.py", "integrate/_steppers.py",
+            "integrate/_compiled_engine.py"} <= names
+    drive, _ = _compiled_engine._core()
+    stamp = _compiled_engine.engine_stamp()
+    assert len(stamp) == 16
+    if hasattr(drive, "py_func"):                  # (not under NUMBA_DISABLE_JIT)
+        assert drive.py_func.__qualname__ == f"_drive_{stamp}"
+        for name in _compiled_engine._PIECES:
+            assert _compiled_engine._function(name).py_func.__name__ == f"{name}_{stamp}"
+
+
+_NFEV = """
+import numpy as np
+import gaussian_pde as gp
+Q = np.array([[1.0, 0.5]])
+sol = gp.solve(gp.Softmax(Q, -Q, np.eye(2)), np.zeros(2), np.array([[1.0, 0.3], [0.3, 0.6]]),
+               t_span=(0, 10))
+print(gp.__file__, sol.nfev)
+"""
+
+
+@pytest.mark.slow
+def test_an_edit_of_the_tableaux_alone_compiles_the_engine_again(tmp_path):
+    """A copy of the package, run on one cache before and after an edit of the step-size
+    safety factor in ``_common/tableaux.py`` (no other file touched): the second run
+    takes the new factor (other evaluations), not the engine compiled with the old one."""
+    import shutil
+
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "gaussian_pde", copy / "gaussian_pde",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(copy))
+
+    def nfev():
+        out = subprocess.run([sys.executable, "-c", _NFEV], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out[0] == str(copy / "gaussian_pde" / "__init__.py")
+        return int(out[1])
+
+    before = nfev()
+    tableaux = copy / "gaussian_pde" / "_common" / "tableaux.py"
+    text = tableaux.read_text()
+    assert text.count("SAFETY, MIN_FACTOR = 0.9, 0.2") == 1
+    tableaux.write_text(text.replace("SAFETY, MIN_FACTOR = 0.9, 0.2", "SAFETY, MIN_FACTOR = 0.8, 0.2"))
+    assert nfev() != before
