@@ -34,10 +34,12 @@ plain-Python head into ``gaussian_pde/_generated/<type>.py`` (``field_body``,
 
 The bodies, the parts and the functions they call (the shared numerics of
 :mod:`gaussian_pde._common.kernels`) are marked by :func:`compiled_later` (plain Python
-until a field is first compiled, so the tests also run them uncompiled). This module makes the
-kernels from templates (copies of its functions calling the heads' compiled functions,
-:func:`_instance`), and assembles the Jacobian from the parts once for every type
-(:func:`assemble`):
+until a field is first compiled, so the tests also run them uncompiled). This module makes a
+head's kernels from the body's and the parts' own statements, the kernel's arguments
+unpacked in front (:func:`_spliced`: the code they would run inlined, compiled from their
+source), and the sums' kernels from templates (copies of its functions calling the
+heads' kernels, :func:`_instance`); it assembles the Jacobian from the parts once for
+every type (:func:`assemble`):
 :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(L^TB)_{bj} + (AL)_{ib}B_{aj}`,
 :math:`B = CL`, and for the mean rows
 :math:`\partial\alpha'_i/\partial L_{ab} = A_{ia}(L^Tr)_b + (AL)_{ib}r_a`,
@@ -47,8 +49,8 @@ whole state, :math:`J_{ij,ab} = M_{ia}\delta_{jb} + A_{ia}(Z^TCZ)_{bj} + (AZ)_{i
 
 **The packed vectors.** One head: ``[1, size, k, data...]`` (``size`` entries of
 data; the first 0 for a head of a sum, whose Jacobian is added), its kernels the body
-and parts inlined into :func:`_head_rhs` and :func:`_head_jac` (one pair per head
-kernel, :func:`_head_kernels`). A sum of heads
+and the parts with the pack unpacked in front (one pair per head kernel,
+:func:`_head_kernels`). A sum of heads
 (:func:`add`): runs of adjacent heads of one kernel, in the heads' order,
 ``[R, (f, j, n, (size, pack...) * n) * R]`` (``R`` runs of ``n`` heads, each head its
 own pack; ``f`` and ``j`` the addresses of the run's field and Jacobian-adding
@@ -69,12 +71,14 @@ module they are compiled from, so an edit of a type's module compiles them again
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import importlib
 import inspect
 import math
 import sys
+import textwrap
 import types
 
 import numpy as np
@@ -144,8 +148,8 @@ class CompiledField:
         operations in the same order (the same bits). The kernel is compiled at the
         first request of a kernel and shape (cached on disk), so the integrator asks for
         it only where a batch is large enough to repay that. A sum of heads, a type's
-        own kernels (another package's), and a body that allocates (called, not
-        inlined, so compiled in for nothing) keep the generic kernels (returned as they are).
+        own kernels (another package's), and a body that allocates (the shape's kernel
+        is compiled without reference counting) keep the generic kernels (returned as they are).
         ``compile`` False: only where Numba's disk cache holds that kernel already (loaded
         in milliseconds), else the field as it is.
         """
@@ -191,15 +195,6 @@ def _compile_marked():
 def _dispatcher(fn):
     """The compiled ``fn`` (marked by :func:`compiled_later`), or ``fn`` if already one."""
     return _DISPATCHERS.get(fn, fn)
-
-
-@functools.cache
-def _inlined(fn):
-    """A dispatcher of the plain ``fn`` (marked) inlined in Numba's IR into its callers."""
-    from numba import njit
-
-    return njit(cache=False, error_model="numpy", inline="always",
-                _nrt=fn.compile_options["_nrt"])(fn)
 
 
 # ----------------------------------------------------------------------------------------
@@ -248,7 +243,7 @@ class HeadKernel:
 
     @property
     def assembly(self):
-        """The function that assembles the Jacobian from the parts (``assemble`` in :func:`_head_jac`).
+        """The function that assembles the Jacobian from the parts (``assemble`` in :func:`_finish_jac`).
 
         Compiled, or plain Python while the marked functions are.
         """
@@ -268,7 +263,7 @@ class HeadKernel:
     def jac_add(self):
         """``add(P, d, m, y, J, ws) -> bool``: the head's Jacobian added to ``J``.
 
-        Its own Jacobian kernel, given its pack with ``P[0] = 0`` (:func:`_head_jac`).
+        Its own Jacobian kernel, given its pack with ``P[0] = 0`` (:data:`_JAC_PROLOGUE`).
         """
         return self.kernels()[1] if self.exact else None
 
@@ -434,40 +429,6 @@ def head_ws(k, d):
 # templates: the kernels of a sequence of runs of heads are copies of these (_instance)
 # ----------------------------------------------------------------------------------------
 
-def _head_rhs(P, d, m, y, out, ws):
-    """One head's field: its pack ``P = [1, size, k, data...]``, its body ``_body`` inlined."""
-    _body(P[3:3 + int(P[1])], int(P[2]), d, m, y, out, ws[2 * d * m:])   # noqa: F821
-
-
-def _head_jac(P, d, m, y, J, ws):
-    """One head's closed-form Jacobian, assembled from its ``_parts``; False where none holds.
-
-    ``P[0] == 1``: the head alone, its Jacobian into ``J``; ``P[0] == 0``: a head of a
-    sum, its Jacobian added to ``J`` (the sum zeroes ``J`` first and checks it last).
-    """
-    n = d * m
-    alone = P[0] == 1.0
-    if alone:
-        for i in range(n):
-            for j in range(n):
-                J[i, j] = 0.0
-    Z = y.reshape((d, m))
-    A = np.empty((d, d))
-    C = np.empty((d, d))
-    M = np.empty((d, d))
-    N = np.empty((d, d))
-    r = np.empty(d)
-    if not _parts(P[3:3 + int(P[1])], int(P[2]), d, m, Z, A, C, M, N, r):   # noqa: F821
-        return False
-    assemble(A, C, M, N, r, Z, d, m, J)
-    if alone:
-        for i in range(n):
-            for j in range(n):
-                if not math.isfinite(J[i, j]):
-                    return False
-    return True
-
-
 def _foreign_jac_add(P, d, m, y, J, ws):
     """Add a type's own Jacobian (``_jac``, pack ``P``) to ``J``; False where it has none there."""
     n = d * m
@@ -537,10 +498,150 @@ def _sum_jac(P, d, m, y, J, ws):
     return True
 
 
-def _shape_rhs_template(P, d, m, y, out, ws):
-    """One head's field with its shape ``_D``, ``_K`` compiled in (``m`` is ``_D`` or ``_M1``)."""
-    _body(P[3:3 + int(P[1])], _K, _D, _D if m == _D else _M1, y, out,   # noqa: F821
-          ws[2 * d * m:])
+# ----------------------------------------------------------------------------------------
+# a head's kernels: its body and parts with the kernel's arguments unpacked in front
+# ----------------------------------------------------------------------------------------
+
+#: a head's field: its pack unpacked for its body (``ws`` past a sum's room)
+_RHS_PROLOGUE = """
+data = P[3:3 + int(P[1])]
+k = int(P[2])
+ws = ws[2 * d * m:]
+"""
+
+#: the same with the shape compiled in (``_D``, ``_K``, ``_M1`` bound)
+_SHAPE_PROLOGUE = """
+data = P[3:3 + int(P[1])]
+ws = ws[2 * d * m:]
+k = _K
+m = _D if m == _D else _M1
+d = _D
+"""
+
+#: a head's Jacobian: ``J`` zeroed for a head alone (``P[0] == 1``; a head of a sum adds
+#: to it), the arrays of its parts, its pack unpacked; each ``return ok`` of the parts
+#: becomes ``return _finish(ok, ...)`` (:func:`_finish_jac`)
+_JAC_PROLOGUE = """
+_alone = P[0] == 1.0
+if _alone:
+    for _i in range(d * m):
+        for _j in range(d * m):
+            J[_i, _j] = 0.0
+_d0 = d
+_m0 = m
+Z = y.reshape((d, m))
+A = _np.empty((d, d))
+C = _np.empty((d, d))
+M = _np.empty((d, d))
+N = _np.empty((d, d))
+r = _np.empty(d)
+data = P[3:3 + int(P[1])]
+k = int(P[2])
+"""
+_JAC_RETURN = "_finish(_value, A, C, M, N, r, Z, _d0, _m0, J, _alone)"
+#: the names a body (``P``) or parts (these) must not assign: the kernel's own
+_RHS_RESERVED = ("P",)
+_JAC_RESERVED = ("P", "y", "J", "ws", "_alone", "_i", "_j", "_d0", "_m0", "Z", "A", "C", "M",
+                 "N", "r", "_np", "_finish")
+
+
+def _spliced(fn, name, args, prologue, reserved, returns=None, **bound):
+    """``fn``'s statements as the body of a new function ``name(args)``, after ``prologue``.
+
+    The statements that ``fn`` would run inlined into a kernel, compiled from its source
+    with the kernel's arguments unpacked in front (Numba's inliner copies the callee's IR
+    twice: a fifth of a head kernel's compilation, half of a shape's). ``returns``: an
+    expression in ``_value`` that takes the place of each ``return value``; ``bound``:
+    globals added to a copy of ``fn``'s; the line numbers are ``fn``'s. Plain Python: the
+    tests run it uncompiled.
+    """
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as err:
+        raise TypeError(f"the head function {fn.__module__}.{fn.__qualname__}: its source "
+                        f"cannot be read ({err}), and its kernel is made from it") from None
+    fdef = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    ast.increment_lineno(fdef, first - 1)
+    body = fdef.body[1:] if ast.get_docstring(fdef) is not None else fdef.body
+    nodes = [n for stmt in body for n in ast.walk(stmt)]
+    clash = sorted({n.id for n in nodes if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Store) and n.id in reserved})
+    nested = any(isinstance(n, (ast.FunctionDef, ast.Lambda, ast.ClassDef)) for n in nodes)
+    if clash or nested:
+        raise TypeError(f"the head function {fn.__module__}.{fn.__qualname__} "
+                        + (f"assigns {', '.join(clash)}, names its kernel reserves"
+                           if clash else "defines a function inside") + ": rename them")
+    for n in nodes:
+        if returns is not None and isinstance(n, ast.Return):
+            n.value = _with_value(ast.parse(returns, mode="eval").body,
+                                  n.value or ast.Constant(None))
+    head = ast.parse(textwrap.dedent(prologue)).body
+    for stmt in head:
+        ast.increment_lineno(stmt, fdef.lineno - 1)
+    new = ast.FunctionDef(name=name, args=ast.parse(f"def _({args}): pass").body[0].args,
+                          body=head + body, decorator_list=[], returns=None, type_comment=None)
+    module = ast.fix_missing_locations(ast.Module(body=[ast.copy_location(new, fdef)],
+                                                  type_ignores=[]))
+    namespace = dict(fn.__globals__)
+    namespace.update(bound)
+    exec(compile(module, inspect.getfile(fn), "exec"), namespace)
+    made = namespace[name]
+    made.__qualname__ = name
+    return made
+
+
+def _with_value(expr, value):
+    """The expression ``expr`` with its name ``_value`` replaced by the expression ``value``."""
+    class Put(ast.NodeTransformer):
+        def visit_Name(self, node):
+            return value if node.id == "_value" else node
+
+    return Put().visit(expr)
+
+
+def _finish_jac(ok, A, C, M, N, r, Z, d, m, J, alone):
+    """The end of a head's Jacobian kernel: its parts' answer ``ok``, assembled into ``J``.
+
+    False where the parts declined; else ``assemble`` (the head's assembly, bound by
+    :func:`_instance`) adds the head's Jacobian to ``J``, and a head alone checks it.
+    """
+    if not ok:
+        return False
+    assemble(A, C, M, N, r, Z, d, m, J)             # noqa: F821 (bound by _instance)
+    if alone:
+        for i in range(d * m):
+            for j in range(d * m):
+                if not math.isfinite(J[i, j]):
+                    return False
+    return True
+
+
+def _plain_kernels(head, key, finish=None):
+    """``(rhs, jac)`` of one head as plain Python functions named with ``key``.
+
+    ``rhs(P, d, m, y, out, ws)``: the head's body after :data:`_RHS_PROLOGUE`;
+    ``jac(P, d, m, y, J, ws)``: its parts after :data:`_JAC_PROLOGUE`, each return through
+    ``finish`` (:func:`_finish_jac` with the head's assembly; plain unless given), or
+    None without parts.
+    """
+    rhs = _spliced(head.body, f"head_rhs_{key}", "P, d, m, y, out, ws", _RHS_PROLOGUE,
+                   _RHS_RESERVED)
+    if head.parts is None:
+        return rhs, None
+    if finish is None:
+        finish = _instance(_finish_jac, "finish_jac", assemble=head.assembly)
+    jac = _spliced(head.parts, f"head_jac_{key}", "P, d, m, y, J, ws", _JAC_PROLOGUE,
+                   _JAC_RESERVED, returns=_JAC_RETURN, _np=np, _finish=finish)
+    return rhs, jac
+
+
+@functools.cache
+def _finish_kernel(assembly):
+    """:func:`_finish_jac` with ``assembly``, compiled once for every head it serves."""
+    from numba import njit
+
+    return njit(cache=False, error_model="numpy")(
+        _instance(_finish_jac, f"finish_jac_{assembly.__name__}", assemble=assembly))
 
 
 # ----------------------------------------------------------------------------------------
@@ -575,23 +676,22 @@ _OPTS = dict(cache=True, error_model="numpy", boundscheck=False)
 def _head_kernels(head):
     """``(rhs, jac)`` of one head of kernel ``head`` (a :class:`HeadKernel`).
 
-    Its pack is ``[1, size, k, data...]``. Copies of :func:`_head_rhs` and
-    :func:`_head_jac` with the body and the parts inlined (and the head's
-    :attr:`HeadKernel.assembly` as ``assemble``), cached on disk under names with
-    :func:`_digest`.
+    Its pack is ``[1, size, k, data...]``. The body and the parts with the pack unpacked
+    in front (:func:`_plain_kernels`; the Jacobian's end, :func:`_finish_jac` with the
+    head's :attr:`HeadKernel.assembly`, compiled once for all heads), compiled and cached
+    on disk under names with :func:`_digest`.
     """
     from numba import njit
 
     _compile_marked()
     key = _digest([head])
     rhs_sig, jac_sig = signatures()
-    rhs = njit(rhs_sig, _nrt=head.counted, **_OPTS)(
-        _instance(_head_rhs, f"head_rhs_{key}", _body=_inlined(head.body)))
+    rhs, jac = _plain_kernels(head, key, finish=_finish_kernel(head.assembly)
+                              if head.exact else None)
+    rhs = njit(rhs_sig, _nrt=head.counted, **_OPTS)(rhs)
     if not head.exact:
         return rhs, _no_jacobian_kernel()
-    jac = njit(jac_sig, **_OPTS)(_instance(_head_jac, f"head_jac_{key}",
-                                           _parts=_inlined(head.parts), assemble=head.assembly))
-    return rhs, jac
+    return rhs, njit(jac_sig, **_OPTS)(jac)
 
 
 def _fn_at_intrinsic():
@@ -701,17 +801,19 @@ def _no_jacobian_kernel():
 def _shape_fn(head, d, k):
     """The plain function :func:`_shape_rhs` compiles (its name carries the shape)."""
     _compile_marked()
-    return _instance(_shape_rhs_template, f"shape_rhs_{_digest([head])}_{int(d)}_{int(k)}",
-                     _body=_inlined(head.body), _D=int(d), _K=int(k), _M1=int(d) + 1)
+    return _spliced(head.body, f"shape_rhs_{_digest([head])}_{int(d)}_{int(k)}",
+                    "P, d, m, y, out, ws", _SHAPE_PROLOGUE, _RHS_RESERVED,
+                    _D=int(d), _K=int(k), _M1=int(d) + 1)
 
 
 @functools.cache
 def _shape_rhs(head, d, k):
     """The field of one head of kernel ``head`` with ``d`` and ``k`` compiled in.
 
-    The body is inlined with constant ``d`` and ``k``, and ``m`` one of the constants
-    ``d``, ``d + 1``, so the compiler sees its loop bounds; inlined at one site (one per
-    ``m`` doubled the compilation, for a few nanoseconds per evaluation at ``d = 2``).
+    The body's statements with constant ``d`` and ``k``, and ``m`` one of the constants
+    ``d``, ``d + 1`` (:data:`_SHAPE_PROLOGUE`), so the compiler sees its loop bounds; one
+    copy of the body (one per ``m`` doubled the compilation, for a few nanoseconds per
+    evaluation at ``d = 2``).
     The signature is :func:`signatures`' (the integrator takes it as it takes the
     generic one). Cached on disk per kernel and shape.
     """

@@ -20,12 +20,10 @@ def _package_heads():
 
 
 def _python_head(head):
-    """A head's kernels, :func:`cf._head_rhs` and :func:`cf._head_jac` bound as plain
-    Python (nothing compiled), its Jacobian assembled from its parts."""
-    return (cf._instance(cf._head_rhs, "rhs", _body=head.body),
-            cf._instance(cf._head_jac, "jac", _parts=head.parts, assemble=head.assembly)
-            if head.parts is not None
-            else cf._no_jacobian)
+    """A head's kernels as plain Python (nothing compiled, :func:`cf._plain_kernels`): its
+    body and parts with the pack unpacked in front, its Jacobian assembled from its parts."""
+    rhs, jac = cf._plain_kernels(head, "test")
+    return rhs, jac if jac is not None else cf._no_jacobian
 
 
 def _python_sum(heads, P):
@@ -200,3 +198,47 @@ def test_a_compiled_field_pickles_to_the_same_kernels(rng):
         assert back.rhs is field.rhs and back.jac is field.jac
         assert all(a is b for a, b in zip(back.heads, field.heads))
         np.testing.assert_array_equal(back.params, field.params)
+
+
+def _parts_like(data, k, d, m, Z, A, C, M, N, r):
+    """A stand-in for a head's parts: returns from inside a loop and a branch."""
+    for i in range(d):
+        if data[i] < 0:
+            return False
+    A[0, 0] = data[0] * k
+    return data[0] > 1
+
+
+def test_a_spliced_kernel_runs_the_statements_after_its_prologue_each_return_rewritten():
+    """:func:`cf._spliced`: the function's statements after the prologue, in a function of
+    the kernel's arguments, each ``return v`` replaced by the given expression of ``v``
+    (here: recorded), wherever it stands; the line numbers are the function's."""
+    seen = []
+
+    def finish(ok, A, *rest):
+        seen.append((bool(ok), A[0, 0]))
+        return ok
+
+    jac = cf._spliced(_parts_like, "jac_t", "P, d, m, y, J, ws", cf._JAC_PROLOGUE,
+                      cf._JAC_RESERVED, returns=cf._JAC_RETURN, _np=np, _finish=finish)
+    assert jac.__code__.co_firstlineno == _parts_like.__code__.co_firstlineno
+    J = np.ones((4, 4))
+    P = np.array([1.0, 2.0, 3.0, 2.0, 5.0])             # alone, size 2, k = 3, data [2, 5]
+    assert jac(P, 2, 2, np.arange(4.0), J, np.zeros(8))
+    assert seen == [(True, 6.0)] and not J.any()       # J zeroed for a head alone
+    P[3] = -1.0
+    P[0] = 0.0                                         # a head of a sum: J kept
+    assert not jac(P, 2, 2, np.arange(4.0), J + 1, np.zeros(8))
+    assert seen[-1][0] is False
+
+
+def test_a_head_function_that_assigns_a_name_of_its_kernel_is_refused():
+    def body(data, k, d, m, y, out, ws):
+        P = data                                       # noqa: F841 (the kernel's pack)
+        out[0] = 1.0
+
+    with pytest.raises(TypeError, match=r"assigns P, names its kernel reserves"):
+        cf._spliced(body, "rhs_t", "P, d, m, y, out, ws", cf._RHS_PROLOGUE, cf._RHS_RESERVED)
+    plain = eval("lambda data, k, d, m, y, out, ws: None")      # no source to read
+    with pytest.raises(TypeError, match="source cannot be read"):
+        cf._spliced(plain, "rhs_t", "P, d, m, y, out, ws", cf._RHS_PROLOGUE, cf._RHS_RESERVED)
