@@ -65,8 +65,11 @@ class L(event.Listener):
         fn = ev.data["dispatcher"].py_func
         name = fn.__qualname__
         if fn.__module__.startswith("gaussian_pde.integrate."):   # the engine's source stamp
-            from gaussian_pde.integrate._compiled_engine import engine_stamp
-            name = name.removesuffix("_" + engine_stamp())
+            try:
+                from gaussian_pde.integrate._compiled_engine import engine_stamp
+                name = name.removesuffix("_" + engine_stamp())
+            except ImportError:         # (an older checkout, --root: no stamp)
+                pass
         done.append([fn.__module__ + "." + name, dt - inner])
 
 event.register("numba:compile", L())
