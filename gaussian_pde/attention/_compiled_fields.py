@@ -560,8 +560,8 @@ def _spliced(fn, name, args, prologue, reserved, returns=None, **bound):
     except (OSError, TypeError) as err:
         raise TypeError(f"the head function {fn.__module__}.{fn.__qualname__}: its source "
                         f"cannot be read ({err}), and its kernel is made from it") from None
-    fdef = ast.parse(textwrap.dedent("".join(lines))).body[0]
-    ast.increment_lineno(fdef, first - 1)
+    # (blank lines in front: the file's line numbers without a walk to shift them)
+    fdef = ast.parse("\n" * (first - 1) + textwrap.dedent("".join(lines))).body[0]
     body = fdef.body[1:] if ast.get_docstring(fdef) is not None else fdef.body
     nodes = [n for stmt in body for n in ast.walk(stmt)]
     clash = sorted({n.id for n in nodes if isinstance(n, ast.Name)
@@ -574,14 +574,11 @@ def _spliced(fn, name, args, prologue, reserved, returns=None, **bound):
     for n in nodes:
         if returns is not None and isinstance(n, ast.Return):
             n.value = _with_value(ast.parse(returns, mode="eval").body,
-                                  n.value or ast.Constant(None))
-    head = ast.parse(textwrap.dedent(prologue)).body
-    for stmt in head:
-        ast.increment_lineno(stmt, fdef.lineno - 1)
+                                  n.value or ast.copy_location(ast.Constant(None), n))
+    head = ast.parse("\n" * (fdef.lineno - 1) + textwrap.dedent(prologue).strip()).body
     new = ast.FunctionDef(name=name, args=ast.parse(f"def _({args}): pass").body[0].args,
                           body=head + body, decorator_list=[], returns=None, type_comment=None)
-    module = ast.fix_missing_locations(ast.Module(body=[ast.copy_location(new, fdef)],
-                                                  type_ignores=[]))
+    module = ast.Module(body=[ast.copy_location(new, fdef)], type_ignores=[])
     namespace = dict(fn.__globals__)
     namespace.update(bound)
     exec(compile(module, inspect.getfile(fn), "exec"), namespace)

@@ -205,6 +205,8 @@ def _parts_like(data, k, d, m, Z, A, C, M, N, r):
     for i in range(d):
         if data[i] < 0:
             return False
+    if data[1] == 0:
+        return
     A[0, 0] = data[0] * k
     return data[0] > 1
 
@@ -230,6 +232,9 @@ def test_a_spliced_kernel_runs_the_statements_after_its_prologue_each_return_rew
     P[0] = 0.0                                         # a head of a sum: J kept
     assert not jac(P, 2, 2, np.arange(4.0), J + 1, np.zeros(8))
     assert seen[-1][0] is False
+    P[3:] = 2.0, 0.0                                   # a bare return: None, declined
+    assert not jac(P, 2, 2, np.arange(4.0), J + 1, np.zeros(8))
+    assert len(seen) == 3 and seen[-1][0] is False
 
 
 def test_a_head_function_that_assigns_a_name_of_its_kernel_is_refused():
