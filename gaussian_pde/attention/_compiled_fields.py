@@ -549,8 +549,8 @@ def _spliced(fn, name, args, prologue, reserved, returns=None, **bound):
     """``fn``'s statements as the body of a new function ``name(args)``, after ``prologue``.
 
     The statements that ``fn`` would run inlined into a kernel, compiled from its source
-    with the kernel's arguments unpacked in front (Numba's inliner copies the callee's IR
-    twice: a fifth of a head kernel's compilation, half of a shape's). ``returns``: an
+    with the kernel's arguments unpacked in front (Numba's inliner would copy the
+    callee's IR twice, which the compilation of every kernel paid). ``returns``: an
     expression in ``_value`` that takes the place of each ``return value``; ``bound``:
     globals added to a copy of ``fn``'s; the line numbers are ``fn``'s. Plain Python: the
     tests run it uncompiled.
@@ -571,8 +571,8 @@ def _spliced(fn, name, args, prologue, reserved, returns=None, **bound):
         raise TypeError(f"the head function {fn.__module__}.{fn.__qualname__} "
                         + (f"assigns {', '.join(clash)}, names its kernel reserves"
                            if clash else "defines a function inside") + ": rename them")
-    for n in nodes:
-        if returns is not None and isinstance(n, ast.Return):
+    for n in nodes if returns is not None else ():
+        if isinstance(n, ast.Return):
             n.value = _with_value(ast.parse(returns, mode="eval").body,
                                   n.value or ast.copy_location(ast.Constant(None), n))
     head = ast.parse("\n" * (fdef.lineno - 1) + textwrap.dedent(prologue).strip()).body

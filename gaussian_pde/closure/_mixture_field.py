@@ -456,6 +456,8 @@ def pack(heads, weights, Z, W):
     kinds, tilts, Vs, As, Hs, gs = [], [], [], [], [], []
     zero = np.zeros((d, d))
     for h in heads:
+        linear = None if isinstance(h, QuadraticScore) else getattr(
+            h, "second_moment_map", lambda: None)()
         if isinstance(h, QuadraticScore):
             kinds.append(KIND_SCORE if h.H is None else KIND_SCORE_H)
             tilts.append(0.0 if h.g is None else 1.0)
@@ -463,8 +465,8 @@ def pack(heads, weights, Z, W):
             As.append(h.A)
             Hs.append(zero if h.H is None else h.H)
             gs.append(np.zeros(d) if h.g is None else h.g)
-        elif getattr(h, "second_moment_map", lambda: None)() is not None:
-            V, A = h.second_moment_map()
+        elif linear is not None:
+            V, A = linear
             kinds.append(KIND_LINEAR)
             tilts.append(0.0)
             Vs.append(V)

@@ -51,12 +51,13 @@ def _engine_cached():
     try:
         import numba
 
+        from .._common.compiled import stamped
         from . import _compiled_engine
 
         if numba.config.DISABLE_JIT:
             return True
-        probe = numba.njit(cache=True)(_compiled_engine.stamped(
-            _compiled_engine._drive, _compiled_engine.engine_stamp()))
+        probe = numba.njit(cache=True)(stamped(_compiled_engine._drive,
+                                               _compiled_engine.engine_stamp()))
         return bool(probe._cache._cache_file._load_index())
     except Exception:       # a Numba whose cache reads otherwise: do nothing aside
         return True
