@@ -12,7 +12,8 @@ slice of the rows); each trajectory takes
 * the events of :mod:`gaussian_pde.integrate._events`: the blow-up look at the end of
   the step that passed the trace threshold (probe step, extrapolation of
   :math:`1/\operatorname{tr}\Sigma`, confirmation 100 times further up, the clock
-  restarted there), steady state and rank collapse (bisection on the dense output to
+  restarted there), steady state, rank collapse and a field's own events
+  (``CoreOptions.gaps``: the mixture closure's merges) (bisection on the dense output to
   ``2**-30`` of the step), the evaluation budget, a step below rounding, overflow;
 * re-factoring :math:`L \mapsto LW` every 16th accepted step where the columns cancel
   (:mod:`gaussian_pde._common.factor_rotation`);
@@ -89,6 +90,8 @@ FULL = 10
 #: stopped where the stiffness test fired (a Rosenbrock step would cost ``2n + 6``
 #: evaluations, its Jacobian by central differences at every step)
 STIFF = 11
+#: one of the field's own events (``CoreOptions.gaps``) fired, terminal
+EVENT = 12
 
 # a trajectory's outcome, one row of ``ires`` (integers) and one of ``fres`` (floats)
 #: ``ires``: the outcome code, the evaluations, the accepted steps, and whether the run
@@ -107,9 +110,16 @@ F_TSTAR, F_T_LOOK, F_LIMIT, F_S0, F_S1, F_FINITE = range(2, 8)
 #: the time from which RODAS4P2 took the steps (``method="auto"``; NaN: never)
 F_STIFF_FROM = 8
 F_SIZE = 9
-#: a single trajectory (a row of ``F_CROSS + MAX_CROSSINGS``): the count of blow-up
-#: crossings, and their times from ``F_CROSS`` on
+#: a single trajectory (a row of ``F_CROSS + MAX_CROSSINGS``, more with the field's own
+#: events): the count of blow-up crossings, and their times from ``F_CROSS`` on
 F_NCROSS, F_CROSS = 9, 10
+#: room for this many blow-up crossings (each passes a limit at least 100 times the last
+#: one, up to ``MAX_GROWTH``)
+MAX_CROSSINGS = 128
+#: then the count of the field's events that fired (``CoreOptions.gaps``), and their
+#: times from ``F_GAP_TIMES`` on, as many as the row has room for
+F_NGAPS = F_CROSS + MAX_CROSSINGS
+F_GAP_TIMES = F_NGAPS + 1
 
 
 
@@ -148,6 +158,14 @@ class CoreOptions(typing.NamedTuple):
         dense output; the steps do not land on ``t_eval`` and there is no growth stop;
         where the stiffness test fires and the field has no closed-form Jacobian, the run
         stops there (``STIFF``). Zero: none (the growth stop above).
+    gaps : int
+        A plain state with a covariance whose field has events of its own: called with
+        ``m = -1`` its ``rhs`` leaves the measures above and these ``gaps`` values after
+        the room of :math:`F'` (from ``ws[1 + 2 cov_rows cov_cols]``). Each is an event
+        that fires where its value falls to zero or below, located on the dense output
+        as the steady state is; its times are kept (:func:`integrate_one`). Zero: none.
+    gaps_terminal : bool
+        The first of them to fire stops the run (``EVENT``).
     """
 
     atol: float
@@ -166,6 +184,8 @@ class CoreOptions(typing.NamedTuple):
     plain: bool
     cov_rows: int
     cov_cols: int
+    gaps: int
+    gaps_terminal: bool
 
 
 class Field(typing.NamedTuple):
@@ -211,7 +231,8 @@ class Work(typing.NamedTuple):
     ev : ndarray, (2,) or more
         The steady-state and rank-collapse events' last values; then (a plain state with
         a covariance, ``CoreOptions.cov_rows``) the field's measures at the step's end
-        (``ws[0]`` to ``ws[2 cov_rows cov_cols]``).
+        (``ws[0]`` to ``ws[2 cov_rows cov_cols]``) and its own events' last values
+        (``CoreOptions.gaps``).
     piv, have, p_out : ndarray of int, (n,), (1,), (1,)
         The LU factors' pivots; 1 where ``F`` holds the current step's coefficients; the
         next output time's index in ``t_eval``.
@@ -416,12 +437,64 @@ def _dense_at(fld, y, h, imp, x, wk):
     return extra
 
 
+def _gap_at(fld, opt, wk, row, kind, j):
+    """Event ``kind``'s value at the dense point ``wk.xa``: ``(gap, evaluations)``.
+
+    ``kind``: 1 steady state, 2 rank collapse, 3 the field's own event ``j``
+    (``CoreOptions.gaps``; its ``rhs`` called with ``m = -1``: measures, not counted).
+    A plain state with a covariance reads the field's factor :math:`F` and rate
+    :math:`F'` from ``ws`` (``m = 0``: the factor alone).
+    """
+    d, m, xa, xb, ws = fld.d, fld.m, wk.xa, wk.xb, wk.ws
+    c, q = opt.cov_rows, opt.cov_cols
+    cq = c * q
+    if kind == 1:
+        fld.rhs(fld.P, d, m, xa, xb, ws)
+        if c > 0:
+            return _steady_gap(ws[1:1 + cq], ws[1 + cq:1 + 2 * cq], c, q, q, opt.steady_tol,
+                               opt.steady_atol), 1
+        return _steady_gap(xa, xb, d, m, d, opt.steady_tol, opt.steady_atol), 1
+    if kind == 2:
+        if c > 0:
+            fld.rhs(fld.P, d, 0, xa, xb, ws)
+            return _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, row.first, opt.rank_tol), 1
+        return _call(fld.fns, RANK_GAP, xa, d, m, d, row.first, opt.rank_tol), 1
+    fld.rhs(fld.P, d, -1, xa, xb, ws)
+    return ws[1 + 2 * cq + j], 0
+
+
+def _bisect(fld, opt, wk, row, h, imp, kind, j):
+    """Where in the step event ``kind`` (:func:`_gap_at`) falls to zero: ``(x, evaluations)``.
+
+    Bisection on the dense output to ``2**-_BISECT`` of the step; ``x``: the fraction of
+    the step where the value is zero or below.
+    """
+    lo, hi = 0.0, 1.0
+    extra = 0
+    for _ in range(_BISECT):
+        mid = 0.5 * (lo + hi)
+        extra += _call(fld.fns, DENSE_AT, fld, row.y, h, imp, mid, wk)
+        gap, spent = _gap_at(fld, opt, wk, row, kind, j)
+        extra += spent
+        if gap > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi, extra
+
+
 def _located(fld, row, opt, wk, t, h, imp):
-    """Steady-state and rank-collapse crossings in the step: ``(kind, t_stop, nfev)``."""
-    d, m, y, ynew, xa, xb, ev, first = fld.d, fld.m, row.y, wk.ynew, wk.xa, wk.xb, wk.ev, row.first
+    """The events that fire in the step: ``(kind, t_stop, nfev)`` of the first terminal one.
+
+    ``kind``: 0 none, 1 steady state, 2 rank collapse, 3 one of the field's own events
+    (``CoreOptions.gaps``), whose times, where they are not terminal, go into ``row.fres``
+    (:func:`_note_gap`) up to the stop. Each event's value at the step's end is kept in
+    ``wk.ev`` for the next step.
+    """
+    d, m, ynew, ev, ws = fld.d, fld.m, wk.ynew, wk.ev, wk.ws
     # a plain state with a covariance: the events read the field's factor F and rate F'
     # (saved at the step's end in ev[3:], fresh in ws after a call at a dense point)
-    c, q, ws = opt.cov_rows, opt.cov_cols, wk.ws
+    c, q = opt.cov_rows, opt.cov_cols
     cq = c * q
     stop_t = np.inf
     kind = 0
@@ -433,49 +506,41 @@ def _located(fld, row, opt, wk, t, h, imp):
         else:
             g_new = _steady_gap(ynew, wk.fnew, d, m, d, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
-            lo, hi = 0.0, 1.0
-            for _ in range(_BISECT):
-                mid = 0.5 * (lo + hi)
-                extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-                fld.rhs(fld.P, d, m, xa, xb, ws)
-                extra += 1
-                if c > 0:
-                    gap = _steady_gap(ws[1:1 + cq], ws[1 + cq:1 + 2 * cq], c, q, q,
-                                      opt.steady_tol, opt.steady_atol)
-                else:
-                    gap = _steady_gap(xa, xb, d, m, d, opt.steady_tol, opt.steady_atol)
-                if gap > 0:
-                    lo = mid
-                else:
-                    hi = mid
-            stop_t = t + hi * h
+            x, spent = _bisect(fld, opt, wk, row, h, imp, 1, 0)
+            extra += spent
+            stop_t = t + x * h
             kind = 1
         ev[0] = g_new
     if opt.rank_tol >= 0:
         if c > 0:
-            g_new = _call(fld.fns, RANK_GAP, ev[3:3 + cq], c, q, q, first, opt.rank_tol)
+            g_new = _call(fld.fns, RANK_GAP, ev[3:3 + cq], c, q, q, row.first, opt.rank_tol)
         else:
-            g_new = _call(fld.fns, RANK_GAP, ynew, d, m, d, first, opt.rank_tol)
-        if ev[1] > 0 and g_new <= 0 and first < (c if c > 0 else d):
-            lo, hi = 0.0, 1.0
-            for _ in range(_BISECT):
-                mid = 0.5 * (lo + hi)
-                extra += _call(fld.fns, DENSE_AT, fld, y, h, imp, mid, wk)
-                extra += 1
-                if c > 0:        # the factor alone (m = 0: no rate)
-                    fld.rhs(fld.P, d, 0, xa, xb, ws)
-                    gap = _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, first, opt.rank_tol)
-                else:
-                    gap = _call(fld.fns, RANK_GAP, xa, d, m, d, first, opt.rank_tol)
-                if gap > 0:
-                    lo = mid
-                else:
-                    hi = mid
-            tr_ = t + hi * h
-            if tr_ < stop_t:
-                stop_t = tr_
+            g_new = _call(fld.fns, RANK_GAP, ynew, d, m, d, row.first, opt.rank_tol)
+        if ev[1] > 0 and g_new <= 0 and row.first < (c if c > 0 else d):
+            x, spent = _bisect(fld, opt, wk, row, h, imp, 2, 0)
+            extra += spent
+            if t + x * h < stop_t:
+                stop_t = t + x * h
                 kind = 2
         ev[1] = g_new
+    if opt.gaps > 0:
+        fld.rhs(fld.P, d, -1, ynew, wk.xb, ws)
+        new = wk.tmp2                  # (ws is the dense points' from here on)
+        for j in range(opt.gaps):
+            new[j] = ws[1 + 2 * cq + j]
+        fired = stop_t
+        for j in range(opt.gaps):
+            if ev[3 + 2 * cq + j] > 0 and new[j] <= 0:
+                x, spent = _bisect(fld, opt, wk, row, h, imp, 3, j)
+                extra += spent
+                if not opt.gaps_terminal and t + x * h <= stop_t:
+                    _note_gap(row.fres, t + x * h)
+                fired = min(fired, t + x * h)
+            ev[3 + 2 * cq + j] = new[j]
+        if opt.gaps_terminal and fired < stop_t:
+            stop_t = fired
+            kind = 3
+            _note_gap(row.fres, fired)
     return kind, stop_t, extra
 
 
@@ -655,6 +720,10 @@ def _steps(fld, row, opt, wk):
             wk.ev[1] = _call(fld.fns, RANK_GAP, ws[1:1 + cq], c, q, q, row.first, opt.rank_tol)
         else:
             wk.ev[1] = _call(fld.fns, RANK_GAP, y, d, m, d, row.first, opt.rank_tol)
+    if opt.gaps > 0:                   # the field's own events (measures: not counted)
+        fld.rhs(fld.P, d, -1, y, wk.xb, ws)
+        for j in range(opt.gaps):
+            wk.ev[3 + 2 * cq + j] = ws[1 + 2 * cq + j]
     imp = method == 2
     h_abs = _call(fld.fns, INITIAL_STEP, fld, y, wk, opt, -0.25 if imp else -0.125)
     nfev += 1
@@ -764,7 +833,7 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         fres[F_T], fres[F_T_STOP] = stop_t, stop_t
         if steps:
             _record(stop_t, y, row.rec_t, row.rec_y, row.nrec)
-        code = STEADY if kind == 1 else RANK
+        code = STEADY if kind == 1 else (RANK if kind == 2 else EVENT)
         return code, Clock(t, tau, base, limit, susp, s0, s1, nfev, nsteps, fresh)
     looked = False
     if opt.plain and cq == 0:
@@ -871,6 +940,21 @@ def _note_crossing(fres, t_c):
         fres[F_NCROSS] = k + 1
 
 
+def _note_gap(fres, t_c):
+    """Keep the time of one of the field's events in ``fres[F_GAP_TIMES:]``.
+
+    Their count goes into ``fres[F_NGAPS]`` (counted on where the row has no room left:
+    :func:`integrate_one` then runs the trajectory again with more); nothing where the
+    row has no such place (a batch's).
+    """
+    if fres.size <= F_NGAPS:
+        return
+    k = int(fres[F_NGAPS])
+    if F_GAP_TIMES + k < fres.size:
+        fres[F_GAP_TIMES + k] = t_c
+    fres[F_NGAPS] = k + 1
+
+
 def _crossing(fld, opt, y, h, imp, wk, level):
     """The fraction of the step where ``log tr(Sigma)`` passes ``level``: ``(x, nfev)``.
 
@@ -945,7 +1029,7 @@ def _scratch_sizes(n, opt):
     """The float and integer scratch (entries) :func:`_drive` needs at state size ``n``."""
     cq = opt.cov_rows * opt.cov_cols
     return (opt.ws_size + (7 + _NS + 1 + 16 + 7 + 6) * n + 2 * n * n + 2
-            + (1 + 2 * cq if cq > 0 else 0), 2 + n)
+            + (1 + 2 * cq if cq > 0 else 0) + opt.gaps, 2 + n)
 
 
 #: inlined into their callers (Numba IR), where the loop bounds and arrays are known
@@ -965,8 +1049,8 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
 _HELPERS = ("_copy", "_cov_entry", "_finite", "_l_trace", "_l_dot", "_f_rate", "_guard",
             "_steady_gap", "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
-            "_record", "_note_crossing", "_attempt", "_next_step_size",
-            "_stiffness_counts", "_crawl_counts", "_output")
+            "_record", "_note_crossing", "_note_gap", "_gap_at", "_bisect", "_attempt",
+            "_next_step_size", "_stiffness_counts", "_crawl_counts", "_output")
 
 
 def _call(fns, which, *args):
@@ -1212,6 +1296,8 @@ def _messages(code, fres, t0, max_nfev):
         verdict, message = blowup_verdict(float(tstar), bool(finite), float(t), float(limit),
                                           (float(s0), float(s1)) if code == BLOWUP else None)
         return verdict, message
+    if code == EVENT:
+        return Status.EVENT, f"terminal event at t = {fres[F_T_STOP]:.10g}"
     if code in (STEADY, RANK):
         name = "steady" if code == STEADY else "rank_collapse"
         status = Status.STEADY if code == STEADY else Status.RANK_COLLAPSE
@@ -1245,7 +1331,7 @@ def _core_options(opts, method, ws_size):
         max_nfev=-1 if opts.max_nfev is None else int(opts.max_nfev),
         method=("auto", "DOP853", "rosenbrock").index(method),
         steady_on=bool(ev.steady_on), ws_size=int(ws_size), plain=False, cov_rows=0,
-        cov_cols=0)
+        cov_cols=0, gaps=0, gaps_terminal=False)
 
 
 def record_rows(opts, n):
@@ -1266,12 +1352,11 @@ def record_rows(opts, n):
 
 #: the most memory :func:`integrate_one` first takes for its record of states
 RECORD_BYTES = 64 * 2**20
-#: room for this many blow-up crossings (each passes a limit at least 100 times the last
-#: one, up to ``MAX_GROWTH``)
-MAX_CROSSINGS = 128
+#: room :func:`integrate_one` first makes for the times of a field's own events, per event
+GAP_ROOM = 4
 
 
-def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
+def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None, gaps=None):
     r"""One trajectory of :func:`gaussian_pde.solve` (``method="auto"``) in the core.
 
     The steps, events, verdicts and evaluations of :func:`gaussian_pde.solve_batch`'s
@@ -1282,8 +1367,11 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
     trace and the first eigenvalue index of the rank event. ``cov``: ``(rows, cols)`` of
     the factor of the covariance that the field leaves in its scratch, for a plain state
     (``d = n``, ``m = 1``; ``CoreOptions.cov_rows``), whose events then run on that
-    covariance. Returns a :class:`~gaussian_pde.integrate._results.Run` (``stiff_stop``:
-    such a state stopped where the stiffness test fired, ``STIFF``).
+    covariance. ``gaps``: ``(count, terminal, name)`` of such a field's own events
+    (``CoreOptions.gaps``), whose times go into ``t_events[name]``; a terminal one that
+    fires stops the run with status ``"event"``. Returns a
+    :class:`~gaussian_pde.integrate._results.Run` (``stiff_stop``: such a state stopped
+    where the stiffness test fired, ``STIFF``).
     """
     from ._results import Run, Status
 
@@ -1296,6 +1384,13 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
     opt = _core_options(opts, "auto", ws_size)
     if cov is not None:
         opt = opt._replace(plain=True, cov_rows=int(cov[0]), cov_cols=int(cov[1]))
+    room = 0             # for the times of the field's own events
+    if gaps is not None and gaps[0] > 0:
+        if cov is None or gaps[0] > n:
+            raise ValueError("`gaps` needs a plain state with a covariance (`cov`) and at "
+                             f"most {n} events, got {gaps[0]}.")
+        opt = opt._replace(gaps=int(gaps[0]), gaps_terminal=bool(gaps[1]))
+        room = max(int(GAP_ROOM * gaps[0]), 1)
     while True:
         # written before they are read (the first ``kept`` rows): not zeroed, since the
         # room for a whole budget's steps is megabytes at d = 8
@@ -1307,11 +1402,14 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
             rec_y[0, :p0] = y0
         Y = np.array(y0, dtype=float).reshape(1, n)
         ires = np.zeros((1, I_SIZE), dtype=np.int64)
-        fres = np.zeros((1, F_CROSS + MAX_CROSSINGS))
+        fres = np.zeros((1, F_CROSS + MAX_CROSSINGS + (1 + room if room else 0)))
         _run(rhs, jac, np.ascontiguousarray(params), d, m, opt,
              Batch(Y, te, p0, np.array([float(tr0)]), np.array([first], dtype=np.int64), ires,
                    fres, np.zeros((1, 0, d, d)), np.zeros((1, 0, d)), rec_t, rec_y, nrec))
         code = int(ires[0, I_CODE])
+        if room and fres[0, F_NGAPS] > room:
+            room = 2 * int(fres[0, F_NGAPS])       # the same steps again, with room
+            continue
         if code != FULL:
             break
         rows *= 4        # the same steps again (the same bits), with room for them
@@ -1320,6 +1418,10 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None):
             else int(np.searchsorted(te, t, side="right")))
     status, message = _messages(code, fres[0], opts.t0, opt.max_nfev)
     t_events = {"blowup": fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()}
+    if room:
+        t_events[gaps[2]] = fres[0, F_GAP_TIMES:F_GAP_TIMES + int(fres[0, F_NGAPS])].copy()
+        if code == EVENT:
+            message = f"terminal event {gaps[2]!r} at t = {fres[0, F_T_STOP]:.10g}"
     if opt.steady_on:
         t_events["steady"] = np.empty(0)
     if first < (d if cov is None else int(cov[0])):
@@ -1441,7 +1543,8 @@ def integrate_states(fields, y0, t_eval, limit, *, rtol, atol, max_nfev):
     opt = CoreOptions(atol=float(atol), rtol=float(rtol), max_step=np.inf, blowup_threshold=1.0,
                       steady_tol=0.0, steady_atol=0.0, rank_tol=-1.0, t0=float(te[0]),
                       t1=float(te[-1]), max_nfev=int(max_nfev), method=2, steady_on=False,
-                      ws_size=max(int(ws_size), 1), plain=True, cov_rows=0, cov_cols=0)
+                      ws_size=max(int(ws_size), 1), plain=True, cov_rows=0, cov_cols=0,
+                      gaps=0, gaps_terminal=False)
     states = np.full((nb, te.size, n), np.nan)
     p0 = int(np.searchsorted(te, te[0], side="right"))
     states[:, :p0] = y0[:, None]

@@ -169,7 +169,7 @@ def _solve_compiled(system, y0, opts):
     return run
 
 
-def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
+def integrate_covariance_state(fields, y0, cov, tr0, first, opts, gaps=None):
     r"""A plain state whose field leaves a factor of its covariance, on the engine.
 
     ``method="auto"`` of :func:`solve` for a state that is not a factor
@@ -178,7 +178,10 @@ def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
     and its rate in its scratch, ``CoreOptions.cov_rows``): DOP853 steps, the blow-up
     look, steady state and rank collapse on :math:`FF^T` (``tr0`` its initial trace,
     ``first`` the rank event's index), the budget, overflow, the statuses and messages of
-    :func:`solve`. The mixture closure's (:func:`gaussian_pde.solve_mixture`).
+    :func:`solve`. The mixture closure's (:func:`gaussian_pde.solve_mixture`). ``gaps``:
+    ``(count, terminal, name)`` of the field's own events (its ``rhs`` called with
+    ``m = -1`` leaves their values after the rate of :math:`F`; each fires where its value
+    falls to zero or below, and its times go into ``t_events[name]``).
 
     Returns
     -------
@@ -193,7 +196,7 @@ def integrate_covariance_state(fields, y0, cov, tr0, first, opts):
     """
     from . import _compiled_engine as core
 
-    run = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=cov)
+    run = core.integrate_one(fields, y0, y0.size, 1, tr0, first, opts, cov=cov, gaps=gaps)
     if run.stiff_stop:
         return None, run.nfev, run.t_final
     run.t, run.y = strictly_increasing(run.t, run.y)

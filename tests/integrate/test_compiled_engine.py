@@ -679,6 +679,24 @@ def test_the_switch_time_has_a_slot_of_its_own():
     stop = {cb.F_T, cb.F_T_BLOWUP, cb.F_T_STOP, cb.F_T_NEXT}
     assert cb.F_STIFF_FROM not in look | stop
     assert cb.F_STIFF_FROM < cb.F_SIZE <= cb.F_NCROSS < cb.F_CROSS
+    assert cb.F_CROSS + cb.MAX_CROSSINGS <= cb.F_NGAPS < cb.F_GAP_TIMES
+
+
+def test_a_fields_event_times_are_kept_and_counted_past_the_room():
+    """The times of a field's own events go after the blow-up crossings' room; their count
+    goes on past the row's room (``integrate_one`` then runs the trajectory again with
+    more), and a batch's row, which has no such place, is left alone."""
+    from gaussian_pde.integrate import _compiled_engine as cb
+
+    note = getattr(cb._note_gap, "py_func", cb._note_gap)
+    fres = np.zeros(cb.F_GAP_TIMES + 2)
+    for t in (0.5, 1.5, 2.5):
+        note(fres, t)
+    assert fres[cb.F_NGAPS] == 3
+    np.testing.assert_array_equal(fres[cb.F_GAP_TIMES:], [0.5, 1.5])
+    batch_row = np.zeros(cb.F_SIZE)
+    note(batch_row, 0.5)
+    assert not batch_row.any()
 
 
 #: softmax at d = 2 with large weights (a draw of ``tests/integrate/test_invariants.py``,
