@@ -40,6 +40,7 @@ from ._mixture import (
     pairwise_bures_wasserstein,
     solve_mixture,
 )
+from ._mixture_field import kernels as mixture_field_kernels
 from ._quadrature import gauss_hermite_gaussian
 
 __all__ = [
@@ -48,7 +49,8 @@ __all__ = [
     "Normalization", "PreNorm", "RMSNorm", "Stack", "TraceNorm", "as_field", "block_positions",
     "closure_moment_rhs", "closure_terms", "component_log_partition", "component_terms",
     "gauss_hermite_gaussian", "logistic_normal_moments", "masked_closure_rhs", "masked_field",
-    "merge_heights", "mixture_closure_terms", "mixture_moments", "mixture_velocity",
+    "merge_heights", "mixture_closure_terms", "mixture_field_kernels", "mixture_moments",
+    "mixture_velocity",
     "pairwise_bures_wasserstein", "propagate_gaussian", "propagate_particles", "solve_closure",
     "solve_masked_closure", "solve_mixture", "standard_nodes", "validate_blocks",
 ]

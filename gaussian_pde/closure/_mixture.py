@@ -62,7 +62,8 @@ covariance
 (:math:`\bar\alpha = \sum_k w_k\alpha_k`), so blow-up, steady state and rank collapse mean
 what they mean for :func:`gaussian_pde.solve`; a *merge* event (``merge_tol``) records
 each time the number of single-linkage clusters of the components, under the
-Bures-Wasserstein distance, drops.
+Bures-Wasserstein distance, drops (on the engine, the field kernel's own events:
+:func:`._mixture_field._merge_gaps`).
 """
 
 from __future__ import annotations
@@ -859,15 +860,16 @@ def _check_size(mixture, system, opts, merge_tol, method, engine=False):
     return per_eval
 
 
-def _solve_engine(params, mixture, system, y0, opts):
+def _solve_engine(params, mixture, system, y0, opts, merge_tol, stop_at_merge):
     r"""``method="auto"`` on the compiled engine (``params``: :func:`._mixture_field.pack`).
 
     The state :math:`(\alpha_1..\alpha_K, L_1..L_K)` as a plain state of
     :func:`gaussian_pde.integrate._compiled_engine.integrate_one`, its field the kernel of
     :mod:`._mixture_field`, which also leaves a factor of the total covariance for the
     events (``CoreOptions.cov_rows``): DOP853 steps, the blow-up look, steady state and
-    rank collapse on :math:`\Sigma_{\mathrm{tot}}`, the budget, overflow, statuses and
-    messages of :func:`gaussian_pde.solve`
+    rank collapse on :math:`\Sigma_{\mathrm{tot}}`, the merge events (``merge_tol``: the
+    kernel's values of the merge heights, located on the dense output), the budget,
+    overflow, statuses and messages of :func:`gaussian_pde.solve`
     (:func:`gaussian_pde.integrate.integrate_covariance_state`). Returns
     ``(run, nfev, None)``; or, where
     Hairer's stiffness test fires, ``(None, nfev, t)``: the engine stops there (the field
@@ -876,11 +878,13 @@ def _solve_engine(params, mixture, system, y0, opts):
     loop's LSODA, which reuses its Jacobians.
     """
     K, d = mixture.K, mixture.d
-    fields = (*_mixture_field.kernels(), params, _mixture_field.ws_size(d, K))
+    merges = merge_tol is not None
+    fields = (*_mixture_field.kernels(), params, _mixture_field.ws_size(d, K, merges))
     ev = opts.events
     first = d if ev.rank_tol is None else int(rank_first(mixture.total_cov, ev.rank_tol))
     tr0 = max(system.trace(y0), np.finfo(float).tiny)
-    return integrate_covariance_state(fields, y0, (d, K * (d + 1)), tr0, first, opts)
+    gaps = (K - 1, bool(stop_at_merge), "merge") if merges else None
+    return integrate_covariance_state(fields, y0, (d, K * (d + 1)), tr0, first, opts, gaps)
 
 
 def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_N_PER_DIM,
@@ -899,11 +903,11 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     :math:`z\sim\mathcal N(0, I)`, with the closed-form field of the module docstring and
     the Gauss-Hermite rule; weights constant. The events act on the *total* covariance of
     the mixture. Two or more distinct components run, with ``method="auto"`` and without
-    user ``events``, ``merge_tol`` or ``first_step``, on the compiled engine of
+    user ``events`` or ``first_step``, on the compiled engine of
     :func:`gaussian_pde.solve` (:func:`~gaussian_pde.integrate._compiled_engine.integrate_one`,
     the field compiled in :mod:`gaussian_pde.closure._mixture_field`, which leaves a factor
-    of the total covariance for the events), until it turns stiff; every other run, those
-    with merge events included, on the event loop
+    of the total covariance for the events, and the merge heights for the merge events),
+    until it turns stiff; every other run on the event loop
     :func:`gaussian_pde.integrate._event_loop.integrate_system` (:func:`scipy.integrate.solve_ivp`).
 
     Parameters
@@ -925,8 +929,8 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         the start (the ``message`` ends with ``"; stiff from t = ... on: LSODA from the
         start ..."``, ``nfev`` counts both): the field has no closed-form Jacobian, and
         RODAS4P2 would take one by central differences, :math:`2K(d + d^2)`
-        evaluations, at every step, where LSODA reuses its own. With user ``events``,
-        ``merge_tol`` or ``first_step``, the event loop's LSODA, which switches between
+        evaluations, at every step, where LSODA reuses its own. With user ``events``
+        or ``first_step``, the event loop's LSODA, which switches between
         Adams and BDF steps itself (a forward-difference Jacobian up to
         ``_FD_JACOBIAN_MAX`` unknowns, its own differences above). Or a
         :func:`scipy.integrate.solve_ivp` method, on the event loop.
@@ -942,8 +946,9 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
         falls below ``merge_tol``, i.e. whenever the number of clusters
         :math:`1 + \#\{h_j > \text{merge\_tol}\}` drops. Not terminal by default: the
         times of every merge are in ``t_events["merge"]`` and :attr:`MixtureSolution.merge_times`.
-        A run with merge events takes the event loop (LSODA for ``"auto"``), not the
-        compiled engine: the distances need matrix square roots at every step.
+        With ``method="auto"`` the engine locates them on its dense output (the field
+        kernel gives the heights, :func:`._mixture_field._merge_gaps`); the event loop
+        (a named ``method``) by :func:`scipy.integrate.solve_ivp`'s root finding.
     stop_at_merge : bool
         Make the merge event terminal: stop at the first merge with status ``"event"``.
     events : callable or sequence of callables
@@ -1017,9 +1022,8 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     system = _MixtureSystem(heads, mixture.weights, d, n_per_dim)
     if merge_tol is not None:
         merge_tol = validate_positive(merge_tol, "merge_tol")
-    params = (_mixture_field.pack(heads, mixture.weights, system.Z, system.W)
-              if auto and not events and merge_tol is None and opts.first_step is None
-              else None)
+    params = (_mixture_field.pack(heads, mixture.weights, system.Z, system.W, merge_tol)
+              if auto and not events and opts.first_step is None else None)
     engine = params is not None
     if engine:
         try:
@@ -1036,8 +1040,8 @@ def solve_mixture(attention, mixture, t_span, *, t_eval=None, n_per_dim=DEFAULT_
     if not all(np.all(np.isfinite(f)) for f in f0):
         raise ValueError("`mixture` is too large for the closure: the field at its quadrature "
                          "nodes overflows float64; rescale the data or the weights.")
-    run, spent, stiff_at = (_solve_engine(params, mixture, system, y0, opts) if engine
-                            else (None, 0, None))
+    run, spent, stiff_at = (_solve_engine(params, mixture, system, y0, opts, merge_tol,
+                                          stop_at_merge) if engine else (None, 0, None))
     if run is None:
         jac = system.jacobian if y0.size <= _FD_JACOBIAN_MAX else None
         loop_opts = opts

@@ -37,11 +37,20 @@ in ``ws[0]``, a factor :math:`F` of it (``d x q``, :math:`q = K(d + 1)`, row-maj
 (:math:`\bar\alpha = \sum_kw_k\alpha_k`, :math:`F'` the same with the rates), so the
 total covariance is positive semi-definite by construction. Called with ``m = 0`` the
 kernel leaves only the trace and :math:`F` (no rate: the cost of a few products of
-:math:`d \times d` matrices, not counted as an evaluation by the engine).
+:math:`d \times d` matrices, not counted as an evaluation by the engine); with
+``m = -1`` also the merge events' values after the room of :math:`F'` (the engine's
+``CoreOptions.gaps``): each single-linkage merge height :math:`h_j` (ascending) of the
+components' Bures-Wasserstein distances,
+
+.. math:: W_2^2 = |\alpha_i - \alpha_k|^2 + \operatorname{tr}\Sigma_i
+          + \operatorname{tr}\Sigma_k - 2\operatorname{tr}
+          \big(\Sigma_i^{1/2}\Sigma_k\Sigma_i^{1/2}\big)^{1/2},
+
+minus ``merge_tol``: a merge event fires where one of them falls to zero or below.
 
 :func:`pack` lays the weights out: ``[d, K, heads, nodes, kinds (heads), tilts (heads),
 w (K), log w (K), V, A, H (heads x d x d each), g (heads x d), z (nodes x d),
-W (nodes)]``; the kind 0 for a score linear in the key token (:math:`H = 0`), 1 for one
+W (nodes), merge_tol]``; the kind 0 for a score linear in the key token (:math:`H = 0`), 1 for one
 with :math:`H`, 2 for a linear head. No closed-form Jacobian: ``jac`` returns False and
 the engine takes central differences.
 """
@@ -61,6 +70,7 @@ __all__ = ["pack", "kernels", "KIND_SCORE", "KIND_SCORE_H", "KIND_LINEAR"]
 _CUTOFF = -50.0
 #: the head kinds of :func:`pack`
 KIND_SCORE, KIND_SCORE_H, KIND_LINEAR = 0, 1, 2
+_EPS = float(np.finfo(float).eps)
 
 
 def _unpack(P):
@@ -415,9 +425,140 @@ def _rates(P, y, out, ws, rate):
     _measures(w, means, L, dm, dL, ws, True)
 
 
+def _psd_sqrt(S, out):
+    r"""The principal square root of a symmetric PSD ``S`` into ``out`` (``S`` overwritten).
+
+    As :func:`gaussian_pde._common.linalg.psd_sqrt`: eigenvalues of :math:`(S + S^T)/2`
+    below ``d * eps`` times the largest in magnitude count as zero. Loops but for the
+    eigendecomposition (each NumPy operation would be one more function to compile).
+    """
+    d = S.shape[0]
+    for i in range(d):
+        for j in range(i):
+            S[i, j] = S[j, i] = 0.5 * (S[i, j] + S[j, i])
+    w, U = np.linalg.eigh(S)
+    top = 0.0
+    for i in range(d):
+        top = max(top, abs(w[i]))
+    cut = d * _EPS * top
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                if w[p] > cut:
+                    acc += U[i, p] * math.sqrt(w[p]) * U[j, p]
+            out[i, j] = acc
+
+
+def _bures_wasserstein(m1, S1, m2, S2, work):
+    r"""The Bures-Wasserstein distance of two Gaussians, as :func:`gaussian_pde.bures_wasserstein`.
+
+    .. math:: W_2^2 = |m_1 - m_2|^2 + \operatorname{tr}S_1 + \operatorname{tr}S_2
+              - 2\operatorname{tr}\big(S_1^{1/2}S_2S_1^{1/2}\big)^{1/2},
+
+    on the inputs scaled to order one (:math:`W_2` is homogeneous), clipped at zero.
+    ``work``: scratch, ``(4, d, d)``.
+    """
+    d = m1.size
+    c = 0.0
+    top1 = 0.0
+    top2 = 0.0
+    for i in range(d):
+        c = max(c, abs(m1[i] - m2[i]))
+        for j in range(d):
+            top1 = max(top1, abs(S1[i, j]))
+            top2 = max(top2, abs(S2[i, j]))
+    c = max(c, math.sqrt(top1), math.sqrt(top2))
+    if not (math.isfinite(c) and c > 0):
+        c = 1.0
+    A, R, X, C = work[0], work[1], work[2], work[3]
+    w2 = 0.0
+    for i in range(d):
+        w2 += ((m1[i] - m2[i]) / c) ** 2
+        w2 += S1[i, i] / c / c + S2[i, i] / c / c
+        for j in range(d):
+            A[i, j] = S1[i, j] / c / c
+    _psd_sqrt(A, R)
+    for i in range(d):              # X = (R S2 / c^2) R, C the product in between
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += R[i, p] * (S2[p, j] / c / c)
+            C[i, j] = acc
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += C[i, p] * R[p, j]
+            X[i, j] = acc
+    _psd_sqrt(X, C)
+    for i in range(d):
+        w2 -= 2.0 * C[i, i]
+    return math.sqrt(max(w2, 0.0)) * c
+
+
+def _merge_gaps(P, y, gaps):
+    r"""The merge events' values: each single-linkage merge height minus ``merge_tol``.
+
+    The heights (ascending) are the minimum spanning tree's edges (Prim's algorithm) on
+    the components' Bures-Wasserstein distances, as
+    :func:`gaussian_pde.closure.merge_heights` of
+    :func:`gaussian_pde.closure.pairwise_bures_wasserstein`; ``merge_tol`` is the last
+    entry of ``P`` (:func:`pack`).
+    """
+    d, K = int(P[0]), int(P[1])
+    tol = P[P.size - 1]
+    means = y[:K * d].reshape((K, d))
+    L = y[K * d:K * d + K * d * d].reshape((K, d, d))
+    S = np.empty((K, d, d))
+    for k in range(K):
+        for i in range(d):
+            for j in range(d):
+                acc = 0.0
+                for p in range(d):
+                    acc += L[k, i, p] * L[k, j, p]
+                S[k, i, j] = acc
+    work = np.empty((4, d, d))
+    dist = np.zeros((K, K))
+    for i in range(K):
+        for k in range(i + 1, K):
+            dist[i, k] = dist[k, i] = _bures_wasserstein(means[i], S[i], means[k], S[k], work)
+    inside = np.zeros(K, dtype=np.bool_)
+    inside[0] = True
+    best = np.empty(K)
+    for q in range(K):
+        best[q] = dist[0, q]
+    for s in range(K - 1):
+        j = -1
+        for q in range(K):
+            if not inside[q] and (j < 0 or best[q] < best[j]):
+                j = q
+        gaps[s] = best[j]
+        inside[j] = True
+        for q in range(K):
+            best[q] = min(best[q], dist[j, q])
+    for s in range(1, K - 1):       # ascending (insertion: K is small)
+        v = gaps[s]
+        r = s - 1
+        while r >= 0 and gaps[r] > v:
+            gaps[r + 1] = gaps[r]
+            r -= 1
+        gaps[r + 1] = v
+    for s in range(K - 1):
+        gaps[s] -= tol
+
+
 def rhs(P, d, m, y, out, ws):
-    """The engine's field kernel: the closure's rate and measures (``m = 0``: measures only)."""
-    _rates(P, y, out, ws, m != 0)
+    """The engine's field kernel: the closure's rate and measures.
+
+    ``m = 0``: the measures only; ``m = -1``: the measures and the merge events' values
+    (:func:`_merge_gaps`) after the room of :math:`F'` (``CoreOptions.gaps``).
+    """
+    _rates(P, y, out, ws, m > 0)
+    if m < 0:                          # (d: the state's size; the tokens' is P[0])
+        dt, K = int(P[0]), int(P[1])
+        q = 1 + 2 * dt * K * (dt + 1)
+        _merge_gaps(P, y, ws[q:q + K - 1])
 
 
 def jac(P, d, m, y, J, ws):
@@ -425,12 +566,15 @@ def jac(P, d, m, y, J, ws):
     return False
 
 
-def ws_size(d, K):
-    """The scratch the kernel writes: the trace, :math:`F` and :math:`F'` (``d x K(d + 1)``)."""
-    return 1 + 2 * d * K * (d + 1)
+def ws_size(d, K, merges=False):
+    """The scratch the kernel writes: the trace, :math:`F` and :math:`F'` (``d x K(d + 1)``).
+
+    With ``merges``, the ``K - 1`` merge events' values after them.
+    """
+    return 1 + 2 * d * K * (d + 1) + (K - 1 if merges else 0)
 
 
-def pack(heads, weights, Z, W):
+def pack(heads, weights, Z, W, merge_tol=None):
     r"""The engine's ``params`` (one row) of a mixture's heads, weights and nodes.
 
     Parameters
@@ -442,6 +586,8 @@ def pack(heads, weights, Z, W):
         The component weights.
     Z, W : ndarray, shapes (N, d) and (N,)
         The standard Gauss-Hermite nodes and weights.
+    merge_tol : float, optional
+        The merge events' tolerance (:func:`_merge_gaps`), the last entry (NaN: none).
 
     Returns
     -------
@@ -479,12 +625,12 @@ def pack(heads, weights, Z, W):
     head = np.array([d, K, nh, W.size] + kinds + tilts, dtype=float)
     parts = [head, weights, np.log(weights)] + [np.ravel(np.asarray(X, dtype=float))
                                                 for X in (*Vs, *As, *Hs, *gs)]
-    parts += [np.ravel(Z), np.ravel(W)]
+    parts += [np.ravel(Z), np.ravel(W), [np.nan if merge_tol is None else float(merge_tol)]]
     return np.concatenate(parts)[None, :]
 
 
 _HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_measures", "_heads_at",
-            "_quadrature", "_rates")
+            "_quadrature", "_rates", "_psd_sqrt", "_bures_wasserstein", "_merge_gaps")
 
 
 @functools.cache

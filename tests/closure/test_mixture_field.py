@@ -193,3 +193,68 @@ def test_a_stiff_run_is_handed_to_lsoda():
     assert "stiff from t = 1.86" in sol.message and "LSODA" in sol.message
     assert sol.nfev > ref.nfev
     np.testing.assert_array_equal(sol.covs_final, ref.covs_final)
+
+
+# ------------------------------------------------------------------ merge events
+
+
+def test_the_kernels_merge_values_are_the_merge_heights(rng):
+    """Called with ``m = -1`` the kernel leaves, after the room of the rate of ``F``, each
+    single-linkage merge height of the components' Bures-Wasserstein distances minus
+    ``merge_tol``: :func:`merge_heights` of :func:`pairwise_bures_wasserstein`, point masses
+    and d = 1 included."""
+    rhs, _ = mf.kernels()
+    for K, d, point in [(2, 1, False), (3, 2, True), (4, 3, False), (5, 2, False), (6, 3, True)]:
+        mix = _random_mixture(rng, K, d, point)
+        att = gp.Softmax.example(d, rng)
+        Z, W = standard_nodes(d, 2)
+        P = mf.pack(quadratic_heads(att, fields=True), mix.weights, Z, W, merge_tol=0.7)[0]
+        y = np.concatenate([mix.means.ravel(), mix.factors().ravel()])
+        ws = np.full(mf.ws_size(d, K, merges=True), np.nan)
+        rhs(P, y.size, -1, y, np.zeros(y.size), ws)
+        ref = mx.merge_heights(mx.pairwise_bures_wasserstein(mix.means, mix.covs)) - 0.7
+        got = ws[1 + 2 * d * K * (d + 1):]
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12 * (1 + np.abs(ref).max()))
+
+
+def _cluster_case(name):
+    from gaussian_pde.studies._clusters import cluster_attention, cluster_cases, cluster_mixture
+
+    (c,) = [c for c in cluster_cases(False) if c["name"] == name]
+    return (cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"]),
+            cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"]))
+
+
+@pytest.mark.parametrize("name", ["K6-d3-random-l2-Videntity", "K8-d3-symmetric-softmax-Vrandom"])
+def test_merge_events_run_on_the_engine_as_on_the_event_loop(name, monkeypatch):
+    """Two of the clusters study's cases (five and seven merges, two of them at the same
+    time by symmetry): the default runs on the engine, which locates each merge on its
+    dense output; the event loop's DOP853 (:func:`scipy.integrate.solve_ivp`, its root
+    finding) on the same problem finds the same times. With ``stop_at_merge`` the engine
+    stops at the first, where the smallest height is the tolerance."""
+    att, mix = _cluster_case(name)
+    kw = dict(n_per_dim=4, rtol=1e-10, atol=1e-12, merge_tol=1.0)
+    ref = gp.solve_mixture(att, mix, (0, 4), method="DOP853", **kw)
+    with monkeypatch.context() as m:
+        m.setattr(mx, "integrate_system", lambda *a, **k: pytest.fail("the event loop ran"))
+        sol = gp.solve_mixture(att, mix, (0, 4), **kw)
+        stop = gp.solve_mixture(att, mix, (0, 4), stop_at_merge=True, **kw)
+    assert sol.status == ref.status == "finished"
+    assert sol.merge_times.size == ref.merge_times.size >= 5
+    np.testing.assert_allclose(sol.merge_times, ref.merge_times, rtol=0, atol=1e-7)
+    assert stop.status == "event"
+    assert stop.message == f"terminal event 'merge' at t = {sol.merge_times[0]:.10g}"
+    np.testing.assert_array_equal(stop.merge_times, sol.merge_times[:1])
+    assert stop.t_final == sol.merge_times[0]
+    h = mx.merge_heights(mx.pairwise_bures_wasserstein(stop.means_final, stop.covs_final))
+    assert abs(h[0] - 1.0) < 1e-7
+    # room for one time only: the engine runs the trajectory again, with room for all
+    from gaussian_pde.integrate import _compiled_engine as cb
+
+    runs, run = [], cb._run
+    monkeypatch.setattr(cb, "_run", lambda *a: runs.append(run(*a)))
+    monkeypatch.setattr(cb, "GAP_ROOM", 0.01)
+    again = gp.solve_mixture(att, mix, (0, 4), **kw)
+    assert len(runs) == 2
+    np.testing.assert_array_equal(again.merge_times, sol.merge_times)
+    assert again.nfev == sol.nfev
