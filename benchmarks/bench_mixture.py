@@ -48,6 +48,14 @@ and by ``method="LSODA"`` (the event loop, :func:`scipy.integrate.solve_ivp`, th
 before), interleaved, best of 3 each: statuses, evaluations, times and the ratio
 event loop / engine per setting, with the median and the extremes. Writes
 ``bench_mixture_engine.json``.
+
+**Merge events** (``--merges``): the clusters study's grid (``gaussian-pde clusters``: 72
+cases, K = 2..8 in d = 2, 3, the study's nodes and output times to t = 4,
+``merge_tol = 1``), each solved by the default (the engine, which locates the merges on
+its dense output) and by ``method="LSODA"`` (the event loop, the default before),
+interleaved, best of 3 each: statuses, merge counts, the largest difference between the
+merge times of the two, and the ratio event loop / engine. Writes
+``bench_mixture_merges.json``.
 """
 
 from __future__ import annotations
@@ -212,6 +220,52 @@ def engine(json_path=None, repeats=3):
     return rows
 
 
+def merges(json_path=None, repeats=3):
+    """Merge events on the engine against the event loop (module docstring)."""
+    rows = []
+    for c in C.cluster_cases(False):
+        att = C.cluster_attention(c["kind"], c["d"], value=c["value"], q=0.7, seed=c["seed"])
+        mix = C.cluster_mixture(c["K"], c["d"], config=c["config"], seed=c["seed"])
+        kw = dict(t_eval=np.linspace(0.0, 4.0, 21), n_per_dim=5 if c["d"] == 3 else 6,
+                  merge_tol=1.0)
+        gp.solve_mixture(att, mix, (0.0, 4.0), **kw)          # compiled before timing
+        t_new, t_old = [], []
+        for _ in range(repeats):            # interleaved: both see the same load
+            t0 = time.perf_counter()
+            new = gp.solve_mixture(att, mix, (0.0, 4.0), **kw)
+            t_new.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            old = gp.solve_mixture(att, mix, (0.0, 4.0), method="LSODA", **kw)
+            t_old.append(time.perf_counter() - t0)
+        same = new.merge_times.size == old.merge_times.size
+        gap = float(np.max(np.abs(new.merge_times - old.merge_times), initial=0.0)) if same \
+            else float("inf")
+        rows.append([c["name"], str(new.status), str(old.status), int(new.merge_times.size),
+                     int(old.merge_times.size), float(f"{gap:.2g}"),
+                     float(f"{min(t_new):.3g}"), float(f"{min(t_old):.3g}"),
+                     round(min(t_old) / min(t_new), 1)])
+        print(" | ".join(str(x) for x in rows[-1]), flush=True)
+    r = np.array([row[-1] for row in rows])
+    gaps = np.array([row[5] for row in rows])
+    summary = {"lsoda_over_engine_median": float(np.median(r)),
+               "lsoda_over_engine_min": float(r.min()), "lsoda_over_engine_max": float(r.max()),
+               "same_status": sum(row[1] == row[2] for row in rows),
+               "same_merge_count": sum(row[3] == row[4] for row in rows),
+               "largest_merge_time_difference": float(gaps.max()), "settings": len(rows)}
+    print(summary)
+    from _record import write_record
+
+    columns = ["case", "status", "LSODA status", "merges", "LSODA merges",
+               "largest merge-time difference", "engine s", "LSODA s", "LSODA / engine"]
+    write_record("bench_mixture_merges", {
+        "repeats": repeats, **summary,
+        "tables": [{"title": "solve_mixture with merge_tol = 1 on the clusters study's grid: "
+                             "the default on the engine against the event loop's LSODA "
+                             "(best of 3 each, interleaved)",
+                    "columns": columns, "rows": rows}]}, json_path)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="t = 5 and a smaller reference")
@@ -221,11 +275,16 @@ def main(argv=None):
                     help="component counts of --scaling")
     ap.add_argument("--engine", action="store_true",
                     help="the default on the engine against the event loop (LSODA)")
+    ap.add_argument("--merges", action="store_true",
+                    help="merge events on the engine against the event loop (LSODA)")
     ap.add_argument("--json", default=None,
-                    help="where --scaling or --engine writes its record")
+                    help="where --scaling, --engine or --merges writes its record")
     args = ap.parse_args(argv)
     if args.engine:
         engine(args.json)
+        return
+    if args.merges:
+        merges(args.json)
         return
     if args.scaling:
         scaling(args.ks, args.json)
@@ -289,7 +348,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if {"--engine", "--scaling"} & set(sys.argv[1:]):
+    if {"--engine", "--scaling", "--merges"} & set(sys.argv[1:]):
         main()                  # they write their own records (``--json``)
     else:
         from _record import recorded_main

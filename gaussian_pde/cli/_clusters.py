@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 
 from .._common.validation import validate_int
+from ..closure import mixture_field_kernels
+from ..integrate import compile_on_two_cores
 from ._options import add_out_argument, default_out, output_dir, whole_number
 from ._progress import progress_for
 
@@ -46,6 +48,8 @@ def run(args) -> int:
         if not args.trust:             # the grid's exact W2 distances (n x n)
             check_case_memory(args.n, "--n")
     out = output_dir(args.out)
+    # a fresh machine: the engine in a second process beside the mixture's kernel
+    compile_on_two_cores((mixture_field_kernels,), fields=False)
     if args.trust:
         return _run_trust(args, out)
     progress = progress_for(args, len(cluster_cases(args.quick)) + 2)

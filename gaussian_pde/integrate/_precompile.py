@@ -69,13 +69,14 @@ def _call(target):
     getattr(importlib.import_module(module), name)()
 
 
-def compile_on_two_cores(here=(), aside=()):
+def compile_on_two_cores(here=(), aside=(), fields=True):
     """Compile the integrator and the fields' kernels now, side by side where that pays.
 
     Where the integrator is not in Numba's disk cache and the machine has two cores or
     more, a child process compiles it into the cache while this process compiles the
-    field kernels of every type of this package and calls each of ``here`` (functions
-    without arguments that compile what the caller will need: call them in this order);
+    field kernels of every type of this package (``fields``; a caller that needs none of
+    them passes False) and calls each of ``here`` (functions without arguments that
+    compile what the caller will need: call them in this order);
     this process then waits for the child and loads the integrator from the cache.
     ``aside``: functions the child calls after the integrator, named
     ``"module:function"`` (without arguments; what they compile must not depend on the
@@ -104,7 +105,8 @@ def compile_on_two_cores(here=(), aside=()):
 
         event.start_event(COMPILE_ASIDE)
     try:
-        fields = compiled_field_kernels()          # None without Numba: nothing to compile
+        # None without Numba: nothing to compile
+        fields = compiled_field_kernels() if fields else ()
         for compile_it in here:
             compile_it()
     except BaseException:
