@@ -254,6 +254,20 @@ def _measures(w, means, L, dm, dL, ws, rate):
     ws[0] = tr
 
 
+def _covariances(L):
+    r"""The components' covariances :math:`\Sigma_k = L_kL_k^T` of their factors ``(K, d, d)``."""
+    K, d = L.shape[0], L.shape[1]
+    covs = np.empty((K, d, d))
+    for k in range(K):
+        for i in range(d):
+            for j in range(d):
+                acc = 0.0
+                for p in range(d):
+                    acc += L[k, i, p] * L[k, j, p]
+                covs[k, i, j] = acc
+    return covs
+
+
 def _heads_at(kinds, tilts, V, A, H, g, logw, means, L):
     r"""Every head's terms at the state: ``(coefT, outT, lin)``.
 
@@ -264,14 +278,7 @@ def _heads_at(kinds, tilts, V, A, H, g, logw, means, L):
     """
     nh = kinds.size
     K, d = means.shape
-    covs = np.empty((K, d, d))
-    for k in range(K):
-        for i in range(d):
-            for j in range(d):
-                acc = 0.0
-                for p in range(d):
-                    acc += L[k, i, p] * L[k, j, p]
-                covs[k, i, j] = acc
+    covs = _covariances(L)
     # per head: the logit coefficients and outputs (quadratic), or the linear map (linear)
     coef = np.zeros((nh, K, 1 + d + d * d))
     outc = np.zeros((nh, K, d + d * d))
@@ -509,15 +516,7 @@ def _merge_gaps(P, y, gaps):
     d, K = int(P[0]), int(P[1])
     tol = P[P.size - 1]
     means = y[:K * d].reshape((K, d))
-    L = y[K * d:K * d + K * d * d].reshape((K, d, d))
-    S = np.empty((K, d, d))
-    for k in range(K):
-        for i in range(d):
-            for j in range(d):
-                acc = 0.0
-                for p in range(d):
-                    acc += L[k, i, p] * L[k, j, p]
-                S[k, i, j] = acc
+    S = _covariances(y[K * d:K * d + K * d * d].reshape((K, d, d)))
     work = np.empty((4, d, d))
     dist = np.zeros((K, K))
     for i in range(K):
@@ -630,7 +629,8 @@ def pack(heads, weights, Z, W, merge_tol=None):
 
 
 _HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_measures", "_heads_at",
-            "_quadrature", "_rates", "_psd_sqrt", "_bures_wasserstein", "_merge_gaps")
+            "_quadrature", "_rates", "_covariances", "_psd_sqrt", "_bures_wasserstein",
+            "_merge_gaps")
 
 
 @functools.cache

@@ -488,7 +488,7 @@ def _located(fld, row, opt, wk, t, h, imp):
 
     ``kind``: 0 none, 1 steady state, 2 rank collapse, 3 one of the field's own events
     (``CoreOptions.gaps``), whose times, where they are not terminal, go into ``row.fres``
-    (:func:`_note_gap`) up to the stop. Each event's value at the step's end is kept in
+    (:func:`_note`) up to the stop. Each event's value at the step's end is kept in
     ``wk.ev`` for the next step.
     """
     d, m, ynew, ev, ws = fld.d, fld.m, wk.ynew, wk.ev, wk.ws
@@ -534,13 +534,13 @@ def _located(fld, row, opt, wk, t, h, imp):
                 x, spent = _bisect(fld, opt, wk, row, h, imp, 3, j)
                 extra += spent
                 if not opt.gaps_terminal and t + x * h <= stop_t:
-                    _note_gap(row.fres, t + x * h)
+                    _note(row.fres, F_NGAPS, row.fres.size, t + x * h)
                 fired = min(fired, t + x * h)
             ev[3 + 2 * cq + j] = new[j]
         if opt.gaps_terminal and fired < stop_t:
             stop_t = fired
             kind = 3
-            _note_gap(row.fres, fired)
+            _note(row.fres, F_NGAPS, row.fres.size, fired)
     return kind, stop_t, extra
 
 
@@ -846,7 +846,7 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         # batch too, so that both count the same evaluations)
         xc, extra = _call(fld.fns, CROSSING, fld, opt, y, h, imp, wk, math.log(limit * tr0))
         nfev += extra
-        _note_crossing(fres, t + xc * h)
+        _note(fres, F_NCROSS, F_CROSS + MAX_CROSSINGS, t + xc * h)
         tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, opt, t_new, wk)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,
@@ -927,32 +927,20 @@ def _record(t, y, rec_t, rec_y, nrec):
     nrec[0] = k + 1
 
 
-def _note_crossing(fres, t_c):
-    """Keep a blow-up crossing's time in ``fres[F_CROSS:]`` (their count in ``fres[F_NCROSS]``).
+def _note(fres, at, end, t_c):
+    """Keep a time ``t_c`` in a single trajectory's row: ``fres[at]`` counts, the times follow.
 
-    Only where the row has that room (a single trajectory's).
+    The blow-up crossings (``at = F_NCROSS``, up to ``F_CROSS + MAX_CROSSINGS``, which
+    they cannot fill) and the field's own events (``at = F_NGAPS``, up to the row's end:
+    where they fill it, the count goes on and :func:`integrate_one` runs the trajectory
+    again with more room). Nothing where the row ends before ``at`` (a batch's).
     """
-    if fres.size <= F_CROSS:
+    if fres.size <= at:
         return
-    k = int(fres[F_NCROSS])
-    if F_CROSS + k < fres.size:
-        fres[F_CROSS + k] = t_c
-        fres[F_NCROSS] = k + 1
-
-
-def _note_gap(fres, t_c):
-    """Keep the time of one of the field's events in ``fres[F_GAP_TIMES:]``.
-
-    Their count goes into ``fres[F_NGAPS]`` (counted on where the row has no room left:
-    :func:`integrate_one` then runs the trajectory again with more); nothing where the
-    row has no such place (a batch's).
-    """
-    if fres.size <= F_NGAPS:
-        return
-    k = int(fres[F_NGAPS])
-    if F_GAP_TIMES + k < fres.size:
-        fres[F_GAP_TIMES + k] = t_c
-    fres[F_NGAPS] = k + 1
+    k = int(fres[at])
+    if at + 1 + k < min(end, fres.size):
+        fres[at + 1 + k] = t_c
+    fres[at] = k + 1
 
 
 def _crossing(fld, opt, y, h, imp, wk, level):
@@ -1049,7 +1037,7 @@ _PIECES = ("_rank_gap", "_jacobian", "_dop_attempt", "_ros_attempt", "_initial_s
 _HELPERS = ("_copy", "_cov_entry", "_finite", "_l_trace", "_l_dot", "_f_rate", "_guard",
             "_steady_gap", "_lu", "_lu_solve", "_combine", "_dop_errors", "_dop_eval",
             "_ros_eval", "_nmin", "_store", "_col_sq", "_look_verdict",
-            "_record", "_note_crossing", "_note_gap", "_gap_at", "_bisect", "_attempt",
+            "_record", "_note", "_gap_at", "_bisect", "_attempt",
             "_next_step_size", "_stiffness_counts", "_crawl_counts", "_output")
 
 

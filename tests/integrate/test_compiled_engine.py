@@ -688,14 +688,16 @@ def test_a_fields_event_times_are_kept_and_counted_past_the_room():
     more), and a batch's row, which has no such place, is left alone."""
     from gaussian_pde.integrate import _compiled_engine as cb
 
-    note = getattr(cb._note_gap, "py_func", cb._note_gap)
+    note = getattr(cb._note, "py_func", cb._note)
     fres = np.zeros(cb.F_GAP_TIMES + 2)
     for t in (0.5, 1.5, 2.5):
-        note(fres, t)
-    assert fres[cb.F_NGAPS] == 3
+        note(fres, cb.F_NGAPS, fres.size, t)
+    note(fres, cb.F_NCROSS, cb.F_CROSS + cb.MAX_CROSSINGS, 4.5)     # a blow-up crossing
+    assert fres[cb.F_NGAPS] == 3 and fres[cb.F_NCROSS] == 1 and fres[cb.F_CROSS] == 4.5
     np.testing.assert_array_equal(fres[cb.F_GAP_TIMES:], [0.5, 1.5])
     batch_row = np.zeros(cb.F_SIZE)
-    note(batch_row, 0.5)
+    note(batch_row, cb.F_NGAPS, batch_row.size, 0.5)
+    note(batch_row, cb.F_NCROSS, cb.F_CROSS + cb.MAX_CROSSINGS, 0.5)
     assert not batch_row.any()
 
 
