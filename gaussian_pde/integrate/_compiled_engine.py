@@ -1272,8 +1272,11 @@ def compiled_fields(attentions, n=1):
     return rhs, jac, params, max(cf.ws_size for cf in fields)
 
 
-def _messages(code, fres, t0, max_nfev):
-    """Status and message of one trajectory from its outcome (the event loop's words)."""
+def _messages(code, fres, t0, max_nfev, event="event"):
+    """Status and message of one trajectory from its outcome (the event loop's words).
+
+    ``event``: the name of the field's own events (``EVENT``).
+    """
     from ._events import blowup_verdict
     from ._results import Status, overflow_message
 
@@ -1285,7 +1288,7 @@ def _messages(code, fres, t0, max_nfev):
                                           (float(s0), float(s1)) if code == BLOWUP else None)
         return verdict, message
     if code == EVENT:
-        return Status.EVENT, f"terminal event at t = {fres[F_T_STOP]:.10g}"
+        return Status.EVENT, f"terminal event {event!r} at t = {fres[F_T_STOP]:.10g}"
     if code in (STEADY, RANK):
         name = "steady" if code == STEADY else "rank_collapse"
         status = Status.STEADY if code == STEADY else Status.RANK_COLLAPSE
@@ -1377,6 +1380,10 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None, gaps=None):
         if cov is None or gaps[0] > n:
             raise ValueError("`gaps` needs a plain state with a covariance (`cov`) and at "
                              f"most {n} events, got {gaps[0]}.")
+        if ws_size < 1 + 2 * int(cov[0]) * int(cov[1]) + int(gaps[0]):
+            raise ValueError(f"`fields` declares {ws_size} floats of scratch, fewer than the "
+                             f"measures and {gaps[0]} events need "
+                             f"({1 + 2 * int(cov[0]) * int(cov[1]) + int(gaps[0])}).")
         opt = opt._replace(gaps=int(gaps[0]), gaps_terminal=bool(gaps[1]))
         room = max(int(GAP_ROOM * gaps[0]), 1)
     while True:
@@ -1404,12 +1411,11 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None, gaps=None):
     t = float(fres[0, F_T]) if code != FINISHED else float(opts.t1)
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
-    status, message = _messages(code, fres[0], opts.t0, opt.max_nfev)
+    status, message = _messages(code, fres[0], opts.t0, opt.max_nfev,
+                                *(gaps[2:] if room else ()))
     t_events = {"blowup": fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()}
     if room:
         t_events[gaps[2]] = fres[0, F_GAP_TIMES:F_GAP_TIMES + int(fres[0, F_NGAPS])].copy()
-        if code == EVENT:
-            message = f"terminal event {gaps[2]!r} at t = {fres[0, F_T_STOP]:.10g}"
     if opt.steady_on:
         t_events["steady"] = np.empty(0)
     if first < (d if cov is None else int(cov[0])):

@@ -106,7 +106,7 @@ def compile_on_two_cores(here=(), aside=(), fields=True):
         event.start_event(COMPILE_ASIDE)
     try:
         # None without Numba: nothing to compile
-        fields = compiled_field_kernels() if fields else ()
+        kernels = compiled_field_kernels() if fields else ()
         for compile_it in here:
             compile_it()
     except BaseException:
@@ -118,7 +118,7 @@ def compile_on_two_cores(here=(), aside=(), fields=True):
     ok = child is not None and child.wait() == 0
     if child is not None:
         event.end_event(COMPILE_ASIDE)
-    if fields is not None:             # loaded from the cache the child filled, or compiled
+    if kernels is not None:            # loaded from the cache the child filled, or compiled
         _compiled_engine._core()
     for target in aside:               # loaded, or (without a child) compiled here
         _call(target)

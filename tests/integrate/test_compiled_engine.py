@@ -765,3 +765,19 @@ def test_a_shape_in_the_disk_cache_is_taken_from_fewer_trajectories(rng, monkeyp
     monkeypatch.setattr(cb, "_DEMAND", collections.Counter())
     assert cb.compiled_fields(att, cb.SPECIALISE_FROM - 1)[0] is field.rhs
     assert cb.compiled_fields(att, 1)[0] is special
+
+
+def test_a_fields_events_need_their_room_in_its_scratch():
+    """A field that declares too little scratch for its measures and events is refused
+    before any call (its kernel would write past the scratch)."""
+    from gaussian_pde.closure import _mixture_field as mf
+    from gaussian_pde.integrate import _compiled_engine as cb
+    from gaussian_pde.integrate._options import solver_options
+
+    K, d = 3, 2
+    y0 = np.zeros(K * (d + d * d))
+    short = (*mf.kernels(), np.zeros((1, 8)), mf.ws_size(d, K))    # no room for the events
+    with pytest.raises(ValueError, match=r"`fields` declares .* fewer than the measures and 2 "
+                                         r"events need"):
+        cb.integrate_one(short, y0, y0.size, 1, 1.0, d, solver_options((0.0, 1.0)),
+                         cov=(d, K * (d + 1)), gaps=(K - 1, False, "merge"))
