@@ -520,7 +520,8 @@ d = _D
 
 #: a head's Jacobian: ``J`` zeroed for a head alone (``P[0] == 1``; a head of a sum adds
 #: to it), the arrays of its parts, its pack unpacked; each ``return ok`` of the parts
-#: becomes ``return _finish(ok, ...)`` (:func:`_finish_jac`)
+#: becomes ``return _finish(bool(ok), ...)`` (:func:`_finish_jac`; ``bool``: a ``return
+#: False`` and a ``return True`` reach one compiled ``_finish``, not one per constant)
 _JAC_PROLOGUE = """
 _alone = P[0] == 1.0
 if _alone:
@@ -538,7 +539,7 @@ r = _np.empty(d)
 data = P[3:3 + int(P[1])]
 k = int(P[2])
 """
-_JAC_RETURN = "_finish(_value, A, C, M, N, r, Z, _d0, _m0, J, _alone)"
+_JAC_RETURN = "_finish(bool(_value), A, C, M, N, r, Z, _d0, _m0, J, _alone)"
 #: the names a body (``P``) or parts (these) must not assign: the kernel's own
 _RHS_RESERVED = ("P",)
 _JAC_RESERVED = ("P", "y", "J", "ws", "_alone", "_i", "_j", "_d0", "_m0", "Z", "A", "C", "M",

@@ -499,6 +499,11 @@ def _located(fld, row, opt, wk, t, h, imp):
     stop_t = np.inf
     kind = 0
     extra = 0
+    # the kinds and slots reach _bisect and _note as run-time integers: one compiled
+    # _bisect, _gap_at and _note serve every call (a constant argument would compile one
+    # of each per constant)
+    steady, rank, own, j0 = np.int64(1), np.int64(2), np.int64(3), np.int64(0)
+    gaps_at = np.int64(F_NGAPS)
     if opt.steady_on:
         if c > 0:
             g_new = _steady_gap(ev[3:3 + cq], ev[3 + cq:3 + 2 * cq], c, q, q, opt.steady_tol,
@@ -506,7 +511,7 @@ def _located(fld, row, opt, wk, t, h, imp):
         else:
             g_new = _steady_gap(ynew, wk.fnew, d, m, d, opt.steady_tol, opt.steady_atol)
         if ev[0] > 0 and g_new <= 0:
-            x, spent = _bisect(fld, opt, wk, row, h, imp, 1, 0)
+            x, spent = _bisect(fld, opt, wk, row, h, imp, steady, j0)
             extra += spent
             stop_t = t + x * h
             kind = 1
@@ -517,7 +522,7 @@ def _located(fld, row, opt, wk, t, h, imp):
         else:
             g_new = _call(fld.fns, RANK_GAP, ynew, d, m, d, row.first, opt.rank_tol)
         if ev[1] > 0 and g_new <= 0 and row.first < (c if c > 0 else d):
-            x, spent = _bisect(fld, opt, wk, row, h, imp, 2, 0)
+            x, spent = _bisect(fld, opt, wk, row, h, imp, rank, j0)
             extra += spent
             if t + x * h < stop_t:
                 stop_t = t + x * h
@@ -531,16 +536,16 @@ def _located(fld, row, opt, wk, t, h, imp):
         fired = stop_t
         for j in range(opt.gaps):
             if ev[3 + 2 * cq + j] > 0 and new[j] <= 0:
-                x, spent = _bisect(fld, opt, wk, row, h, imp, 3, j)
+                x, spent = _bisect(fld, opt, wk, row, h, imp, own, j)
                 extra += spent
                 if not opt.gaps_terminal and t + x * h <= stop_t:
-                    _note(row.fres, F_NGAPS, row.fres.size, t + x * h)
+                    _note(row.fres, gaps_at, row.fres.size, t + x * h)
                 fired = min(fired, t + x * h)
             ev[3 + 2 * cq + j] = new[j]
         if opt.gaps_terminal and fired < stop_t:
             stop_t = fired
             kind = 3
-            _note(row.fres, F_NGAPS, row.fres.size, fired)
+            _note(row.fres, gaps_at, row.fres.size, fired)
     return kind, stop_t, extra
 
 
@@ -610,7 +615,8 @@ def _refactor(fns, y, f, d, m, atol, rtol):
 def _refactor_svd(Z, dZ, d, atol, rtol):
     """:func:`_refactor` past its cheap bound: the singular values decide."""
     L = Z[:, :d].copy()            # (a copy: Z is overwritten below)
-    s = np.linalg.svd(L)[1]
+    # (full_matrices as below: one compiled SVD for both; L is square, the same values)
+    s = np.linalg.svd(L, full_matrices=False)[1]
     c = np.empty(d)
     for j in range(d):
         acc = 0.0
@@ -846,7 +852,8 @@ def _accepted(fld, row, opt, wk, clock, h, imp):
         # batch too, so that both count the same evaluations)
         xc, extra = _call(fld.fns, CROSSING, fld, opt, y, h, imp, wk, math.log(limit * tr0))
         nfev += extra
-        _note(fres, F_NCROSS, F_CROSS + MAX_CROSSINGS, t + xc * h)
+        # (run-time integers, as in _located: one compiled _note for both)
+        _note(fres, np.int64(F_NCROSS), np.int64(F_CROSS + MAX_CROSSINGS), t + xc * h)
         tstar, finite = _call(fld.fns, BLOWUP_LOOK, fld, opt, t_new, wk)
         nfev += 1
         code, limit_, susp_, s0_, s1_ = _look_verdict(tstar, finite, t_new, limit, susp,

@@ -247,3 +247,31 @@ def test_a_head_function_that_assigns_a_name_of_its_kernel_is_refused():
     plain = eval("lambda data, k, d, m, y, out, ws: None")      # no source to read
     with pytest.raises(TypeError, match="source cannot be read"):
         cf._spliced(plain, "rhs_t", "P, d, m, y, out, ws", cf._RHS_PROLOGUE, cf._RHS_RESERVED)
+
+
+_FINISH_SIGNATURES = """
+import gaussian_pde as gp
+from gaussian_pde.attention import _compiled_fields as cf
+heads = {head for name in gp.ATTENTIONS for head in
+         getattr(gp.ATTENTIONS[name].example(2, 0).compiled_field(), "heads", ())
+         if isinstance(head, cf.HeadKernel) and head.exact}
+for head in heads:
+    head.kernels()
+print(" ".join(str(len(cf._finish_kernel(head.assembly).signatures)) for head in heads))
+"""
+
+
+@pytest.mark.slow
+def test_the_end_of_every_jacobian_kernel_is_compiled_once(tmp_path):
+    """On a fresh machine (an empty cache) the Jacobian's end (:func:`cf._finish_jac`) is
+    compiled for one signature per assembly, whether the parts return the constant True,
+    the constant False or a computed answer (a constant would compile one copy each)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run([sys.executable, "-c", _FINISH_SIGNATURES], capture_output=True,
+                         text=True, check=True, cwd=root,
+                         env=dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))).stdout.split()
+    assert out and set(out) == {"1"}, out

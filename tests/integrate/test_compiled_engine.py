@@ -546,6 +546,24 @@ def test_the_integrators_pieces_are_compiled_once_and_loaded_from_the_disk_cache
     assert (misses, hits, signatures, addressed) == ("0", str(len(cb._PIECES) + 1), "1", "1")
 
 
+_ONE_SIGNATURE = """
+from gaussian_pde.integrate import _compiled_engine as cb
+cb._core()
+print(" ".join(f"{name}:{len(cb._function(name).signatures)}" for name in cb._HELPERS
+               if name not in cb._INLINED))
+"""
+
+
+@pytest.mark.slow
+def test_every_helper_of_the_integrator_is_compiled_for_one_signature(tmp_path):
+    """On a fresh machine (an empty cache) each helper the pieces call by name is compiled
+    once: a constant argument (an event's kind, a slot) would make Numba compile one
+    specialisation per constant, each linked into its caller, seconds of a cold start."""
+    counts = dict(item.split(":") for item in
+                  _python(_ONE_SIGNATURE, NUMBA_CACHE_DIR=str(tmp_path)).split())
+    assert counts and set(counts.values()) == {"1"}, counts
+
+
 def test_kernels_of_a_shape_are_loaded_from_the_disk_cache():
     """A shape's kernel is compiled once on a machine: a second process loads it from
     Numba's cache (under a name that carries its shape and a digest of its sources)."""
