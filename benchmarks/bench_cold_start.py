@@ -22,6 +22,11 @@ The third table: the cold run's compilations one by one (which process compiled 
 ``main`` or ``second``), the costliest first. ``load``: the machine's one-minute load
 average before and after (the machine may be shared).
 
+``--against ROOT``: the cold runs of this checkout and of the checkout ``ROOT`` (an
+earlier version), in turns, ``--pairs`` times, each in a new empty cache: the median
+cold wall seconds of each and their ratio pair by pair. Before and after a change, on a
+machine whose speed drifts from one hour to the next, the ratio is the figure to read.
+
 ``new_shape``: seconds to compile a single-head kernel for a shape not yet asked for
 (:meth:`~gaussian_pde.attention._compiled_fields.CompiledField.specialised`: what a batch
 of a new type, ``d`` and ``k`` pays once per machine), each in a new process whose cache
@@ -38,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from _record import write_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,12 +113,14 @@ print(time.perf_counter() - t)
 """
 
 
-def _child(args, cache):
-    """Run ``python args`` with ``NUMBA_CACHE_DIR=cache``: (wall s, CPU s, stdout)."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+def _child(args, cache, root=None):
+    """Run ``python args`` with ``NUMBA_CACHE_DIR=cache`` on the package of ``root``
+    (default: the one timed): (wall s, CPU s, stdout)."""
+    root = ROOT if root is None else root
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(root))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, *args], env=env, cwd=root,
                           capture_output=True, text=True)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -184,6 +192,39 @@ def new_shape_times(repeat, tmp):
     return rows
 
 
+def _label(root):
+    """``root``'s package version and commit, as ``0.12.1 (2f82ec9)``."""
+    version = {}
+    exec((Path(root) / "gaussian_pde" / "_version.py").read_text(), version)
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return f"{version['__version__']} ({commit or 'no commit'})"
+
+
+def against(job, other, pairs, tmp):
+    """Cold runs of ``job`` on this checkout and on ``other``, in turns: a table row.
+
+    Each pair runs both, each in a new empty cache, the order alternating from pair to
+    pair (a machine whose speed drifts slows both alike); the row holds the median cold
+    wall seconds of each and the ratio this / other pair by pair (median, min, max).
+    """
+    walls = {"this": [], "other": []}
+    for r in range(pairs):
+        order = [("this", ROOT), ("other", other)]
+        for which, root in (order if r % 2 == 0 else order[::-1]):
+            cache = Path(tmp) / f"against-{job}-{which}-{r}"
+            cache.mkdir()
+            cmd = [*JOBS[job], "--quiet", "--out", str(Path(tmp) / f"out-{which}")]
+            wall, _, _ = _child(["-c", _JOB, str(Path(tmp) / "against.json"), *cmd], cache,
+                                root)
+            walls[which].append(wall)
+    ratios = np.array(walls["this"]) / np.array(walls["other"])
+    return [f"gaussian-pde {' '.join(JOBS[job])}".strip(), _label(ROOT), _label(other), pairs,
+            round(float(np.median(walls["this"])), 2), round(float(np.median(walls["other"])), 2),
+            round(float(np.median(ratios)), 3), round(float(ratios.min()), 3),
+            round(float(ratios.max()), 3)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=["quick"])
@@ -191,6 +232,10 @@ def main():
     parser.add_argument("--json", default=None, help="write the record here instead")
     parser.add_argument("--root", default=None,
                         help="time the gaussian_pde of this checkout instead (a comparison)")
+    parser.add_argument("--against", default=None, metavar="ROOT",
+                        help="also time the cold runs against the checkout ROOT, in turns")
+    parser.add_argument("--pairs", type=int, default=5,
+                        help="pairs of cold runs with --against (default: %(default)s)")
     args = parser.parse_args()
     global ROOT
     ROOT = Path(args.root).resolve() if args.root else ROOT
@@ -211,6 +256,8 @@ def main():
                          + ".")
             print(rows[-1], file=sys.stderr)
         shapes = new_shape_times(args.repeat, tmp)
+        paired = ([against(job, Path(args.against).resolve(), args.pairs, tmp)
+                   for job in args.jobs] if args.against else [])
     load.append(round(os.getloadavg()[0], 2))
     payload = {
         "tables": [
@@ -226,7 +273,11 @@ def main():
                       "compiles: each function's own seconds (without the functions it "
                       "compiled), the costliest, then the rest per module",
              "columns": ["function", "process", "seconds"], "rows": functions[1]},
-        ],
+        ] + ([{"title": "The cold run against an earlier version, in turns (each in an "
+                        "empty cache): median wall seconds, and the ratio pair by pair",
+               "columns": ["job", "this", "against", "pairs", "this cold wall",
+                           "its cold wall", "ratio median", "ratio min", "ratio max"],
+               "rows": paired}] if paired else []),
         "notes": notes,
         "load": load,
         "repeat": args.repeat,
