@@ -432,6 +432,17 @@ def _rates(P, y, out, ws, rate):
     _measures(w, means, L, dm, dL, ws, True)
 
 
+def _matmul(A, B, out):
+    """``out = A @ B`` for square ``d x d`` arrays, each entry summed in increasing order."""
+    d = A.shape[0]
+    for i in range(d):
+        for j in range(d):
+            acc = 0.0
+            for p in range(d):
+                acc += A[i, p] * B[p, j]
+            out[i, j] = acc
+
+
 def _psd_sqrt(S, out):
     r"""The principal square root of a symmetric PSD ``S`` into ``out`` (``S`` overwritten).
 
@@ -486,18 +497,11 @@ def _bures_wasserstein(m1, S1, m2, S2, work):
         for j in range(d):
             A[i, j] = S1[i, j] / c / c
     _psd_sqrt(A, R)
-    for i in range(d):              # X = (R S2 / c^2) R, C the product in between
+    for i in range(d):              # (A is free again: S2 / c^2)
         for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += R[i, p] * (S2[p, j] / c / c)
-            C[i, j] = acc
-    for i in range(d):
-        for j in range(d):
-            acc = 0.0
-            for p in range(d):
-                acc += C[i, p] * R[p, j]
-            X[i, j] = acc
+            A[i, j] = S2[i, j] / c / c
+    _matmul(R, A, C)                # X = R (S2 / c^2) R
+    _matmul(C, R, X)
     _psd_sqrt(X, C)
     for i in range(d):
         w2 -= 2.0 * C[i, i]
@@ -556,7 +560,7 @@ def rhs(P, d, m, y, out, ws):
     _rates(P, y, out, ws, m > 0)
     if m < 0:                          # (d: the state's size; the tokens' is P[0])
         dt, K = int(P[0]), int(P[1])
-        q = 1 + 2 * dt * K * (dt + 1)
+        q = _measures_size(dt, K)
         _merge_gaps(P, y, ws[q:q + K - 1])
 
 
@@ -565,12 +569,17 @@ def jac(P, d, m, y, J, ws):
     return False
 
 
+def _measures_size(d, K):
+    """The entries of the measures in the scratch: the trace, :math:`F` and :math:`F'`."""
+    return 1 + 2 * d * K * (d + 1)
+
+
 def ws_size(d, K, merges=False):
     """The scratch the kernel writes: the trace, :math:`F` and :math:`F'` (``d x K(d + 1)``).
 
     With ``merges``, the ``K - 1`` merge events' values after them.
     """
-    return 1 + 2 * d * K * (d + 1) + (K - 1 if merges else 0)
+    return _measures_size(d, K) + (K - 1 if merges else 0)
 
 
 def pack(heads, weights, Z, W, merge_tol=None):
@@ -629,8 +638,8 @@ def pack(heads, weights, Z, W, merge_tol=None):
 
 
 _HELPERS = ("_unpack", "_lu_solve_logdet", "_head_terms", "_measures", "_heads_at",
-            "_quadrature", "_rates", "_covariances", "_psd_sqrt", "_bures_wasserstein",
-            "_merge_gaps")
+            "_quadrature", "_rates", "_covariances", "_matmul", "_psd_sqrt",
+            "_bures_wasserstein", "_merge_gaps", "_measures_size")
 
 
 @functools.cache

@@ -1387,10 +1387,10 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None, gaps=None):
         if cov is None or gaps[0] > n:
             raise ValueError("`gaps` needs a plain state with a covariance (`cov`) and at "
                              f"most {n} events, got {gaps[0]}.")
-        if ws_size < 1 + 2 * int(cov[0]) * int(cov[1]) + int(gaps[0]):
+        need = 1 + 2 * int(cov[0]) * int(cov[1]) + int(gaps[0])
+        if ws_size < need:
             raise ValueError(f"`fields` declares {ws_size} floats of scratch, fewer than the "
-                             f"measures and {gaps[0]} events need "
-                             f"({1 + 2 * int(cov[0]) * int(cov[1]) + int(gaps[0])}).")
+                             f"measures and {gaps[0]} events need ({need}).")
         opt = opt._replace(gaps=int(gaps[0]), gaps_terminal=bool(gaps[1]))
         room = max(int(GAP_ROOM * gaps[0]), 1)
     while True:
@@ -1419,7 +1419,7 @@ def integrate_one(fields, y0, d, m, tr0, first, opts, cov=None, gaps=None):
     kept = (int(nrec[0]) if t_eval is None
             else int(np.searchsorted(te, t, side="right")))
     status, message = _messages(code, fres[0], opts.t0, opt.max_nfev,
-                                *(gaps[2:] if room else ()))
+                                event=gaps[2] if room else "event")
     t_events = {"blowup": fres[0, F_CROSS:F_CROSS + int(fres[0, F_NCROSS])].copy()}
     if room:
         t_events[gaps[2]] = fres[0, F_GAP_TIMES:F_GAP_TIMES + int(fres[0, F_NGAPS])].copy()
